@@ -1,0 +1,14 @@
+//! The algorithms of redis-rl, free of any Redis type.
+//!
+//! Time is always a parameter (milliseconds since the Unix epoch), so every
+//! rule here is tested with an explicit clock, without a server. The module
+//! crate parses arguments, reads the server clock, loads state, calls these
+//! functions and writes back what they return.
+
+pub mod acquire;
+pub mod bucket;
+pub mod codec;
+pub mod limits;
+
+pub use acquire::{acquire, peek, Decision, Outcome, Update};
+pub use bucket::{BucketParams, BucketState, ParamError};

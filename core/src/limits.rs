@@ -1,0 +1,23 @@
+//! The largest values the limiter accepts, in one place so the parser, the
+//! state encoding and the README agree.
+
+/// Largest capacity, refill, COST or WANT: 10^14 tokens. Capacity times
+/// period fits comfortably in the i128 arithmetic and the whole-token part
+/// of a bucket fits the 48 signed bits of its stored form.
+pub const MAX_TOKENS: u64 = 100_000_000_000_000;
+
+/// Longest refill period: two years of 365 days. The fractional token of a
+/// bucket is kept in units of 1/period_ms and stored in 36 bits.
+pub const MAX_PERIOD_MS: u64 = 63_072_000_000;
+
+/// Most keys (buckets) one call may name.
+pub const MAX_KEYS: usize = 32;
+
+/// Latest clock reading a bucket can record: 2^44 - 1 ms after the Unix
+/// epoch (the year 2527). The stored form keeps 44 bits of time.
+pub const MAX_TIME_MS: u64 = (1 << 44) - 1;
+
+/// Longest wait ever reported (retry_after_ms, reset_after_ms) or used for a
+/// key's TTL: 10^15 ms, about 31,700 years. Only absurd parameter mixes
+/// (huge capacity, one token a year) reach it.
+pub const MAX_WAIT_MS: u64 = 1_000_000_000_000_000;
