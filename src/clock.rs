@@ -1,0 +1,28 @@
+//! The server's clock, read once per command.
+
+use redis_module::raw;
+use rl_core::limits::MAX_TIME_MS;
+
+/// Milliseconds since the Unix epoch on the server's clock.
+///
+/// Redis 7.2+ and Valkey export `CachedMicroseconds`, fixed for the whole
+/// command; Redis 7.0 has only the live `Milliseconds` (the clock its own
+/// expiry uses). Either is read once per call; the algorithms treat a reading
+/// earlier than a bucket's last update as no time passed.
+pub fn now_ms() -> Result<u64, &'static str> {
+    // SAFETY: the server fills these pointers before OnLoad; None on servers
+    // that lack the function.
+    let ms = unsafe {
+        if let Some(cached_us) = raw::RedisModule_CachedMicroseconds {
+            cached_us() / 1000
+        } else if let Some(ms) = raw::RedisModule_Milliseconds {
+            ms()
+        } else {
+            return Err("ERR the server exports no clock to modules");
+        }
+    };
+    match u64::try_from(ms) {
+        Ok(ms) if ms <= MAX_TIME_MS => Ok(ms),
+        _ => Err("ERR the server clock is outside the range the limiter stores (1970 to 2527)"),
+    }
+}

@@ -1,0 +1,186 @@
+//! The few raw module API calls the commands make, each wrapped once.
+//!
+//! The hot path talks to the raw API directly instead of through the crate's
+//! `Context`/`RedisKey` wrappers: those allocate a `Vec` of arguments and box
+//! every key, which is a third of a call's cost (see DESIGN.md). Everything
+//! unsafe about the module API lives in this file.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ptr::NonNull;
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType};
+
+pub const OK: c_int = raw::REDISMODULE_OK as c_int;
+
+/// Calls a module API function that every supported server (7.0+) exports.
+/// The server fills these pointers before `OnLoad` runs; a missing one is a
+/// server older than the module supports, which `OnLoad` refuses early.
+macro_rules! api {
+    ($name:ident) => {{
+        #[allow(unused_unsafe)]
+        let f = unsafe { raw::$name };
+        match f {
+            Some(f) => f,
+            None => panic!(concat!("module API ", stringify!($name), " is missing")),
+        }
+    }};
+}
+
+/// The command's arguments, `argv[0]` being the command name.
+pub fn args<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> &'a [*mut RedisModuleString] {
+    if argv.is_null() || argc <= 0 {
+        return &[];
+    }
+    // SAFETY: Redis passes argc valid string pointers that outlive the call.
+    unsafe { std::slice::from_raw_parts(argv, argc as usize) }
+}
+
+/// The bytes of a module string (valid while the string lives).
+pub fn bytes<'a>(s: *const RedisModuleString) -> &'a [u8] {
+    let mut len = 0usize;
+    // SAFETY: s is a live module string; the pointer stays valid with it.
+    unsafe {
+        let p = api!(RedisModule_StringPtrLen)(s, &mut len);
+        if p.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
+        }
+    }
+}
+
+/// A command invocation's context.
+#[derive(Clone, Copy)]
+pub struct Ctx(pub *mut RedisModuleCtx);
+
+impl Ctx {
+    pub fn reply_error(&self, msg: &str) {
+        // NUL would end the C string early; newlines would break RESP.
+        let clean: String = msg
+            .chars()
+            .map(|c| if c == '\0' || c == '\r' || c == '\n' { ' ' } else { c })
+            .collect();
+        let msg = CString::new(clean).unwrap_or_default();
+        unsafe { api!(RedisModule_ReplyWithError)(self.0, msg.as_ptr()) };
+    }
+
+    pub fn reply_array(&self, len: usize) {
+        unsafe { api!(RedisModule_ReplyWithArray)(self.0, len as _) };
+    }
+
+    pub fn reply_integer(&self, v: i64) {
+        unsafe { api!(RedisModule_ReplyWithLongLong)(self.0, v) };
+    }
+
+    pub fn reply_ok(&self) {
+        unsafe { api!(RedisModule_ReplyWithSimpleString)(self.0, c"OK".as_ptr()) };
+    }
+
+    /// True when the server only asks which arguments are keys (`getkeys-api`).
+    pub fn is_keys_position_request(&self) -> bool {
+        unsafe { api!(RedisModule_IsKeysPositionRequest)(self.0) != 0 }
+    }
+
+    /// Declares `argv[pos]` a key; only in a keys position request, and only
+    /// for a position below argc (the caller checks).
+    pub fn key_at_pos(&self, pos: usize) {
+        unsafe { api!(RedisModule_KeyAtPos)(self.0, pos as c_int) };
+    }
+
+    /// Propagates `argv` as-is to replicas and the AOF (its arguments are
+    /// absolute already) and marks the dataset dirty.
+    pub fn replicate_verbatim(&self) {
+        unsafe { api!(RedisModule_ReplicateVerbatim)(self.0) };
+    }
+
+    /// Propagates `cmd` with the given arguments as one command (no
+    /// MULTI/EXEC wrapper) and marks the dataset dirty.
+    pub fn replicate(&self, cmd: &CStr, args: &[*mut RedisModuleString]) {
+        unsafe {
+            api!(RedisModule_Replicate)(
+                self.0,
+                cmd.as_ptr(),
+                c"v".as_ptr(),
+                args.as_ptr(),
+                args.len(),
+            )
+        };
+    }
+
+    /// A new module string the caller frees with `free_string`.
+    pub fn create_string(&self, bytes: &[u8]) -> *mut RedisModuleString {
+        unsafe { api!(RedisModule_CreateString)(self.0, bytes.as_ptr().cast::<c_char>(), bytes.len()) }
+    }
+
+    pub fn free_string(&self, s: *mut RedisModuleString) {
+        unsafe { api!(RedisModule_FreeString)(self.0, s) };
+    }
+}
+
+/// What an opened key holds, seen from one native type.
+pub enum Held<T> {
+    Nothing,
+    Ours(NonNull<T>),
+    Other,
+}
+
+/// An open key, closed on drop.
+pub struct Key(*mut RedisModuleKey);
+
+impl Key {
+    pub fn open(ctx: Ctx, name: *mut RedisModuleString, write: bool) -> Key {
+        let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
+        Key(unsafe { api!(RedisModule_OpenKey)(ctx.0, name, mode as c_int) })
+    }
+
+    /// The key's value if it is of native type `ty`.
+    pub fn held<T>(&self, ty: *mut RedisModuleType) -> Held<T> {
+        if self.0.is_null() {
+            return Held::Nothing;
+        }
+        unsafe {
+            let kind = api!(RedisModule_KeyType)(self.0);
+            match kind {
+                _ if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int => Held::Nothing,
+                _ if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int && api!(RedisModule_ModuleTypeGetType)(self.0) == ty => {
+                    match NonNull::new(api!(RedisModule_ModuleTypeGetValue)(self.0).cast::<T>()) {
+                        Some(v) => Held::Ours(v),
+                        None => Held::Other,
+                    }
+                }
+                _ => Held::Other,
+            }
+        }
+    }
+
+    /// Stores a new boxed value of type `ty` (this clears any TTL).
+    pub fn set_value<T>(&self, ty: *mut RedisModuleType, value: Box<T>) -> bool {
+        let ptr = Box::into_raw(value);
+        let status = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.0, ty, ptr.cast::<c_void>()) };
+        if status != OK {
+            // The server did not take ownership.
+            drop(unsafe { Box::from_raw(ptr) });
+            return false;
+        }
+        true
+    }
+
+    /// Sets the absolute expiry, ms since the Unix epoch.
+    pub fn set_expire_at(&self, at_ms: i64) {
+        unsafe { api!(RedisModule_SetAbsExpire)(self.0, at_ms) };
+    }
+
+    pub fn delete(&self) {
+        unsafe { api!(RedisModule_DeleteKey)(self.0) };
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            unsafe { api!(RedisModule_CloseKey)(self.0) };
+        }
+    }
+}
+
+pub(crate) use api;

@@ -1,0 +1,48 @@
+//! `INFO rl` and the load-time check of the server's module API.
+
+use std::ffi::{c_int, CString};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleInfoCtx};
+
+use crate::ffi::api;
+use crate::stats;
+
+/// Refuses to load on a server that lacks a function the commands call
+/// (older than Redis 7.0), instead of failing later in a command.
+pub fn missing_api() -> Result<(), String> {
+    let present = unsafe {
+        [
+            ("SetAbsExpire", raw::RedisModule_SetAbsExpire.is_some_and(|_| true)),
+            ("ReplicateVerbatim", raw::RedisModule_ReplicateVerbatim.is_some_and(|_| true)),
+            ("Replicate", raw::RedisModule_Replicate.is_some_and(|_| true)),
+            ("KeyAtPos", raw::RedisModule_KeyAtPos.is_some_and(|_| true)),
+            ("Milliseconds", raw::RedisModule_Milliseconds.is_some_and(|_| true)),
+            ("EmitAOF", raw::RedisModule_EmitAOF.is_some_and(|_| true)),
+            ("RegisterInfoFunc", raw::RedisModule_RegisterInfoFunc.is_some_and(|_| true)),
+        ]
+    };
+    match present.iter().find(|(_, ok)| !ok) {
+        Some((name, _)) => Err(format!("the server lacks RedisModule_{name}; Redis 7.0 or newer is required")),
+        None => Ok(()),
+    }
+}
+
+/// Replaces the crate's default INFO callback with ours.
+pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    let status = unsafe { api!(RedisModule_RegisterInfoFunc)(ctx, Some(info)) };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err("could not register the INFO section".into());
+    }
+    Ok(())
+}
+
+/// Section `rl`: `rl_<command>_<calls|allowed|denied|errors>` per command.
+unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
+    api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr().cast_mut());
+    for s in stats::ALL {
+        for (what, value) in s.fields() {
+            let Ok(name) = CString::new(format!("{}_{what}", s.name)) else { continue };
+            api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr().cast_mut(), value);
+        }
+    }
+}

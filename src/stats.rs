@@ -1,0 +1,62 @@
+//! Counters shown by `INFO rl`.
+//!
+//! Commands run on the server's main thread; atomics with relaxed ordering
+//! cost the same as plain adds there and keep the statics safe.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// What one call ended as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    Denied,
+    /// A command that does not decide (the internal RL.SET).
+    Done,
+}
+
+pub struct CommandStats {
+    pub name: &'static str,
+    calls: AtomicU64,
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl CommandStats {
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            calls: AtomicU64::new(0),
+            allowed: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record(&self, outcome: Result<Verdict, ()>) {
+        self.calls.fetch_add(1, Relaxed);
+        match outcome {
+            Ok(Verdict::Allowed) => self.allowed.fetch_add(1, Relaxed),
+            Ok(Verdict::Denied) => self.denied.fetch_add(1, Relaxed),
+            Ok(Verdict::Done) => 0,
+            Err(()) => self.errors.fetch_add(1, Relaxed),
+        };
+    }
+
+    /// (field suffix, value) pairs for INFO.
+    pub fn fields(&self) -> [(&'static str, u64); 4] {
+        [
+            ("calls", self.calls.load(Relaxed)),
+            ("allowed", self.allowed.load(Relaxed)),
+            ("denied", self.denied.load(Relaxed)),
+            ("errors", self.errors.load(Relaxed)),
+        ]
+    }
+}
+
+pub static TAKE: CommandStats = CommandStats::new("take");
+pub static PEEK: CommandStats = CommandStats::new("peek");
+pub static SET: CommandStats = CommandStats::new("set");
+
+/// Every command's counters, in INFO order.
+pub static ALL: [&CommandStats; 3] = [&TAKE, &PEEK, &SET];

@@ -1,0 +1,3 @@
+//! The native data types that hold limiter state in the keyspace.
+
+pub mod bucket_type;

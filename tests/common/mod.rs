@@ -1,0 +1,223 @@
+//! Real servers for the integration tests: each starts on a free loopback
+//! port, in its own temp dir, with the built module loaded, and is killed
+//! when dropped. No fixed ports, no leftover processes.
+
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// The module under test: `RL_MODULE`, or the release build `make test` makes.
+pub fn module_path() -> PathBuf {
+    let path = std::env::var_os("RL_MODULE").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_rl.so")
+    });
+    assert!(
+        path.exists(),
+        "module not found at {}: run `make test` (or `cargo build --release` first)",
+        path.display()
+    );
+    path
+}
+
+/// The server binary: `RL_SERVER`, or redis-server from PATH.
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("RL_SERVER").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+/// A port that is free now, and whose cluster bus port (+10000) is free too.
+pub fn free_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = l.local_addr().unwrap().port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    dir: TempDir,
+    binary: PathBuf,
+    args: Vec<String>,
+}
+
+impl Server {
+    /// redis-server with the module and the given extra config arguments
+    /// (`["--appendonly", "yes"]`).
+    pub fn start(extra: &[&str]) -> Server {
+        Self::start_binary(&server_binary(), extra)
+    }
+
+    pub fn start_binary(binary: &Path, extra: &[&str]) -> Server {
+        let dir = tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir");
+        let mut s = Server {
+            child: None,
+            port: 0,
+            dir,
+            binary: binary.to_path_buf(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn_on_free_port();
+        s
+    }
+
+    fn spawn_on_free_port(&mut self) {
+        for _ in 0..5 {
+            self.port = free_port();
+            if self.spawn() {
+                return;
+            }
+        }
+        panic!("could not start {} after 5 attempts", self.binary.display());
+    }
+
+    /// Starts the process on `self.port`; false if it exited (port taken).
+    fn spawn(&mut self) -> bool {
+        let module = module_path();
+        let log = self.dir.path().join("server.log");
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--dir"])
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .args(["--save", "", "--enable-debug-command", "yes", "--loadmodule"])
+            .arg(&module)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                eprintln!("server exited with {status}; log:\n{}", self.log());
+                self.child = None;
+                return false;
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                if let Ok(mut c) = self.try_con() {
+                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                        return true;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("server on port {} did not answer; log:\n{}", self.port, self.log());
+    }
+
+    fn try_con(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection()
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A new RESP2 connection.
+    pub fn con(&self) -> redis::Connection {
+        self.try_con().expect("connect")
+    }
+
+    /// A new RESP3 connection.
+    pub fn con_resp3(&self) -> redis::Connection {
+        redis::Client::open(format!("{}?protocol=resp3", self.url()))
+            .and_then(|c| c.get_connection())
+            .expect("connect with RESP3")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// One field of `INFO section`, as text.
+    pub fn info(&self, section: &str, field: &str) -> String {
+        let text: String = redis::cmd("INFO").arg(section).query(&mut self.con()).expect("INFO");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
+            .trim()
+            .to_string()
+    }
+
+    /// Stops the server (SHUTDOWN with the given mode: "SAVE" or "NOSAVE").
+    pub fn shutdown(&mut self, mode: &str) {
+        let _ = redis::cmd("SHUTDOWN").arg(mode).query::<()>(&mut self.con());
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "server did not stop");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Kills the process at once, like a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the stopped server again on the same port and dir (its RDB
+    /// and AOF files), with the same arguments.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the server first");
+        assert!(self.spawn(), "restart failed; log:\n{}", self.log());
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `RL.TAKE` (or any numkeys command) as a six-integer vector.
+pub fn call(con: &mut redis::Connection, cmd: &str, args: &str) -> Vec<i64> {
+    let mut c = redis::cmd(cmd);
+    for a in args.split_whitespace() {
+        c.arg(a);
+    }
+    c.query(con).unwrap_or_else(|e| panic!("{cmd} {args}: {e}"))
+}
+
+/// The error text of a call that must fail.
+pub fn call_err(con: &mut redis::Connection, cmd: &str, args: &[&[u8]]) -> String {
+    let mut c = redis::cmd(cmd);
+    for a in args {
+        c.arg(*a);
+    }
+    match c.query::<redis::Value>(con) {
+        Ok(v) => panic!("{cmd} should have failed, got {v:?}"),
+        Err(e) => server_error(&e),
+    }
+}
+
+/// The error line as the server sent it ("ERR ...", "WRONGTYPE ...").
+pub fn server_error(e: &redis::RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_string(),
+        _ => e.to_string(),
+    }
+}

@@ -1,0 +1,94 @@
+//! Buckets survive restarts from RDB and from AOF (with and without the RDB
+//! preamble, rewritten or replayed), state and expiry intact.
+
+mod common;
+
+use common::{call, Server};
+use std::time::{Duration, Instant};
+
+/// Writes buckets of several shapes; returns each key with its digest and
+/// absolute expiry.
+fn fill(s: &Server) -> Vec<(String, Vec<String>, i64)> {
+    let mut con = s.con();
+    let mut keys = Vec::new();
+    for i in 0..30 {
+        let k = format!("b:{i}");
+        let args = format!("1 {k} {} 1 3600000 COST {}", 10 + i, 1 + i % 4);
+        call(&mut con, "RL.TAKE", &args);
+        keys.push(k);
+    }
+    call(&mut con, "RL.TAKE", "3 {u}a {u}b {u}c 5 1 60000 50 1 60000 500 1 60000 COST 2");
+    keys.extend(["{u}a", "{u}b", "{u}c"].map(String::from));
+    keys.into_iter()
+        .map(|k| {
+            let d: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(&k).query(&mut con).unwrap();
+            let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(&mut con).unwrap();
+            assert!(at > 0, "{k} has no expiry");
+            (k, d, at)
+        })
+        .collect()
+}
+
+fn check(s: &Server, keys: &[(String, Vec<String>, i64)]) {
+    let mut con = s.con();
+    for (k, d, at) in keys {
+        let got: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(k).query(&mut con).unwrap();
+        assert_eq!(&got, d, "{k} state");
+        let got_at: i64 = redis::cmd("PEXPIRETIME").arg(k).query(&mut con).unwrap();
+        assert_eq!(got_at, *at, "{k} expiry");
+    }
+    // And the buckets still decide from that state.
+    assert_eq!(call(&mut con, "RL.PEEK", "1 b:0 10 1 3600000")[1], 8);
+}
+
+fn wait_rewrite(s: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.info("persistence", "aof_rewrite_in_progress") != "0"
+        || s.info("persistence", "aof_rewrite_scheduled") != "0"
+    {
+        assert!(Instant::now() < deadline, "AOF rewrite did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(s.info("persistence", "aof_last_bgrewrite_status"), "ok");
+}
+
+#[test]
+fn restart_from_rdb() {
+    let mut s = Server::start(&[]);
+    let keys = fill(&s);
+    s.shutdown("SAVE");
+    s.restart();
+    check(&s, &keys);
+}
+
+#[test]
+fn restart_from_replayed_aof() {
+    // Every write is in the AOF as RL.SET; a crash loses nothing fsynced.
+    let mut s = Server::start(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let keys = fill(&s);
+    s.kill();
+    s.restart();
+    check(&s, &keys);
+}
+
+#[test]
+fn restart_from_rewritten_aof_without_rdb_preamble() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
+    let keys = fill(&s);
+    redis::cmd("BGREWRITEAOF").query::<()>(&mut s.con()).unwrap();
+    wait_rewrite(&s);
+    s.shutdown("NOSAVE");
+    s.restart();
+    check(&s, &keys);
+}
+
+#[test]
+fn restart_from_rewritten_aof_with_rdb_preamble() {
+    let mut s = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "yes"]);
+    let keys = fill(&s);
+    redis::cmd("BGREWRITEAOF").query::<()>(&mut s.con()).unwrap();
+    wait_rewrite(&s);
+    s.shutdown("NOSAVE");
+    s.restart();
+    check(&s, &keys);
+}

@@ -1,0 +1,139 @@
+//! Effects, not commands, are replicated: a replica holds exactly the
+//! primary's state and expiry, and a refused call propagates nothing.
+
+mod common;
+
+use common::{call, Server};
+use std::time::{Duration, Instant};
+
+fn replica_of(primary: &Server) -> Server {
+    let port = primary.port.to_string();
+    let r = Server::start(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.info("replication", "master_link_status") != "up" {
+        assert!(Instant::now() < deadline, "replica did not sync");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    r
+}
+
+fn wait_replicas(con: &mut redis::Connection) {
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(con).unwrap();
+    assert_eq!(acked, 1, "the replica did not acknowledge");
+}
+
+fn state(con: &mut redis::Connection, key: &str) -> (Vec<String>, i64) {
+    let digest: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).unwrap();
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
+    (digest, at)
+}
+
+#[test]
+fn replica_holds_the_primary_state_and_expiry() {
+    let primary = Server::start(&[]);
+    let replica = replica_of(&primary);
+    let mut p = primary.con();
+    let mut keys = Vec::new();
+    for i in 0..40 {
+        let (a, b) = (format!("{{s{i}}}:sec"), format!("{{s{i}}}:min"));
+        for _ in 0..(i % 7) {
+            let args = format!("2 {a} {b} 5 5 1000 20 1 60000 COST {}", 1 + i % 3);
+            call(&mut p, "RL.TAKE", &args);
+        }
+        keys.push(a);
+        keys.push(b);
+        // A little live time between calls, so the clocks would drift apart
+        // if the replica re-ran the decisions.
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    wait_replicas(&mut p);
+    let mut r = replica.con();
+    let mut compared = 0;
+    for k in &keys {
+        let primary_state = state(&mut p, k);
+        if primary_state.1 == -2 {
+            continue; // never written (0 calls) or expired
+        }
+        assert_eq!(state(&mut r, k), primary_state, "key {k}");
+        compared += 1;
+    }
+    assert!(compared > 60, "compared only {compared} keys");
+    // The replica ran the internal RL.SET, never RL.TAKE.
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut r).unwrap();
+    assert!(stats.contains("cmdstat_rl.set:"), "{stats}");
+    assert!(!stats.contains("cmdstat_rl.take:"), "{stats}");
+}
+
+#[test]
+fn refused_calls_propagate_nothing() {
+    let primary = Server::start(&[]);
+    let _replica = replica_of(&primary);
+    let mut p = primary.con();
+    call(&mut p, "RL.TAKE", "1 k 1 1 3600000");
+    wait_replicas(&mut p);
+    let offset = primary.info("replication", "master_repl_offset");
+    let dirty = primary.info("persistence", "rdb_changes_since_last_save");
+    for _ in 0..20 {
+        assert_eq!(call(&mut p, "RL.TAKE", "1 k 1 1 3600000")[0], 0);
+    }
+    call(&mut p, "RL.PEEK", "1 k 1 1 3600000");
+    assert_eq!(primary.info("replication", "master_repl_offset"), offset);
+    assert_eq!(primary.info("persistence", "rdb_changes_since_last_save"), dirty);
+}
+
+#[test]
+fn peek_runs_on_a_read_only_replica_and_take_does_not() {
+    let primary = Server::start(&[]);
+    let replica = replica_of(&primary);
+    let mut p = primary.con();
+    call(&mut p, "RL.TAKE", "1 k 5 1 3600000 COST 2");
+    wait_replicas(&mut p);
+    let mut r = replica.con();
+    assert_eq!(call(&mut r, "RL.PEEK", "1 k 5 1 3600000")[..2], [1, 2]);
+    let e = common::call_err(&mut r, "RL.TAKE", &[b"1", b"k", b"5", b"1", b"3600000"]);
+    assert!(e.starts_with("READONLY"), "{e}");
+}
+
+#[test]
+fn internal_set_validates_its_arguments() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let good = {
+        // A valid blob: kind 'B', version 1, 16 bytes of state: 5 tokens
+        // as of the server's now.
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+        let now_ms = secs * 1000 + micros / 1000;
+        let mut b = vec![b'B', 1];
+        b.extend_from_slice(&now_ms.to_le_bytes());
+        b.extend_from_slice(&(5u64 << 16).to_le_bytes());
+        b
+    };
+    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good]);
+    assert!(e.contains("wrong number of arguments"), "{e}");
+    let e = common::call_err(&mut con, "RL.SET", &[b"k", b"junk", b"0"]);
+    assert!(e.contains("unknown kind"), "{e}");
+    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good[..10], b"0"]);
+    assert!(e.contains("wrong length"), "{e}");
+    let mut newer = good.clone();
+    newer[1] = 9;
+    let e = common::call_err(&mut con, "RL.SET", &[b"k", &newer, b"0"]);
+    assert!(e.contains("newer format"), "{e}");
+    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good, b"-5"]);
+    assert!(e.contains("pxat"), "{e}");
+    // One bad triple: nothing of the call is written.
+    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good, b"0", b"k2", b"junk", b"0"]);
+    assert!(e.contains("unknown kind"), "{e}");
+    redis::cmd("SET").arg("str").arg("v").query::<()>(&mut con).unwrap();
+    let e = common::call_err(&mut con, "RL.SET", &[b"str", &good, b"0"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    let n: i64 = redis::cmd("EXISTS").arg(&["k", "k2"]).query(&mut con).unwrap();
+    assert_eq!(n, 0);
+    // A good one writes the state and the absolute expiry.
+    let at = 4_000_000_000_000i64;
+    redis::cmd("RL.SET").arg("k").arg(&good).arg(at).query::<()>(&mut con).unwrap();
+    assert_eq!(redis::cmd("PEXPIRETIME").arg("k").query::<i64>(&mut con).unwrap(), at);
+    assert_eq!(call(&mut con, "RL.PEEK", "1 k 100 1 3600000000")[1], 4);
+    // An empty blob is a full bucket: the key goes.
+    redis::cmd("RL.SET").arg("k").arg("").arg(0).query::<()>(&mut con).unwrap();
+    assert_eq!(redis::cmd("EXISTS").arg("k").query::<i64>(&mut con).unwrap(), 0);
+}

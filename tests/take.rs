@@ -1,0 +1,343 @@
+//! RL.TAKE and RL.PEEK against a real redis-server with the module.
+//!
+//! Buckets here refill slowly (one token an hour) unless a test is about
+//! refill, so the live server clock cannot move a result between calls.
+
+mod common;
+
+use common::{call, call_err, Server};
+use redis::Value;
+
+const HOUR: i64 = 3_600_000;
+
+fn exists(con: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(con).unwrap() == 1
+}
+
+fn digest(con: &mut redis::Connection, key: &str) -> Vec<String> {
+    redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).unwrap()
+}
+
+fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(con).unwrap()
+}
+
+#[test]
+fn new_bucket_starts_full_and_counts_down() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 3 1 3600000"), [1, 2, 0, HOUR, 3, 0]);
+    let r = call(&mut con, "RL.TAKE", "1 k 3 1 3600000");
+    assert_eq!((r[0], r[1], r[2], r[4], r[5]), (1, 1, 0, 3, 0));
+    assert!(r[3] > HOUR && r[3] <= 2 * HOUR, "reset {}", r[3]);
+    let r = call(&mut con, "RL.TAKE", "1 k 3 1 3600000");
+    assert_eq!((r[0], r[1], r[2]), (1, 0, 0));
+    // Empty: refused, told when one token will be back.
+    let r = call(&mut con, "RL.TAKE", "1 k 3 1 3600000");
+    assert_eq!((r[0], r[1], r[4], r[5]), (0, 0, 3, 0));
+    assert!(r[2] > HOUR - 60_000 && r[2] <= HOUR, "retry {}", r[2]);
+    assert!(r[3] > 3 * HOUR - 60_000 && r[3] <= 3 * HOUR, "reset {}", r[3]);
+}
+
+#[test]
+fn resp3_reply_is_the_same_six_integers() {
+    let s = Server::start(&[]);
+    let mut con = s.con_resp3();
+    let v: Value = redis::cmd("RL.TAKE").arg(&["1", "k", "5", "1", "3600000"]).query(&mut con).unwrap();
+    let Value::Array(items) = v else { panic!("not an array: {v:?}") };
+    let ints: Vec<i64> = items
+        .iter()
+        .map(|i| match i {
+            Value::Int(n) => *n,
+            other => panic!("not an integer: {other:?}"),
+        })
+        .collect();
+    assert_eq!(ints, [1, 4, 0, HOUR, 5, 0]);
+}
+
+#[test]
+fn cost_is_taken_from_every_bucket_or_none() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let r = call(&mut con, "RL.TAKE", "2 {u}a {u}b 10 1 3600000 3 1 3600000 COST 2");
+    assert_eq!((r[0], r[1], r[4], r[5]), (1, 1, 3, 1));
+    // b holds 1: refused, and a keeps its 8.
+    let r = call(&mut con, "RL.TAKE", "2 {u}a {u}b 10 1 3600000 3 1 3600000 cost 2");
+    assert_eq!((r[0], r[1], r[4], r[5]), (0, 1, 3, 1));
+    assert_eq!(call(&mut con, "RL.PEEK", "1 {u}a 10 1 3600000")[1], 7);
+    // More than a bucket can ever hold: -1.
+    let r = call(&mut con, "RL.TAKE", "2 {u}a {u}b 10 1 3600000 3 1 3600000 COST 4");
+    assert_eq!((r[0], r[2], r[4], r[5]), (0, -1, 3, 1));
+}
+
+#[test]
+fn binding_names_the_rule_that_refused_or_is_tightest() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // Per second, per minute, per hour: the hour rule is tightest.
+    let args = "3 {u}s {u}m {u}h 100 100 1000 50 50 60000 2 2 3600000";
+    let r = call(&mut con, "RL.TAKE", args);
+    assert_eq!((r[0], r[1], r[4], r[5]), (1, 1, 2, 2));
+    call(&mut con, "RL.TAKE", args);
+    let r = call(&mut con, "RL.TAKE", args);
+    assert_eq!((r[0], r[1], r[4], r[5]), (0, 0, 2, 2));
+    assert!(r[2] > 0 && r[2] <= 1_800_000);
+}
+
+#[test]
+fn refused_call_writes_nothing() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "1 k 1 1 3600000");
+    let before = (digest(&mut con, "k"), s.info("persistence", "rdb_changes_since_last_save"));
+    let ttl = redis::cmd("PEXPIRETIME").arg("k").query::<i64>(&mut con).unwrap();
+    for _ in 0..10 {
+        assert_eq!(call(&mut con, "RL.TAKE", "1 k 1 1 3600000")[0], 0);
+    }
+    let after = (digest(&mut con, "k"), s.info("persistence", "rdb_changes_since_last_save"));
+    assert_eq!(before, after);
+    assert_eq!(redis::cmd("PEXPIRETIME").arg("k").query::<i64>(&mut con).unwrap(), ttl);
+}
+
+#[test]
+fn key_expires_when_the_bucket_would_be_full() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // 2 tokens, one back every 100 ms: after one take, full in 100 ms.
+    let r = call(&mut con, "RL.TAKE", "1 k 2 1 100");
+    assert_eq!(r[3], 100);
+    let ttl = pttl(&mut con, "k");
+    assert!((1..=100).contains(&ttl), "pttl {ttl}");
+    // Empty it: full again in 200 ms.
+    call(&mut con, "RL.TAKE", "1 k 2 1 100");
+    let ttl = pttl(&mut con, "k");
+    assert!((100..=200).contains(&ttl), "pttl {ttl}");
+    std::thread::sleep(std::time::Duration::from_millis(350));
+    assert!(!exists(&mut con, "k"), "a full bucket is no key");
+    // And a missing key is a full bucket.
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 2 1 100")[1], 1);
+}
+
+#[test]
+fn refill_is_continuous() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // 5 tokens, one back every 50 ms.
+    for _ in 0..5 {
+        assert_eq!(call(&mut con, "RL.TAKE", "1 k 5 1 50")[0], 1);
+    }
+    let r = call(&mut con, "RL.TAKE", "1 k 5 1 50");
+    assert_eq!(r[0], 0);
+    std::thread::sleep(std::time::Duration::from_millis(r[2] as u64 + 5));
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 5 1 50")[0], 1);
+}
+
+#[test]
+fn parameters_may_change_between_calls() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 100 1 3600000")[1], 99);
+    // Lowered capacity clamps the level, then the call takes one.
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 10 1 3600000")[1], 9);
+    // Raised capacity does not fill the bucket: the new rate applies from now.
+    let r = call(&mut con, "RL.TAKE", "1 k 1000 1 3600000");
+    assert_eq!((r[1], r[4]), (8, 1000));
+    // A new period keeps the whole tokens.
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 1000 1 86400000")[1], 7);
+}
+
+#[test]
+fn peek_answers_as_take_would_and_writes_nothing() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    assert_eq!(call(&mut con, "RL.PEEK", "1 k 3 1 3600000"), [1, 2, 0, HOUR, 3, 0]);
+    assert!(!exists(&mut con, "k"));
+    assert_eq!(s.info("persistence", "rdb_changes_since_last_save"), "0");
+    for _ in 0..3 {
+        call(&mut con, "RL.TAKE", "1 k 3 1 3600000");
+    }
+    let peek = call(&mut con, "RL.PEEK", "1 k 3 1 3600000 COST 1");
+    let take = call(&mut con, "RL.TAKE", "1 k 3 1 3600000");
+    assert_eq!((peek[0], peek[1], peek[4], peek[5]), (0, 0, 3, 0));
+    assert_eq!((take[0], take[1], take[4], take[5]), (0, 0, 3, 0));
+    assert!((peek[2] - take[2]).abs() < 1000);
+}
+
+#[test]
+fn wrong_type_is_refused_and_nothing_is_written() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    redis::cmd("SET").arg("{u}s").arg("v").query::<()>(&mut con).unwrap();
+    for cmd in ["RL.TAKE", "RL.PEEK"] {
+        let e = call_err(&mut con, cmd, &[b"2", b"{u}b", b"{u}s", b"5", b"1", b"1000", b"5", b"1", b"1000"]);
+        assert!(e.starts_with("WRONGTYPE"), "{e}");
+    }
+    assert!(!exists(&mut con, "{u}b"), "the first bucket was not written");
+    assert_eq!(redis::cmd("GET").arg("{u}s").query::<String>(&mut con).unwrap(), "v");
+}
+
+#[test]
+fn bad_arguments_get_errors_that_name_them() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let cases: &[(&[&[u8]], &str)] = &[
+        (&[], "ERR numkeys is missing"),
+        (&[b"0", b"k", b"1", b"1", b"1"], "ERR numkeys must be an integer from 1 to 32"),
+        (&[b"33"], "ERR numkeys must be an integer from 1 to 32"),
+        (&[b"2", b"k"], "ERR numkeys is 2 but only 1 argument follows it"),
+        (&[b"1", b"k", b"10", b"1"], "ERR key 1 ('k') lacks its capacity refill period_ms"),
+        (&[b"1", b"k", b"0", b"1", b"1"], "ERR capacity of key 1 ('k') must be an integer"),
+        (&[b"1", b"k", b"-3", b"1", b"1"], "ERR capacity of key 1 ('k') must be an integer"),
+        (&[b"1", b"k", b"1", b"nan", b"1"], "ERR refill of key 1 ('k') must be an integer"),
+        (&[b"1", b"k", b"1", b"1", b"inf"], "ERR period_ms of key 1 ('k') must be an integer"),
+        (&[b"1", b"k", b"1", b"1", b"1.5"], "ERR period_ms of key 1 ('k') must be an integer"),
+        (&[b"1", b"k", b"99999999999999999999999", b"1", b"1"], "ERR capacity of key 1 ('k') must be an integer"),
+        (&[b"1", b"k", b"1", b"1", b"1", b"COST"], "ERR option COST needs a value"),
+        (&[b"1", b"k", b"1", b"1", b"1", b"COST", b"0"], "ERR COST must be an integer from 1 to"),
+        (&[b"1", b"k", b"1", b"1", b"1", b"COST", b"1", b"COST", b"1"], "ERR option COST is given more than once"),
+        (&[b"1", b"k", b"1", b"1", b"1", b"BURST", b"1"], "ERR unknown option 'BURST'"),
+        (&[b"1", b"k", b"1", b"1", b"1", b"4"], "ERR too many numbers: 1 key takes 3"),
+        (&[b"2", b"k", b"k", b"1", b"1", b"1", b"1", b"1", b"1"], "ERR key 'k' is named more than once"),
+        (&[b"1", b"k\r\n\x00", b"x", b"1", b"1"], "ERR capacity of key 1 ('k\\x0d\\x0a\\x00')"),
+    ];
+    for cmd in ["RL.TAKE", "RL.PEEK"] {
+        for (args, want) in cases {
+            let e = call_err(&mut con, cmd, args);
+            assert!(e.contains(want), "{cmd} {args:?}: got {e:?}, want {want:?}");
+        }
+    }
+    let keys: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(keys, 0, "no error wrote anything");
+    assert_eq!(s.info("rl", "rl_take_errors"), cases.len().to_string());
+}
+
+#[test]
+fn largest_values_are_accepted() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let r = call(&mut con, "RL.TAKE", "1 k 100000000000000 100000000000000 63072000000 COST 100000000000000");
+    assert_eq!((r[0], r[1], r[4]), (1, 0, 100_000_000_000_000));
+    // One token every two years on a huge bucket: waits are capped, not overflowed.
+    let r = call(&mut con, "RL.TAKE", "1 slow 100000000000000 1 63072000000 COST 100000000000000");
+    assert_eq!((r[0], r[3]), (1, 1_000_000_000_000_000));
+    assert!(pttl(&mut con, "slow") > 0);
+}
+
+#[test]
+fn getkeys_returns_exactly_the_keys() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    for cmd in ["RL.TAKE", "RL.PEEK"] {
+        let keys: Vec<String> = redis::cmd("COMMAND")
+            .arg(&["GETKEYS", cmd, "3", "a", "b", "c", "1", "1", "1", "1", "1", "1", "1", "1", "1", "COST", "1"])
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(keys, ["a", "b", "c"]);
+        // A numkeys beyond the arguments declares nothing (and crashes nothing).
+        let r = redis::cmd("COMMAND").arg(&["GETKEYS", cmd, "9", "a"]).query::<Vec<String>>(&mut con);
+        assert!(r.is_err());
+    }
+    let keys: Vec<String> =
+        redis::cmd("COMMAND").arg(&["GETKEYS", "RL.SET", "a", "x", "0", "b", "y", "0"]).query(&mut con).unwrap();
+    assert_eq!(keys, ["a", "b"]);
+}
+
+#[test]
+fn command_flags() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let flags = |con: &mut redis::Connection, cmd: &str| -> Vec<String> {
+        let v: Value = redis::cmd("COMMAND").arg("INFO").arg(cmd).query(con).unwrap();
+        let Value::Array(outer) = v else { panic!() };
+        let Value::Array(info) = &outer[0] else { panic!("{outer:?}") };
+        let Value::Array(flags) = &info[2] else { panic!("{info:?}") };
+        flags.iter().map(|f| redis::from_redis_value_ref::<String>(f).unwrap()).collect()
+    };
+    let take = flags(&mut con, "rl.take");
+    for f in ["write", "denyoom", "fast", "movablekeys", "module"] {
+        assert!(take.contains(&f.to_string()), "rl.take flags {take:?} lack {f}");
+    }
+    let peek = flags(&mut con, "rl.peek");
+    for f in ["readonly", "fast", "movablekeys"] {
+        assert!(peek.contains(&f.to_string()), "rl.peek flags {peek:?} lack {f}");
+    }
+    assert!(!peek.contains(&"write".to_string()));
+}
+
+#[test]
+fn info_counts_calls_per_command() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "1 k 1 1 3600000");
+    call(&mut con, "RL.TAKE", "1 k 1 1 3600000");
+    call(&mut con, "RL.PEEK", "1 k 1 1 3600000");
+    let _ = call_err(&mut con, "RL.TAKE", &[b"x"]);
+    assert_eq!(s.info("rl", "rl_take_calls"), "3");
+    assert_eq!(s.info("rl", "rl_take_allowed"), "1");
+    assert_eq!(s.info("rl", "rl_take_denied"), "1");
+    assert_eq!(s.info("rl", "rl_take_errors"), "1");
+    assert_eq!(s.info("rl", "rl_peek_calls"), "1");
+    assert_eq!(s.info("rl", "rl_peek_denied"), "1");
+}
+
+#[test]
+fn a_bucket_is_smaller_than_the_lua_hash_it_replaces() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "1 bucket:user:1729 200 100 1000");
+    // What the Lua token-bucket script keeps: a hash of tokens and timestamp.
+    redis::cmd("HSET")
+        .arg(&["lua:user:1729", "tokens", "199.337", "ts", "1764489600123"])
+        .query::<()>(&mut con)
+        .unwrap();
+    redis::cmd("PEXPIRE").arg("lua:user:1729").arg(10_000).query::<()>(&mut con).unwrap();
+    let ours: i64 = redis::cmd("MEMORY").arg(&["USAGE", "bucket:user:1729"]).query(&mut con).unwrap();
+    let lua: i64 = redis::cmd("MEMORY").arg(&["USAGE", "lua:user:1729"]).query(&mut con).unwrap();
+    eprintln!("MEMORY USAGE: native bucket {ours} B, Lua hash {lua} B");
+    assert!(ours < lua, "native {ours} >= hash {lua}");
+}
+
+#[test]
+fn copy_dump_restore_and_debug_reload_keep_the_bucket() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "1 k 10 1 3600000 COST 4");
+    let d = digest(&mut con, "k");
+    redis::cmd("COPY").arg("k").arg("k2").query::<()>(&mut con).unwrap();
+    assert_eq!(digest(&mut con, "k2"), d);
+    assert!(pttl(&mut con, "k2") > 0, "COPY keeps the TTL");
+    assert_eq!(call(&mut con, "RL.PEEK", "1 k2 10 1 3600000")[1], 5);
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("k").query(&mut con).unwrap();
+    redis::cmd("RESTORE").arg("k3").arg(HOUR).arg(dump).query::<()>(&mut con).unwrap();
+    assert_eq!(digest(&mut con, "k3"), d);
+    redis::cmd("DEBUG").arg("RELOAD").query::<()>(&mut con).unwrap();
+    assert_eq!(digest(&mut con, "k"), d);
+    assert_eq!(call(&mut con, "RL.PEEK", "1 k 10 1 3600000")[1], 5);
+    // A bucket used where another command expects a string.
+    let e = call_err(&mut con, "GET", &[b"k"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+}
+
+#[test]
+fn cluster_refuses_keys_of_different_slots() {
+    let s = Server::start(&["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]);
+    let mut con = s.con();
+    redis::cmd("CLUSTER").arg(&["ADDSLOTSRANGE", "0", "16383"]).query::<()>(&mut con).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.info("cluster", "cluster_enabled") != "1" || !cluster_ok(&mut con) {
+        assert!(std::time::Instant::now() < deadline, "cluster did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for cmd in ["RL.TAKE", "RL.PEEK"] {
+        let e = call_err(&mut con, cmd, &[b"2", b"a", b"b", b"5", b"1", b"1000", b"5", b"1", b"1000"]);
+        assert!(e.contains("CROSSSLOT"), "{cmd}: {e}");
+        assert_eq!(call(&mut con, cmd, "2 {u}a {u}b 5 1 1000 5 1 1000")[0], 1);
+    }
+    let e = call_err(&mut con, "RL.SET", &[b"a", b"", b"0", b"b", b"", b"0"]);
+    assert!(e.contains("CROSSSLOT"), "RL.SET: {e}");
+}
+
+fn cluster_ok(con: &mut redis::Connection) -> bool {
+    let info: String = redis::cmd("CLUSTER").arg("INFO").query(con).unwrap();
+    info.contains("cluster_state:ok")
+}
