@@ -1,9 +1,7 @@
 //! Buckets survive restarts from RDB and from AOF (with and without the RDB
 //! preamble, rewritten or replayed), state and expiry intact.
 
-mod common;
-
-use common::{call, Server};
+use testkit::{call, Server};
 use std::time::{Duration, Instant};
 
 /// Writes buckets of several shapes; returns each key with its digest and

@@ -1,9 +1,7 @@
 //! Effects, not commands, are replicated: a replica holds exactly the
 //! primary's state and expiry, and a refused call propagates nothing.
 
-mod common;
-
-use common::{call, Server};
+use testkit::{call, Server};
 use std::time::{Duration, Instant};
 
 fn replica_of(primary: &Server) -> Server {
@@ -90,7 +88,7 @@ fn peek_runs_on_a_read_only_replica_and_take_does_not() {
     wait_replicas(&mut p);
     let mut r = replica.con();
     assert_eq!(call(&mut r, "RL.PEEK", "1 k 5 1 3600000")[..2], [1, 2]);
-    let e = common::call_err(&mut r, "RL.TAKE", &[b"1", b"k", b"5", b"1", b"3600000"]);
+    let e = testkit::call_err(&mut r, "RL.TAKE", &[b"1", b"k", b"5", b"1", b"3600000"]);
     assert!(e.starts_with("READONLY"), "{e}");
 }
 
@@ -108,23 +106,23 @@ fn internal_set_validates_its_arguments() {
         b.extend_from_slice(&(5u64 << 16).to_le_bytes());
         b
     };
-    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good]);
     assert!(e.contains("wrong number of arguments"), "{e}");
-    let e = common::call_err(&mut con, "RL.SET", &[b"k", b"junk", b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", b"junk", b"0"]);
     assert!(e.contains("unknown kind"), "{e}");
-    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good[..10], b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good[..10], b"0"]);
     assert!(e.contains("wrong length"), "{e}");
     let mut newer = good.clone();
     newer[1] = 9;
-    let e = common::call_err(&mut con, "RL.SET", &[b"k", &newer, b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &newer, b"0"]);
     assert!(e.contains("newer format"), "{e}");
-    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good, b"-5"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good, b"-5"]);
     assert!(e.contains("pxat"), "{e}");
     // One bad triple: nothing of the call is written.
-    let e = common::call_err(&mut con, "RL.SET", &[b"k", &good, b"0", b"k2", b"junk", b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good, b"0", b"k2", b"junk", b"0"]);
     assert!(e.contains("unknown kind"), "{e}");
     redis::cmd("SET").arg("str").arg("v").query::<()>(&mut con).unwrap();
-    let e = common::call_err(&mut con, "RL.SET", &[b"str", &good, b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"str", &good, b"0"]);
     assert!(e.starts_with("WRONGTYPE"), "{e}");
     let n: i64 = redis::cmd("EXISTS").arg(&["k", "k2"]).query(&mut con).unwrap();
     assert_eq!(n, 0);

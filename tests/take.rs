@@ -3,9 +3,7 @@
 //! Buckets here refill slowly (one token an hour) unless a test is about
 //! refill, so the live server clock cannot move a result between calls.
 
-mod common;
-
-use common::{call, call_err, Server};
+use testkit::{call, call_err, Server};
 use redis::Value;
 
 const HOUR: i64 = 3_600_000;
@@ -340,4 +338,16 @@ fn cluster_refuses_keys_of_different_slots() {
 fn cluster_ok(con: &mut redis::Connection) -> bool {
     let info: String = redis::cmd("CLUSTER").arg("INFO").query(con).unwrap();
     info.contains("cluster_state:ok")
+}
+
+#[test]
+fn three_master_cluster_routes_by_hash_tag() {
+    let c = testkit::Cluster::start(3);
+    let node = c.node_for("{user42}");
+    let mut con = node.con();
+    assert_eq!(call(&mut con, "RL.TAKE", "2 rl:{user42}:s rl:{user42}:m 10 10 1000 100 100 60000")[..2], [1, 9]);
+    // The same keys sent to a node that does not own them are redirected.
+    let other = c.nodes.iter().find(|s| s.port != node.port).unwrap();
+    let e = call_err(&mut other.con(), "RL.TAKE", &[b"1", b"rl:{user42}:s", b"10", b"10", b"1000"]);
+    assert!(e.starts_with("MOVED"), "{e}");
 }

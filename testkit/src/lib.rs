@@ -2,8 +2,6 @@
 //! port, in its own temp dir, with the built module loaded, and is killed
 //! when dropped. No fixed ports, no leftover processes.
 
-#![allow(dead_code)]
-
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,7 +12,7 @@ use tempfile::TempDir;
 /// The module under test: `RL_MODULE`, or the release build `make test` makes.
 pub fn module_path() -> PathBuf {
     let path = std::env::var_os("RL_MODULE").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_rl.so")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_rl.so")
     });
     assert!(
         path.exists(),
@@ -219,5 +217,80 @@ pub fn server_error(e: &redis::RedisError) -> String {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         (Some(code), None) => code.to_string(),
         _ => e.to_string(),
+    }
+}
+
+/// A Redis Cluster of `n` masters on loopback, each with the module.
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    pub fn start(n: usize) -> Cluster {
+        Self::start_binary(&server_binary(), n)
+    }
+
+    pub fn start_binary(binary: &Path, n: usize) -> Cluster {
+        let args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
+        let nodes: Vec<Server> = (0..n).map(|_| Server::start_binary(binary, &args)).collect();
+        let mut create = Command::new("redis-cli");
+        create.args(["--cluster", "create"]);
+        for s in &nodes {
+            create.arg(format!("127.0.0.1:{}", s.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        let c = Cluster { nodes };
+        c.wait_ok();
+        c
+    }
+
+    /// Waits until every node sees every other and all slots are served.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let n = self.nodes.len().to_string();
+        loop {
+            let ok = self.nodes.iter().all(|s| {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut s.con()).unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && info.contains(&format!("cluster_known_nodes:{n}\r"))
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis://` URLs of every node, for cluster clients.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    /// The node that serves `key`'s slot.
+    pub fn node_for(&self, key: &str) -> &Server {
+        let mut con = self.nodes[0].con();
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut con).unwrap();
+        let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con).unwrap();
+        let redis::Value::Array(ranges) = slots else { panic!("CLUSTER SLOTS: {slots:?}") };
+        for r in ranges {
+            let redis::Value::Array(r) = r else { continue };
+            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(master))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                continue;
+            };
+            if (*lo..=*hi).contains(&slot) {
+                let Some(redis::Value::Int(port)) = master.get(1) else { continue };
+                return self.nodes.iter().find(|s| i64::from(s.port) == *port).expect("node of slot");
+            }
+        }
+        panic!("no node serves slot {slot}");
     }
 }
