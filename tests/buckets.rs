@@ -453,3 +453,29 @@ fn lease_and_refund_errors() {
     }
     assert_eq!(redis::cmd("DBSIZE").query::<i64>(&mut con).unwrap(), 0);
 }
+
+#[test]
+fn acl_category_on_servers_that_support_module_categories() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let categories: Vec<String> = redis::cmd("ACL").arg("CAT").query(&mut con).unwrap();
+    let version = s.info("server", "redis_version");
+    let modern = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0)).collect::<Vec<_>>() >= vec![7, 4];
+    if !categories.contains(&"ratelimit".to_string()) {
+        assert!(!modern, "Redis {version} supports module ACL categories but ratelimit is missing");
+        eprintln!("server {version}: no module ACL categories, skipped");
+        return;
+    }
+    let mut ours: Vec<String> = redis::cmd("ACL").arg(&["CAT", "ratelimit"]).query(&mut con).unwrap();
+    ours.sort();
+    assert_eq!(ours, ["cl.throttle", "rl.lease", "rl.peek", "rl.refund", "rl.take", "rl.window", "rl.windowpeek"]);
+    // A gateway user with +@ratelimit calls the limiter but cannot forge state.
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "gateway", "on", ">pw", "~*", "-@all", "+@ratelimit"])
+        .query::<()>(&mut con)
+        .unwrap();
+    redis::cmd("AUTH").arg(&["gateway", "pw"]).query::<()>(&mut con).unwrap();
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 5 1 1000")[0], 1);
+    let e = call_err(&mut con, "RL.SET", &[b"k", b"", b"0"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+}
