@@ -360,18 +360,6 @@ fn cluster_ok(con: &mut redis::Connection) -> bool {
 }
 
 #[test]
-fn three_master_cluster_routes_by_hash_tag() {
-    let c = testkit::Cluster::start(3);
-    let node = c.node_for("{user42}");
-    let mut con = node.con();
-    assert_eq!(call(&mut con, "RL.TAKE", "2 rl:{user42}:s rl:{user42}:m 10 10 1000 100 100 60000")[..2], [1, 9]);
-    // The same keys sent to a node that does not own them are redirected.
-    let other = c.nodes.iter().find(|s| s.port != node.port).unwrap();
-    let e = call_err(&mut other.con(), "RL.TAKE", &[b"1", b"rl:{user42}:s", b"10", b"10", b"1000"]);
-    assert!(e.starts_with("MOVED"), "{e}");
-}
-
-#[test]
 fn lease_grants_what_every_bucket_can_give() {
     let s = Server::start(&[]);
     let mut con = s.con();
