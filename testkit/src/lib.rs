@@ -54,7 +54,19 @@ impl Server {
     }
 
     pub fn start_binary(binary: &Path, extra: &[&str]) -> Server {
+        Self::start_prepared(binary, extra, |_| {})
+    }
+
+    /// A server whose dir holds `rdb` as its dump.rdb at startup.
+    pub fn start_from_rdb(rdb: &Path, extra: &[&str]) -> Server {
+        Self::start_prepared(&server_binary(), extra, |dir| {
+            std::fs::copy(rdb, dir.join("dump.rdb")).expect("copy the RDB file");
+        })
+    }
+
+    fn start_prepared(binary: &Path, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
         let dir = tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir");
+        prepare(dir.path());
         let mut s = Server {
             child: None,
             port: 0,
