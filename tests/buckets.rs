@@ -102,16 +102,27 @@ fn refused_call_writes_nothing() {
 fn key_expires_when_the_bucket_would_be_full() {
     let s = Server::start(&[]);
     let mut con = s.con();
+    let server_ms = |con: &mut redis::Connection| -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(con).unwrap();
+        s * 1000 + us / 1000
+    };
+    let expires = |con: &mut redis::Connection| -> i64 { redis::cmd("PEXPIRETIME").arg("k").query(con).unwrap() };
     // 2 tokens, one back every 100 ms: after one take, full in 100 ms.
+    let before = server_ms(&mut con);
     let r = call(&mut con, "RL.TAKE", "1 k 2 1 100");
+    let after = server_ms(&mut con);
     assert_eq!(r[3], 100);
-    let ttl = pttl(&mut con, "k");
-    assert!((1..=100).contains(&ttl), "pttl {ttl}");
-    // Empty it: full again in 200 ms.
-    call(&mut con, "RL.TAKE", "1 k 2 1 100");
-    let ttl = pttl(&mut con, "k");
-    assert!((100..=200).contains(&ttl), "pttl {ttl}");
-    std::thread::sleep(std::time::Duration::from_millis(350));
+    assert!((before + 100..=after + 100).contains(&expires(&mut con)));
+    // Empty it: full again 200 ms after this call.
+    let before = server_ms(&mut con);
+    let r = call(&mut con, "RL.TAKE", "1 k 2 1 100");
+    let after = server_ms(&mut con);
+    assert!(r[3] > 100 && r[3] <= 200);
+    let at = expires(&mut con);
+    assert!((before + r[3]..=after + r[3]).contains(&at), "{before} {at} {after}");
+    while server_ms(&mut con) <= at + 20 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert!(!exists(&mut con, "k"), "a full bucket is no key");
     // And a missing key is a full bucket.
     assert_eq!(call(&mut con, "RL.TAKE", "1 k 2 1 100")[1], 1);

@@ -48,20 +48,22 @@ fn blob() -> impl Strategy<Value = Vec<u8>> {
         .prop_map(|(k, v, payload)| [vec![k, v], payload].concat())
 }
 
-fn token() -> impl Strategy<Value = Vec<u8>> {
+/// A hostile argument; with `huge`, sometimes hundreds of kilobytes.
+fn token(huge: bool) -> impl Strategy<Value = Vec<u8>> {
+    let long = if huge { 300_000 } else { 300 };
     prop_oneof![
         6 => number(),
         4 => word(),
         2 => blob(),
         1 => proptest::collection::vec(any::<u8>(), 0..16),
-        1 => (1usize..300_000).prop_map(|n| vec![b'7'; n]),
+        1 => (1usize..long).prop_map(|n| vec![b'7'; n]),
     ]
 }
 
 /// A call its command accepts (distinct keys, small valid numbers, fitting
 /// options), sometimes with one argument swapped for a hostile token, so the
 /// fuzz reaches the writes too.
-fn plausible() -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> {
+fn plausible(huge: bool) -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> {
     // (command, numbers per key, options, key family: one native type each)
     let shapes: Vec<(&'static str, usize, &'static [&'static str], &'static str)> = vec![
         ("RL.TAKE", 3, &[], "b"),
@@ -79,7 +81,7 @@ fn plausible() -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> {
         proptest::sample::select(shapes),
         1usize..4,
         proptest::collection::vec(1u64..50, 9),
-        proptest::option::weighted(0.3, (any::<prop::sample::Index>(), token())),
+        proptest::option::weighted(0.3, (any::<prop::sample::Index>(), token(huge))),
     )
         .prop_map(|((cmd, group, opts, family), n, numbers, swap)| {
             let mut v = vec![n.to_string().into_bytes()];
@@ -95,10 +97,10 @@ fn plausible() -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> {
 }
 
 /// A shapeless vector, or a well-formed numkeys call with noise.
-fn args() -> impl Strategy<Value = Vec<Vec<u8>>> {
+fn args(huge: bool) -> impl Strategy<Value = Vec<Vec<u8>>> {
     prop_oneof![
-        proptest::collection::vec(token(), 0..40),
-        (0usize..6, proptest::collection::vec(word(), 0..6), proptest::collection::vec(number(), 0..20), proptest::collection::vec(token(), 0..4))
+        proptest::collection::vec(token(huge), 0..40),
+        (0usize..6, proptest::collection::vec(word(), 0..6), proptest::collection::vec(number(), 0..20), proptest::collection::vec(token(huge), 0..4))
             .prop_map(|(n, keys, numbers, tail)| {
                 let mut v = vec![n.to_string().into_bytes()];
                 v.extend(keys);
@@ -113,13 +115,13 @@ fn command() -> impl Strategy<Value = &'static str> {
     prop_oneof![8 => proptest::sample::select(COMMANDS), 2 => proptest::sample::select(OTHERS)]
 }
 
-fn call() -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> {
-    prop_oneof![(command(), args()), plausible()]
+fn call(huge: bool) -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> {
+    prop_oneof![(command(), args(huge)), plausible(huge)]
 }
 
 /// Sends CASES hostile calls (the same ones for the same seed); returns
 /// (replies, errors). Fails if a call gets no answer.
-fn round(s: &Server) -> (u64, u64) {
+fn round(s: &Server, huge: bool) -> (u64, u64) {
     const CASES: u32 = 4_000;
     let config = Config { cases: CASES, failure_persistence: None, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
@@ -127,7 +129,7 @@ fn round(s: &Server) -> (u64, u64) {
     let con = RefCell::new(s.con());
     let answered = Cell::new((0u64, 0u64));
     runner
-        .run(&call(), |(cmd, args)| {
+        .run(&call(huge), |(cmd, args)| {
             let (ok, err) = answered.get();
             let result = redis::cmd(cmd).arg(&args).query::<redis::Value>(&mut con.borrow_mut());
             match result {
@@ -174,15 +176,18 @@ fn flushed_memory(s: &Server) -> i64 {
 #[test]
 fn hostile_calls_are_answered_and_leave_no_memory_behind() {
     let s = Server::start(&[]);
-    // The first round grows what the server keeps for itself (dict tables,
-    // stats); after it, the same round must leave exactly nothing behind.
-    let (ok, err) = round(&s);
+    let (ok, err) = round(&s, true);
     eprintln!("{ok} replies, {err} errors");
     assert!(ok > 500 && err > 500, "the fuzz did not reach both paths: {ok} replies, {err} errors");
+    // Memory: the first rounds grow what the server keeps for itself (dict
+    // tables, buffer pools, stats); after them, the same round must leave
+    // nothing behind. (Without the huge arguments: Valkey keeps buffers for
+    // those in pools of its own that grow from round to round.)
+    round(&s, false);
     let baseline = flushed_memory(&s);
     // The same calls again (answers may differ where expiry raced the clock).
-    round(&s);
+    round(&s, false);
     let after = flushed_memory(&s);
-    eprintln!("used_memory after FLUSHALL: {baseline} after round 1, {after} after round 2");
-    assert!(after <= baseline + 4 * 1024, "used_memory {baseline} -> {after} after FLUSHALL");
+    eprintln!("used_memory after FLUSHALL: {baseline} after round 2, {after} after round 3");
+    assert!(after <= baseline + 1024, "used_memory {baseline} -> {after} after FLUSHALL");
 }
