@@ -1,42 +1,17 @@
-//! Several buckets decided together: all of them give, or none does.
+//! Token buckets decided together: all of them give, or none does.
 //!
 //! RL.TAKE is `acquire(want = cost, min = cost)`; a lease is `acquire(want,
-//! min)`. The decision is computed from the levels at one instant, so the
-//! result is the same as if the buckets were one.
+//! min)`. `force` debits even into debt (a cost settled higher after the
+//! response) and `refund` gives unused tokens back. Each works from the
+//! levels at one instant, so several buckets behave as one.
 
 use smallvec::SmallVec;
 
 use crate::bucket::{BucketParams, BucketState};
-use crate::limits::MAX_WAIT_MS;
+use crate::combine::{decide, Check, Decision, NEVER};
 
 /// Inline room for the common case; more buckets spill to the heap.
 pub const INLINE: usize = 4;
-
-/// The answer to a call, as the six-integer reply carries it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
-    /// Tokens taken from every bucket: 0 when refused.
-    pub granted: u64,
-    /// Whole tokens left in the binding bucket (never negative).
-    pub remaining: u64,
-    /// 0 when granted; otherwise ms (rounded up) until every bucket holds
-    /// the minimum; -1 when the minimum exceeds some bucket's capacity.
-    pub retry_after_ms: i64,
-    /// Ms (rounded up) until every bucket is full again.
-    pub reset_after_ms: u64,
-    /// Capacity of the binding bucket.
-    pub limit: u64,
-    /// Index of the bucket that refused (the one with the longest wait) or,
-    /// when granted, of the one with the fewest whole tokens left. Ties go to
-    /// the lower index.
-    pub binding: usize,
-}
-
-impl Decision {
-    pub fn allowed(&self) -> bool {
-        self.granted > 0
-    }
-}
 
 /// What to write back for one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,16 +22,49 @@ pub enum Update {
     Remove,
 }
 
-/// A decision and, when tokens were granted, the writes that carry it out
-/// (one per bucket, in order). A refusal writes nothing.
+/// A decision and, when tokens moved, the writes that carry it out (one per
+/// bucket, in order). A refusal writes nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub decision: Decision,
     pub updates: SmallVec<[Update; INLINE]>,
 }
 
+type Levels = SmallVec<[i128; INLINE]>;
+
+fn levels(buckets: &[BucketParams], states: &[Option<BucketState>], now_ms: u64) -> Levels {
+    debug_assert_eq!(buckets.len(), states.len());
+    buckets.iter().zip(states).map(|(b, s)| b.level_at(s.as_ref(), now_ms)).collect()
+}
+
+/// A bucket's standing at `level` and at `after`, the level once the call
+/// is applied. `admits` and `wait_ms` are the caller's to set.
+fn standing(b: &BucketParams, level: i128, after: i128) -> Check {
+    let remaining = |l: i128| b.whole_tokens(l).max(0) as u64;
+    Check {
+        admits: true,
+        limit: b.capacity(),
+        remaining_now: remaining(level),
+        remaining_after: remaining(after),
+        wait_ms: 0,
+        reset_now_ms: b.wait_ms(b.full_units() - level),
+        reset_after_ms: b.wait_ms(b.full_units() - after),
+    }
+}
+
+/// The check of taking `cost` tokens from a bucket at `level`.
+fn take_check(b: &BucketParams, level: i128, cost: u64) -> Check {
+    let need = b.units(cost);
+    Check {
+        admits: level >= need,
+        wait_ms: if cost > b.capacity() { NEVER } else { b.wait_ms(need - level) as i64 },
+        ..standing(b, level, level - need)
+    }
+}
+
 /// Takes as many tokens as every bucket can give, up to `want`, from every
 /// bucket; or nothing when fewer than `min` are available (1 <= min <= want).
+/// A refusal reports the wait for `min` tokens.
 pub fn acquire(
     buckets: &[BucketParams],
     states: &[Option<BucketState>],
@@ -64,26 +72,18 @@ pub fn acquire(
     min: u64,
     now_ms: u64,
 ) -> Outcome {
-    debug_assert_eq!(buckets.len(), states.len());
     debug_assert!(!buckets.is_empty() && 1 <= min && min <= want);
-    let levels: SmallVec<[i128; INLINE]> = buckets
-        .iter()
-        .zip(states)
-        .map(|(b, s)| b.level_at(s.as_ref(), now_ms))
-        .collect();
-    let available = buckets
-        .iter()
-        .zip(&levels)
-        .map(|(b, &l)| b.whole_tokens(l))
-        .min()
-        .unwrap_or(0);
+    let levels = levels(buckets, states, now_ms);
+    let available = buckets.iter().zip(&levels).map(|(b, &l)| b.whole_tokens(l)).min().unwrap_or(0);
     let granted = available.clamp(0, want as i128) as u64;
-    if granted < min {
-        return Outcome { decision: refusal(buckets, &levels, min), updates: SmallVec::new() };
+    let cost = if granted >= min { granted } else { min };
+    let checks: SmallVec<[Check; INLINE]> =
+        buckets.iter().zip(&levels).map(|(b, &l)| take_check(b, l, cost)).collect();
+    let decision = decide(&checks, cost);
+    if !decision.allowed() {
+        return Outcome { decision, updates: SmallVec::new() };
     }
-    let after: SmallVec<[i128; INLINE]> =
-        buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(granted)).collect();
-    let decision = Decision { granted, retry_after_ms: 0, ..standing(buckets, &after) };
+    let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(cost)).collect();
     Outcome { decision, updates: updates(buckets, &after, now_ms) }
 }
 
@@ -98,12 +98,36 @@ pub fn peek(
     acquire(buckets, states, want, min, now_ms).decision
 }
 
-/// The writes that record `levels` at `now_ms`.
-pub fn updates(
+/// Takes `cost` from every bucket whatever they hold: a bucket may go into
+/// debt (down to -MAX_TOKENS), which later refill pays back before anything
+/// is admitted. Always granted.
+pub fn force(buckets: &[BucketParams], states: &[Option<BucketState>], cost: u64, now_ms: u64) -> Outcome {
+    let floor = |b: &BucketParams| -b.units(BucketState::MIN_TOKENS.unsigned_abs());
+    apply(buckets, states, cost, now_ms, |b, l| (l - b.units(cost)).max(floor(b)))
+}
+
+/// Gives `tokens` back to every bucket, never above capacity. Always granted.
+pub fn refund(buckets: &[BucketParams], states: &[Option<BucketState>], tokens: u64, now_ms: u64) -> Outcome {
+    apply(buckets, states, tokens, now_ms, |b, l| (l + b.units(tokens)).min(b.full_units()))
+}
+
+/// Moves every bucket to `to(bucket, level)` unconditionally.
+fn apply(
     buckets: &[BucketParams],
-    levels: &[i128],
+    states: &[Option<BucketState>],
+    tokens: u64,
     now_ms: u64,
-) -> SmallVec<[Update; INLINE]> {
+    to: impl Fn(&BucketParams, i128) -> i128,
+) -> Outcome {
+    let levels = levels(buckets, states, now_ms);
+    let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| to(b, l)).collect();
+    let checks: SmallVec<[Check; INLINE]> =
+        buckets.iter().zip(levels.iter().zip(&after)).map(|(b, (&l, &a))| standing(b, l, a)).collect();
+    Outcome { decision: decide(&checks, tokens), updates: updates(buckets, &after, now_ms) }
+}
+
+/// The writes that record `levels` at `now_ms`.
+pub fn updates(buckets: &[BucketParams], levels: &[i128], now_ms: u64) -> SmallVec<[Update; INLINE]> {
     buckets
         .iter()
         .zip(levels)
@@ -121,68 +145,6 @@ pub fn updates(
         .collect()
 }
 
-/// Remaining, limit, binding and reset for buckets at `levels`: the binding
-/// bucket is the one with the fewest whole tokens.
-fn standing(buckets: &[BucketParams], levels: &[i128]) -> Decision {
-    let mut binding = 0;
-    let mut fewest = i128::MAX;
-    let mut reset = 0;
-    for (i, (b, &l)) in buckets.iter().zip(levels).enumerate() {
-        let whole = b.whole_tokens(l);
-        if whole < fewest {
-            fewest = whole;
-            binding = i;
-        }
-        reset = reset.max(b.wait_ms(b.full_units() - l));
-    }
-    Decision {
-        granted: 0,
-        remaining: fewest.max(0) as u64,
-        retry_after_ms: 0,
-        reset_after_ms: reset,
-        limit: buckets[binding].capacity(),
-        binding,
-    }
-}
-
-/// The decision for a refusal: binding is the bucket that makes the caller
-/// wait longest for `min` tokens (a bucket too small for them, first).
-fn refusal(buckets: &[BucketParams], levels: &[i128], min: u64) -> Decision {
-    let mut binding = 0;
-    let mut longest: i64 = 0;
-    for (i, (b, &l)) in buckets.iter().zip(levels).enumerate() {
-        let wait = if min > b.capacity() {
-            -1
-        } else {
-            b.wait_ms(b.units(min) - l) as i64
-        };
-        let worse = match (wait, longest) {
-            (_, -1) => false,
-            (-1, _) => true,
-            _ => wait > longest,
-        };
-        if worse {
-            longest = wait;
-            binding = i;
-        }
-    }
-    let b = &buckets[binding];
-    let reset = buckets
-        .iter()
-        .zip(levels)
-        .map(|(b, &l)| b.wait_ms(b.full_units() - l))
-        .max()
-        .unwrap_or(0);
-    Decision {
-        granted: 0,
-        remaining: b.whole_tokens(levels[binding]).max(0) as u64,
-        retry_after_ms: longest.min(MAX_WAIT_MS as i64),
-        reset_after_ms: reset,
-        limit: b.capacity(),
-        binding,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,7 +153,7 @@ mod tests {
         BucketParams::new(c, r, ms).unwrap()
     }
 
-    fn apply(states: &mut [Option<BucketState>], out: &Outcome) {
+    fn apply_updates(states: &mut [Option<BucketState>], out: &Outcome) {
         for (s, u) in states.iter_mut().zip(&out.updates) {
             *s = match u {
                 Update::Store { state, .. } => Some(*state),
@@ -209,7 +171,7 @@ mod tests {
             assert_eq!(out.decision.granted, 1);
             assert_eq!(out.decision.remaining, left);
             assert_eq!(out.decision.limit, 3);
-            apply(&mut s, &out);
+            apply_updates(&mut s, &out);
         }
         let out = acquire(&b, &s, 1, 1, 0);
         assert_eq!(
@@ -247,7 +209,7 @@ mod tests {
         for _ in 0..2 {
             let out = acquire(&b, &s, 1, 1, 0);
             assert!(out.decision.allowed());
-            apply(&mut s, &out);
+            apply_updates(&mut s, &out);
         }
         let out = acquire(&b, &s, 1, 1, 0);
         assert!(!out.decision.allowed());
@@ -308,5 +270,46 @@ mod tests {
     fn full_level_is_removed() {
         let b = [p(10, 1, 1000)];
         assert_eq!(updates(&b, &[b[0].full_units()], 0)[0], Update::Remove);
+    }
+
+    #[test]
+    fn force_goes_into_debt_and_refill_pays_it_back() {
+        let b = [p(10, 1, 1000)];
+        let s = [Some(BucketState { tokens: 2, fraction: 0, updated_ms: 0 })];
+        let out = force(&b, &s, 5, 0);
+        assert_eq!((out.decision.granted, out.decision.remaining, out.decision.reset_after_ms), (5, 0, 13_000));
+        let mut s = s;
+        apply_updates(&mut s, &out);
+        assert_eq!(s[0].unwrap().tokens, -3);
+        assert!(!peek(&b, &s, 1, 1, 3_999).allowed());
+        assert!(peek(&b, &s, 1, 1, 4_000).allowed());
+    }
+
+    #[test]
+    fn force_debt_has_a_floor() {
+        let b = [p(10, 1, 1000)];
+        let out = force(&b, &[None], crate::limits::MAX_TOKENS, 0);
+        let out2 = force(&b, &[match out.updates[0] { Update::Store { state, .. } => Some(state), _ => None }], crate::limits::MAX_TOKENS, 0);
+        match out2.updates[0] {
+            Update::Store { state, .. } => assert_eq!(state.tokens, BucketState::MIN_TOKENS),
+            Update::Remove => panic!(),
+        }
+    }
+
+    #[test]
+    fn refund_never_goes_above_capacity() {
+        let b = [p(10, 1, 1000), p(5, 1, 1000)];
+        let s = [
+            Some(BucketState { tokens: 2, fraction: 0, updated_ms: 0 }),
+            Some(BucketState { tokens: 4, fraction: 0, updated_ms: 0 }),
+        ];
+        let out = refund(&b, &s, 3, 0);
+        assert_eq!(out.decision.granted, 3);
+        assert_eq!(out.updates[1], Update::Remove, "5 of 5: full, so no key");
+        match out.updates[0] {
+            Update::Store { state, expires_at_ms } => assert_eq!((state.tokens, expires_at_ms), (5, 5_000)),
+            Update::Remove => panic!(),
+        }
+        assert_eq!((out.decision.binding, out.decision.remaining), (0, 5));
     }
 }

@@ -7,9 +7,15 @@
 //! keeps decoding this one, so today's RDB and AOF files keep loading.
 
 use crate::bucket::{BucketState, StateError};
+use crate::log::{Entry, Log, LogError};
+use crate::window::{WindowState, WindowStateError};
 
 /// Kind byte of a token bucket blob.
 pub const KIND_BUCKET: u8 = b'B';
+/// Kind byte of a SLIDING/FIXED window blob.
+pub const KIND_WINDOW: u8 = b'W';
+/// Kind byte of an EXACT log blob.
+pub const KIND_LOG: u8 = b'L';
 /// Current format version of each kind.
 pub const VERSION_1: u8 = 1;
 
@@ -51,19 +57,68 @@ impl PackedBucket {
     }
 
     pub fn to_blob(&self) -> [u8; BUCKET_BLOB_LEN] {
-        let mut blob = [0u8; BUCKET_BLOB_LEN];
-        blob[0] = KIND_BUCKET;
-        blob[1] = VERSION_1;
-        blob[2..10].copy_from_slice(&self.0[0].to_le_bytes());
-        blob[10..18].copy_from_slice(&self.0[1].to_le_bytes());
-        blob
+        words_blob(KIND_BUCKET, self.0)
     }
 }
 
+/// A window in 16 bytes: 44 bits of window start, 42 bits for each count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct PackedWindow([u64; 2]);
+
+const COUNT_BITS: u32 = 42;
+const _: () = assert!(TIME_BITS + 2 * COUNT_BITS == 128);
+
+impl PackedWindow {
+    /// Packs a state that passed `WindowState::validate`.
+    pub fn pack(s: &WindowState) -> Self {
+        let mask = |bits: u32| (1u128 << bits) - 1;
+        let v = (s.start_ms as u128 & mask(TIME_BITS))
+            | (s.previous as u128 & mask(COUNT_BITS)) << TIME_BITS
+            | (s.current as u128 & mask(COUNT_BITS)) << (TIME_BITS + COUNT_BITS);
+        Self([v as u64, (v >> 64) as u64])
+    }
+
+    pub fn unpack(&self) -> WindowState {
+        let v = self.0[0] as u128 | (self.0[1] as u128) << 64;
+        let field = |shift: u32, bits: u32| ((v >> shift) & ((1u128 << bits) - 1)) as u64;
+        WindowState {
+            start_ms: field(0, TIME_BITS),
+            previous: field(TIME_BITS, COUNT_BITS),
+            current: field(TIME_BITS + COUNT_BITS, COUNT_BITS),
+        }
+    }
+
+    pub fn to_blob(&self) -> [u8; BUCKET_BLOB_LEN] {
+        words_blob(KIND_WINDOW, self.0)
+    }
+}
+
+/// The blob of an EXACT log: kind, version, then each entry as 8 bytes.
+pub fn log_blob(log: &Log) -> Vec<u8> {
+    let mut blob = Vec::with_capacity(2 + 8 * log.len());
+    blob.extend_from_slice(&[KIND_LOG, VERSION_1]);
+    for e in log.entries() {
+        blob.extend_from_slice(&e.raw().to_le_bytes());
+    }
+    blob
+}
+
+fn words_blob(kind: u8, words: [u64; 2]) -> [u8; BUCKET_BLOB_LEN] {
+    let mut blob = [0u8; BUCKET_BLOB_LEN];
+    blob[0] = kind;
+    blob[1] = VERSION_1;
+    blob[2..10].copy_from_slice(&words[0].to_le_bytes());
+    blob[10..18].copy_from_slice(&words[1].to_le_bytes());
+    blob
+}
+
 /// A decoded blob.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stored {
     Bucket(PackedBucket),
+    Window(PackedWindow),
+    Log(Log),
 }
 
 /// Why a blob was refused.
@@ -77,6 +132,8 @@ pub enum BlobError {
     Version,
     /// Well-formed, but a field is out of range.
     State(StateError),
+    WindowState(WindowStateError),
+    Log(LogError),
 }
 
 impl std::fmt::Display for BlobError {
@@ -87,7 +144,13 @@ impl std::fmt::Display for BlobError {
             BlobError::Version => f.write_str("state blob is of a newer format than this module"),
             BlobError::State(StateError::Tokens) => f.write_str("state blob tokens out of range"),
             BlobError::State(StateError::Fraction) => f.write_str("state blob fraction out of range"),
-            BlobError::State(StateError::Time) => f.write_str("state blob time out of range"),
+            BlobError::State(StateError::Time) | BlobError::WindowState(WindowStateError::Time) => {
+                f.write_str("state blob time out of range")
+            }
+            BlobError::WindowState(WindowStateError::Count) => f.write_str("state blob count out of range"),
+            BlobError::Log(LogError::Length) => f.write_str("state blob log is longer than any log may be"),
+            BlobError::Log(LogError::Entry) => f.write_str("state blob log entry out of range"),
+            BlobError::Log(LogError::Order) => f.write_str("state blob log entries out of time order"),
         }
     }
 }
@@ -97,16 +160,32 @@ pub fn decode(blob: &[u8]) -> Result<Stored, BlobError> {
     let [kind, version, payload @ ..] = blob else {
         return Err(BlobError::Length);
     };
+    let words = || -> Result<[u64; 2], BlobError> {
+        let bytes: &[u8; 16] = payload.try_into().map_err(|_| BlobError::Length)?;
+        let (lo, hi) = bytes.split_at(8);
+        Ok([u64::from_le_bytes(lo.try_into().unwrap_or_default()), u64::from_le_bytes(hi.try_into().unwrap_or_default())])
+    };
     match (*kind, *version) {
         (KIND_BUCKET, VERSION_1) => {
-            let words: &[u8; 16] = payload.try_into().map_err(|_| BlobError::Length)?;
-            let lo = u64::from_le_bytes(words[..8].try_into().unwrap_or_default());
-            let hi = u64::from_le_bytes(words[8..].try_into().unwrap_or_default());
-            let packed = PackedBucket([lo, hi]);
+            let packed = PackedBucket(words()?);
             packed.unpack().validate().map_err(BlobError::State)?;
             Ok(Stored::Bucket(packed))
         }
-        (KIND_BUCKET, _) => Err(BlobError::Version),
+        (KIND_WINDOW, VERSION_1) => {
+            let packed = PackedWindow(words()?);
+            packed.unpack().validate().map_err(BlobError::WindowState)?;
+            Ok(Stored::Window(packed))
+        }
+        (KIND_LOG, VERSION_1) => {
+            if payload.len() % 8 != 0 {
+                return Err(BlobError::Length);
+            }
+            let entries = payload
+                .chunks_exact(8)
+                .map(|c| Entry::from_raw(u64::from_le_bytes(c.try_into().unwrap_or_default())));
+            Ok(Stored::Log(Log::from_entries(entries).map_err(BlobError::Log)?))
+        }
+        (KIND_BUCKET | KIND_WINDOW | KIND_LOG, _) => Err(BlobError::Version),
         _ => Err(BlobError::Kind),
     }
 }
@@ -183,5 +262,25 @@ mod tests {
         fn decode_never_panics(blob in proptest::collection::vec(any::<u8>(), 0..40)) {
             let _ = decode(&blob);
         }
+    }
+
+    #[test]
+    fn window_and_log_blobs_round_trip() {
+        use crate::limits::MAX_WINDOW_LIMIT;
+        let w = WindowState { start_ms: MAX_TIME_MS, previous: MAX_WINDOW_LIMIT, current: 7 };
+        let packed = PackedWindow::pack(&w);
+        assert_eq!(packed.unpack(), w);
+        assert_eq!(decode(&packed.to_blob()), Ok(Stored::Window(packed)));
+        let log = Log::from_entries([Entry::new(5, 1), Entry::new(9, 3)]).unwrap();
+        let blob = log_blob(&log);
+        assert_eq!(blob.len(), 2 + 16);
+        assert_eq!(decode(&blob), Ok(Stored::Log(log)));
+        assert_eq!(decode(&blob[..5]), Err(BlobError::Length));
+        let mut bad = blob.clone();
+        bad[2..10].copy_from_slice(&Entry::new(99, 1).raw().to_le_bytes());
+        assert_eq!(decode(&bad), Err(BlobError::Log(LogError::Order)));
+        let mut too_big = PackedWindow::pack(&w).to_blob();
+        too_big[10..].fill(0xff);
+        assert_eq!(decode(&too_big), Err(BlobError::WindowState(WindowStateError::Count)));
     }
 }

@@ -8,7 +8,12 @@
 pub mod acquire;
 pub mod bucket;
 pub mod codec;
+pub mod combine;
+pub mod gcra;
 pub mod limits;
+pub mod log;
+pub mod window;
 
-pub use acquire::{acquire, peek, Decision, Outcome, Update};
+pub use acquire::{acquire, force, peek, refund, Outcome, Update};
+pub use combine::Decision;
 pub use bucket::{BucketParams, BucketState, ParamError};

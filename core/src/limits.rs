@@ -21,3 +21,15 @@ pub const MAX_TIME_MS: u64 = (1 << 44) - 1;
 /// key's TTL: 10^15 ms, about 31,700 years. Only absurd parameter mixes
 /// (huge capacity, one token a year) reach it.
 pub const MAX_WAIT_MS: u64 = 1_000_000_000_000_000;
+
+/// Largest limit (and COST) of a SLIDING or FIXED window: 10^12 requests.
+/// Its counters are stored in 42 bits each.
+pub const MAX_WINDOW_LIMIT: u64 = 1_000_000_000_000;
+
+/// Hard ceiling of an EXACT log's limit: one entry per admitted millisecond
+/// costs 8 bytes, so the module's configurable maximum (default
+/// `DEFAULT_LOG_LIMIT`) can be raised up to this and no further.
+pub const MAX_LOG_LIMIT: u64 = 1_000_000;
+
+/// Default maximum limit of an EXACT log, changeable at module load.
+pub const DEFAULT_LOG_LIMIT: u64 = 10_000;

@@ -1,0 +1,263 @@
+//! The exact sliding log: the times of admitted requests over the last
+//! window, exact at any alignment, with an exact retry time.
+//!
+//! Only admitted requests are logged, so a refused caller never grows
+//! memory. Requests admitted in the same millisecond share one entry: a log
+//! holds at most `limit` entries of 8 bytes.
+
+use std::collections::VecDeque;
+
+use crate::combine::{Check, NEVER};
+use crate::limits::{MAX_LOG_LIMIT, MAX_TIME_MS, MAX_WAIT_MS};
+use crate::window::WindowParams;
+
+const TIME_BITS: u32 = 44;
+const COUNT_BITS: u32 = 20;
+const _: () = assert!(TIME_BITS + COUNT_BITS == 64 && MAX_LOG_LIMIT < 1 << COUNT_BITS);
+
+/// One entry: `count` requests admitted at `at_ms`, packed in a u64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry(u64);
+
+impl Entry {
+    pub fn new(at_ms: u64, count: u64) -> Entry {
+        Entry(at_ms & ((1 << TIME_BITS) - 1) | count << TIME_BITS)
+    }
+    pub fn at_ms(self) -> u64 {
+        self.0 & ((1 << TIME_BITS) - 1)
+    }
+    pub fn count(self) -> u64 {
+        self.0 >> TIME_BITS
+    }
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+    pub fn from_raw(raw: u64) -> Entry {
+        Entry(raw)
+    }
+}
+
+/// What an EXACT key stores: entries in time order.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Log {
+    entries: VecDeque<Entry>,
+}
+
+/// Why a stored or replicated log was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogError {
+    /// More entries than any log may hold.
+    Length,
+    /// An entry with no requests, too many, or a time out of range.
+    Entry,
+    /// Entries out of time order.
+    Order,
+}
+
+/// The effect of one admission on a log, deterministic given the log it is
+/// applied to: drop entries older than `drop_before_ms`, then add `count`
+/// at `at_ms`. This is what replicas and the AOF receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Append {
+    pub drop_before_ms: u64,
+    pub at_ms: u64,
+    pub count: u64,
+}
+
+impl Log {
+    pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Result<Log, LogError> {
+        let entries: VecDeque<Entry> = entries.into_iter().collect();
+        if entries.len() as u64 > MAX_LOG_LIMIT {
+            return Err(LogError::Length);
+        }
+        if entries.iter().any(|e| e.count() == 0 || e.count() > MAX_LOG_LIMIT || e.at_ms() > MAX_TIME_MS) {
+            return Err(LogError::Entry);
+        }
+        if entries.iter().zip(entries.iter().skip(1)).any(|(a, b)| a.at_ms() > b.at_ms()) {
+            return Err(LogError::Order);
+        }
+        Ok(Log { entries })
+    }
+
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = Entry> + '_ {
+        self.entries.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Bytes held on the heap, for MEMORY USAGE.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+    }
+
+    /// Applies an admission (or its replicated effect).
+    pub fn apply(&mut self, a: &Append) {
+        while self.entries.front().is_some_and(|e| e.at_ms() < a.drop_before_ms) {
+            self.entries.pop_front();
+        }
+        // Keep memory bounded by what the log holds now.
+        if self.entries.capacity() > 16 && self.entries.len() < self.entries.capacity() / 4 {
+            self.entries.shrink_to(self.entries.len() * 2);
+        }
+        let mut count = a.count;
+        if let Some(last) = self.entries.back_mut() {
+            if last.at_ms() == a.at_ms && last.count() + count <= MAX_LOG_LIMIT {
+                *last = Entry::new(a.at_ms, last.count() + count);
+                count = 0;
+            }
+        }
+        if count > 0 {
+            self.entries.push_back(Entry::new(a.at_ms, count));
+        }
+    }
+
+    /// The newest entry's time, if any.
+    fn newest_ms(&self) -> Option<u64> {
+        self.entries.back().map(|e| e.at_ms())
+    }
+}
+
+/// An EXACT call's view: the check and, if admitted, the append to apply.
+pub struct LogCheck {
+    pub check: Check,
+    pub append: Append,
+    pub expires_at_ms: u64,
+}
+
+/// Checks `cost` against one log at `now_ms`: admitted when the requests
+/// logged in (now - window, now] plus `cost` stay within the limit.
+///
+/// A clock reading earlier than the newest entry logs the new requests at
+/// the newest entry's time: the log stays in order and nothing leaves the
+/// window early.
+pub fn check(p: &WindowParams, log: Option<&Log>, cost: u64, now_ms: u64) -> LogCheck {
+    let w = p.window_ms();
+    // An entry counts while now < at + w.
+    let drop_before = (now_ms + 1).saturating_sub(w);
+    let empty = Log::default();
+    let log = log.unwrap_or(&empty);
+    let live = || log.entries.iter().filter(|e| e.at_ms() >= drop_before);
+    let used: u64 = live().map(|e| e.count()).sum();
+    let admits = used + cost <= p.limit();
+    let at = log.newest_ms().map_or(now_ms, |n| n.max(now_ms));
+    let wait = |until: u64| until.saturating_sub(now_ms).min(MAX_WAIT_MS);
+    let wait_ms = if cost > p.limit() {
+        NEVER
+    } else if admits {
+        0
+    } else {
+        // The oldest entries leave first; wait until enough have left.
+        let excess = used + cost - p.limit();
+        let mut freed = 0;
+        let until = live()
+            .find(|e| {
+                freed += e.count();
+                freed >= excess
+            })
+            .map_or(now_ms, |e| e.at_ms() + w);
+        wait(until) as i64
+    };
+    let newest_live = live().last().map(|e| e.at_ms());
+    LogCheck {
+        check: Check {
+            admits,
+            limit: p.limit(),
+            remaining_now: p.limit().saturating_sub(used),
+            remaining_after: p.limit().saturating_sub(used + cost),
+            wait_ms,
+            reset_now_ms: newest_live.map_or(0, |n| wait(n + w)),
+            reset_after_ms: wait(at + w),
+        },
+        append: Append { drop_before_ms: drop_before, at_ms: at, count: cost },
+        expires_at_ms: at + w,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(limit: u64, ms: u64) -> WindowParams {
+        WindowParams::new(limit, ms, MAX_LOG_LIMIT).unwrap()
+    }
+
+    fn call(p: &WindowParams, log: &mut Log, cost: u64, now: u64) -> Check {
+        let c = check(p, Some(log), cost, now);
+        if c.check.admits {
+            log.apply(&c.append);
+        }
+        c.check
+    }
+
+    #[test]
+    fn exact_at_any_alignment() {
+        let p = p(3, 1000);
+        let mut log = Log::default();
+        for t in [100, 400, 900] {
+            assert!(call(&p, &mut log, 1, t).admits);
+        }
+        let c = call(&p, &mut log, 1, 1_099);
+        assert!(!c.admits);
+        assert_eq!(c.wait_ms, 1); // the request of 100 leaves at 1_100
+        assert!(call(&p, &mut log, 1, 1_100).admits);
+        assert_eq!(log.len(), 3);
+    }
+
+    #[test]
+    fn refusals_never_grow_the_log() {
+        let p = p(2, 1000);
+        let mut log = Log::default();
+        call(&p, &mut log, 2, 0);
+        for t in 1..500 {
+            assert!(!call(&p, &mut log, 1, t).admits);
+        }
+        assert_eq!(log.len(), 1);
+    }
+
+    #[test]
+    fn retry_accounts_for_cost() {
+        let p = p(5, 1000);
+        let mut log = Log::default();
+        for t in [0, 10, 20, 30, 40] {
+            call(&p, &mut log, 1, t);
+        }
+        let c = check(&p, Some(&log), 3, 500).check;
+        assert_eq!((c.admits, c.wait_ms, c.remaining_now), (false, 520, 0)); // 0, 10, 20 must leave
+        assert_eq!(check(&p, Some(&log), 6, 500).check.wait_ms, NEVER);
+        assert_eq!(c.reset_now_ms, 540);
+    }
+
+    #[test]
+    fn same_millisecond_shares_an_entry() {
+        let p = p(100, 1000);
+        let mut log = Log::default();
+        for _ in 0..10 {
+            call(&p, &mut log, 1, 7);
+        }
+        assert_eq!(log.entries().collect::<Vec<_>>(), [Entry::new(7, 10)]);
+    }
+
+    #[test]
+    fn backward_clock_logs_at_the_newest_time() {
+        let p = p(10, 1000);
+        let mut log = Log::default();
+        call(&p, &mut log, 1, 5_000);
+        let c = check(&p, Some(&log), 1, 4_000);
+        assert_eq!((c.append.at_ms, c.expires_at_ms), (5_000, 6_000));
+    }
+
+    #[test]
+    fn entries_validate() {
+        assert!(Log::from_entries([Entry::new(1, 1), Entry::new(2, 3)]).is_ok());
+        assert_eq!(Log::from_entries([Entry::new(2, 1), Entry::new(1, 1)]), Err(LogError::Order));
+        assert_eq!(Log::from_entries([Entry::new(2, 0)]), Err(LogError::Entry));
+        assert_eq!(Entry::new(MAX_TIME_MS, MAX_LOG_LIMIT).count(), MAX_LOG_LIMIT);
+        assert_eq!(Entry::new(MAX_TIME_MS, MAX_LOG_LIMIT).at_ms(), MAX_TIME_MS);
+    }
+}

@@ -1,0 +1,321 @@
+//! Window counters: the two-counter sliding window and the fixed window.
+//!
+//! Windows are aligned to the Unix epoch: window k covers [k*W, (k+1)*W).
+//! One state serves both modes: the start of the current window, the count
+//! of the previous window and the count of the current one (FIXED keeps the
+//! previous count at 0).
+//!
+//! SLIDING estimates the requests of the last W ms as
+//! `previous * (1 - e/W) + current`, e being the time into the current
+//! window. Multiplied by W everything is an integer, so the comparison with
+//! the limit is exact arithmetic on the estimate.
+
+use crate::combine::{Check, NEVER};
+use crate::limits::{MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowError {
+    Limit,
+    Window,
+}
+
+/// A validated window: at most `limit` requests per `window_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowParams {
+    limit: u64,
+    window_ms: u64,
+}
+
+impl WindowParams {
+    /// `max_limit` is the mode's ceiling (MAX_WINDOW_LIMIT, or the log maximum).
+    pub fn new(limit: u64, window_ms: u64, max_limit: u64) -> Result<Self, WindowError> {
+        if !(1..=max_limit.min(MAX_WINDOW_LIMIT)).contains(&limit) {
+            return Err(WindowError::Limit);
+        }
+        if !(1..=MAX_PERIOD_MS).contains(&window_ms) {
+            return Err(WindowError::Window);
+        }
+        Ok(Self { limit, window_ms })
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// Start of the epoch-aligned window holding `t`.
+    fn start_of(&self, t: u64) -> u64 {
+        t - t % self.window_ms
+    }
+}
+
+/// Which counter rule a window call uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CounterMode {
+    Sliding,
+    Fixed,
+}
+
+/// What a window key stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WindowState {
+    pub start_ms: u64,
+    pub previous: u64,
+    pub current: u64,
+}
+
+/// Why a stored window was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowStateError {
+    Count,
+    Time,
+}
+
+impl WindowState {
+    pub fn validate(&self) -> Result<(), WindowStateError> {
+        if self.previous > MAX_WINDOW_LIMIT || self.current > MAX_WINDOW_LIMIT {
+            return Err(WindowStateError::Count);
+        }
+        if self.start_ms > MAX_TIME_MS {
+            return Err(WindowStateError::Time);
+        }
+        Ok(())
+    }
+}
+
+/// A window's counters rolled forward to the window holding `now_ms`.
+///
+/// A reading earlier than the saved window keeps the saved counters (a
+/// backward clock step never forgets requests). If window_ms changed, a saved
+/// window that started less than one new window ago counts as the previous
+/// one, once.
+fn rolled(p: &WindowParams, mode: CounterMode, state: Option<&WindowState>, now_ms: u64) -> WindowState {
+    let start = p.start_of(now_ms);
+    let Some(s) = state else {
+        return WindowState { start_ms: start, ..WindowState::default() };
+    };
+    if start <= s.start_ms {
+        return *s;
+    }
+    let previous = match mode {
+        CounterMode::Sliding if s.start_ms + p.window_ms >= start => s.current,
+        _ => 0,
+    };
+    WindowState { start_ms: start, previous, current: 0 }
+}
+
+/// A window call's view: the check and the state to store if admitted.
+pub struct WindowCheck {
+    pub check: Check,
+    pub after: WindowState,
+    pub expires_at_ms: u64,
+}
+
+/// Checks `cost` against one window at `now_ms`.
+pub fn check(
+    p: &WindowParams,
+    mode: CounterMode,
+    state: Option<&WindowState>,
+    cost: u64,
+    now_ms: u64,
+) -> WindowCheck {
+    let s = rolled(p, mode, state, now_ms);
+    let w = p.window_ms as u128;
+    // Time into the current window; 0 if the clock reads before it.
+    let into = now_ms.saturating_sub(s.start_ms).min(p.window_ms - 1) as u128;
+    let at = now_ms.max(s.start_ms);
+    let end = s.start_ms + p.window_ms;
+    let weighted = |current: u64| s.previous as u128 * (w - into) + current as u128 * w;
+    let room = |current: u64| (p.limit as u128 * w).saturating_sub(weighted(current)) / w;
+    let after = WindowState { current: s.current + cost, ..s };
+    let admits = weighted(after.current) <= p.limit as u128 * w;
+    let wait_until = if cost > p.limit {
+        None
+    } else {
+        Some(match mode {
+            CounterMode::Fixed => end,
+            CounterMode::Sliding => sliding_admits_at(p, &s, cost, at),
+        })
+    };
+    // Fully reset once both counters have left the window.
+    let reset_at = |st: &WindowState| match mode {
+        _ if st.current > 0 => end + if mode == CounterMode::Sliding { p.window_ms } else { 0 },
+        CounterMode::Sliding if st.previous > 0 => end,
+        _ => now_ms,
+    };
+    let wait = |until: u64| (until.saturating_sub(now_ms)).min(MAX_WAIT_MS);
+    let stored = WindowState { previous: if mode == CounterMode::Fixed { 0 } else { after.previous }, ..after };
+    WindowCheck {
+        check: Check {
+            admits,
+            limit: p.limit,
+            remaining_now: room(s.current) as u64,
+            remaining_after: room(after.current) as u64,
+            wait_ms: match wait_until {
+                None => NEVER,
+                Some(_) if admits => 0,
+                Some(t) => wait(t) as i64,
+            },
+            reset_now_ms: wait(reset_at(&s)),
+            reset_after_ms: wait(reset_at(&after)),
+        },
+        after: stored,
+        expires_at_ms: reset_at(&after),
+    }
+}
+
+/// The earliest time from `at` on when a SLIDING window would admit `cost`
+/// (cost <= limit), with no other arrivals: the previous window's weight
+/// decays by `previous` units a ms; at the next window the current count
+/// becomes the previous one; two windows on, everything has left.
+fn sliding_admits_at(p: &WindowParams, s: &WindowState, cost: u64, at: u64) -> u64 {
+    let w = p.window_ms as u128;
+    let limit = p.limit as u128 * w;
+    let into = (at - s.start_ms) as u128;
+    let end = s.start_ms + p.window_ms;
+    // In this window: previous * (w - t) + (current + cost) * w <= limit.
+    let fixed = (s.current + cost) as u128 * w;
+    if fixed <= limit {
+        let excess = (s.previous as u128 * (w - into) + fixed).saturating_sub(limit);
+        if excess == 0 {
+            return at;
+        }
+        let ms = excess.div_ceil(s.previous as u128); // previous > 0 here
+        if into + ms < w {
+            return at + ms as u64;
+        }
+    }
+    // Next window: current * (w - t) + cost * w <= limit.
+    let excess = (s.current as u128 * w + cost as u128 * w).saturating_sub(limit);
+    if excess == 0 {
+        return end;
+    }
+    let ms = excess.div_ceil(s.current as u128); // current > 0 here
+    if ms < w {
+        end + ms as u64
+    } else {
+        end + p.window_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CounterMode::*;
+
+    fn w(limit: u64, ms: u64) -> WindowParams {
+        WindowParams::new(limit, ms, MAX_WINDOW_LIMIT).unwrap()
+    }
+
+    /// Runs calls of cost 1 at the given times; returns the decisions.
+    fn run(p: &WindowParams, mode: CounterMode, times: &[u64]) -> (Vec<bool>, Option<WindowState>) {
+        let mut s = None;
+        let out = times
+            .iter()
+            .map(|&t| {
+                let c = check(p, mode, s.as_ref(), 1, t);
+                if c.check.admits {
+                    s = Some(c.after);
+                }
+                c.check.admits
+            })
+            .collect();
+        (out, s)
+    }
+
+    #[test]
+    fn params() {
+        assert_eq!(WindowParams::new(0, 1, 10), Err(WindowError::Limit));
+        assert_eq!(WindowParams::new(11, 1, 10), Err(WindowError::Limit));
+        assert_eq!(WindowParams::new(1, 0, 10), Err(WindowError::Window));
+        assert_eq!(WindowParams::new(1, MAX_PERIOD_MS + 1, 10), Err(WindowError::Window));
+    }
+
+    #[test]
+    fn fixed_window_resets_at_the_epoch_aligned_boundary() {
+        let p = w(2, 1000);
+        let (d, _) = run(&p, Fixed, &[5_100, 5_200, 5_300, 5_999, 6_000, 6_001, 6_002]);
+        assert_eq!(d, [true, true, false, false, true, true, false]);
+        let s = WindowState { start_ms: 5_000, previous: 0, current: 2 };
+        let c = check(&p, Fixed, Some(&s), 1, 5_300);
+        assert_eq!((c.check.wait_ms, c.check.reset_now_ms, c.check.remaining_now), (700, 700, 0));
+        let c = check(&p, Fixed, Some(&s), 3, 5_300);
+        assert_eq!(c.check.wait_ms, NEVER);
+        let c = check(&p, Fixed, None, 1, 5_300);
+        assert_eq!((c.check.remaining_after, c.check.reset_after_ms, c.expires_at_ms), (1, 700, 6_000));
+    }
+
+    #[test]
+    fn sliding_weighs_the_previous_window() {
+        let p = w(10, 1000);
+        // 10 in the previous window; at 25% into the next, 7.5 still count.
+        let s = WindowState { start_ms: 0, previous: 0, current: 10 };
+        let c = check(&p, Sliding, Some(&s), 1, 1_250);
+        assert!(c.check.admits);
+        assert_eq!(c.after, WindowState { start_ms: 1_000, previous: 10, current: 1 });
+        assert_eq!(c.check.remaining_now, 2); // floor(10 - 7.5)
+        assert_eq!(c.check.remaining_after, 1); // floor(10 - 8.5)
+        // Two windows on, nothing is left.
+        assert_eq!(check(&p, Sliding, Some(&s), 10, 2_000).check.remaining_now, 10);
+    }
+
+    #[test]
+    fn sliding_retry_is_exact() {
+        let p = w(10, 1000);
+        // previous 10, current 3 at 500 ms in: estimate 5 + 3 = 8; cost 4
+        // needs the estimate at 6: previous must weigh 3, at 700 ms in.
+        let s = WindowState { start_ms: 1_000, previous: 10, current: 3 };
+        let c = check(&p, Sliding, Some(&s), 4, 1_500);
+        assert!(!c.check.admits);
+        assert_eq!(c.check.wait_ms, 200);
+        assert!(check(&p, Sliding, Some(&s), 4, 1_699).check.admits == false);
+        assert!(check(&p, Sliding, Some(&s), 4, 1_700).check.admits);
+        // Full current window: wait into the next one, where current decays.
+        let s = WindowState { start_ms: 1_000, previous: 0, current: 10 };
+        let c = check(&p, Sliding, Some(&s), 5, 1_500);
+        assert_eq!(c.check.wait_ms, 500 + 500); // at 2_500 the old 10 weigh 5
+        assert!(check(&p, Sliding, Some(&s), 5, 2_500).check.admits);
+        assert!(!check(&p, Sliding, Some(&s), 5, 2_499).check.admits);
+        // Cost equal to the limit: only once everything has left.
+        let c = check(&p, Sliding, Some(&s), 10, 1_500);
+        assert_eq!(c.check.wait_ms, 1_500);
+        assert_eq!(check(&p, Sliding, Some(&s), 11, 1_500).check.wait_ms, NEVER);
+    }
+
+    #[test]
+    fn sliding_reset_and_expiry() {
+        let p = w(10, 1000);
+        let c = check(&p, Sliding, None, 1, 1_300);
+        assert_eq!((c.check.reset_after_ms, c.expires_at_ms), (1_700, 3_000));
+        let s = WindowState { start_ms: 1_000, previous: 4, current: 0 };
+        assert_eq!(check(&p, Sliding, Some(&s), 1, 1_300).check.reset_now_ms, 700);
+    }
+
+    #[test]
+    fn backward_clock_keeps_the_saved_window() {
+        let p = w(2, 1000);
+        let s = WindowState { start_ms: 5_000, previous: 0, current: 2 };
+        for mode in [Sliding, Fixed] {
+            let c = check(&p, mode, Some(&s), 1, 4_500);
+            assert!(!c.check.admits, "{mode:?}");
+            assert_eq!(c.check.wait_ms, if mode == Fixed { 1_500 } else { 2_000 });
+        }
+    }
+
+    #[test]
+    fn sliding_never_admits_more_than_twice_the_limit_in_any_window() {
+        // The worst case of the estimator is 2L in a window straddling a
+        // boundary; check that bound holds on a dense trace.
+        let p = w(50, 1000);
+        let times: Vec<u64> = (0..20_000).map(|i| i * 3 / 2).collect();
+        let (d, _) = run(&p, Sliding, &times);
+        let admitted: Vec<u64> = times.iter().zip(&d).filter(|(_, &ok)| ok).map(|(&t, _)| t).collect();
+        for (i, &t) in admitted.iter().enumerate() {
+            let in_window = admitted[i..].iter().take_while(|&&u| u < t + 1000).count();
+            assert!(in_window <= 100, "{in_window} in [{t}, {})", t + 1000);
+        }
+    }
+}
