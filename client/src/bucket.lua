@@ -112,18 +112,19 @@ local function whole(i, l)
 end
 
 -- remaining, limit, binding and reset at `levels`: the binding bucket has
--- the fewest whole tokens (the lower index on ties).
+-- the fewest whole tokens left, debt counting as none (the lower index on
+-- ties).
 local function standing(first, levels)
   local binding, fewest, reset = 1, nil, 0
   for i = 1, nkeys do
-    local w = whole(i, levels[i])
+    local w = math.max(whole(i, levels[i]), 0)
     if fewest == nil or w < fewest then
       fewest = w
       binding = i
     end
     reset = math.max(reset, wait_ms(full[i] - levels[i], refill[i]))
   end
-  return { first, math.max(fewest, 0), 0, reset, cap[binding], binding - 1 }
+  return { first, fewest, 0, reset, cap[binding], binding - 1 }
 end
 
 -- A refusal: the binding bucket makes the caller wait longest for `want`

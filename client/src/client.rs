@@ -102,7 +102,7 @@ pub(crate) enum BucketOp {
 }
 
 impl BucketOp {
-    fn check(self) -> Result<()> {
+    pub(crate) fn check(self) -> Result<()> {
         let amount = |what: &str, n: u64| {
             if (1..=MAX_TOKENS).contains(&n) {
                 Ok(())

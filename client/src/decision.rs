@@ -81,6 +81,20 @@ impl Decision {
         })
     }
 
+    /// An rl-core decision (the local fallback's), as a `Decision`.
+    pub(crate) fn from_core(d: &rl_core::Decision, source: Source) -> Decision {
+        Decision {
+            allowed: d.allowed(),
+            remaining: d.remaining,
+            retry_after: u64::try_from(d.retry_after_ms).ok().map(Duration::from_millis),
+            reset_after: Duration::from_millis(d.reset_after_ms),
+            limit: d.limit,
+            rule: d.binding,
+            source,
+            shadow_refused: None,
+        }
+    }
+
     /// Reads CL.THROTTLE's reply `[limited, limit, remaining,
     /// retry_after_s, reset_after_s]` (-1 retry when allowed).
     pub(crate) fn from_throttle_reply(reply: &[i64]) -> Result<Decision> {

@@ -1,6 +1,7 @@
 //! Named rules for a subject, validated once when the policy is built.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rl_core::limits::{MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS};
@@ -168,16 +169,17 @@ pub(crate) struct Group {
     /// Indexes into the policy's rules.
     pub(crate) rules: Vec<usize>,
     pub(crate) params: Vec<BucketParams>,
-    /// The first fail-closed rule, if any: the whole group refuses on an outage.
+    /// Index in this group of its first fail-closed rule, if any: the whole
+    /// group refuses on an outage.
     pub(crate) fail_closed: Option<usize>,
 }
 
 impl Group {
-    fn new(rules: &[Rule], params: &[BucketParams], shadow: bool) -> Group {
-        let rules_in: Vec<usize> = (0..rules.len()).filter(|&i| rules[i].shadow == shadow).collect();
+    fn new(rules: &[Rule], params: &[BucketParams], member: impl Fn(&Rule) -> bool) -> Group {
+        let rules_in: Vec<usize> = (0..rules.len()).filter(|&i| member(&rules[i])).collect();
         Group {
             params: rules_in.iter().map(|&i| params[i]).collect(),
-            fail_closed: rules_in.iter().copied().find(|&i| rules[i].fail == FailMode::Closed),
+            fail_closed: rules_in.iter().position(|&i| rules[i].fail == FailMode::Closed),
             rules: rules_in,
         }
     }
@@ -217,10 +219,12 @@ static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone, Debug)]
 pub struct Policy {
     id: u64,
-    prefix: String,
+    prefix: Arc<str>,
     rules: Vec<Rule>,
     pub(crate) enforced: Group,
     pub(crate) shadow: Group,
+    /// Every rule: what settling and refunds adjust.
+    pub(crate) all: Group,
     lua_fits: bool,
 }
 
@@ -263,9 +267,10 @@ impl PolicyBuilder {
             params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
         Ok(Policy {
             id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
-            enforced: Group::new(&self.rules, &params, false),
-            shadow: Group::new(&self.rules, &params, true),
-            prefix,
+            enforced: Group::new(&self.rules, &params, |r| !r.shadow),
+            shadow: Group::new(&self.rules, &params, |r| r.shadow),
+            all: Group::new(&self.rules, &params, |_| true),
+            prefix: prefix.into(),
             rules: self.rules,
             lua_fits,
         })
@@ -280,6 +285,11 @@ impl Policy {
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The prefix, shared: labels for metrics from background tasks.
+    pub(crate) fn prefix_arc(&self) -> Arc<str> {
+        self.prefix.clone()
     }
 
     /// The rules in the order they were added.
@@ -356,7 +366,8 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(p.enforced.rules, [0, 2]);
-        assert_eq!(p.enforced.fail_closed, Some(2));
+        assert_eq!(p.enforced.fail_closed, Some(1), "the group's second rule");
+        assert_eq!(p.all.rules, [0, 1, 2]);
         assert_eq!(p.shadow.rules, [1]);
         assert_eq!(p.shadow.fail_closed, None);
         assert_eq!(p.group_keys(&p.shadow, "u"), ["rl:{u}:m"]);
