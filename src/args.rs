@@ -1,10 +1,16 @@
 //! Command arguments to typed requests. Pure: byte slices in, values or a
 //! clear `ERR ...` message out, and no allocation unless there is an error.
+//!
+//! Every numkeys command reads `CMD numkeys key [key ...]`, then one group of
+//! numbers per key (`capacity refill period_ms` for buckets, `limit
+//! window_ms` for windows), then options in any order and case.
 
 use std::fmt::Write;
 
 use rl_core::acquire::INLINE;
-use rl_core::limits::{MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS};
+use rl_core::gcra::{GcraError, GcraParams};
+use rl_core::limits::{MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
+use rl_core::window::{WindowError, WindowParams};
 use rl_core::{BucketParams, ParamError};
 use smallvec::SmallVec;
 
@@ -12,34 +18,18 @@ use smallvec::SmallVec;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArgError(pub String);
 
-impl ArgError {
-    fn new(msg: impl Into<String>) -> Self {
-        Self(msg.into())
-    }
-}
-
 /// Index of the first key in argv: `CMD numkeys key ...`.
 pub const FIRST_KEY: usize = 2;
-
-/// `RL.TAKE` and `RL.PEEK`: `numkeys key... (capacity refill period_ms)... [COST n]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TakeArgs {
-    /// The keys are `argv[FIRST_KEY..FIRST_KEY + numkeys]`.
-    pub numkeys: usize,
-    pub buckets: SmallVec<[BucketParams; INLINE]>,
-    pub cost: u64,
-}
 
 /// Reads numkeys and checks that that many keys follow it. Also used to
 /// answer the server's key-position requests, so it never trusts argc.
 pub fn numkeys(argv: &[&[u8]]) -> Result<usize, ArgError> {
     let Some(raw) = argv.get(1) else {
-        return Err(ArgError::new("ERR numkeys is missing"));
+        return Err(ArgError("ERR numkeys is missing".into()));
     };
-    let n = int(raw)
-        .filter(|n| (1..=MAX_KEYS as u64).contains(n))
-        .ok_or_else(|| ArgError(format!("ERR numkeys must be an integer from 1 to {MAX_KEYS}, got '{}'", shown(raw))))?
-        as usize;
+    let n = int(raw).filter(|n| (1..=MAX_KEYS as u64).contains(n)).ok_or_else(|| {
+        ArgError(format!("ERR numkeys must be an integer from 1 to {MAX_KEYS}, got '{}'", shown(raw)))
+    })? as usize;
     let after = argv.len() - FIRST_KEY;
     if after < n {
         let follow = if after == 1 { "argument follows" } else { "arguments follow" };
@@ -48,82 +38,269 @@ pub fn numkeys(argv: &[&[u8]]) -> Result<usize, ArgError> {
     Ok(n)
 }
 
-pub fn parse_take(argv: &[&[u8]]) -> Result<TakeArgs, ArgError> {
+/// Keys, one parameter group per key, and what follows the groups.
+struct Groups<'a, T> {
+    numkeys: usize,
+    params: SmallVec<[T; INLINE]>,
+    rest: &'a [&'a [u8]],
+}
+
+/// Reads the groups of `names.len()` numbers. `make` builds one group's
+/// parameters or names the field (index) that is out of range, and its
+/// maximum. Anything not an integer reads as 0, which every field refuses,
+/// so the ranges live in one place: the constructors of rl-core.
+fn groups<'a, T, const N: usize>(
+    argv: &'a [&'a [u8]],
+    names: [&str; N],
+    make: impl Fn([u64; N]) -> Result<T, (usize, u64)>,
+) -> Result<Groups<'a, T>, ArgError> {
     let numkeys = numkeys(argv)?;
     let keys = &argv[FIRST_KEY..FIRST_KEY + numkeys];
-    no_repeated_key(keys)?;
-    let mut rest = &argv[FIRST_KEY + numkeys..];
-    let mut buckets = SmallVec::new();
-    for (i, key) in keys.iter().enumerate() {
-        let [c, r, p, tail @ ..] = rest else {
-            return Err(ArgError(format!(
-                "ERR key {} ('{}') lacks its capacity refill period_ms: each key needs all three",
-                i + 1,
-                shown(key)
-            )));
-        };
-        // Anything not an integer reads as 0, which BucketParams refuses
-        // for the same field: the ranges live in one place.
-        let params = BucketParams::new(int(c).unwrap_or(0), int(r).unwrap_or(0), int(p).unwrap_or(0));
-        buckets.push(params.map_err(|e| {
-            let (name, raw, max) = match e {
-                ParamError::Capacity => ("capacity", c, MAX_TOKENS),
-                ParamError::Refill => ("refill", r, MAX_TOKENS),
-                ParamError::Period => ("period_ms", p, MAX_PERIOD_MS),
-            };
-            ArgError(format!(
-                "ERR {name} of key {} ('{}') must be an integer from 1 to {max}, got '{}'",
-                i + 1,
-                shown(key),
-                shown(raw)
-            ))
-        })?);
-        rest = tail;
-    }
-    let mut cost = None;
-    while let [name, tail @ ..] = rest {
-        if name.eq_ignore_ascii_case(b"COST") {
-            cost = Some(option_value("COST", cost, tail, MAX_TOKENS)?);
-            rest = &tail[1..];
-        } else {
-            return Err(unknown_option(name, numkeys, "COST n"));
-        }
-    }
-    Ok(TakeArgs { numkeys, buckets, cost: cost.unwrap_or(1) })
-}
-
-/// The value of an option that takes a positive integer, once.
-fn option_value(name: &str, seen: Option<u64>, tail: &[&[u8]], max: u64) -> Result<u64, ArgError> {
-    if seen.is_some() {
-        return Err(ArgError(format!("ERR option {name} is given more than once")));
-    }
-    let Some(raw) = tail.first() else {
-        return Err(ArgError(format!("ERR option {name} needs a value")));
-    };
-    int(raw).filter(|v| (1..=max).contains(v)).ok_or_else(|| {
-        ArgError(format!("ERR {name} must be an integer from 1 to {max}, got '{}'", shown(raw)))
-    })
-}
-
-fn unknown_option(name: &[u8], numkeys: usize, options: &str) -> ArgError {
-    if int(name).is_some() {
-        let noun = if numkeys == 1 { "key takes" } else { "keys take" };
-        return ArgError(format!(
-            "ERR too many numbers: {numkeys} {noun} {} (capacity refill period_ms per key), found an extra '{}'",
-            3 * numkeys,
-            shown(name)
-        ));
-    }
-    ArgError(format!("ERR unknown option '{}' (options: {options})", shown(name)))
-}
-
-fn no_repeated_key(keys: &[&[u8]]) -> Result<(), ArgError> {
     for (i, k) in keys.iter().enumerate() {
         if keys[..i].contains(k) {
             return Err(ArgError(format!("ERR key '{}' is named more than once", shown(k))));
         }
     }
-    Ok(())
+    let mut rest = &argv[FIRST_KEY + numkeys..];
+    let mut params = SmallVec::new();
+    for (i, key) in keys.iter().enumerate() {
+        if rest.len() < N {
+            return Err(ArgError(format!(
+                "ERR key {} ('{}') lacks its {}: each key needs all {N}",
+                i + 1,
+                shown(key),
+                names.join(" ")
+            )));
+        }
+        let (group, tail) = rest.split_at(N);
+        let values: [u64; N] = std::array::from_fn(|f| int(group[f]).unwrap_or(0));
+        params.push(make(values).map_err(|(f, max)| {
+            ArgError(format!(
+                "ERR {} of key {} ('{}') must be an integer from 1 to {max}, got '{}'",
+                names[f],
+                i + 1,
+                shown(key),
+                shown(group[f])
+            ))
+        })?);
+        rest = tail;
+    }
+    Ok(Groups { numkeys, params, rest })
+}
+
+/// An option: its name, and the largest value it takes (None: a flag).
+type OptionSpec = (&'static str, Option<u64>);
+
+/// Reads the options after the groups; each may be given once. Values are
+/// integers from 1 to the option's maximum; flags read as Some(1).
+fn options<const K: usize>(
+    rest: &[&[u8]],
+    specs: [OptionSpec; K],
+    numkeys: usize,
+    group: &[&str],
+) -> Result<[Option<u64>; K], ArgError> {
+    let mut found = [None; K];
+    let mut rest = rest;
+    while let [name, tail @ ..] = rest {
+        let Some(i) = specs.iter().position(|(n, _)| name.eq_ignore_ascii_case(n.as_bytes())) else {
+            return Err(unknown_option(name, &specs, numkeys, group));
+        };
+        let (opt, max) = specs[i];
+        if found[i].is_some() {
+            return Err(ArgError(format!("ERR option {opt} is given more than once")));
+        }
+        match max {
+            None => {
+                found[i] = Some(1);
+                rest = tail;
+            }
+            Some(max) => {
+                let Some(raw) = tail.first() else {
+                    return Err(ArgError(format!("ERR option {opt} needs a value")));
+                };
+                found[i] = Some(int(raw).filter(|v| (1..=max).contains(v)).ok_or_else(|| {
+                    ArgError(format!("ERR {opt} must be an integer from 1 to {max}, got '{}'", shown(raw)))
+                })?);
+                rest = &tail[1..];
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn unknown_option(name: &[u8], specs: &[OptionSpec], numkeys: usize, group: &[&str]) -> ArgError {
+    if int(name).is_some() {
+        let noun = if numkeys == 1 { "key takes" } else { "keys take" };
+        return ArgError(format!(
+            "ERR too many numbers: {numkeys} {noun} {} ({} per key), found an extra '{}'",
+            group.len() * numkeys,
+            group.join(" "),
+            shown(name)
+        ));
+    }
+    let list: Vec<String> = specs
+        .iter()
+        .map(|(n, max)| if max.is_some() { format!("{n} n") } else { n.to_string() })
+        .collect();
+    ArgError(format!("ERR unknown option '{}' (options: {})", shown(name), list.join(", ")))
+}
+
+const BUCKET_GROUP: [&str; 3] = ["capacity", "refill", "period_ms"];
+const WINDOW_GROUP: [&str; 2] = ["limit", "window_ms"];
+
+fn bucket_groups<'a>(argv: &'a [&'a [u8]]) -> Result<Groups<'a, BucketParams>, ArgError> {
+    groups(argv, BUCKET_GROUP, |[c, r, p]| {
+        BucketParams::new(c, r, p).map_err(|e| match e {
+            ParamError::Capacity => (0, MAX_TOKENS),
+            ParamError::Refill => (1, MAX_TOKENS),
+            ParamError::Period => (2, MAX_PERIOD_MS),
+        })
+    })
+}
+
+/// RL.TAKE and RL.PEEK: `... [COST n]`, and `[FORCE]` for RL.TAKE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeArgs {
+    /// The keys are `argv[FIRST_KEY..FIRST_KEY + numkeys]`.
+    pub numkeys: usize,
+    pub buckets: SmallVec<[BucketParams; INLINE]>,
+    pub cost: u64,
+    /// Take the cost even into debt.
+    pub force: bool,
+}
+
+pub fn parse_take(argv: &[&[u8]], allow_force: bool) -> Result<TakeArgs, ArgError> {
+    let g = bucket_groups(argv)?;
+    let [cost, force] = if allow_force {
+        options(g.rest, [("COST", Some(MAX_TOKENS)), ("FORCE", None)], g.numkeys, &BUCKET_GROUP)?
+    } else {
+        let [cost] = options(g.rest, [("COST", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
+        [cost, None]
+    };
+    Ok(TakeArgs { numkeys: g.numkeys, buckets: g.params, cost: cost.unwrap_or(1), force: force.is_some() })
+}
+
+/// RL.LEASE: `... WANT n [MIN m]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseArgs {
+    pub numkeys: usize,
+    pub buckets: SmallVec<[BucketParams; INLINE]>,
+    pub want: u64,
+    pub min: u64,
+}
+
+pub fn parse_lease(argv: &[&[u8]]) -> Result<LeaseArgs, ArgError> {
+    let g = bucket_groups(argv)?;
+    let [want, min] =
+        options(g.rest, [("WANT", Some(MAX_TOKENS)), ("MIN", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
+    let want = want.ok_or_else(|| ArgError("ERR RL.LEASE needs WANT n: how many tokens to lease".into()))?;
+    let min = min.unwrap_or(1);
+    if min > want {
+        return Err(ArgError(format!("ERR MIN ({min}) must not exceed WANT ({want})")));
+    }
+    Ok(LeaseArgs { numkeys: g.numkeys, buckets: g.params, want, min })
+}
+
+/// RL.REFUND: `... TOKENS n`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundArgs {
+    pub numkeys: usize,
+    pub buckets: SmallVec<[BucketParams; INLINE]>,
+    pub tokens: u64,
+}
+
+pub fn parse_refund(argv: &[&[u8]]) -> Result<RefundArgs, ArgError> {
+    let g = bucket_groups(argv)?;
+    let [tokens] = options(g.rest, [("TOKENS", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
+    let tokens =
+        tokens.ok_or_else(|| ArgError("ERR RL.REFUND needs TOKENS n: how many tokens to give back".into()))?;
+    Ok(RefundArgs { numkeys: g.numkeys, buckets: g.params, tokens })
+}
+
+/// The counting rule of an RL.WINDOW call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowMode {
+    Sliding,
+    Exact,
+    Fixed,
+}
+
+/// RL.WINDOW and RL.WINDOWPEEK: `... [COST n] [SLIDING | EXACT | FIXED]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowArgs {
+    pub numkeys: usize,
+    pub windows: SmallVec<[WindowParams; INLINE]>,
+    pub cost: u64,
+    pub mode: WindowMode,
+}
+
+/// `max_log` is the largest limit an EXACT window may have (module config).
+pub fn parse_window(argv: &[&[u8]], max_log: u64) -> Result<WindowArgs, ArgError> {
+    let g = groups(argv, WINDOW_GROUP, |[limit, window]| {
+        WindowParams::new(limit, window, MAX_WINDOW_LIMIT).map_err(|e| match e {
+            WindowError::Limit => (0, MAX_WINDOW_LIMIT),
+            WindowError::Window => (1, MAX_PERIOD_MS),
+        })
+    })?;
+    let [cost, sliding, exact, fixed] = options(
+        g.rest,
+        [("COST", Some(MAX_WINDOW_LIMIT)), ("SLIDING", None), ("EXACT", None), ("FIXED", None)],
+        g.numkeys,
+        &WINDOW_GROUP,
+    )?;
+    let mode = match (sliding, exact, fixed) {
+        (_, None, None) => WindowMode::Sliding,
+        (None, Some(_), None) => WindowMode::Exact,
+        (None, None, Some(_)) => WindowMode::Fixed,
+        _ => return Err(ArgError("ERR choose one of SLIDING, EXACT and FIXED".into())),
+    };
+    if mode == WindowMode::Exact {
+        let keys = &argv[FIRST_KEY..FIRST_KEY + g.numkeys];
+        if let Some((i, w)) = g.params.iter().enumerate().find(|(_, w)| w.limit() > max_log) {
+            return Err(ArgError(format!(
+                "ERR limit of key {} ('{}') is {}, above the EXACT maximum of {max_log} (an exact log keeps \
+                 one entry per admitted request; raise it with the module option max-log-limit)",
+                i + 1,
+                shown(keys[i]),
+                w.limit()
+            )));
+        }
+    }
+    Ok(WindowArgs { numkeys: g.numkeys, windows: g.params, cost: cost.unwrap_or(1), mode })
+}
+
+/// CL.THROTTLE: `key max_burst count_per_period period [quantity]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThrottleArgs {
+    pub quota: GcraParams,
+    pub quantity: i64,
+}
+
+pub fn parse_throttle(argv: &[&[u8]]) -> Result<ThrottleArgs, ArgError> {
+    if !(5..=6).contains(&argv.len()) {
+        return Err(ArgError(
+            "ERR wrong number of arguments for 'cl.throttle': CL.THROTTLE key max_burst count_per_period period [quantity]"
+                .into(),
+        ));
+    }
+    let signed = |i: usize, name: &str| {
+        int(argv[i]).and_then(|v| i64::try_from(v).ok()).ok_or_else(|| {
+            ArgError(format!("ERR {name} must be a non-negative integer, got '{}'", shown(argv[i])))
+        })
+    };
+    let (burst, count, period) = (signed(2, "max_burst")?, signed(3, "count_per_period")?, signed(4, "period")?);
+    let quantity = if argv.len() == 6 { signed(5, "quantity")? } else { 1 };
+    let quota = GcraParams::new(burst, count, period).map_err(|e| {
+        ArgError(match e {
+            GcraError::Count => "ERR count_per_period must be at least 1".into(),
+            GcraError::Period => {
+                format!("ERR period must be from 1 to {} seconds", rl_core::gcra::MAX_PERIOD_S)
+            }
+            GcraError::ZeroRate => "ERR count_per_period is too high for the period: under one nanosecond apart".into(),
+            GcraError::MaxBurst | GcraError::Quantity => "ERR max_burst is too large for this rate".into(),
+        })
+    })?;
+    Ok(ThrottleArgs { quota, quantity })
 }
 
 /// A non-negative decimal integer without sign, spaces or exponent; `None`
@@ -167,31 +344,32 @@ mod tests {
     }
 
     fn err(s: &str) -> String {
-        parse_take(&argv(s)).unwrap_err().0
+        parse_take(&argv(s), true).unwrap_err().0
     }
 
     #[test]
     fn one_key_default_cost() {
-        let a = parse_take(&argv("RL.TAKE 1 k 200 100 1000")).unwrap();
-        assert_eq!(a.numkeys, 1);
-        assert_eq!(a.cost, 1);
+        let a = parse_take(&argv("RL.TAKE 1 k 200 100 1000"), true).unwrap();
+        assert_eq!((a.numkeys, a.cost, a.force), (1, 1, false));
         assert_eq!(a.buckets[0], BucketParams::new(200, 100, 1000).unwrap());
     }
 
     #[test]
-    fn several_keys_and_cost_any_case() {
-        let a = parse_take(&argv("RL.TAKE 3 a b c 1 2 3 4 5 6 7 8 9 cost 2")).unwrap();
-        assert_eq!(a.numkeys, 3);
-        assert_eq!(a.cost, 2);
+    fn several_keys_options_any_case_and_order() {
+        let a = parse_take(&argv("RL.TAKE 3 a b c 1 2 3 4 5 6 7 8 9 force cost 2"), true).unwrap();
+        assert_eq!((a.numkeys, a.cost, a.force), (3, 2, true));
         assert_eq!(a.buckets[2], BucketParams::new(7, 8, 9).unwrap());
     }
 
     #[test]
+    fn peek_takes_no_force() {
+        let e = parse_take(&argv("RL.PEEK 1 k 1 1 1 FORCE"), false).unwrap_err().0;
+        assert_eq!(e, "ERR unknown option 'FORCE' (options: COST n)");
+    }
+
+    #[test]
     fn numkeys_errors() {
-        assert_eq!(
-            parse_take(&argv("RL.TAKE")).unwrap_err().0,
-            "ERR numkeys is missing"
-        );
+        assert_eq!(parse_take(&argv("RL.TAKE"), true).unwrap_err().0, "ERR numkeys is missing");
         assert_eq!(err("RL.TAKE 0 k 1 1 1"), "ERR numkeys must be an integer from 1 to 32, got '0'");
         assert_eq!(err("RL.TAKE -1 k 1 1 1"), "ERR numkeys must be an integer from 1 to 32, got '-1'");
         assert_eq!(err("RL.TAKE 33 k"), "ERR numkeys must be an integer from 1 to 32, got '33'");
@@ -200,21 +378,21 @@ mod tests {
     }
 
     #[test]
-    fn triple_errors_name_the_argument_and_key() {
+    fn group_errors_name_the_argument_and_key() {
         assert_eq!(
             err("RL.TAKE 1 k 10 5"),
-            "ERR key 1 ('k') lacks its capacity refill period_ms: each key needs all three"
+            "ERR key 1 ('k') lacks its capacity refill period_ms: each key needs all 3"
         );
         assert_eq!(
             err("RL.TAKE 2 a b 1 1 1 COST 2"),
-            "ERR key 2 ('b') lacks its capacity refill period_ms: each key needs all three"
+            "ERR key 2 ('b') lacks its capacity refill period_ms: each key needs all 3"
         );
         assert_eq!(
             err("RL.TAKE 2 a b 1 1 1 COST 2 3"),
             "ERR capacity of key 2 ('b') must be an integer from 1 to 100000000000000, got 'COST'"
         );
         for bad in ["0", "-5", "1.5", "nan", "inf", "+5", " 5", "1e3", "", "18446744073709551616"] {
-            let msg = parse_take(&[b"RL.TAKE", b"1", b"k", b"10", bad.as_bytes(), b"1000"]).unwrap_err().0;
+            let msg = parse_take(&[b"RL.TAKE", b"1", b"k", b"10", bad.as_bytes(), b"1000"], true).unwrap_err().0;
             assert!(msg.starts_with("ERR refill of key 1 ('k') must be an integer from 1 to"), "{bad}: {msg}");
         }
         assert_eq!(
@@ -229,7 +407,8 @@ mod tests {
         assert_eq!(err("RL.TAKE 1 k 1 1 1 COST"), "ERR option COST needs a value");
         assert_eq!(err("RL.TAKE 1 k 1 1 1 COST 0"), "ERR COST must be an integer from 1 to 100000000000000, got '0'");
         assert_eq!(err("RL.TAKE 1 k 1 1 1 COST 1 COST 2"), "ERR option COST is given more than once");
-        assert_eq!(err("RL.TAKE 1 k 1 1 1 FAST"), "ERR unknown option 'FAST' (options: COST n)");
+        assert_eq!(err("RL.TAKE 1 k 1 1 1 FORCE FORCE"), "ERR option FORCE is given more than once");
+        assert_eq!(err("RL.TAKE 1 k 1 1 1 FAST"), "ERR unknown option 'FAST' (options: COST n, FORCE)");
         assert_eq!(
             err("RL.TAKE 1 k 1 1 1 7"),
             "ERR too many numbers: 1 key takes 3 (capacity refill period_ms per key), found an extra '7'"
@@ -239,6 +418,68 @@ mod tests {
     #[test]
     fn repeated_key() {
         assert_eq!(err("RL.TAKE 2 k k 1 1 1 1 1 1"), "ERR key 'k' is named more than once");
+    }
+
+    #[test]
+    fn lease() {
+        let a = parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5 MIN 2")).unwrap();
+        assert_eq!((a.want, a.min), (5, 2));
+        assert_eq!(parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5")).unwrap().min, 1);
+        assert_eq!(
+            parse_lease(&argv("RL.LEASE 1 k 10 1 1000")).unwrap_err().0,
+            "ERR RL.LEASE needs WANT n: how many tokens to lease"
+        );
+        assert_eq!(
+            parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 2 MIN 3")).unwrap_err().0,
+            "ERR MIN (3) must not exceed WANT (2)"
+        );
+    }
+
+    #[test]
+    fn refund() {
+        assert_eq!(parse_refund(&argv("RL.REFUND 1 k 10 1 1000 TOKENS 4")).unwrap().tokens, 4);
+        assert!(parse_refund(&argv("RL.REFUND 1 k 10 1 1000")).unwrap_err().0.contains("needs TOKENS n"));
+    }
+
+    #[test]
+    fn window() {
+        let a = parse_window(&argv("RL.WINDOW 2 a b 100 60000 10 1000 COST 3 exact"), 10_000).unwrap();
+        assert_eq!((a.numkeys, a.cost, a.mode), (2, 3, WindowMode::Exact));
+        assert_eq!(a.windows[1], WindowParams::new(10, 1000, MAX_WINDOW_LIMIT).unwrap());
+        assert_eq!(parse_window(&argv("RL.WINDOW 1 a 1 1"), 1).unwrap().mode, WindowMode::Sliding);
+        assert_eq!(parse_window(&argv("RL.WINDOW 1 a 1 1 FIXED"), 1).unwrap().mode, WindowMode::Fixed);
+        assert_eq!(
+            parse_window(&argv("RL.WINDOW 1 a 1 1 FIXED EXACT"), 1).unwrap_err().0,
+            "ERR choose one of SLIDING, EXACT and FIXED"
+        );
+        assert!(parse_window(&argv("RL.WINDOW 1 a 20000 1000 EXACT"), 10_000)
+            .unwrap_err()
+            .0
+            .starts_with("ERR limit of key 1 ('a') is 20000, above the EXACT maximum of 10000"));
+        assert!(parse_window(&argv("RL.WINDOW 1 a 20000 1000 SLIDING"), 10_000).is_ok());
+        assert_eq!(
+            parse_window(&argv("RL.WINDOW 1 a 10 1000 60000"), 10).unwrap_err().0,
+            "ERR too many numbers: 1 key takes 2 (limit window_ms per key), found an extra '60000'"
+        );
+        assert!(parse_window(&argv("RL.WINDOW 1 a 0 1000"), 10).unwrap_err().0.starts_with("ERR limit of key 1"));
+    }
+
+    #[test]
+    fn throttle() {
+        let a = parse_throttle(&argv("CL.THROTTLE k 15 30 60")).unwrap();
+        assert_eq!((a.quota.limit(), a.quantity), (16, 1));
+        assert_eq!(parse_throttle(&argv("CL.THROTTLE k 15 30 60 0")).unwrap().quantity, 0);
+        assert!(parse_throttle(&argv("CL.THROTTLE k 15 30")).unwrap_err().0.contains("wrong number of arguments"));
+        assert_eq!(
+            parse_throttle(&argv("CL.THROTTLE k -1 30 60")).unwrap_err().0,
+            "ERR max_burst must be a non-negative integer, got '-1'"
+        );
+        assert_eq!(
+            parse_throttle(&argv("CL.THROTTLE k 1 0 60")).unwrap_err().0,
+            "ERR count_per_period must be at least 1"
+        );
+        assert!(parse_throttle(&argv("CL.THROTTLE k 1 1 0")).unwrap_err().0.starts_with("ERR period must be"));
+        assert!(parse_throttle(&argv("CL.THROTTLE k 1 1 1 x")).unwrap_err().0.starts_with("ERR quantity"));
     }
 
     #[test]

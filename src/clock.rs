@@ -10,19 +10,29 @@ use rl_core::limits::MAX_TIME_MS;
 /// expiry uses). Either is read once per call; the algorithms treat a reading
 /// earlier than a bucket's last update as no time passed.
 pub fn now_ms() -> Result<u64, &'static str> {
+    now_us().map(|us| us / 1000)
+}
+
+/// Nanoseconds since the Unix epoch, for CL.THROTTLE (redis-cell keeps
+/// nanoseconds); as precise as the server's clock (µs, or ms on 7.0).
+pub fn now_ns() -> Result<i64, &'static str> {
+    now_us().map(|us| us as i64 * 1000)
+}
+
+fn now_us() -> Result<u64, &'static str> {
     // SAFETY: the server fills these pointers before OnLoad; None on servers
     // that lack the function.
-    let ms = unsafe {
+    let us = unsafe {
         if let Some(cached_us) = raw::RedisModule_CachedMicroseconds {
-            cached_us() / 1000
+            cached_us()
         } else if let Some(ms) = raw::RedisModule_Milliseconds {
-            ms()
+            ms().saturating_mul(1000)
         } else {
             return Err("ERR the server exports no clock to modules");
         }
     };
-    match u64::try_from(ms) {
-        Ok(ms) if ms <= MAX_TIME_MS => Ok(ms),
+    match u64::try_from(us) {
+        Ok(us) if us / 1000 <= MAX_TIME_MS => Ok(us),
         _ => Err("ERR the server clock is outside the range the limiter stores (1970 to 2527)"),
     }
 }

@@ -133,6 +133,24 @@ impl Key {
         Key(unsafe { api!(RedisModule_OpenKey)(ctx.0, name, mode as c_int) })
     }
 
+    /// The native type of a module key; None for no key; Err for a key of
+    /// a built-in type.
+    pub fn module_type(&self) -> Result<Option<*mut RedisModuleType>, ()> {
+        if self.0.is_null() {
+            return Ok(None);
+        }
+        unsafe {
+            let kind = api!(RedisModule_KeyType)(self.0);
+            if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+                Ok(None)
+            } else if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int {
+                Ok(Some(api!(RedisModule_ModuleTypeGetType)(self.0)))
+            } else {
+                Err(())
+            }
+        }
+    }
+
     /// The key's value if it is of native type `ty`.
     pub fn held<T>(&self, ty: *mut RedisModuleType) -> Held<T> {
         if self.0.is_null() {
@@ -151,6 +169,37 @@ impl Key {
                 _ => Held::Other,
             }
         }
+    }
+
+    /// What a key of another kind holds: `Ok(None)` for no key, the bytes of
+    /// a string key, `Err(())` for any other type.
+    pub fn string(&self) -> Result<Option<&[u8]>, ()> {
+        if self.0.is_null() {
+            return Ok(None);
+        }
+        unsafe {
+            let kind = api!(RedisModule_KeyType)(self.0);
+            if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+                return Ok(None);
+            }
+            if kind != raw::REDISMODULE_KEYTYPE_STRING as c_int {
+                return Err(());
+            }
+            let mut len = 0usize;
+            let p = api!(RedisModule_StringDMA)(self.0, &mut len, raw::REDISMODULE_READ as c_int);
+            if p.is_null() {
+                return Ok(Some(&[]));
+            }
+            Ok(Some(std::slice::from_raw_parts(p.cast::<u8>(), len)))
+        }
+    }
+
+    /// Makes the key a string holding `value` (this clears any TTL).
+    pub fn set_string(&self, ctx: Ctx, value: &[u8]) -> bool {
+        let s = ctx.create_string(value);
+        let status = unsafe { api!(RedisModule_StringSet)(self.0, s) };
+        ctx.free_string(s);
+        status == OK
     }
 
     /// Stores a new boxed value of type `ty` (this clears any TTL).

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub enum Verdict {
     Allowed,
     Denied,
-    /// A command that does not decide (the internal RL.SET).
+    /// A command that does not decide (the internal effect commands).
     Done,
 }
 
@@ -56,7 +56,13 @@ impl CommandStats {
 
 pub static TAKE: CommandStats = CommandStats::new("take");
 pub static PEEK: CommandStats = CommandStats::new("peek");
+pub static LEASE: CommandStats = CommandStats::new("lease");
+pub static REFUND: CommandStats = CommandStats::new("refund");
+pub static WINDOW: CommandStats = CommandStats::new("window");
+pub static WINDOWPEEK: CommandStats = CommandStats::new("windowpeek");
+pub static THROTTLE: CommandStats = CommandStats::new("throttle");
 pub static SET: CommandStats = CommandStats::new("set");
+pub static LOGADD: CommandStats = CommandStats::new("logadd");
 
 /// Every command's counters, in INFO order.
-pub static ALL: [&CommandStats; 3] = [&TAKE, &PEEK, &SET];
+pub static ALL: [&CommandStats; 9] = [&TAKE, &PEEK, &LEASE, &REFUND, &WINDOW, &WINDOWPEEK, &THROTTLE, &SET, &LOGADD];

@@ -17,6 +17,18 @@ fn fill(s: &Server) -> Vec<(String, Vec<String>, i64)> {
     }
     call(&mut con, "RL.TAKE", "3 {u}a {u}b {u}c 5 1 60000 50 1 60000 500 1 60000 COST 2");
     keys.extend(["{u}a", "{u}b", "{u}c"].map(String::from));
+    for mode in ["SLIDING", "FIXED", "EXACT"] {
+        for i in 0..5 {
+            let k = format!("w:{mode}:{i}");
+            for _ in 0..=i {
+                call(&mut con, "RL.WINDOW", &format!("1 {k} 100 3600000 {mode}"));
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            keys.push(k);
+        }
+    }
+    call(&mut con, "CL.THROTTLE", "cell 10 1 60 3");
+    keys.push("cell".into());
     keys.into_iter()
         .map(|k| {
             let d: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(&k).query(&mut con).unwrap();

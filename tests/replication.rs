@@ -63,18 +63,70 @@ fn replica_holds_the_primary_state_and_expiry() {
 }
 
 #[test]
+fn every_command_replicates_its_effect() {
+    let primary = Server::start(&[]);
+    let replica = replica_of(&primary);
+    let mut p = primary.con();
+    let mut keys = Vec::new();
+    for i in 0..12 {
+        let t = format!("{{t{i}}}");
+        let calls = [
+            ("RL.LEASE", format!("1 {t}:lease 50 5 1000 WANT {}", 3 + i)),
+            ("RL.TAKE", format!("1 {t}:lease 50 5 1000 COST {} FORCE", 40 + i)),
+            ("RL.REFUND", format!("1 {t}:lease 50 5 1000 TOKENS 7")),
+            ("RL.WINDOW", format!("2 {t}:s1 {t}:s2 10 1000 100 60000 COST 2")),
+            ("RL.WINDOW", format!("2 {t}:f1 {t}:f2 10 1000 100 60000 FIXED")),
+            ("RL.WINDOW", format!("2 {t}:e1 {t}:e2 10 1000 100 60000 EXACT")),
+            ("CL.THROTTLE", format!("{t}:cell 5 10 60 2")),
+        ];
+        for _ in 0..3 {
+            for (cmd, args) in &calls {
+                call(&mut p, cmd, args);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for k in ["lease", "s1", "s2", "f1", "f2", "e1", "e2", "cell"] {
+            keys.push(format!("{t}:{k}"));
+        }
+    }
+    wait_replicas(&mut p);
+    let mut r = replica.con();
+    for k in &keys {
+        let primary_state = state(&mut p, k);
+        assert!(primary_state.1 > 0, "{k} has no expiry on the primary");
+        assert_eq!(state(&mut r, k), primary_state, "key {k}");
+    }
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut r).unwrap();
+    for internal in ["cmdstat_rl.set:", "cmdstat_rl.logadd:", "cmdstat_set:"] {
+        assert!(stats.contains(internal), "{internal} missing from {stats}");
+    }
+    for public in ["rl.take", "rl.lease", "rl.refund", "rl.window", "cl.throttle"] {
+        assert!(!stats.contains(&format!("cmdstat_{public}:")), "{public} ran on the replica: {stats}");
+    }
+}
+
+#[test]
 fn refused_calls_propagate_nothing() {
     let primary = Server::start(&[]);
     let _replica = replica_of(&primary);
     let mut p = primary.con();
     call(&mut p, "RL.TAKE", "1 k 1 1 3600000");
+    call(&mut p, "RL.WINDOW", "1 w 1 3600000");
+    call(&mut p, "RL.WINDOW", "1 x 1 3600000 EXACT");
+    call(&mut p, "CL.THROTTLE", "c 0 1 3600");
     wait_replicas(&mut p);
     let offset = primary.info("replication", "master_repl_offset");
     let dirty = primary.info("persistence", "rdb_changes_since_last_save");
     for _ in 0..20 {
         assert_eq!(call(&mut p, "RL.TAKE", "1 k 1 1 3600000")[0], 0);
+        assert_eq!(call(&mut p, "RL.LEASE", "1 k 1 1 3600000 WANT 3")[0], 0);
+        assert_eq!(call(&mut p, "RL.WINDOW", "1 w 1 3600000")[0], 0);
+        assert_eq!(call(&mut p, "RL.WINDOW", "1 x 1 3600000 EXACT")[0], 0);
+        assert_eq!(call(&mut p, "CL.THROTTLE", "c 0 1 3600")[0], 1);
     }
     call(&mut p, "RL.PEEK", "1 k 1 1 3600000");
+    call(&mut p, "RL.WINDOWPEEK", "1 w 1 3600000");
+    call(&mut p, "CL.THROTTLE", "c 0 1 3600 0");
     assert_eq!(primary.info("replication", "master_repl_offset"), offset);
     assert_eq!(primary.info("persistence", "rdb_changes_since_last_save"), dirty);
 }
@@ -134,4 +186,44 @@ fn internal_set_validates_its_arguments() {
     // An empty blob is a full bucket: the key goes.
     redis::cmd("RL.SET").arg("k").arg("").arg(0).query::<()>(&mut con).unwrap();
     assert_eq!(redis::cmd("EXISTS").arg("k").query::<i64>(&mut con).unwrap(), 0);
+}
+
+#[test]
+fn internal_logadd_validates_its_arguments() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let ok = |con: &mut redis::Connection, args: &[&str]| {
+        redis::cmd("RL.LOGADD").arg(args).query::<()>(con).unwrap();
+    };
+    ok(&mut con, &["log", "0", "5000", "2", "4000000000000"]);
+    ok(&mut con, &["log", "0", "5000", "1", "4000000000000"]);
+    let cases: &[(&[&[u8]], &str)] = &[
+        (&[b"log", b"0", b"5000", b"1"], "wrong number of arguments"),
+        (&[b"log", b"0", b"5000", b"0", b"0"], "ERR RL.LOGADD count must be an integer from 1 to 1000000"),
+        (&[b"log", b"0", b"x", b"1", b"0"], "ERR RL.LOGADD at must be a time"),
+        (&[b"log", b"0", b"17592186044416", b"1", b"0"], "ERR RL.LOGADD at must be a time"),
+        (&[b"log", b"0", b"4000", b"1", b"0"], "at is older than the log's newest entry"),
+        (&[b"log", b"0", b"6000", b"1", b"-1"], "ERR pxat must be a non-negative integer"),
+    ];
+    for (args, want) in cases {
+        let e = testkit::call_err(&mut con, "RL.LOGADD", args);
+        assert!(e.contains(want), "{args:?}: {e}");
+    }
+    redis::cmd("SET").arg("str").arg("v").query::<()>(&mut con).unwrap();
+    let e = testkit::call_err(&mut con, "RL.LOGADD", &[b"str", b"0", b"1", b"1", b"0"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    // The log holds 3 requests at 5000; dropping before 5001 empties it.
+    let blob: Vec<u8> = redis::cmd("DUMP").arg("log").query(&mut con).unwrap();
+    assert!(!blob.is_empty());
+    ok(&mut con, &["log", "5001", "6000", "1", "4000000000000"]);
+    assert_eq!(redis::cmd("PEXPIRETIME").arg("log").query::<i64>(&mut con).unwrap(), 4_000_000_000_000);
+    // RL.SET of an EXACT blob and of a window blob replaces the state.
+    let mut log_blob = vec![b'L', 1];
+    log_blob.extend_from_slice(&(7000u64 | 3 << 44).to_le_bytes());
+    redis::cmd("RL.SET").arg("log").arg(&log_blob).arg(0).query::<()>(&mut con).unwrap();
+    assert_eq!(redis::cmd("TYPE").arg("log").query::<String>(&mut con).unwrap(), "rl-winlog");
+    let mut bad = log_blob.clone();
+    bad.push(1);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"log", &bad, b"0"]);
+    assert!(e.contains("wrong length"), "{e}");
 }

@@ -1,3 +1,169 @@
-//! The native data types that hold limiter state in the keyspace.
+//! The native data types that hold limiter state in the keyspace:
+//! `rl-bucket` (a token bucket), `rl-window` (SLIDING and FIXED counters)
+//! and `rl-winlog` (an EXACT log).
+//!
+//! Every way a value leaves memory (RDB, AOF rewrite, DUMP/MIGRATE, the
+//! digest) goes through the one versioned blob of `rl_core::codec`, the same
+//! bytes the replicated `RL.SET` carries. The callbacks are written once,
+//! generic over the stored value.
 
-pub mod bucket_type;
+use std::ffi::{c_int, c_void};
+
+use redis_module::native_types::RedisType;
+use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
+use rl_core::codec::{self, PackedBucket, PackedWindow, Stored};
+use rl_core::log::Log;
+use smallvec::SmallVec;
+
+use crate::ffi::api;
+
+/// RDB encoding version of every type. The blob inside carries its own
+/// format version too; this one changes only if the RDB framing does.
+pub const ENCODING_VERSION: i32 = 1;
+
+/// A value one of the native types stores.
+pub trait Value: Sized + Clone {
+    /// The versioned blob of `rl_core::codec`.
+    fn blob(&self) -> SmallVec<[u8; 32]>;
+    /// The value of a decoded blob, if it is of this type.
+    fn from_stored(s: Stored) -> Option<Self>;
+    /// Bytes this value holds, for MEMORY USAGE.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+    }
+    /// The native type that holds this value.
+    fn native_type() -> &'static RedisType;
+}
+
+impl Value for PackedBucket {
+    fn blob(&self) -> SmallVec<[u8; 32]> {
+        SmallVec::from_slice(&self.to_blob())
+    }
+    fn from_stored(s: Stored) -> Option<Self> {
+        match s {
+            Stored::Bucket(p) => Some(p),
+            _ => None,
+        }
+    }
+    fn native_type() -> &'static RedisType {
+        &BUCKET_TYPE
+    }
+}
+
+impl Value for PackedWindow {
+    fn blob(&self) -> SmallVec<[u8; 32]> {
+        SmallVec::from_slice(&self.to_blob())
+    }
+    fn from_stored(s: Stored) -> Option<Self> {
+        match s {
+            Stored::Window(p) => Some(p),
+            _ => None,
+        }
+    }
+    fn native_type() -> &'static RedisType {
+        &WINDOW_TYPE
+    }
+}
+
+impl Value for Log {
+    fn blob(&self) -> SmallVec<[u8; 32]> {
+        SmallVec::from_vec(codec::log_blob(self))
+    }
+    fn from_stored(s: Stored) -> Option<Self> {
+        match s {
+            Stored::Log(l) => Some(l),
+            _ => None,
+        }
+    }
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.heap_bytes()
+    }
+    fn native_type() -> &'static RedisType {
+        &LOG_TYPE
+    }
+}
+
+pub static BUCKET_TYPE: RedisType = RedisType::new("rl-bucket", ENCODING_VERSION, methods::<PackedBucket>());
+pub static WINDOW_TYPE: RedisType = RedisType::new("rl-window", ENCODING_VERSION, methods::<PackedWindow>());
+pub static LOG_TYPE: RedisType = RedisType::new("rl-winlog", ENCODING_VERSION, methods::<Log>());
+
+/// The server's handle of `T`'s type, set when the module loaded.
+pub fn handle<T: Value>() -> *mut RedisModuleType {
+    *T::native_type().raw_type.borrow()
+}
+
+const fn methods<T: Value>() -> raw::RedisModuleTypeMethods {
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load::<T>),
+        rdb_save: Some(rdb_save::<T>),
+        aof_rewrite: Some(aof_rewrite::<T>),
+        mem_usage: Some(mem_usage::<T>),
+        digest: Some(digest::<T>),
+        free: Some(free::<T>),
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy::<T>),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    }
+}
+
+/// SAFETY (for all callbacks): the server passes a value this type created,
+/// a `Box<T>` turned into a raw pointer.
+fn value<'a, T>(v: *const c_void) -> &'a T {
+    unsafe { &*v.cast::<T>() }
+}
+
+unsafe extern "C" fn rdb_load<T: Value>(rdb: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
+    if encver > ENCODING_VERSION {
+        return std::ptr::null_mut();
+    }
+    let Ok(buf) = raw::load_string_buffer(rdb) else {
+        return std::ptr::null_mut();
+    };
+    match codec::decode(buf.as_ref()).ok().and_then(T::from_stored) {
+        Some(v) => Box::into_raw(Box::new(v)).cast(),
+        None => std::ptr::null_mut(),
+    }
+}
+
+unsafe extern "C" fn rdb_save<T: Value>(rdb: *mut RedisModuleIO, v: *mut c_void) {
+    raw::save_slice(rdb, &value::<T>(v).blob());
+}
+
+/// AOF rewrite emits the internal `RL.SET key blob 0`; the server follows it
+/// with the key's PEXPIREAT.
+unsafe extern "C" fn aof_rewrite<T: Value>(aof: *mut RedisModuleIO, key: *mut RedisModuleString, v: *mut c_void) {
+    let blob = value::<T>(v).blob();
+    api!(RedisModule_EmitAOF)(aof, c"RL.SET".as_ptr(), c"sbl".as_ptr(), key, blob.as_ptr(), blob.len(), 0i64);
+}
+
+unsafe extern "C" fn mem_usage<T: Value>(v: *const c_void) -> usize {
+    value::<T>(v).bytes()
+}
+
+unsafe extern "C" fn digest<T: Value>(md: *mut RedisModuleDigest, v: *mut c_void) {
+    let blob = value::<T>(v).blob();
+    api!(RedisModule_DigestAddStringBuffer)(md, blob.as_ptr().cast(), blob.len());
+    api!(RedisModule_DigestEndSequence)(md);
+}
+
+unsafe extern "C" fn free<T: Value>(v: *mut c_void) {
+    drop(Box::from_raw(v.cast::<T>()));
+}
+
+unsafe extern "C" fn copy<T: Value>(
+    _from: *mut RedisModuleString,
+    _to: *mut RedisModuleString,
+    v: *const c_void,
+) -> *mut c_void {
+    Box::into_raw(Box::new(value::<T>(v).clone())).cast()
+}

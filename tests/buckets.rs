@@ -1,4 +1,5 @@
-//! RL.TAKE and RL.PEEK against a real redis-server with the module.
+//! Bucket commands (RL.TAKE, RL.PEEK, RL.LEASE, RL.REFUND) against a real
+//! redis-server with the module.
 //!
 //! Buckets here refill slowly (one token an hour) unless a test is about
 //! refill, so the live server clock cannot move a result between calls.
@@ -350,4 +351,87 @@ fn three_master_cluster_routes_by_hash_tag() {
     let other = c.nodes.iter().find(|s| s.port != node.port).unwrap();
     let e = call_err(&mut other.con(), "RL.TAKE", &[b"1", b"rl:{user42}:s", b"10", b"10", b"1000"]);
     assert!(e.starts_with("MOVED"), "{e}");
+}
+
+#[test]
+fn lease_grants_what_every_bucket_can_give() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // 10 tokens; lease 4, then 4, then the last 2 of a WANT 4.
+    assert_eq!(call(&mut con, "RL.LEASE", "1 k 10 1 3600000 WANT 4")[..2], [4, 6]);
+    assert_eq!(call(&mut con, "RL.LEASE", "1 k 10 1 3600000 WANT 4")[..2], [4, 2]);
+    assert_eq!(call(&mut con, "RL.LEASE", "1 k 10 1 3600000 WANT 4")[..2], [2, 0]);
+    // Nothing left: granted 0, retry measured for MIN (1) token.
+    let r = call(&mut con, "RL.LEASE", "1 k 10 1 3600000 WANT 4");
+    assert_eq!((r[0], r[1], r[4]), (0, 0, 10));
+    assert!(r[2] > 0 && r[2] <= HOUR);
+    // The same key serves RL.TAKE.
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 10 1 3600000")[0], 0);
+}
+
+#[test]
+fn lease_min_refuses_and_writes_nothing() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "2 {u}a {u}b 10 1 3600000 5 1 3600000 COST 3");
+    let dirty = s.info("persistence", "rdb_changes_since_last_save");
+    // b holds 2: WANT 5 MIN 3 is refused and reports the wait for 3 tokens.
+    let r = call(&mut con, "RL.LEASE", "2 {u}a {u}b 10 1 3600000 5 1 3600000 WANT 5 MIN 3");
+    assert_eq!((r[0], r[1], r[4], r[5]), (0, 2, 5, 1));
+    assert!(r[2] > 0 && r[2] <= HOUR, "one more token: {}", r[2]);
+    assert_eq!(s.info("persistence", "rdb_changes_since_last_save"), dirty);
+    // WANT 5 MIN 2 gets the 2 b has, from both buckets.
+    assert_eq!(call(&mut con, "RL.LEASE", "2 {u}a {u}b 10 1 3600000 5 1 3600000 WANT 5 MIN 2")[..2], [2, 0]);
+    assert_eq!(call(&mut con, "RL.PEEK", "1 {u}a 10 1 3600000")[1], 4);
+}
+
+#[test]
+fn refund_gives_back_up_to_capacity() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "2 {u}a {u}b 10 1 3600000 5 1 3600000 COST 4");
+    let r = call(&mut con, "RL.REFUND", "2 {u}a {u}b 10 1 3600000 5 1 3600000 TOKENS 3");
+    assert_eq!((r[0], r[1], r[2], r[5]), (1, 4, 0, 1));
+    assert_eq!(call(&mut con, "RL.PEEK", "1 {u}a 10 1 3600000")[1], 8);
+    // Never above capacity; a full bucket is no key.
+    call(&mut con, "RL.REFUND", "2 {u}a {u}b 10 1 3600000 5 1 3600000 TOKENS 100");
+    let n: i64 = redis::cmd("EXISTS").arg(&["{u}a", "{u}b"]).query(&mut con).unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(call(&mut con, "RL.TAKE", "1 {u}b 5 1 3600000")[1], 4);
+}
+
+#[test]
+fn forced_debit_puts_a_bucket_into_debt() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // 10 tokens, one back every 100 ms; a request settled at 15 tokens.
+    let r = call(&mut con, "RL.TAKE", "1 k 10 1 100 COST 15 FORCE");
+    assert_eq!((r[0], r[1]), (1, 0));
+    assert!(r[3] > 1_400 && r[3] <= 1_500, "15 tokens to refill: reset {}", r[3]);
+    // 5 tokens of debt: nothing is admitted until refill pays them back.
+    let r = call(&mut con, "RL.TAKE", "1 k 10 1 100");
+    assert_eq!(r[0], 0);
+    assert!(r[2] > 500 && r[2] <= 600, "retry {}", r[2]);
+    std::thread::sleep(std::time::Duration::from_millis(r[2] as u64 + 20));
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 10 1 100")[0], 1);
+}
+
+#[test]
+fn lease_and_refund_errors() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let cases: &[(&str, &[&[u8]], &str)] = &[
+        ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000"], "ERR RL.LEASE needs WANT n"),
+        ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"0"], "ERR WANT must be an integer from 1"),
+        ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"2", b"MIN", b"3"], "ERR MIN (3) must not exceed WANT (2)"),
+        ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"2", b"COST", b"1"], "ERR unknown option 'COST' (options: WANT n, MIN n)"),
+        ("RL.REFUND", &[b"1", b"k", b"10", b"1", b"1000"], "ERR RL.REFUND needs TOKENS n"),
+        ("RL.REFUND", &[b"1", b"k", b"10", b"1", b"1000", b"TOKENS", b"-1"], "ERR TOKENS must be an integer from 1"),
+        ("RL.PEEK", &[b"1", b"k", b"10", b"1", b"1000", b"FORCE"], "ERR unknown option 'FORCE' (options: COST n)"),
+    ];
+    for (cmd, args, want) in cases {
+        let e = call_err(&mut con, cmd, args);
+        assert!(e.starts_with(want), "{cmd} {args:?}: {e}");
+    }
+    assert_eq!(redis::cmd("DBSIZE").query::<i64>(&mut con).unwrap(), 0);
 }

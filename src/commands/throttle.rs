@@ -1,0 +1,58 @@
+//! CL.THROTTLE, compatible with redis-cell: same arguments, same reply, same
+//! GCRA, same key (a string holding the TAT in nanoseconds), so keys written
+//! by redis-cell keep working. Unlike redis-cell it reads the server's clock
+//! and replicates the effect (`SET key tat PXAT ms`), so replicas never drift.
+
+use redis_module::raw::RedisModuleString;
+use rl_core::gcra::{self, GcraError};
+
+use super::{arg_bytes, decimal, wrongtype};
+use crate::args::{self, shown};
+use crate::clock;
+use crate::ffi::{Ctx, Key};
+use crate::stats::Verdict;
+
+pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String> {
+    let bytes = arg_bytes(argv);
+    let a = args::parse_throttle(&bytes).map_err(|e| e.0)?;
+    let now = clock::now_ns()?;
+    let key = Key::open(ctx, argv[1], true);
+    let tat = match key.string() {
+        Err(()) => return Err(wrongtype()),
+        Ok(None) => None,
+        Ok(Some(raw)) => Some(parse_tat(raw).ok_or_else(|| {
+            format!("ERR key '{}' holds a string that is not a CL.THROTTLE timestamp", shown(bytes[1]))
+        })?),
+    };
+    let r = gcra::throttle(&a.quota, tat, now, a.quantity).map_err(|e| match e {
+        GcraError::Quantity => "ERR quantity is too large for this rate".to_string(),
+        other => format!("ERR {other:?}"),
+    })?;
+    if let Some(new_tat) = r.new_tat_ns {
+        let mut digits = [0u8; 20];
+        let value = decimal(new_tat.max(0) as u64, &mut digits);
+        let at = gcra::expires_at_ms(new_tat);
+        if !key.set_string(ctx, value) {
+            return Err("ERR could not write the key".into());
+        }
+        key.set_expire_at(at);
+        let value = ctx.create_string(value);
+        let mut at_digits = [0u8; 20];
+        let at_string = ctx.create_string(decimal(at.max(0) as u64, &mut at_digits));
+        let pxat = ctx.create_string(b"PXAT");
+        ctx.replicate(c"SET", &[argv[1], value, pxat, at_string]);
+        [value, pxat, at_string].into_iter().for_each(|s| ctx.free_string(s));
+    }
+    ctx.reply_array(5);
+    ctx.reply_integer(r.limited as i64);
+    ctx.reply_integer(r.limit);
+    ctx.reply_integer(r.remaining);
+    ctx.reply_integer(gcra::cell_seconds(r.retry_after_ns));
+    ctx.reply_integer(gcra::cell_seconds(r.reset_after_ns));
+    Ok(if r.limited { Verdict::Denied } else { Verdict::Allowed })
+}
+
+/// A TAT as redis-cell writes it: a decimal i64 of nanoseconds.
+fn parse_tat(raw: &[u8]) -> Option<i64> {
+    std::str::from_utf8(raw).ok()?.parse().ok()
+}
