@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
-use rl_core::limits::{MAX_KEYS, MAX_TOKENS};
+use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::BucketParams;
 
 use crate::config::{Backend, Config};
@@ -74,9 +74,9 @@ pub struct Window {
 impl Window {
     pub fn new(key: impl Into<String>, limit: u64, window: Duration) -> Result<Window> {
         let key = key.into();
-        if !(1..=MAX_TOKENS).contains(&limit) {
+        if !(1..=MAX_WINDOW_LIMIT).contains(&limit) {
             return Err(Error::invalid(format!(
-                "window '{key}': limit must be an integer from 1 to {MAX_TOKENS}, got {limit}"
+                "window '{key}': limit must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {limit}"
             )));
         }
         let window_ms = period_ms(window)
@@ -267,7 +267,9 @@ impl Client {
         }
         let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
         check_keys(&keys)?;
-        BucketOp::Take(cost).check()?;
+        if !(1..=MAX_WINDOW_LIMIT).contains(&cost) {
+            return Err(Error::invalid(format!("cost must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {cost}")));
+        }
         let mut cmd = redis::cmd(name);
         cmd.arg(keys.len()).arg(&keys);
         for w in windows {
