@@ -215,10 +215,11 @@ impl Limiter {
         &self.inner.counters
     }
 
-    /// Shards whose circuit breaker is open now (`host:port` of the
-    /// primary; `standalone` or `unknown` before a cluster's map is read).
-    pub fn open_shards(&self) -> Vec<String> {
-        self.inner.shards.open(self.inner.now_ms())
+    /// Every shard the limiter knows and whether its circuit breaker is open
+    /// now: `host:port` of a cluster's primaries (`unknown` until the slot
+    /// map is read), or `standalone`.
+    pub fn shards(&self) -> Vec<(String, bool)> {
+        self.inner.shards.states(self.inner.now_ms())
     }
 
     /// The typed, unguarded calls on the same connection.

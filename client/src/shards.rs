@@ -100,9 +100,10 @@ impl Shards {
         self.refreshing.store(false, Ordering::Release);
     }
 
-    /// The shards whose breaker is open at `now_ms`, by primary address.
-    pub(crate) fn open(&self, now_ms: u64) -> Vec<String> {
-        self.table().breakers.iter().filter(|(_, b)| b.is_open(now_ms)).map(|(name, _)| name.clone()).collect()
+    /// Every known shard (by primary address) and whether its breaker is
+    /// open at `now_ms`.
+    pub(crate) fn states(&self, now_ms: u64) -> Vec<(String, bool)> {
+        self.table().breakers.iter().map(|(name, b)| (name.clone(), b.is_open(now_ms))).collect()
     }
 }
 
@@ -127,11 +128,11 @@ mod tests {
         assert!(Arc::ptr_eq(&s.breaker(0), &s.breaker(16_000)));
         assert!(!Arc::ptr_eq(&s.breaker(0), &s.breaker(6000)));
         s.breaker(6000).failure(5);
-        assert_eq!(s.open(6), ["b:1"]);
+        assert_eq!(s.states(6), [("a:1".to_string(), false), ("b:1".to_string(), true)]);
         // A refresh keeps the breaker of a primary that still serves.
         assert!(!s.refresh_due(9_999) && s.refresh_due(10_000));
         s.installed(&map, 10_000);
-        assert_eq!(s.open(7), ["b:1"]);
+        assert_eq!(s.states(7)[1], ("b:1".to_string(), true));
     }
 
     #[test]
