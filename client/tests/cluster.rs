@@ -2,8 +2,6 @@
 //! primary, leases and the deny cache work there, and one failing shard
 //! degrades only the subjects it serves.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use rl_client::{Backend, Config, Limiter, Policy, Rule, Source};
