@@ -1,3 +1,4 @@
+mod backoff;
 mod breaker;
 mod client;
 mod config;
@@ -6,6 +7,9 @@ mod decision;
 mod deny_cache;
 mod error;
 mod fallback;
+pub mod headers;
+#[cfg(feature = "tower")]
+mod layer;
 mod lease;
 mod limiter;
 mod metrics;
@@ -15,11 +19,14 @@ mod slot;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use backoff::Backoff;
 pub use client::{Bucket, Client, Window, WindowMode};
 pub use config::{Backend, Config};
 pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
+#[cfg(feature = "tower")]
+pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
 pub use policy::{FailMode, Policy, PolicyBuilder, Rule};
