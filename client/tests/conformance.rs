@@ -1,6 +1,7 @@
 //! One conformance suite for both backends: every case runs against the
-//! module's commands and against the Lua script, on a standalone server,
-//! and all of them once more on a 3-node cluster.
+//! module's commands and against the Lua script on a standalone server, the
+//! Lua script once more on a server without the module (as managed Redis
+//! services are), and all of them on a 3-node cluster.
 //!
 //! Buckets refill by one token an hour unless a case is about refill, so
 //! the live server clock cannot move a result between calls.
@@ -10,7 +11,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use rl_client::{Backend, Bucket, Client, Config, Decision, Error};
-use testkit::{Cluster, Server};
+use testkit::{Cluster, PlainServer, Server};
 
 const HOUR: u64 = 3_600_000;
 const MINUTE: u64 = 60_000;
@@ -19,6 +20,7 @@ const MINUTE: u64 = 60_000;
 /// them on the node that serves them.
 enum Place<'a> {
     Standalone(&'a Server),
+    Plain(&'a PlainServer),
     Cluster(&'a Cluster),
 }
 
@@ -35,6 +37,7 @@ impl Env<'_> {
     fn con(&self) -> redis::Connection {
         match &self.place {
             Place::Standalone(s) => s.con(),
+            Place::Plain(s) => s.con(),
             Place::Cluster(c) => c.node_for(&self.key("x")).con(),
         }
     }
@@ -239,6 +242,13 @@ macro_rules! conformance {
                 super::standalone(rl_client::Backend::Lua, |c, e| Box::pin(super::$case(c, e))).await;
             })*
         }
+
+        mod lua_without_module {
+            $(#[tokio::test]
+            async fn $case() {
+                super::without_module(|c, e| Box::pin(super::$case(c, e))).await;
+            })*
+        }
     };
 }
 
@@ -268,6 +278,14 @@ async fn standalone(backend: Backend, case: Case) {
         let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut server.con()).unwrap();
         assert!(!stats.contains("cmdstat_rl."), "the Lua backend called a module command:\n{stats}");
     }
+}
+
+async fn without_module(case: Case) {
+    let server = PlainServer::start();
+    let modules: redis::Value = redis::cmd("MODULE").arg("LIST").query(&mut server.con()).unwrap();
+    assert_eq!(modules, redis::Value::Array(vec![]), "a server without modules");
+    let c = client(Config::standalone(server.url()), Backend::Lua);
+    case(&c, &Env { place: Place::Plain(&server), tag: "t".into() }).await;
 }
 
 /// Every case on both backends against one 3-node cluster: calls are routed
