@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 
+/// Full-jitter exponential backoff: see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     base: Duration,

@@ -37,6 +37,7 @@ impl Bucket {
         Ok(Bucket { key, params })
     }
 
+    /// The bucket's key.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -72,6 +73,7 @@ pub struct Window {
 }
 
 impl Window {
+    /// At most `limit` (1 to 10^12) in any `window` (whole ms, up to two years).
     pub fn new(key: impl Into<String>, limit: u64, window: Duration) -> Result<Window> {
         let key = key.into();
         if !(1..=MAX_WINDOW_LIMIT).contains(&limit) {
@@ -84,6 +86,7 @@ impl Window {
         Ok(Window { key, limit, window_ms })
     }
 
+    /// The window's key.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -191,6 +194,7 @@ impl Client {
         })
     }
 
+    /// Which backend the calls use.
     pub fn backend(&self) -> Backend {
         self.backend
     }

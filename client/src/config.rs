@@ -34,6 +34,7 @@ pub enum Backend {
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Where Redis is.
     pub target: Target,
     /// Default [`Backend::Module`].
     pub backend: Backend,

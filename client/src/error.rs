@@ -79,4 +79,5 @@ impl From<redis::RedisError> for Error {
     }
 }
 
+/// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

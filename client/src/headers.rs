@@ -42,10 +42,15 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use crate::decision::Decision;
 use crate::policy::Policy;
 
+/// `RateLimit-Policy` (IETF draft).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset` (Unix seconds).
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// The headers for `decision` on `policy`, at `now` (for the Unix reset time).

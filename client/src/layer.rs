@@ -53,6 +53,7 @@ pub struct RateLimitLayer<K> {
 }
 
 impl<K> RateLimitLayer<K> {
+    /// Limits requests by `policy`, keyed by `key(&request)`.
     pub fn new(limiter: Limiter, policy: Arc<Policy>, key: K) -> RateLimitLayer<K> {
         RateLimitLayer { limiter, policy, key }
     }

@@ -31,6 +31,7 @@ pub enum Event {
 }
 
 impl Event {
+    /// Every event, in counter order.
     pub const ALL: [Event; 8] = [
         Event::Allowed,
         Event::Refused,
@@ -60,6 +61,7 @@ impl Event {
 /// Receives every event, labelled with the policy prefix and, where one
 /// rule is concerned (refusals, shadow refusals), its name.
 pub trait Metrics: Send + Sync + 'static {
+    /// Called once per event, on the request path: keep it cheap.
     fn record(&self, event: Event, policy: &str, rule: Option<&str>);
 }
 
@@ -70,6 +72,7 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// The total of one event.
     pub fn get(&self, event: Event) -> u64 {
         self.counts[event as usize].load(Ordering::Relaxed)
     }

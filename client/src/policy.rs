@@ -85,26 +85,32 @@ impl Rule {
         self
     }
 
+    /// The rule's name: the last part of its keys, and its name in headers.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Most tokens the bucket holds (its burst).
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
+    /// Tokens added every period.
     pub fn refill(&self) -> u64 {
         self.refill
     }
 
+    /// The refill period.
     pub fn period(&self) -> Duration {
         self.period
     }
 
+    /// What the rule does while Redis cannot answer.
     pub fn fail_mode(&self) -> FailMode {
         self.fail
     }
 
+    /// Whether the rule is only evaluated and reported.
     pub fn is_shadow(&self) -> bool {
         self.shadow
     }
@@ -236,6 +242,7 @@ pub struct PolicyBuilder {
 }
 
 impl PolicyBuilder {
+    /// Adds a rule; checked by [`PolicyBuilder::build`].
     pub fn rule(mut self, rule: Rule) -> PolicyBuilder {
         self.rules.push(rule);
         self
@@ -283,6 +290,7 @@ impl Policy {
         PolicyBuilder { prefix: prefix.into(), rules: Vec::new() }
     }
 
+    /// The key prefix (also the policy's name in metrics and 429 bodies).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

@@ -79,8 +79,9 @@ impl Shards {
                     breakers.len() - 1
                 }
             };
-            for slot in *first as usize..=(*last as usize).min(SLOTS - 1) {
-                slots[slot] = i as u16;
+            let range = *first as usize..=(*last as usize).min(SLOTS - 1);
+            if let Some(slots) = slots.get_mut(range) {
+                slots.fill(i as u16);
             }
         }
         if !breakers.is_empty() {
