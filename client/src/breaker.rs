@@ -36,7 +36,7 @@ impl Breaker {
         match *state {
             State::Closed { .. } => true,
             State::Open { until_ms } if now_ms < until_ms => false,
-            State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms + self.open_for_ms => false,
+            State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms.saturating_add(self.open_for_ms) => false,
             State::Open { .. } | State::HalfOpen { .. } => {
                 *state = State::HalfOpen { probe_sent_ms: now_ms };
                 true
@@ -52,7 +52,7 @@ impl Breaker {
     /// The shard failed a call; true when this failure opened the breaker.
     pub(crate) fn failure(&self, now_ms: u64) -> bool {
         let mut state = lock(&self.state);
-        let open = State::Open { until_ms: now_ms + self.open_for_ms };
+        let open = State::Open { until_ms: now_ms.saturating_add(self.open_for_ms) };
         match *state {
             State::Closed { failures } if failures + 1 < self.trip_after => {
                 *state = State::Closed { failures: failures + 1 };

@@ -66,7 +66,7 @@ impl Lease {
     pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) -> u64 {
         let dropped = self.expire(now_ms);
         self.tokens += tokens;
-        self.expires_ms = now_ms + ttl_ms;
+        self.expires_ms = now_ms.saturating_add(ttl_ms);
         self.last = Some(*standing);
         dropped
     }

@@ -91,13 +91,13 @@ impl Shards {
                 Err(poisoned) => *poisoned.into_inner() = table,
             }
         }
-        self.next_refresh_ms.store(now_ms + self.refresh_ms, Ordering::Relaxed);
+        self.next_refresh_ms.store(now_ms.saturating_add(self.refresh_ms), Ordering::Relaxed);
         self.refreshing.store(false, Ordering::Release);
     }
 
     /// The slot map could not be read: try again within a second.
     pub(crate) fn failed(&self, now_ms: u64) {
-        self.next_refresh_ms.store(now_ms + self.refresh_ms.min(1000), Ordering::Relaxed);
+        self.next_refresh_ms.store(now_ms.saturating_add(self.refresh_ms.min(1000)), Ordering::Relaxed);
         self.refreshing.store(false, Ordering::Release);
     }
 
