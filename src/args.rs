@@ -498,4 +498,75 @@ mod tests {
             assert_eq!(int(bad), None, "{:?}", bad);
         }
     }
+
+    mod hostile {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Tokens that stress a parser, plus random bytes and huge strings.
+        fn token() -> impl Strategy<Value = Vec<u8>> {
+            let words: Vec<&'static str> = vec![
+                "0", "1", "2", "3", "32", "33", "-1", "+1", "007", "1.5", "1e3", "nan", "inf", "-inf", "", " ",
+                "18446744073709551615", "18446744073709551616", "9223372036854775807", "-9223372036854775808",
+                "100000000000000", "100000000000001", "63072000000", "63072000001", "1000000000000",
+                "COST", "cost", "FORCE", "WANT", "MIN", "TOKENS", "SLIDING", "EXACT", "FIXED", "k", "{u}k",
+            ];
+            prop_oneof![
+                4 => proptest::sample::select(words).prop_map(|w| w.as_bytes().to_vec()),
+                1 => proptest::collection::vec(any::<u8>(), 0..12),
+                1 => (1usize..200_000).prop_map(|n| vec![b'9'; n]),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 3_000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn parsers_never_panic_and_keep_their_ranges(
+                args in proptest::collection::vec(token(), 0..40),
+                max_log in 1u64..20_000,
+            ) {
+                let mut argv: Vec<&[u8]> = vec![b"CMD"];
+                argv.extend(args.iter().map(|a| a.as_slice()));
+                let mut errors = Vec::new();
+                for allow_force in [true, false] {
+                    match parse_take(&argv, allow_force) {
+                        Ok(a) => {
+                            prop_assert!((1..=MAX_KEYS).contains(&a.numkeys));
+                            prop_assert_eq!(a.buckets.len(), a.numkeys);
+                            prop_assert!((1..=MAX_TOKENS).contains(&a.cost));
+                            prop_assert!(allow_force || !a.force);
+                        }
+                        Err(e) => errors.push(e),
+                    }
+                }
+                match parse_lease(&argv) {
+                    Ok(a) => prop_assert!(1 <= a.min && a.min <= a.want && a.want <= MAX_TOKENS),
+                    Err(e) => errors.push(e),
+                }
+                match parse_refund(&argv) {
+                    Ok(a) => prop_assert!((1..=MAX_TOKENS).contains(&a.tokens)),
+                    Err(e) => errors.push(e),
+                }
+                match parse_window(&argv, max_log) {
+                    Ok(a) => {
+                        prop_assert_eq!(a.windows.len(), a.numkeys);
+                        if a.mode == WindowMode::Exact {
+                            prop_assert!(a.windows.iter().all(|w| w.limit() <= max_log));
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+                if let Err(e) = parse_throttle(&argv) {
+                    errors.push(e);
+                }
+                // Every refusal is one clear line of bounded length.
+                for e in errors {
+                    prop_assert!(e.0.starts_with("ERR "), "{}", e.0);
+                    prop_assert!(!e.0.contains('\n') && !e.0.contains('\r') && !e.0.contains('\0'));
+                    prop_assert!(e.0.len() < 400, "{} bytes: {}", e.0.len(), e.0);
+                }
+            }
+        }
+    }
 }

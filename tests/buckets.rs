@@ -226,7 +226,7 @@ fn largest_values_are_accepted() {
 fn getkeys_returns_exactly_the_keys() {
     let s = Server::start(&[]);
     let mut con = s.con();
-    for cmd in ["RL.TAKE", "RL.PEEK"] {
+    for cmd in ["RL.TAKE", "RL.PEEK", "RL.LEASE", "RL.REFUND", "RL.WINDOW", "RL.WINDOWPEEK"] {
         let keys: Vec<String> = redis::cmd("COMMAND")
             .arg(&["GETKEYS", cmd, "3", "a", "b", "c", "1", "1", "1", "1", "1", "1", "1", "1", "1", "COST", "1"])
             .query(&mut con)
@@ -239,6 +239,14 @@ fn getkeys_returns_exactly_the_keys() {
     let keys: Vec<String> =
         redis::cmd("COMMAND").arg(&["GETKEYS", "RL.SET", "a", "x", "0", "b", "y", "0"]).query(&mut con).unwrap();
     assert_eq!(keys, ["a", "b"]);
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg(&["GETKEYS", "RL.LOGADD", "a", "0", "1", "1", "0", "b", "0", "1", "1", "0"])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(keys, ["a", "b"]);
+    let keys: Vec<String> =
+        redis::cmd("COMMAND").arg(&["GETKEYS", "CL.THROTTLE", "a", "1", "1", "1"]).query(&mut con).unwrap();
+    assert_eq!(keys, ["a"]);
 }
 
 #[test]
@@ -327,10 +335,20 @@ fn cluster_refuses_keys_of_different_slots() {
         assert!(std::time::Instant::now() < deadline, "cluster did not come up");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    for cmd in ["RL.TAKE", "RL.PEEK"] {
-        let e = call_err(&mut con, cmd, &[b"2", b"a", b"b", b"5", b"1", b"1000", b"5", b"1", b"1000"]);
+    for (cmd, group, opt) in [
+        ("RL.TAKE", "5 1 1000", ""),
+        ("RL.PEEK", "5 1 1000", ""),
+        ("RL.LEASE", "5 1 1000", "WANT 2"),
+        ("RL.REFUND", "5 1 1000", "TOKENS 1"),
+        ("RL.WINDOW", "5 1000", "EXACT"),
+        ("RL.WINDOWPEEK", "5 1000", ""),
+    ] {
+        let args = format!("2 a b {group} {group} {opt}");
+        let args: Vec<&[u8]> = args.split_whitespace().map(str::as_bytes).collect();
+        let e = call_err(&mut con, cmd, &args);
         assert!(e.contains("CROSSSLOT"), "{cmd}: {e}");
-        assert_eq!(call(&mut con, cmd, "2 {u}a {u}b 5 1 1000 5 1 1000")[0], 1);
+        // Same slot: served (LEASE answers with the tokens granted).
+        assert!(call(&mut con, cmd, &format!("2 {{u}}{cmd}a {{u}}{cmd}b {group} {group} {opt}"))[0] >= 1, "{cmd}");
     }
     let e = call_err(&mut con, "RL.SET", &[b"a", b"", b"0", b"b", b"", b"0"]);
     assert!(e.contains("CROSSSLOT"), "RL.SET: {e}");
@@ -339,18 +357,6 @@ fn cluster_refuses_keys_of_different_slots() {
 fn cluster_ok(con: &mut redis::Connection) -> bool {
     let info: String = redis::cmd("CLUSTER").arg("INFO").query(con).unwrap();
     info.contains("cluster_state:ok")
-}
-
-#[test]
-fn three_master_cluster_routes_by_hash_tag() {
-    let c = testkit::Cluster::start(3);
-    let node = c.node_for("{user42}");
-    let mut con = node.con();
-    assert_eq!(call(&mut con, "RL.TAKE", "2 rl:{user42}:s rl:{user42}:m 10 10 1000 100 100 60000")[..2], [1, 9]);
-    // The same keys sent to a node that does not own them are redirected.
-    let other = c.nodes.iter().find(|s| s.port != node.port).unwrap();
-    let e = call_err(&mut other.con(), "RL.TAKE", &[b"1", b"rl:{user42}:s", b"10", b"10", b"1000"]);
-    assert!(e.starts_with("MOVED"), "{e}");
 }
 
 #[test]
@@ -434,4 +440,30 @@ fn lease_and_refund_errors() {
         assert!(e.starts_with(want), "{cmd} {args:?}: {e}");
     }
     assert_eq!(redis::cmd("DBSIZE").query::<i64>(&mut con).unwrap(), 0);
+}
+
+#[test]
+fn acl_category_on_servers_that_support_module_categories() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let categories: Vec<String> = redis::cmd("ACL").arg("CAT").query(&mut con).unwrap();
+    let version = s.info("server", "redis_version");
+    let modern = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0)).collect::<Vec<_>>() >= vec![7, 4];
+    if !categories.contains(&"ratelimit".to_string()) {
+        assert!(!modern, "Redis {version} supports module ACL categories but ratelimit is missing");
+        eprintln!("server {version}: no module ACL categories, skipped");
+        return;
+    }
+    let mut ours: Vec<String> = redis::cmd("ACL").arg(&["CAT", "ratelimit"]).query(&mut con).unwrap();
+    ours.sort();
+    assert_eq!(ours, ["cl.throttle", "rl.lease", "rl.peek", "rl.refund", "rl.take", "rl.window", "rl.windowpeek"]);
+    // A gateway user with +@ratelimit calls the limiter but cannot forge state.
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "gateway", "on", ">pw", "~*", "-@all", "+@ratelimit"])
+        .query::<()>(&mut con)
+        .unwrap();
+    redis::cmd("AUTH").arg(&["gateway", "pw"]).query::<()>(&mut con).unwrap();
+    assert_eq!(call(&mut con, "RL.TAKE", "1 k 5 1 1000")[0], 1);
+    let e = call_err(&mut con, "RL.SET", &[b"k", b"", b"0"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
 }

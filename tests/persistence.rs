@@ -102,3 +102,33 @@ fn restart_from_rewritten_aof_with_rdb_preamble() {
     s.restart();
     check(&s, &keys);
 }
+
+/// `tests/fixtures/v1.rdb` was written by Redis 7.0.15 with this module's
+/// format version 1 (keys without expiry, set with RL.SET). Every later
+/// version must load it into exactly these states, on every server.
+#[test]
+fn loads_the_version_1_rdb_fixture() {
+    use rl_core::codec::{log_blob, PackedBucket, PackedWindow};
+    use rl_core::log::{Entry, Log};
+    use rl_core::window::WindowState;
+    use rl_core::BucketState;
+
+    let rdb = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.rdb");
+    let s = Server::start_from_rdb(&rdb, &[]);
+    let mut con = s.con();
+    let t = 1_764_489_600_000;
+    let expected: [(&str, Vec<u8>); 4] = [
+        ("fixture:bucket", PackedBucket::pack(&BucketState { tokens: 5, fraction: 123, updated_ms: t }).to_blob().to_vec()),
+        ("fixture:debt", PackedBucket::pack(&BucketState { tokens: -42, fraction: 7, updated_ms: t }).to_blob().to_vec()),
+        ("fixture:sliding", PackedWindow::pack(&WindowState { start_ms: t, previous: 7, current: 3 }).to_blob().to_vec()),
+        ("fixture:log", log_blob(&Log::from_entries([Entry::new(t, 2), Entry::new(t + 500, 1)]).unwrap())),
+    ];
+    for (key, blob) in &expected {
+        assert_eq!(&testkit::module_blob(&mut con, key), blob, "{key}");
+    }
+    let cell: String = redis::cmd("GET").arg("fixture:cell").query(&mut con).unwrap();
+    assert_eq!(cell, "1764489600123456789");
+    // And they decide: the debt is still owed (refill of 1 token a year).
+    assert_eq!(call(&mut con, "RL.TAKE", "1 fixture:debt 10 1 31536000000")[..2], [0, 0]);
+    assert_eq!(redis::cmd("DBSIZE").query::<i64>(&mut con).unwrap(), 5);
+}

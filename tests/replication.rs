@@ -227,3 +227,33 @@ fn internal_logadd_validates_its_arguments() {
     let e = testkit::call_err(&mut con, "RL.SET", &[b"log", &bad, b"0"]);
     assert!(e.contains("wrong length"), "{e}");
 }
+
+#[test]
+fn a_promoted_replica_continues_from_the_replicated_state() {
+    let mut primary = Server::start(&[]);
+    let replica = replica_of(&primary);
+    let mut p = primary.con();
+    for _ in 0..5 {
+        call(&mut p, "RL.TAKE", "1 drained 5 1 3600000");
+    }
+    call(&mut p, "RL.TAKE", "1 debt 10 1 3600000 COST 25 FORCE");
+    for _ in 0..3 {
+        call(&mut p, "RL.WINDOW", "1 exact 3 3600000 EXACT");
+        call(&mut p, "RL.WINDOW", "1 sliding 3 3600000");
+    }
+    call(&mut p, "CL.THROTTLE", "cell 2 1 3600 3");
+    wait_replicas(&mut p);
+    // The primary dies; the replica is promoted.
+    primary.kill();
+    let mut r = replica.con();
+    redis::cmd("REPLICAOF").arg("NO").arg("ONE").query::<()>(&mut r).unwrap();
+    assert_eq!(replica.info("replication", "role"), "master");
+    // Nothing was reset to full, no debt was forgiven.
+    assert_eq!(call(&mut r, "RL.TAKE", "1 drained 5 1 3600000")[..2], [0, 0]);
+    let debt = call(&mut r, "RL.TAKE", "1 debt 10 1 3600000");
+    assert_eq!(debt[0], 0);
+    assert!(debt[2] > 15 * 3_600_000, "15 tokens of debt remain: retry {}", debt[2]);
+    assert_eq!(call(&mut r, "RL.WINDOW", "1 exact 3 3600000 EXACT")[..2], [0, 0]);
+    assert_eq!(call(&mut r, "RL.WINDOW", "1 sliding 3 3600000")[..2], [0, 0]);
+    assert_eq!(call(&mut r, "CL.THROTTLE", "cell 2 1 3600")[0], 1);
+}

@@ -78,25 +78,34 @@ pub struct Throttle {
 }
 
 /// redis-cell's rate_limit for a key holding `tat_ns` (None: no key).
+///
+/// Times are i128 inside: a key may hold any i64 (redis-cell keys, or a
+/// string someone wrote), and differences of two i64 overflow one. Results
+/// are clamped back to i64.
 pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64) -> Result<Throttle, GcraError> {
     if quantity < 0 {
         return Err(GcraError::Quantity);
     }
-    let increment = p.emission_ns.checked_mul(quantity).ok_or(GcraError::Quantity)?;
-    let tat = tat_ns.unwrap_or(now_ns);
-    let new_tat = tat.max(now_ns).checked_add(increment).ok_or(GcraError::Quantity)?;
-    let allow_at = new_tat - p.tolerance_ns;
-    let diff = now_ns - allow_at;
+    let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+    let (emission, tolerance, now) = (p.emission_ns as i128, p.tolerance_ns as i128, now_ns as i128);
+    let increment = emission * quantity as i128;
+    let tat = tat_ns.map_or(now, i128::from);
+    let new_tat = tat.max(now) + increment;
+    if new_tat > i64::MAX as i128 {
+        return Err(GcraError::Quantity);
+    }
+    let allow_at = new_tat - tolerance;
+    let diff = now - allow_at;
     let (limited, retry_after_ns, ttl) = if diff < 0 {
-        let retry = if increment <= p.tolerance_ns { -diff } else { -NS_PER_S };
-        (true, retry, tat - now_ns)
+        let retry = if increment <= tolerance { -diff } else { -(NS_PER_S as i128) };
+        (true, retry, tat - now)
     } else {
-        (false, -NS_PER_S, new_tat - now_ns)
+        (false, -(NS_PER_S as i128), new_tat - now)
     };
-    let next = p.tolerance_ns - ttl;
-    let remaining = if next > -p.emission_ns {
+    let next = tolerance - ttl;
+    let remaining = if next > -emission {
         // Microseconds through f64, truncated, as redis-cell does.
-        ((next / 1_000) as f64 / (p.emission_ns / 1_000) as f64) as i64
+        ((next / 1_000) as f64 / (emission / 1_000) as f64) as i64
     } else {
         0
     };
@@ -104,9 +113,9 @@ pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64)
         limited,
         limit: p.limit,
         remaining,
-        retry_after_ns,
-        reset_after_ns: ttl,
-        new_tat_ns: (!limited && quantity > 0).then_some(new_tat),
+        retry_after_ns: clamp(retry_after_ns),
+        reset_after_ns: clamp(ttl),
+        new_tat_ns: (!limited && quantity > 0).then_some(new_tat as i64),
     })
 }
 
@@ -205,6 +214,10 @@ mod tests {
         let p = GcraParams::new(1, 1, 1).unwrap();
         assert_eq!(throttle(&p, None, 0, -1), Err(GcraError::Quantity));
         assert_eq!(throttle(&p, None, 0, i64::MAX), Err(GcraError::Quantity));
+        // Any stored i64 is read without overflow.
+        let r = throttle(&p, Some(i64::MIN), i64::MAX / 2, 5).unwrap();
+        assert!(r.limited && r.reset_after_ns == i64::MIN);
+        assert!(throttle(&p, Some(i64::MAX), 0, 0).unwrap().limited);
     }
 
     #[test]

@@ -86,6 +86,9 @@ struct Command {
     flags: &'static CStr,
     /// Legacy key positions; (0, 0, 0) with `getkeys-api` for numkeys commands.
     keys: (c_int, c_int, c_int),
+    /// In the `@ratelimit` ACL category (the internal commands are not: a
+    /// gateway's user should not be able to write raw state).
+    public: bool,
 }
 
 const WRITE: &CStr = c"write deny-oom fast getkeys-api";
@@ -94,19 +97,29 @@ const READ: &CStr = c"readonly fast getkeys-api";
 /// `numkeys` commands declare their keys through `getkeys-api`: the only way
 /// Redis Cluster checks their slots (a key spec alone is ignored for routing).
 const COMMANDS: &[Command] = &[
-    Command { name: c"rl.take", handler: rl_take, flags: WRITE, keys: (0, 0, 0) },
-    Command { name: c"rl.peek", handler: rl_peek, flags: READ, keys: (0, 0, 0) },
-    Command { name: c"rl.lease", handler: rl_lease, flags: WRITE, keys: (0, 0, 0) },
-    Command { name: c"rl.refund", handler: rl_refund, flags: WRITE, keys: (0, 0, 0) },
-    Command { name: c"rl.window", handler: rl_window, flags: WRITE, keys: (0, 0, 0) },
-    Command { name: c"rl.windowpeek", handler: rl_windowpeek, flags: READ, keys: (0, 0, 0) },
-    Command { name: c"cl.throttle", handler: cl_throttle, flags: c"write deny-oom fast", keys: (1, 1, 1) },
+    Command { name: c"rl.take", handler: rl_take, flags: WRITE, keys: (0, 0, 0), public: true },
+    Command { name: c"rl.peek", handler: rl_peek, flags: READ, keys: (0, 0, 0), public: true },
+    Command { name: c"rl.lease", handler: rl_lease, flags: WRITE, keys: (0, 0, 0), public: true },
+    Command { name: c"rl.refund", handler: rl_refund, flags: WRITE, keys: (0, 0, 0), public: true },
+    Command { name: c"rl.window", handler: rl_window, flags: WRITE, keys: (0, 0, 0), public: true },
+    Command { name: c"rl.windowpeek", handler: rl_windowpeek, flags: READ, keys: (0, 0, 0), public: true },
+    Command { name: c"cl.throttle", handler: cl_throttle, flags: c"write deny-oom fast", keys: (1, 1, 1), public: true },
     // Internal: the effects of writes, replicated and in the AOF.
-    Command { name: c"rl.set", handler: rl_set, flags: c"write deny-oom fast", keys: (1, -1, 3) },
-    Command { name: c"rl.logadd", handler: rl_logadd, flags: c"write deny-oom fast", keys: (1, -1, 5) },
+    Command { name: c"rl.set", handler: rl_set, flags: c"write deny-oom fast", keys: (1, -1, 3), public: false },
+    Command { name: c"rl.logadd", handler: rl_logadd, flags: c"write deny-oom fast", keys: (1, -1, 5), public: false },
 ];
 
+/// The module's ACL category, on servers that let modules add one (7.4+).
+const ACL_CATEGORY: &CStr = c"ratelimit";
+
 pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: function pointers the server filled before OnLoad.
+    let acl = unsafe { raw::RedisModule_AddACLCategory.zip(raw::RedisModule_SetCommandACLCategories) };
+    if let Some((add, _)) = acl {
+        if unsafe { add(ctx, ACL_CATEGORY.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+            return Err("could not add the ACL category ratelimit".into());
+        }
+    }
     for c in COMMANDS {
         let status = unsafe {
             api!(RedisModule_CreateCommand)(
@@ -121,6 +134,12 @@ pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         };
         if status != raw::REDISMODULE_OK as c_int {
             return Err(format!("could not register {}", c.name.to_string_lossy()));
+        }
+        if let (Some((_, set_categories)), true) = (acl, c.public) {
+            let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, c.name.as_ptr()) };
+            if cmd.is_null() || unsafe { set_categories(cmd, ACL_CATEGORY.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+                return Err(format!("could not set the ACL category of {}", c.name.to_string_lossy()));
+            }
         }
     }
     Ok(())

@@ -54,7 +54,19 @@ impl Server {
     }
 
     pub fn start_binary(binary: &Path, extra: &[&str]) -> Server {
+        Self::start_prepared(binary, extra, |_| {})
+    }
+
+    /// A server whose dir holds `rdb` as its dump.rdb at startup.
+    pub fn start_from_rdb(rdb: &Path, extra: &[&str]) -> Server {
+        Self::start_prepared(&server_binary(), extra, |dir| {
+            std::fs::copy(rdb, dir.join("dump.rdb")).expect("copy the RDB file");
+        })
+    }
+
+    fn start_prepared(binary: &Path, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
         let dir = tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir");
+        prepare(dir.path());
         let mut s = Server {
             child: None,
             port: 0,
@@ -293,6 +305,37 @@ impl Cluster {
         }
         panic!("no node serves slot {slot}");
     }
+}
+
+/// The module's state blob in a key, read from `DUMP` (kind, version,
+/// payload, as `rl_core::codec` decodes it): for tests that check a state
+/// exactly.
+pub fn module_blob(con: &mut redis::Connection, key: &str) -> Vec<u8> {
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query(con).expect("DUMP");
+    assert!(!dump.is_empty(), "{key} does not exist");
+    // A module value in RDB: type 7 (module, v2), the module id, then
+    // opcode 5 (string buffer) and the length-prefixed blob.
+    let mut at = 0;
+    let mut byte = || {
+        let b = dump[at];
+        at += 1;
+        b
+    };
+    assert_eq!(byte(), 7, "not a module value");
+    let mut len = |byte: &mut dyn FnMut() -> u8| -> u64 {
+        let first = byte();
+        match first >> 6 {
+            0 => (first & 0x3f) as u64,
+            1 => ((first & 0x3f) as u64) << 8 | byte() as u64,
+            _ if first == 0x80 => (0..4).fold(0, |v, _| v << 8 | byte() as u64),
+            _ if first == 0x81 => (0..8).fold(0, |v, _| v << 8 | byte() as u64),
+            _ => panic!("unexpected RDB length byte {first:#x}"),
+        }
+    };
+    let _module_id = len(&mut byte);
+    assert_eq!(len(&mut byte), 5, "not a string buffer");
+    let n = len(&mut byte) as usize;
+    dump[at..at + n].to_vec()
 }
 
 /// A redis-server without the module, as a managed Redis service offers
