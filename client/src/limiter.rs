@@ -151,14 +151,7 @@ impl Limiter {
     /// errors are bad input (an empty subject or one with braces, a cost
     /// out of range, a policy beyond the Lua backend's range).
     pub async fn check_cost(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Decision> {
-        check_subject(subject)?;
-        BucketOp::Take(cost).check()?;
-        if self.inner.client.backend() == Backend::Lua && !policy.fits_lua() {
-            return Err(Error::invalid(format!(
-                "policy '{}' has a rule with capacity x period_ms above 2^52: the Lua backend cannot count it exactly",
-                policy.prefix()
-            )));
-        }
+        self.check_input(policy, subject, BucketOp::Take(cost))?;
         self.refresh_topology();
         let group = |g: &Group, shadow: bool| (!g.is_empty()).then(|| Target::new(policy, g, shadow, subject));
         let (enforced, shadow) = (group(&policy.enforced, false), group(&policy.shadow, true));
@@ -197,11 +190,23 @@ impl Limiter {
     }
 
     async fn adjust(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<Option<Decision>> {
-        check_subject(subject)?;
-        op.check()?;
+        self.check_input(policy, subject, op)?;
         let t = Target::new(policy, &policy.all, false, subject);
         let call = self.inner.client.decide(op, &t.keys, &t.params);
         Ok(self.guarded(&t, call).await.ok().map(|d| t.mapped(d)))
+    }
+
+    /// Bad input is the caller's error, never a decision.
+    fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
+        check_subject(subject)?;
+        op.check()?;
+        if self.inner.client.backend() == Backend::Lua && !policy.fits_lua() {
+            return Err(Error::invalid(format!(
+                "policy '{}' has a rule with capacity x period_ms above 2^52: the Lua backend cannot count it exactly",
+                policy.prefix()
+            )));
+        }
+        Ok(())
     }
 
     /// The fleet size changed (from service discovery): leases and the

@@ -220,5 +220,7 @@ async fn bad_input_is_an_error_never_a_decision() {
     let huge = Policy::builder("api").rule(Rule::new("d", 1_000_000_000, 1, day)).build().unwrap();
     let e = l.check(&huge, "u").await.unwrap_err();
     assert!(e.to_string().contains("Lua backend"), "{e}");
+    assert!(l.settle(&huge, "u", 1).await.is_err());
+    assert!(l.refund(&p, "u", 0).await.is_err());
     assert_eq!(limiter_calls(&s, Backend::Lua), 0);
 }
