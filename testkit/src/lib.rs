@@ -337,3 +337,55 @@ pub fn module_blob(con: &mut redis::Connection, key: &str) -> Vec<u8> {
     let n = len(&mut byte) as usize;
     dump[at..at + n].to_vec()
 }
+
+/// A redis-server without the module, as a managed Redis service offers
+/// one (they refuse MODULE LOAD): for the client's Lua backend. On a free
+/// loopback port, in its own temp dir, killed when dropped.
+pub struct PlainServer {
+    child: Child,
+    pub port: u16,
+    _dir: TempDir,
+}
+
+impl PlainServer {
+    pub fn start() -> PlainServer {
+        for _ in 0..5 {
+            let dir = tempfile::Builder::new().prefix("rl-plain-").tempdir().expect("temp dir");
+            let port = free_port();
+            let child = Command::new(server_binary())
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            let mut s = PlainServer { child, port, _dir: dir };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            // Until it answers; if it exited (port taken), drop it and retry.
+            while Instant::now() < deadline && matches!(s.child.try_wait(), Ok(None)) {
+                if redis::Client::open(s.url()).and_then(|c| c.get_connection()).is_ok() {
+                    return s;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        panic!("could not start a plain redis-server after 5 attempts");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn con(&self) -> redis::Connection {
+        redis::Client::open(self.url()).and_then(|c| c.get_connection()).expect("connect")
+    }
+}
+
+impl Drop for PlainServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,412 @@
+//! Typed calls for every module command, on either backend.
+//!
+//! These are exact and unguarded: a Redis failure is an `Err`. The
+//! [`Limiter`](crate::Limiter) adds leases, the deny cache, the breaker and
+//! the fallback on top of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
+use rl_core::BucketParams;
+
+use crate::config::{Backend, Config};
+use crate::connection::Connection;
+use crate::decision::{Decision, Grant};
+use crate::error::{Error, Result};
+use crate::policy::{bucket_params, period_ms, LUA_MAX_UNITS};
+use crate::slot::slot_of;
+
+/// The Lua backend's script (its SHA1 names it in EVALSHA).
+const LUA_SCRIPT: &str = include_str!("bucket.lua");
+
+/// One token bucket for a raw call: its key and parameters, checked when made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    key: String,
+    params: BucketParams,
+}
+
+impl Bucket {
+    /// `capacity` tokens at most, `refill` more every `period` (whole ms).
+    pub fn new(key: impl Into<String>, capacity: u64, refill: u64, period: Duration) -> Result<Bucket> {
+        let key = key.into();
+        let params = bucket_params(capacity, refill, period)
+            .map_err(|why| Error::invalid(format!("bucket '{key}': {why}")))?;
+        Ok(Bucket { key, params })
+    }
+
+    /// The bucket's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// How RL.WINDOW counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WindowMode {
+    /// Sliding-window counter: two counters, the previous one weighted.
+    Sliding,
+    /// Exact sliding log of every admitted request.
+    Exact,
+    /// Fixed calendar windows (quotas with a known reset time).
+    Fixed,
+}
+
+impl WindowMode {
+    fn word(self) -> &'static str {
+        match self {
+            WindowMode::Sliding => "SLIDING",
+            WindowMode::Exact => "EXACT",
+            WindowMode::Fixed => "FIXED",
+        }
+    }
+}
+
+/// One window limit for RL.WINDOW: at most `limit` in any `window`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    key: String,
+    limit: u64,
+    window_ms: u64,
+}
+
+impl Window {
+    /// At most `limit` (1 to 10^12) in any `window` (whole ms, up to two years).
+    pub fn new(key: impl Into<String>, limit: u64, window: Duration) -> Result<Window> {
+        let key = key.into();
+        if !(1..=MAX_WINDOW_LIMIT).contains(&limit) {
+            return Err(Error::invalid(format!(
+                "window '{key}': limit must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {limit}"
+            )));
+        }
+        let window_ms = period_ms(window)
+            .map_err(|why| Error::invalid(format!("window '{key}': {}", why.replacen("period", "window", 1))))?;
+        Ok(Window { key, limit, window_ms })
+    }
+
+    /// The window's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// The bucket commands, as the module spells them. The Lua script takes
+/// the same operations by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BucketOp {
+    Take(u64),
+    Peek(u64),
+    /// RL.TAKE ... FORCE: taken even into debt.
+    Force(u64),
+    Lease { want: u64, min: u64 },
+    Refund(u64),
+}
+
+impl BucketOp {
+    pub(crate) fn check(self) -> Result<()> {
+        let amount = |what: &str, n: u64| {
+            if (1..=MAX_TOKENS).contains(&n) {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!("{what} must be an integer from 1 to {MAX_TOKENS}, got {n}")))
+            }
+        };
+        match self {
+            BucketOp::Take(n) | BucketOp::Peek(n) | BucketOp::Force(n) => amount("cost", n),
+            BucketOp::Refund(n) => amount("tokens", n),
+            BucketOp::Lease { want, min } => {
+                amount("want", want)?;
+                if !(1..=want).contains(&min) {
+                    return Err(Error::invalid(format!("min must be from 1 to want ({want}), got {min}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn module_cmd(self) -> (&'static str, &'static str, u64, Option<(&'static str, u64)>) {
+        match self {
+            BucketOp::Take(n) => ("RL.TAKE", "COST", n, None),
+            BucketOp::Peek(n) => ("RL.PEEK", "COST", n, None),
+            BucketOp::Force(n) => ("RL.TAKE", "COST", n, Some(("FORCE", 0))),
+            BucketOp::Lease { want, min } => ("RL.LEASE", "WANT", want, Some(("MIN", min))),
+            BucketOp::Refund(n) => ("RL.REFUND", "TOKENS", n, None),
+        }
+    }
+
+    fn lua_args(self) -> (&'static str, u64, u64) {
+        match self {
+            BucketOp::Take(n) => ("take", n, n),
+            BucketOp::Peek(n) => ("peek", n, n),
+            BucketOp::Force(n) => ("force", n, n),
+            BucketOp::Lease { want, min } => ("lease", want, min),
+            BucketOp::Refund(n) => ("refund", n, n),
+        }
+    }
+}
+
+/// Typed calls to the module (or the Lua backend), each with the
+/// configured timeout. Cheap to clone: clones share one connection.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use rl_client::{Bucket, Client, Config};
+///
+/// # async fn run() -> Result<(), rl_client::Error> {
+/// let client = Client::new(&Config::standalone("redis://127.0.0.1:6379/"))?;
+/// let second = Duration::from_secs(1);
+/// let buckets = [
+///     Bucket::new("rl:{user42}:s", 200, 100, second)?,
+///     Bucket::new("rl:{user42}:m", 5000, 5000, 60 * second)?,
+/// ];
+/// let d = client.take(&buckets, 1).await?;
+/// if !d.allowed {
+///     println!("refused by bucket {}, retry in {:?}", d.rule, d.retry_after);
+/// }
+/// let grant = client.lease(&buckets, 50, 1).await?;
+/// println!("leased {} tokens", grant.tokens);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    conn: Connection,
+    backend: Backend,
+    timeout: Duration,
+    script: Arc<redis::Script>,
+}
+
+impl Client {
+    /// Prepares the connection described by `config` without waiting for
+    /// Redis (it connects on first use and reconnects by itself). Call it
+    /// inside a tokio runtime.
+    pub fn new(config: &Config) -> Result<Client> {
+        config.validate()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::invalid("Client::new must be called inside a tokio runtime"));
+        }
+        Ok(Client {
+            conn: Connection::open(&config.target, config.timeout, config.connect_timeout)?,
+            backend: config.backend,
+            timeout: config.timeout,
+            script: Arc::new(redis::Script::new(LUA_SCRIPT)),
+        })
+    }
+
+    /// Which backend the calls use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// RL.TAKE: takes `cost` tokens from every bucket, or from none.
+    pub async fn take(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
+        let (keys, params) = split(buckets)?;
+        self.decide(BucketOp::Take(cost), &keys, &params).await
+    }
+
+    /// RL.PEEK: what RL.TAKE would answer now, writing nothing.
+    pub async fn peek(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
+        let (keys, params) = split(buckets)?;
+        self.decide(BucketOp::Peek(cost), &keys, &params).await
+    }
+
+    /// RL.TAKE ... FORCE: takes `cost` even into debt (always allowed), for
+    /// a cost settled higher after the response was sent.
+    pub async fn take_forced(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
+        let (keys, params) = split(buckets)?;
+        self.decide(BucketOp::Force(cost), &keys, &params).await
+    }
+
+    /// RL.LEASE: takes as many tokens as every bucket can give, up to
+    /// `want`, or none when fewer than `min`.
+    pub async fn lease(&self, buckets: &[Bucket], want: u64, min: u64) -> Result<Grant> {
+        let (keys, params) = split(buckets)?;
+        self.grant(BucketOp::Lease { want, min }, &keys, &params).await
+    }
+
+    /// RL.REFUND: gives `tokens` unused tokens back to every bucket, never
+    /// above capacity.
+    pub async fn refund(&self, buckets: &[Bucket], tokens: u64) -> Result<Decision> {
+        let (keys, params) = split(buckets)?;
+        self.decide(BucketOp::Refund(tokens), &keys, &params).await
+    }
+
+    /// RL.WINDOW: counts `cost` in every window, or in none. Module only.
+    pub async fn window(&self, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
+        self.window_call("RL.WINDOW", windows, cost, mode).await
+    }
+
+    /// RL.WINDOWPEEK: what RL.WINDOW would answer, writing nothing. Module only.
+    pub async fn window_peek(&self, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
+        self.window_call("RL.WINDOWPEEK", windows, cost, mode).await
+    }
+
+    /// CL.THROTTLE, as redis-cell answers it: `max_burst`,
+    /// `count_per_period` per `period` (whole seconds), `quantity` tokens.
+    /// Module only.
+    pub async fn throttle(
+        &self,
+        key: &str,
+        max_burst: u64,
+        count_per_period: u64,
+        period: Duration,
+        quantity: u64,
+    ) -> Result<Decision> {
+        if self.backend == Backend::Lua {
+            return Err(Error::Unsupported("CL.THROTTLE"));
+        }
+        if period.is_zero() || period.subsec_nanos() != 0 {
+            return Err(Error::invalid(format!("CL.THROTTLE period must be whole seconds, got {period:?}")));
+        }
+        let mut cmd = redis::cmd("CL.THROTTLE");
+        cmd.arg(key).arg(max_burst).arg(count_per_period).arg(period.as_secs()).arg(quantity);
+        let reply = self.integers(&cmd, slot_of(key)).await?;
+        Decision::from_throttle_reply(&reply)
+    }
+
+    async fn window_call(&self, name: &'static str, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
+        if self.backend == Backend::Lua {
+            return Err(Error::Unsupported("RL.WINDOW"));
+        }
+        let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
+        check_keys(&keys)?;
+        if !(1..=MAX_WINDOW_LIMIT).contains(&cost) {
+            return Err(Error::invalid(format!("cost must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {cost}")));
+        }
+        let mut cmd = redis::cmd(name);
+        cmd.arg(keys.len()).arg(&keys);
+        for w in windows {
+            cmd.arg(w.limit).arg(w.window_ms);
+        }
+        cmd.arg("COST").arg(cost).arg(mode.word());
+        let reply = self.integers(&cmd, slot_of(keys[0])).await?;
+        Decision::from_reply(&reply, keys.len())
+    }
+
+    /// A bucket command that answers a decision.
+    pub(crate) async fn decide(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Decision> {
+        let reply = self.bucket_call(op, keys, params).await?;
+        Decision::from_reply(&reply, keys.len())
+    }
+
+    /// A lease, which answers a grant.
+    pub(crate) async fn grant(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Grant> {
+        let reply = self.bucket_call(op, keys, params).await?;
+        Grant::from_reply(&reply, keys.len())
+    }
+
+    async fn bucket_call(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Vec<i64>> {
+        op.check()?;
+        if keys.len() != params.len() {
+            return Err(Error::invalid("one parameter set per key"));
+        }
+        check_keys(keys)?;
+        let slot = slot_of(&keys[0]);
+        match self.backend {
+            Backend::Module => {
+                let (name, amount_word, amount, extra) = op.module_cmd();
+                let mut cmd = redis::cmd(name);
+                cmd.arg(keys.len()).arg(keys);
+                push_params(&mut cmd, params);
+                cmd.arg(amount_word).arg(amount);
+                match extra {
+                    Some(("FORCE", _)) => {
+                        cmd.arg("FORCE");
+                    }
+                    Some((word, value)) => {
+                        cmd.arg(word).arg(value);
+                    }
+                    None => {}
+                }
+                self.integers(&cmd, slot).await
+            }
+            Backend::Lua => {
+                if let Some(i) = params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS) {
+                    return Err(Error::invalid(format!(
+                        "bucket '{}': capacity x period_ms must be at most 2^52 on the Lua backend",
+                        keys[i]
+                    )));
+                }
+                let (name, n, min) = op.lua_args();
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.script.get_hash()).arg(keys.len()).arg(keys).arg(name).arg(n).arg(min);
+                push_params(&mut cmd, params);
+                self.with_timeout(self.evalsha(&cmd, slot)).await
+            }
+        }
+    }
+
+    /// EVALSHA, loading the script on that node when it answers NOSCRIPT
+    /// (after a restart or a failover), then once more.
+    async fn evalsha(&self, cmd: &Cmd, slot: u16) -> Result<Vec<i64>> {
+        match self.conn.query(cmd, slot).await {
+            Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(LUA_SCRIPT);
+                self.conn.query(&load, slot).await?;
+                integers(self.conn.query(cmd, slot).await?)
+            }
+            reply => integers(reply?),
+        }
+    }
+
+    async fn integers(&self, cmd: &Cmd, slot: u16) -> Result<Vec<i64>> {
+        self.with_timeout(async { integers(self.conn.query(cmd, slot).await?) }).await
+    }
+
+    async fn with_timeout<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.timeout, call).await.unwrap_or(Err(Error::Timeout))
+    }
+
+    /// The cluster's slot ranges and their primaries (empty when standalone).
+    pub(crate) async fn slot_map(&self, timeout: Duration) -> Result<Vec<(u16, u16, String)>> {
+        tokio::time::timeout(timeout, self.conn.slot_map()).await.unwrap_or(Err(Error::Timeout))
+    }
+}
+
+fn push_params(cmd: &mut Cmd, params: &[BucketParams]) {
+    for p in params {
+        cmd.arg(p.capacity()).arg(p.refill()).arg(p.period_ms());
+    }
+}
+
+fn integers(value: Value) -> Result<Vec<i64>> {
+    redis::from_redis_value::<Vec<i64>>(value).map_err(|e| Error::Reply(e.to_string()))
+}
+
+fn split(buckets: &[Bucket]) -> Result<(Vec<String>, Vec<BucketParams>)> {
+    Ok((buckets.iter().map(|b| b.key.clone()).collect(), buckets.iter().map(|b| b.params).collect()))
+}
+
+/// 1 to 32 distinct keys, as the module demands.
+fn check_keys<K: AsRef<str>>(keys: &[K]) -> Result<()> {
+    if keys.is_empty() || keys.len() > MAX_KEYS {
+        return Err(Error::invalid(format!("a call takes 1 to {MAX_KEYS} keys, got {}", keys.len())));
+    }
+    for (i, k) in keys.iter().enumerate() {
+        if keys[..i].iter().any(|o| o.as_ref() == k.as_ref()) {
+            return Err(Error::invalid(format!("key '{}' is named more than once", k.as_ref())));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_arguments_are_checked_before_sending() {
+        let s = Duration::from_secs(1);
+        assert!(Bucket::new("k", 0, 1, s).unwrap_err().to_string().contains("bucket 'k': capacity must be"));
+        assert!(Window::new("w", 0, s).unwrap_err().to_string().contains("window 'w': limit must be"));
+        assert!(Window::new("w", 1, Duration::ZERO).unwrap_err().to_string().contains("window must be"));
+        assert!(check_keys(&["a", "b", "a"]).unwrap_err().to_string().contains("'a' is named more than once"));
+        assert!(check_keys::<&str>(&[]).is_err());
+        assert!(BucketOp::Take(0).check().is_err());
+        assert!(BucketOp::Lease { want: 5, min: 6 }.check().unwrap_err().to_string().contains("min must be"));
+        assert!(BucketOp::Refund(MAX_TOKENS + 1).check().is_err());
+        assert!(BucketOp::Lease { want: 5, min: 5 }.check().is_ok());
+    }
+}

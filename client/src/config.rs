@@ -1,0 +1,162 @@
+//! Settings of a [`Client`](crate::Client) and a [`Limiter`](crate::Limiter),
+//! with the defaults of the design notes.
+
+use std::time::Duration;
+
+use crate::connection::Target;
+use crate::error::{Error, Result};
+
+/// How the bucket commands run on the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The redis-rl module's native commands (RL.TAKE, RL.LEASE, ...).
+    Module,
+    /// The same token-bucket algorithm as a Lua script through EVALSHA, for
+    /// servers that cannot load modules. Token buckets only (take, peek,
+    /// force, lease, refund), with capacity x period_ms <= 2^52.
+    Lua,
+}
+
+/// Everything configurable, with the defaults below. Start from
+/// [`Config::standalone`] or [`Config::cluster`] and change fields:
+///
+/// ```
+/// use std::time::Duration;
+/// use rl_client::{Backend, Config};
+///
+/// let config = Config {
+///     gateways: 12,
+///     backend: Backend::Lua,
+///     timeout: Duration::from_millis(10),
+///     ..Config::standalone("redis://10.0.0.5:6379/")
+/// };
+/// # let _ = config;
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Where Redis is.
+    pub target: Target,
+    /// Default [`Backend::Module`].
+    pub backend: Backend,
+    /// Longest wait for any call to Redis; past it the call counts as failed
+    /// and the fallback answers. Default 5 ms.
+    pub timeout: Duration,
+    /// Longest wait to (re)connect, in the background. Default 250 ms.
+    pub connect_timeout: Duration,
+    /// Gateways sharing the limits (the fleet size, from service discovery;
+    /// change it live with [`Limiter::set_gateways`](crate::Limiter::set_gateways)).
+    /// Sizes leases and the outage fallback. Default 1.
+    pub gateways: u32,
+    /// A lease is this much of this gateway's share of the rate. Default 100 ms.
+    pub lease_window: Duration,
+    /// Leased tokens unspent this long after their last refill are dropped
+    /// (and handed back), so a lowered limit bites within it. Default 1 s.
+    pub lease_ttl: Duration,
+    /// Consecutive failures that open a shard's breaker. Default 5.
+    pub breaker_trip_after: u32,
+    /// How long an open breaker skips its shard before one probe. Default 2 s.
+    pub breaker_open_for: Duration,
+    /// The outage fallback allows `limit x slack / gateways` on each gateway:
+    /// traffic is never spread perfectly evenly. Default 2.0.
+    pub fallback_slack: f64,
+    /// Most subjects remembered as refused. Default 100,000.
+    pub deny_cache_entries: usize,
+    /// Most subjects holding a lease. Default 10,000.
+    pub lease_entries: usize,
+    /// Most subjects with a local fallback bucket. Default 100,000.
+    pub fallback_entries: usize,
+    /// How often a cluster's slot map is read again to key breakers by
+    /// shard. Default 10 s.
+    pub topology_refresh: Duration,
+}
+
+impl Config {
+    /// One server at `url` (`redis://host:port/`), with every default.
+    pub fn standalone(url: impl Into<String>) -> Config {
+        Config::with_target(Target::Standalone(url.into()))
+    }
+
+    /// A Redis Cluster reached through any of `urls`, with every default.
+    pub fn cluster<S: Into<String>>(urls: impl IntoIterator<Item = S>) -> Config {
+        Config::with_target(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+    }
+
+    fn with_target(target: Target) -> Config {
+        Config {
+            target,
+            backend: Backend::Module,
+            timeout: Duration::from_millis(5),
+            connect_timeout: Duration::from_millis(250),
+            gateways: 1,
+            lease_window: Duration::from_millis(100),
+            lease_ttl: Duration::from_secs(1),
+            breaker_trip_after: 5,
+            breaker_open_for: Duration::from_secs(2),
+            fallback_slack: 2.0,
+            deny_cache_entries: 100_000,
+            lease_entries: 10_000,
+            fallback_entries: 100_000,
+            topology_refresh: Duration::from_secs(10),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let positive = [
+            ("timeout", self.timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("lease_window", self.lease_window),
+            ("lease_ttl", self.lease_ttl),
+            ("breaker_open_for", self.breaker_open_for),
+            ("topology_refresh", self.topology_refresh),
+        ];
+        for (name, value) in positive {
+            if value.is_zero() {
+                return Err(Error::invalid(format!("config {name} must be above zero")));
+            }
+        }
+        let counts = [
+            ("gateways", self.gateways as usize),
+            ("breaker_trip_after", self.breaker_trip_after as usize),
+            ("deny_cache_entries", self.deny_cache_entries),
+            ("lease_entries", self.lease_entries),
+            ("fallback_entries", self.fallback_entries),
+        ];
+        for (name, value) in counts {
+            if value == 0 {
+                return Err(Error::invalid(format!("config {name} must be at least 1")));
+            }
+        }
+        if !(self.fallback_slack.is_finite() && self.fallback_slack >= 1.0) {
+            return Err(Error::invalid(format!(
+                "config fallback_slack must be a number of at least 1.0, got {}",
+                self.fallback_slack
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_design_notes() {
+        let c = Config::standalone("redis://127.0.0.1/");
+        assert_eq!(c.timeout, Duration::from_millis(5));
+        assert_eq!((c.breaker_trip_after, c.breaker_open_for), (5, Duration::from_secs(2)));
+        assert_eq!((c.lease_ttl, c.lease_window, c.fallback_slack), (Duration::from_secs(1), Duration::from_millis(100), 2.0));
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let base = Config::cluster(["redis://127.0.0.1:7000/"]);
+        let e = Config { gateways: 0, ..base.clone() }.validate().unwrap_err();
+        assert!(e.to_string().contains("gateways must be at least 1"));
+        let e = Config { timeout: Duration::ZERO, ..base.clone() }.validate().unwrap_err();
+        assert!(e.to_string().contains("timeout must be above zero"));
+        let e = Config { fallback_slack: f64::NAN, ..base }.validate().unwrap_err();
+        assert!(e.to_string().contains("fallback_slack"));
+    }
+}

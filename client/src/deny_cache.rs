@@ -1,0 +1,124 @@
+//! Subjects Redis refused, refused again from memory until their retry time.
+//!
+//! Only refusals are cached, and only until the moment Redis named, so the
+//! cache can never admit anything: its error is under, never over (a
+//! request that would have passed because someone refunded tokens
+//! meanwhile waits for the retry time instead). A refusal for a cost also
+//! refuses larger costs, never smaller ones, which still ask Redis.
+//!
+//! Memory is bounded: at most `entries` subjects, the least useful evicted
+//! first (quick_cache's CLOCK-Pro); an evicted subject just asks Redis again.
+
+use std::time::Duration;
+
+use quick_cache::sync::Cache;
+
+use crate::decision::{Decision, Source};
+use crate::SubjectKey;
+
+#[derive(Clone, Copy, Debug)]
+struct Denial {
+    until_ms: u64,
+    reset_until_ms: u64,
+    cost: u64,
+    refused: Decision,
+}
+
+pub(crate) struct DenyCache {
+    map: Cache<SubjectKey, Denial>,
+}
+
+impl DenyCache {
+    pub(crate) fn new(entries: usize) -> DenyCache {
+        DenyCache { map: Cache::new(entries) }
+    }
+
+    /// The cached refusal of `key` for `cost` at `now_ms`, if any.
+    pub(crate) fn check(&self, key: &SubjectKey, cost: u64, now_ms: u64) -> Option<Decision> {
+        let denial = self.map.get(key)?;
+        if now_ms >= denial.until_ms || cost < denial.cost {
+            return None;
+        }
+        Some(Decision {
+            retry_after: Some(Duration::from_millis(denial.until_ms - now_ms)),
+            reset_after: Duration::from_millis(denial.reset_until_ms.saturating_sub(now_ms)),
+            source: Source::DenyCache,
+            ..denial.refused
+        })
+    }
+
+    /// Remembers a refusal that named a retry time.
+    pub(crate) fn refused(&self, key: &SubjectKey, cost: u64, refused: &Decision, now_ms: u64) {
+        let Some(retry) = refused.retry_after.filter(|r| !r.is_zero() && !refused.allowed) else { return };
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let denial = Denial {
+            until_ms: now_ms.saturating_add(ms(retry)),
+            reset_until_ms: now_ms.saturating_add(ms(refused.reset_after)),
+            cost,
+            refused: *refused,
+        };
+        self.map.insert(key.clone(), denial);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(retry_ms: Option<u64>) -> Decision {
+        Decision {
+            allowed: false,
+            remaining: 1,
+            retry_after: retry_ms.map(Duration::from_millis),
+            reset_after: Duration::from_millis(900),
+            limit: 5,
+            rule: 2,
+            source: Source::Redis,
+            shadow_refused: None,
+        }
+    }
+
+    fn key(s: &str) -> SubjectKey {
+        (1, false, s.into())
+    }
+
+    #[test]
+    fn refuses_until_the_retry_time_then_asks_again() {
+        let c = DenyCache::new(10);
+        c.refused(&key("a"), 1, &refusal(Some(120)), 1000);
+        let d = c.check(&key("a"), 1, 1050).unwrap();
+        assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 2, 5, Source::DenyCache));
+        assert_eq!(d.retry_after, Some(Duration::from_millis(70)));
+        assert_eq!(d.reset_after, Duration::from_millis(850));
+        assert!(c.check(&key("a"), 1, 1120).is_none());
+        assert!(c.check(&key("b"), 1, 1050).is_none());
+    }
+
+    #[test]
+    fn a_refused_cost_refuses_larger_costs_only() {
+        let c = DenyCache::new(10);
+        c.refused(&key("a"), 5, &refusal(Some(100)), 0);
+        assert!(c.check(&key("a"), 5, 10).is_some());
+        assert!(c.check(&key("a"), 9, 10).is_some());
+        assert!(c.check(&key("a"), 4, 10).is_none());
+    }
+
+    #[test]
+    fn only_refusals_with_a_retry_time_are_kept() {
+        let c = DenyCache::new(10);
+        c.refused(&key("never"), 1, &refusal(None), 0);
+        assert!(c.check(&key("never"), 1, 1).is_none());
+        let allowed = Decision { allowed: true, ..refusal(Some(100)) };
+        c.refused(&key("ok"), 1, &allowed, 0);
+        assert!(c.check(&key("ok"), 1, 1).is_none());
+    }
+
+    #[test]
+    fn memory_is_bounded_under_churn() {
+        let c = DenyCache::new(100);
+        for i in 0..10_000 {
+            c.refused(&key(&i.to_string()), 1, &refusal(Some(60_000)), 0);
+        }
+        assert!(c.map.len() <= 100 + 100 / 10, "{} entries", c.map.len());
+    }
+}

@@ -1,0 +1,458 @@
+//! The limiter a gateway calls on every request: typed calls guarded by a
+//! timeout and a per-shard breaker, with leases for busy subjects, a deny
+//! cache for refused ones, a local fallback, and shadow rules.
+//!
+//! Error direction, path by path (the crate README has the table):
+//! - a call answered by Redis is exact (the module's guarantee);
+//! - leased tokens are taken before they are spent: never over, only under;
+//! - the deny cache only refuses, until the retry time Redis named: never over;
+//! - the outage fallback allows about `slack` times the limit fleet-wide.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rl_core::limits::MAX_TOKENS;
+use rl_core::BucketParams;
+
+use crate::client::{BucketOp, Client};
+use crate::config::{Backend, Config};
+use crate::decision::{Decision, Source};
+use crate::deny_cache::DenyCache;
+use crate::error::{Error, Result};
+use crate::fallback::{self, Fallback};
+use crate::lease::{self, Lease, Leases, Spend};
+use crate::metrics::{Counters, Event, Metrics};
+use crate::policy::{check_subject, Group, Policy};
+use crate::shards::Shards;
+use crate::slot::slot_of;
+use crate::{lock, SubjectKey};
+
+/// Decides requests against [`Policy`] rules. Cheap to clone; clones share
+/// everything (connection, caches, breakers, counters).
+///
+/// ```no_run
+/// use rl_client::{Config, Limiter, Policy, Rule};
+///
+/// # async fn run() -> Result<(), rl_client::Error> {
+/// let limiter = Limiter::new(Config { gateways: 12, ..Config::standalone("redis://127.0.0.1:6379/") })?;
+/// let api = Policy::builder("api")
+///     .rule(Rule::per_second("per_second", 100).burst(200))
+///     .rule(Rule::per_minute("per_minute", 5000))
+///     .build()?;
+///
+/// let d = limiter.check(&api, "user42").await?;
+/// if !d.allowed {
+///     let rule = api.rule(d.rule).map_or("?", |r| r.name());
+///     println!("429: over '{rule}', retry in {:?}", d.retry_after);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: Config,
+    gateways: AtomicU32,
+    epoch: Instant,
+    shards: Shards,
+    deny: DenyCache,
+    leases: Leases,
+    fallback: Fallback,
+    counters: Counters,
+    sink: Option<Arc<dyn Metrics>>,
+}
+
+/// One group of a policy's rules for one subject: everything a call on it
+/// needs, owned, so background refills can carry it.
+#[derive(Clone)]
+struct Target {
+    key: SubjectKey,
+    keys: Vec<String>,
+    params: Vec<BucketParams>,
+    /// Group index -> policy rule index.
+    rules: Vec<usize>,
+    fail_closed: Option<usize>,
+    slot: u16,
+    policy: Arc<str>,
+}
+
+impl Target {
+    fn new(policy: &Policy, group: &Group, shadow: bool, subject: &str) -> Target {
+        let keys = policy.group_keys(group, subject);
+        let slot = keys.first().map_or(0, |k| slot_of(k));
+        Target {
+            key: (policy.id(), shadow, subject.into()),
+            keys,
+            params: group.params.clone(),
+            rules: group.rules.clone(),
+            fail_closed: group.fail_closed,
+            slot,
+            policy: policy.prefix_arc(),
+        }
+    }
+
+    /// `d` with its binding index turned from the group's into the policy's.
+    fn mapped(&self, d: Decision) -> Decision {
+        Decision { rule: self.rules.get(d.rule).copied().unwrap_or(d.rule), ..d }
+    }
+}
+
+impl Limiter {
+    /// A limiter for `config`. Does not wait for Redis: it connects in the
+    /// background, so a gateway starts (on its fallback) while Redis is
+    /// down. Call it inside a tokio runtime.
+    pub fn new(config: Config) -> Result<Limiter> {
+        Limiter::build(config, None)
+    }
+
+    /// Like [`Limiter::new`], also sending every event to `metrics`.
+    pub fn with_metrics(config: Config, metrics: Arc<dyn Metrics>) -> Result<Limiter> {
+        Limiter::build(config, Some(metrics))
+    }
+
+    fn build(config: Config, sink: Option<Arc<dyn Metrics>>) -> Result<Limiter> {
+        let client = Client::new(&config)?;
+        let cluster = matches!(config.target, crate::Target::Cluster(_));
+        let shards = Shards::new(
+            cluster,
+            config.breaker_trip_after,
+            millis(config.breaker_open_for),
+            millis(config.topology_refresh),
+        );
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                client,
+                gateways: AtomicU32::new(config.gateways),
+                epoch: Instant::now(),
+                shards,
+                deny: DenyCache::new(config.deny_cache_entries),
+                leases: Leases::new(config.lease_entries),
+                fallback: Fallback::new(config.fallback_entries),
+                counters: Counters::default(),
+                sink,
+                config,
+            }),
+        })
+    }
+
+    /// Decides one request (cost 1) of `subject` against every rule of `policy`.
+    pub async fn check(&self, policy: &Policy, subject: &str) -> Result<Decision> {
+        self.check_cost(policy, subject, 1).await
+    }
+
+    /// Decides a request costing `cost` tokens of every rule.
+    ///
+    /// Redis failures never surface here: the fallback answers. The only
+    /// errors are bad input (an empty subject or one with braces, a cost
+    /// out of range, a policy beyond the Lua backend's range).
+    pub async fn check_cost(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Decision> {
+        self.check_input(policy, subject, BucketOp::Take(cost))?;
+        self.refresh_topology();
+        let group = |g: &Group, shadow: bool| (!g.is_empty()).then(|| Target::new(policy, g, shadow, subject));
+        let (enforced, shadow) = (group(&policy.enforced, false), group(&policy.shadow, true));
+        let (enforced, shadow) = tokio::join!(self.evaluate_some(enforced, cost), self.evaluate_some(shadow, cost));
+        let shadow_refused = shadow.filter(|d| !d.allowed).map(|d| d.rule);
+        let decision = match (enforced, shadow) {
+            (Some(d), _) => Decision { shadow_refused, ..d },
+            // Only shadow rules: reported, never enforced.
+            (None, Some(s)) => Decision { allowed: true, retry_after: Some(Duration::ZERO), shadow_refused, ..s },
+            (None, None) => return Err(Error::invalid("a policy needs at least one rule")),
+        };
+        let name = |i: usize| policy.rule(i).map(|r| r.name());
+        if decision.allowed {
+            self.inner.record(Event::Allowed, policy.prefix(), None);
+            if let Some(rule) = shadow_refused {
+                self.inner.record(Event::ShadowRefused, policy.prefix(), name(rule));
+            }
+        } else {
+            self.inner.record(Event::Refused, policy.prefix(), name(decision.rule));
+        }
+        Ok(decision)
+    }
+
+    /// Takes `extra` more tokens from every rule of the subject, into debt
+    /// if need be: for a cost found higher once the response is known
+    /// (RL.TAKE ... FORCE). `None` when Redis could not be reached (the
+    /// debit is then lost: under-counted, counted as an error).
+    pub async fn settle(&self, policy: &Policy, subject: &str, extra: u64) -> Result<Option<Decision>> {
+        self.adjust(policy, subject, BucketOp::Force(extra)).await
+    }
+
+    /// Gives `tokens` back to every rule of the subject, never above
+    /// capacity: for a cost found lower than was taken (RL.REFUND).
+    pub async fn refund(&self, policy: &Policy, subject: &str, tokens: u64) -> Result<Option<Decision>> {
+        self.adjust(policy, subject, BucketOp::Refund(tokens)).await
+    }
+
+    async fn adjust(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<Option<Decision>> {
+        self.check_input(policy, subject, op)?;
+        let t = Target::new(policy, &policy.all, false, subject);
+        let call = self.inner.client.decide(op, &t.keys, &t.params);
+        Ok(self.guarded(&t, call).await.ok().map(|d| t.mapped(d)))
+    }
+
+    /// Bad input is the caller's error, never a decision.
+    fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
+        check_subject(subject)?;
+        op.check()?;
+        if self.inner.client.backend() == Backend::Lua && !policy.fits_lua() {
+            return Err(Error::invalid(format!(
+                "policy '{}' has a rule with capacity x period_ms above 2^52: the Lua backend cannot count it exactly",
+                policy.prefix()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The fleet size changed (from service discovery): leases and the
+    /// fallback are sized from it.
+    pub fn set_gateways(&self, gateways: u32) {
+        self.inner.gateways.store(gateways.max(1), Ordering::Relaxed);
+    }
+
+    /// Totals of every [`Event`] since the limiter was made.
+    pub fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// Every shard the limiter knows and whether its circuit breaker is open
+    /// now: `host:port` of a cluster's primaries (`unknown` until the slot
+    /// map is read), or `standalone`.
+    pub fn shards(&self) -> Vec<(String, bool)> {
+        self.inner.shards.states(self.inner.now_ms())
+    }
+
+    /// The typed, unguarded calls on the same connection.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    async fn evaluate_some(&self, target: Option<Target>, cost: u64) -> Option<Decision> {
+        match target {
+            Some(t) => Some(self.evaluate(&t, cost).await),
+            None => None,
+        }
+    }
+
+    async fn evaluate(&self, t: &Target, cost: u64) -> Decision {
+        let i = &self.inner;
+        let batch = lease::batch(&t.params, millis(i.config.lease_window), i.gateways());
+        if batch > 1 {
+            return self.leased(t, cost, batch).await;
+        }
+        // A quiet subject: every request asks Redis, unless it was just refused.
+        let now = i.now_ms();
+        if let Some(d) = i.deny.check(&t.key, cost, now) {
+            i.record(Event::DenyCacheHit, &t.policy, None);
+            return d;
+        }
+        let call = i.client.decide(BucketOp::Take(cost), &t.keys, &t.params);
+        match self.guarded(t, call).await {
+            Ok(d) => {
+                let d = t.mapped(d);
+                i.deny.refused(&t.key, cost, &d, now);
+                d
+            }
+            Err(_) => self.degraded(t, cost),
+        }
+    }
+
+    /// A busy subject: spend from the lease, top it up in the background at
+    /// half empty, and lease synchronously only when it runs short.
+    async fn leased(&self, t: &Target, cost: u64, batch: u64) -> Decision {
+        let i = &self.inner;
+        let now = i.now_ms();
+        let entry = i.leases.entry(&t.key);
+        let (spend, expired) = {
+            let mut l = lock(&entry);
+            let expired = l.expire(now);
+            (l.spend(cost, batch), expired)
+        };
+        self.hand_back(t, expired);
+        let reserved = match spend {
+            Spend::Hit { decision, refill } => {
+                i.record(Event::LeaseHit, &t.policy, None);
+                if refill {
+                    self.refill(t.clone(), entry, batch);
+                }
+                return decision;
+            }
+            Spend::Short { reserved } => reserved,
+        };
+        // Leased tokens are already paid for; only a short lease checks the
+        // deny cache.
+        let need = cost - reserved;
+        if let Some(d) = i.deny.check(&t.key, need, now) {
+            self.put_back(t, &entry, reserved);
+            i.record(Event::DenyCacheHit, &t.policy, None);
+            return d;
+        }
+        let call = i.client.grant(BucketOp::Lease { want: batch.max(need), min: need }, &t.keys, &t.params);
+        match self.guarded(t, call).await {
+            Ok(g) if g.tokens >= need => {
+                let standing = t.mapped(g.decision);
+                let mut l = lock(&entry);
+                let dropped = l.add(g.tokens - need, &standing, i.now_ms(), millis(i.config.lease_ttl));
+                let estimate = l.estimate();
+                drop(l);
+                self.hand_back(t, dropped);
+                Decision { source: Source::Redis, ..estimate }
+            }
+            Ok(g) => {
+                // RL.LEASE grants nothing below MIN; should it ever, keep what came.
+                self.put_back(t, &entry, reserved + g.tokens);
+                let d = t.mapped(g.decision);
+                i.deny.refused(&t.key, need, &d, now);
+                Decision { allowed: false, ..d }
+            }
+            Err(_) => {
+                self.put_back(t, &entry, reserved);
+                self.degraded(t, cost)
+            }
+        }
+    }
+
+    fn put_back(&self, t: &Target, entry: &Mutex<Lease>, tokens: u64) {
+        let expired = lock(entry).put_back(tokens, self.inner.now_ms());
+        self.hand_back(t, expired);
+    }
+
+    /// Tops a lease up off the request path.
+    fn refill(&self, t: Target, entry: Arc<Mutex<Lease>>, batch: u64) {
+        let this = self.clone();
+        spawn(async move {
+            let i = &this.inner;
+            let now = i.now_ms();
+            let call = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &t.keys, &t.params);
+            let result = this.guarded(&t, call).await;
+            let mut l = lock(&entry);
+            l.refill_done();
+            match result {
+                Ok(g) if g.tokens > 0 => {
+                    let dropped = l.add(g.tokens, &t.mapped(g.decision), i.now_ms(), millis(i.config.lease_ttl));
+                    drop(l);
+                    this.hand_back(&t, dropped);
+                }
+                // Empty: requests spend what is left, then the deny cache refuses.
+                Ok(g) => {
+                    drop(l);
+                    i.deny.refused(&t.key, 1, &t.mapped(g.decision), now);
+                }
+                // Spend what is left; the request path and its fallback take over.
+                Err(_) => {}
+            }
+        });
+    }
+
+    /// Returns expired leased tokens to the buckets (RL.REFUND), in the
+    /// background. They were never spent, so this cannot over-admit.
+    fn hand_back(&self, t: &Target, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        let (this, t) = (self.clone(), t.clone());
+        spawn(async move {
+            let call = this.inner.client.decide(BucketOp::Refund(tokens), &t.keys, &t.params);
+            let _ = this.guarded(&t, call).await;
+        });
+    }
+
+    /// Redis could not answer: fail-closed rules refuse, the others limit
+    /// locally at this gateway's share of the limit times the slack.
+    fn degraded(&self, t: &Target, cost: u64) -> Decision {
+        let i = &self.inner;
+        i.record(Event::Fallback, &t.policy, None);
+        if let Some(local) = t.fail_closed {
+            let open_for = i.config.breaker_open_for;
+            return t.mapped(Decision {
+                allowed: false,
+                remaining: 0,
+                retry_after: Some(open_for),
+                reset_after: open_for,
+                limit: t.params.get(local).map_or(0, |p| p.capacity()),
+                rule: local,
+                source: Source::FailClosed,
+                shadow_refused: None,
+            });
+        }
+        let gateways = i.gateways();
+        let local: Vec<BucketParams> =
+            t.params.iter().map(|p| fallback::share(p, i.config.fallback_slack, gateways)).collect();
+        let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
+        t.mapped(Decision::from_core(&d, Source::Fallback))
+    }
+
+    /// Runs `call` unless the shard's breaker is open, and tells the breaker
+    /// how it went.
+    async fn guarded<T>(&self, t: &Target, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let i = &self.inner;
+        let breaker = i.shards.breaker(t.slot);
+        if !breaker.admit(i.now_ms()) {
+            return Err(Error::BreakerOpen);
+        }
+        let result = call.await;
+        match &result {
+            Ok(_) => breaker.success(),
+            Err(e) => {
+                i.record(Event::Error, &t.policy, None);
+                if !e.is_shard_failure() {
+                    breaker.success(); // the shard answered; the call was at fault
+                } else if breaker.failure(i.now_ms()) {
+                    i.record(Event::BreakerOpened, &t.policy, None);
+                }
+            }
+        }
+        result
+    }
+
+    /// Reads a cluster's slot map when due, in the background.
+    fn refresh_topology(&self) {
+        let i = &self.inner;
+        if !i.shards.refresh_due(i.now_ms()) {
+            return;
+        }
+        let this = self.clone();
+        spawn(async move {
+            let i = &this.inner;
+            match i.client.slot_map(i.config.connect_timeout).await {
+                Ok(map) if !map.is_empty() => i.shards.installed(&map, i.now_ms()),
+                _ => i.shards.failed(i.now_ms()),
+            }
+        });
+    }
+}
+
+impl Inner {
+    /// Milliseconds on a monotonic clock local to this limiter.
+    fn now_ms(&self) -> u64 {
+        millis(self.epoch.elapsed())
+    }
+
+    fn gateways(&self) -> u32 {
+        self.gateways.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+        self.counters.record(event, policy, rule);
+        if let Some(sink) = &self.sink {
+            sink.record(event, policy, rule);
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Background work goes on the caller's runtime (there always is one: the
+/// request path is async on tokio); without one it is skipped.
+fn spawn(task: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(task);
+    }
+}

@@ -1,0 +1,106 @@
+//! Counters a gateway team watches.
+//!
+//! A small trait rather than the `metrics` facade: the crate installs no
+//! global recorder and pulls in no exporter, tests read the counts directly,
+//! and a team already on `metrics`, Prometheus or OpenTelemetry forwards
+//! [`Metrics::record`] in a few lines (the crate README shows one). Every
+//! [`Limiter`](crate::Limiter) also keeps totals in [`Counters`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Something that happened while deciding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A request was allowed (by Redis, a lease, or the fallback).
+    Allowed,
+    /// A request was refused (by Redis, the deny cache, the fallback, or a
+    /// fail-closed rule); the rule is named.
+    Refused,
+    /// A shadow rule would have refused a request that was allowed.
+    ShadowRefused,
+    /// A request was paid from leased tokens, without calling Redis.
+    LeaseHit,
+    /// A request was refused from the deny cache, without calling Redis.
+    DenyCacheHit,
+    /// Redis could not answer: a local bucket or a fail-closed rule decided.
+    Fallback,
+    /// A call to Redis failed (timeout, connection, or an error reply).
+    Error,
+    /// A shard's circuit breaker opened.
+    BreakerOpened,
+}
+
+impl Event {
+    /// Every event, in counter order.
+    pub const ALL: [Event; 8] = [
+        Event::Allowed,
+        Event::Refused,
+        Event::ShadowRefused,
+        Event::LeaseHit,
+        Event::DenyCacheHit,
+        Event::Fallback,
+        Event::Error,
+        Event::BreakerOpened,
+    ];
+
+    /// A metric-style name: `allowed`, `shadow_refused`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::Allowed => "allowed",
+            Event::Refused => "refused",
+            Event::ShadowRefused => "shadow_refused",
+            Event::LeaseHit => "lease_hits",
+            Event::DenyCacheHit => "deny_cache_hits",
+            Event::Fallback => "fallbacks",
+            Event::Error => "errors",
+            Event::BreakerOpened => "breaker_opened",
+        }
+    }
+}
+
+/// Receives every event, labelled with the policy prefix and, where one
+/// rule is concerned (refusals, shadow refusals), its name.
+pub trait Metrics: Send + Sync + 'static {
+    /// Called once per event, on the request path: keep it cheap.
+    fn record(&self, event: Event, policy: &str, rule: Option<&str>);
+}
+
+/// Totals of every event, kept by each limiter.
+#[derive(Debug, Default)]
+pub struct Counters {
+    counts: [AtomicU64; 8],
+}
+
+impl Counters {
+    /// The total of one event.
+    pub fn get(&self, event: Event) -> u64 {
+        self.counts[event as usize].load(Ordering::Relaxed)
+    }
+
+    /// Every total with its name, for logs and exporters.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        Event::ALL.iter().map(|&e| (e.name(), self.get(e))).collect()
+    }
+}
+
+impl Metrics for Counters {
+    fn record(&self, event: Event, _policy: &str, _rule: Option<&str>) {
+        self.counts[event as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_each_event_apart() {
+        let c = Counters::default();
+        c.record(Event::Allowed, "api", None);
+        c.record(Event::Allowed, "api", None);
+        c.record(Event::BreakerOpened, "api", None);
+        assert_eq!((c.get(Event::Allowed), c.get(Event::BreakerOpened), c.get(Event::Error)), (2, 1, 0));
+        assert_eq!(c.snapshot()[0], ("allowed", 2));
+        assert_eq!(c.snapshot().len(), Event::ALL.len());
+    }
+}

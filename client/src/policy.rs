@@ -1,0 +1,436 @@
+//! Named rules for a subject, validated once when the policy is built.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rl_core::limits::{MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS};
+use rl_core::BucketParams;
+
+use crate::error::{Error, Result};
+
+/// What a rule does when Redis cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailMode {
+    /// Limit locally, at this gateway's share of the limit (the default).
+    Open,
+    /// Refuse: for rules that are the security control itself (logins,
+    /// one-time passwords, SMS sends), where an outage must not open a
+    /// brute-force window.
+    Closed,
+}
+
+/// One token bucket of a policy: at most `capacity` tokens, `refill` more
+/// every `period`, continuously.
+///
+/// ```
+/// use std::time::Duration;
+/// use rl_client::Rule;
+///
+/// // 100 a second with bursts of 200.
+/// let api = Rule::per_second("per_second", 100).burst(200);
+/// // 5 login attempts a minute, refused outright while Redis is down.
+/// let login = Rule::per_minute("login", 5).fail_closed();
+/// // A rule being tried out: evaluated and reported, never enforced.
+/// let trial = Rule::new("hourly", 1000, 1000, Duration::from_secs(3600)).shadow();
+/// # let _ = (api, login, trial);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    name: String,
+    capacity: u64,
+    refill: u64,
+    period: Duration,
+    fail: FailMode,
+    shadow: bool,
+}
+
+impl Rule {
+    /// A bucket of `capacity` tokens gaining `refill` tokens every `period`
+    /// (a whole number of milliseconds). Checked when the policy is built.
+    pub fn new(name: impl Into<String>, capacity: u64, refill: u64, period: Duration) -> Rule {
+        Rule { name: name.into(), capacity, refill, period, fail: FailMode::Open, shadow: false }
+    }
+
+    /// `n` a second, bursts of `n`.
+    pub fn per_second(name: impl Into<String>, n: u64) -> Rule {
+        Rule::new(name, n, n, Duration::from_secs(1))
+    }
+
+    /// `n` a minute, bursts of `n`.
+    pub fn per_minute(name: impl Into<String>, n: u64) -> Rule {
+        Rule::new(name, n, n, Duration::from_secs(60))
+    }
+
+    /// `n` an hour, bursts of `n`.
+    pub fn per_hour(name: impl Into<String>, n: u64) -> Rule {
+        Rule::new(name, n, n, Duration::from_secs(3600))
+    }
+
+    /// Sets the capacity (the burst) apart from the rate.
+    pub fn burst(mut self, capacity: u64) -> Rule {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Refuse while Redis cannot answer, instead of limiting locally.
+    pub fn fail_closed(mut self) -> Rule {
+        self.fail = FailMode::Closed;
+        self
+    }
+
+    /// Evaluate and report this rule, never enforce it.
+    pub fn shadow(mut self) -> Rule {
+        self.shadow = true;
+        self
+    }
+
+    /// The rule's name: the last part of its keys, and its name in headers.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Most tokens the bucket holds (its burst).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Tokens added every period.
+    pub fn refill(&self) -> u64 {
+        self.refill
+    }
+
+    /// The refill period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// What the rule does while Redis cannot answer.
+    pub fn fail_mode(&self) -> FailMode {
+        self.fail
+    }
+
+    /// Whether the rule is only evaluated and reported.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// Seconds to refill an empty bucket, rounded up: the window `w` the
+    /// `RateLimit-Policy` header announces for `capacity` tokens.
+    pub fn window_secs(&self) -> u64 {
+        let ms = self.capacity as u128 * self.period.as_millis();
+        let per_s = self.refill as u128 * 1000;
+        ms.div_ceil(per_s).max(1).min(u64::MAX as u128) as u64
+    }
+
+    fn validate(&self, index: usize) -> Result<BucketParams> {
+        let name = &self.name;
+        check_name(name).map_err(|why| Error::invalid(format!("rule {}: name {why}", index + 1)))?;
+        bucket_params(self.capacity, self.refill, self.period)
+            .map_err(|why| Error::invalid(format!("rule '{name}': {why}")))
+    }
+}
+
+/// Checks a bucket against the module's limits; the text names the field.
+pub(crate) fn bucket_params(capacity: u64, refill: u64, period: Duration) -> std::result::Result<BucketParams, String> {
+    let tokens = |what: &str, value: u64| {
+        if (1..=MAX_TOKENS).contains(&value) {
+            Ok(())
+        } else {
+            Err(format!("{what} must be an integer from 1 to {MAX_TOKENS}, got {value}"))
+        }
+    };
+    tokens("capacity", capacity)?;
+    tokens("refill", refill)?;
+    let ms = period_ms(period)?;
+    BucketParams::new(capacity, refill, ms).map_err(|e| format!("{e:?} out of range"))
+}
+
+/// A period in whole milliseconds within the module's range.
+pub(crate) fn period_ms(period: Duration) -> std::result::Result<u64, String> {
+    let ms = period.as_millis();
+    if period.subsec_nanos() % 1_000_000 != 0 || !(1..=MAX_PERIOD_MS as u128).contains(&ms) {
+        return Err(format!(
+            "period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}"
+        ));
+    }
+    Ok(ms as u64)
+}
+
+/// Rule names go into keys and into HTTP headers: keep them plain.
+fn check_name(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name.len() > 64 {
+        return Err("must be 1 to 64 characters");
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) {
+        return Err("may hold only ASCII letters, digits, '_', '-' and '.'");
+    }
+    Ok(())
+}
+
+/// The rules evaluated together in one call: all of them give or none does.
+/// A policy has two: the enforced rules and the shadow rules.
+#[derive(Clone, Debug)]
+pub(crate) struct Group {
+    /// Indexes into the policy's rules.
+    pub(crate) rules: Vec<usize>,
+    pub(crate) params: Vec<BucketParams>,
+    /// Index in this group of its first fail-closed rule, if any: the whole
+    /// group refuses on an outage.
+    pub(crate) fail_closed: Option<usize>,
+}
+
+impl Group {
+    fn new(rules: &[Rule], params: &[BucketParams], member: impl Fn(&Rule) -> bool) -> Group {
+        let rules_in: Vec<usize> = (0..rules.len()).filter(|&i| member(&rules[i])).collect();
+        Group {
+            params: rules_in.iter().map(|&i| params[i]).collect(),
+            fail_closed: rules_in.iter().position(|&i| rules[i].fail == FailMode::Closed),
+            rules: rules_in,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+}
+
+/// The largest bucket (capacity x period_ms, in units of 1/period_ms of a
+/// token) the Lua backend computes exactly: levels stay within +-2^52, so
+/// sums of two stay below 2^53, the doubles' exact-integer range.
+pub const LUA_MAX_UNITS: u128 = 1 << 52;
+
+static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The rules that apply to one kind of subject (an API key, a user, an
+/// IP prefix), under one key prefix.
+///
+/// A subject's bucket keys are `prefix:{subject}:rule`: the hash tag puts
+/// all of them in one Redis Cluster slot, so one call sees them all.
+///
+/// ```
+/// use rl_client::{Policy, Rule};
+///
+/// let policy = Policy::builder("api")
+///     .rule(Rule::per_second("per_second", 100).burst(200))
+///     .rule(Rule::per_minute("per_minute", 5000))
+///     .build()?;
+/// assert_eq!(policy.keys("user42")?, ["api:{user42}:per_second", "api:{user42}:per_minute"]);
+///
+/// // Mistakes are found here, not on the request path.
+/// let err = Policy::builder("api").rule(Rule::per_second("s", 0)).build().unwrap_err();
+/// assert!(err.to_string().contains("rule 's': capacity must be"));
+/// # Ok::<(), rl_client::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Policy {
+    id: u64,
+    prefix: Arc<str>,
+    rules: Vec<Rule>,
+    pub(crate) enforced: Group,
+    pub(crate) shadow: Group,
+    /// Every rule: what settling and refunds adjust.
+    pub(crate) all: Group,
+    lua_fits: bool,
+}
+
+/// Collects rules for [`Policy::builder`].
+#[derive(Clone, Debug)]
+pub struct PolicyBuilder {
+    prefix: String,
+    rules: Vec<Rule>,
+}
+
+impl PolicyBuilder {
+    /// Adds a rule; checked by [`PolicyBuilder::build`].
+    pub fn rule(mut self, rule: Rule) -> PolicyBuilder {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Checks every rule against the module's limits and returns the policy,
+    /// or an error naming the rule and the value at fault.
+    pub fn build(self) -> Result<Policy> {
+        let prefix = self.prefix;
+        if prefix.is_empty() || prefix.contains(['{', '}']) || prefix.bytes().any(|b| b.is_ascii_control()) {
+            return Err(Error::invalid(format!(
+                "policy prefix must be non-empty, without '{{', '}}' or control characters, got {prefix:?}"
+            )));
+        }
+        if self.rules.is_empty() || self.rules.len() > MAX_KEYS {
+            return Err(Error::invalid(format!(
+                "policy '{prefix}' needs 1 to {MAX_KEYS} rules, got {}",
+                self.rules.len()
+            )));
+        }
+        let mut params = Vec::with_capacity(self.rules.len());
+        for (i, rule) in self.rules.iter().enumerate() {
+            if self.rules[..i].iter().any(|r| r.name == rule.name) {
+                return Err(Error::invalid(format!("policy '{prefix}' names rule '{}' twice", rule.name)));
+            }
+            params.push(rule.validate(i)?);
+        }
+        let lua_fits =
+            params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
+        Ok(Policy {
+            id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
+            enforced: Group::new(&self.rules, &params, |r| !r.shadow),
+            shadow: Group::new(&self.rules, &params, |r| r.shadow),
+            all: Group::new(&self.rules, &params, |_| true),
+            prefix: prefix.into(),
+            rules: self.rules,
+            lua_fits,
+        })
+    }
+}
+
+impl Policy {
+    /// Starts a policy whose keys begin with `prefix`.
+    pub fn builder(prefix: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder { prefix: prefix.into(), rules: Vec::new() }
+    }
+
+    /// The key prefix (also the policy's name in metrics and 429 bodies).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The prefix, shared: labels for metrics from background tasks.
+    pub(crate) fn prefix_arc(&self) -> Arc<str> {
+        self.prefix.clone()
+    }
+
+    /// The rules in the order they were added.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// A rule by index (as in [`Decision::rule`](crate::Decision::rule)).
+    pub fn rule(&self, index: usize) -> Option<&Rule> {
+        self.rules.get(index)
+    }
+
+    /// The bucket key of every rule for `subject`, in rule order.
+    pub fn keys(&self, subject: &str) -> Result<Vec<String>> {
+        check_subject(subject)?;
+        Ok(self.rules.iter().map(|r| self.key(subject, r)).collect())
+    }
+
+    /// Unique for the life of the process: local caches key on it, so two
+    /// policies with one prefix never share local state.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether every rule fits the Lua backend's exact range
+    /// (capacity x period_ms <= 2^52).
+    pub(crate) fn fits_lua(&self) -> bool {
+        self.lua_fits
+    }
+
+    /// The keys of a group's rules for a subject already checked.
+    pub(crate) fn group_keys(&self, group: &Group, subject: &str) -> Vec<String> {
+        group.rules.iter().map(|&i| self.key(subject, &self.rules[i])).collect()
+    }
+
+    fn key(&self, subject: &str, rule: &Rule) -> String {
+        format!("{}:{{{}}}:{}", self.prefix, subject, rule.name)
+    }
+}
+
+/// A subject goes inside the hash tag: braces would move the tag and split
+/// a subject's buckets over several slots.
+pub(crate) fn check_subject(subject: &str) -> Result<()> {
+    if subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']) {
+        return Err(Error::invalid(format!(
+            "subject must be 1 to 512 bytes without '{{' or '}}', got {:?}",
+            truncate(subject)
+        )));
+    }
+    Ok(())
+}
+
+fn truncate(s: &str) -> &str {
+    match s.char_indices().nth(40) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(b: PolicyBuilder) -> String {
+        b.build().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn splits_enforced_and_shadow_rules() {
+        let p = Policy::builder("rl")
+            .rule(Rule::per_second("s", 10))
+            .rule(Rule::per_minute("m", 100).shadow())
+            .rule(Rule::per_hour("h", 1000).fail_closed())
+            .build()
+            .unwrap();
+        assert_eq!(p.enforced.rules, [0, 2]);
+        assert_eq!(p.enforced.fail_closed, Some(1), "the group's second rule");
+        assert_eq!(p.all.rules, [0, 1, 2]);
+        assert_eq!(p.shadow.rules, [1]);
+        assert_eq!(p.shadow.fail_closed, None);
+        assert_eq!(p.group_keys(&p.shadow, "u"), ["rl:{u}:m"]);
+        assert_eq!(p.enforced.params[1].period_ms(), 3_600_000);
+    }
+
+    #[test]
+    fn every_bad_rule_is_named() {
+        let b = || Policy::builder("rl");
+        assert!(err(b()).contains("needs 1 to 32 rules, got 0"));
+        assert!(err(b().rule(Rule::per_second("a b", 1))).contains("rule 1: name may hold only"));
+        assert!(err(b().rule(Rule::per_second("", 1))).contains("rule 1: name must be 1 to 64"));
+        assert!(err(b().rule(Rule::per_second("s", 1)).rule(Rule::per_minute("s", 1)))
+            .contains("names rule 's' twice"));
+        assert!(err(b().rule(Rule::per_second("s", 1).burst(0))).contains("rule 's': capacity must be"));
+        assert!(err(b().rule(Rule::new("s", 1, 0, Duration::from_secs(1)))).contains("rule 's': refill must be"));
+        assert!(err(b().rule(Rule::new("s", MAX_TOKENS + 1, 1, Duration::from_secs(1))))
+            .contains("got 100000000000001"));
+        assert!(err(b().rule(Rule::new("s", 1, 1, Duration::from_micros(1500)))).contains("whole number of milliseconds"));
+        assert!(err(b().rule(Rule::new("s", 1, 1, Duration::ZERO))).contains("period must be"));
+        assert!(err(b().rule(Rule::new("s", 1, 1, Duration::from_millis(MAX_PERIOD_MS + 1)))).contains("period must be"));
+        let many = (0..33).fold(b(), |b, i| b.rule(Rule::per_second(format!("r{i}"), 1)));
+        assert!(err(many).contains("got 33"));
+        assert!(err(Policy::builder("a{b").rule(Rule::per_second("s", 1))).contains("prefix"));
+        assert!(err(Policy::builder("").rule(Rule::per_second("s", 1))).contains("prefix"));
+    }
+
+    #[test]
+    fn subjects_that_would_move_the_hash_tag_are_refused() {
+        let p = Policy::builder("rl").rule(Rule::per_second("s", 1)).build().unwrap();
+        assert_eq!(p.keys("2001:db8::/48").unwrap(), ["rl:{2001:db8::/48}:s"]);
+        for bad in ["", "a}b", "{x}", &"x".repeat(513)] {
+            assert!(p.keys(bad).unwrap_err().to_string().contains("subject must be"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lua_range_is_known_at_build() {
+        let fits = Policy::builder("rl").rule(Rule::per_hour("h", 1_000_000)).build().unwrap();
+        assert!(fits.fits_lua());
+        let day = Duration::from_secs(86_400);
+        let huge = Policy::builder("rl").rule(Rule::new("d", 1_000_000_000, 1, day)).build().unwrap();
+        assert!(!huge.fits_lua());
+    }
+
+    #[test]
+    fn window_is_the_time_to_refill_capacity() {
+        assert_eq!(Rule::per_second("s", 100).burst(200).window_secs(), 2);
+        assert_eq!(Rule::per_minute("m", 5).window_secs(), 60);
+        assert_eq!(Rule::new("x", 1, 3, Duration::from_secs(1)).window_secs(), 1);
+    }
+
+    #[test]
+    fn each_policy_has_its_own_id() {
+        let b = Policy::builder("rl").rule(Rule::per_second("s", 1));
+        assert_ne!(b.clone().build().unwrap().id(), b.build().unwrap().id());
+    }
+}

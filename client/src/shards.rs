@@ -1,0 +1,146 @@
+//! Which shard serves a slot, so each shard has its own circuit breaker:
+//! one bad shard degrades only its own subjects.
+//!
+//! A standalone server is one shard. A cluster's slot map is read with
+//! CLUSTER SLOTS when first needed and every `refresh_ms` after; until it is
+//! known, every slot shares one breaker. A shard keeps its breaker across
+//! refreshes while the same primary serves it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::breaker::Breaker;
+use crate::slot::SLOTS;
+
+struct Table {
+    /// Index into `breakers` per slot; empty when all slots share breakers[0].
+    slots: Vec<u16>,
+    breakers: Vec<(String, Arc<Breaker>)>,
+}
+
+pub(crate) struct Shards {
+    table: RwLock<Arc<Table>>,
+    cluster: bool,
+    trip_after: u32,
+    open_for_ms: u64,
+    refresh_ms: u64,
+    next_refresh_ms: AtomicU64,
+    refreshing: AtomicBool,
+}
+
+impl Shards {
+    pub(crate) fn new(cluster: bool, trip_after: u32, open_for_ms: u64, refresh_ms: u64) -> Shards {
+        let name = if cluster { "unknown" } else { "standalone" };
+        let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), Arc::new(Breaker::new(trip_after, open_for_ms)))] };
+        Shards {
+            table: RwLock::new(Arc::new(table)),
+            cluster,
+            trip_after,
+            open_for_ms,
+            refresh_ms,
+            next_refresh_ms: AtomicU64::new(0),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    fn table(&self) -> Arc<Table> {
+        match self.table.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The breaker of the shard serving `slot`.
+    pub(crate) fn breaker(&self, slot: u16) -> Arc<Breaker> {
+        let t = self.table();
+        let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
+        t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b.clone()).unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
+    }
+
+    /// Whether the slot map should be read now; if so, the caller reads it
+    /// and reports with `installed` or `failed`.
+    pub(crate) fn refresh_due(&self, now_ms: u64) -> bool {
+        self.cluster
+            && now_ms >= self.next_refresh_ms.load(Ordering::Relaxed)
+            && !self.refreshing.swap(true, Ordering::AcqRel)
+    }
+
+    /// Installs a slot map `(first, last, primary)`.
+    pub(crate) fn installed(&self, ranges: &[(u16, u16, String)], now_ms: u64) {
+        let old = self.table();
+        let mut breakers: Vec<(String, Arc<Breaker>)> = Vec::new();
+        let mut slots = vec![0u16; SLOTS];
+        for (first, last, primary) in ranges {
+            let i = match breakers.iter().position(|(name, _)| name == primary) {
+                Some(i) => i,
+                None => {
+                    let kept = old.breakers.iter().find(|(name, _)| name == primary).map(|(_, b)| b.clone());
+                    breakers.push((primary.clone(), kept.unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))));
+                    breakers.len() - 1
+                }
+            };
+            let range = *first as usize..=(*last as usize).min(SLOTS - 1);
+            if let Some(slots) = slots.get_mut(range) {
+                slots.fill(i as u16);
+            }
+        }
+        if !breakers.is_empty() {
+            let table = Arc::new(Table { slots, breakers });
+            match self.table.write() {
+                Ok(mut t) => *t = table,
+                Err(poisoned) => *poisoned.into_inner() = table,
+            }
+        }
+        self.next_refresh_ms.store(now_ms.saturating_add(self.refresh_ms), Ordering::Relaxed);
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    /// The slot map could not be read: try again within a second.
+    pub(crate) fn failed(&self, now_ms: u64) {
+        self.next_refresh_ms.store(now_ms.saturating_add(self.refresh_ms.min(1000)), Ordering::Relaxed);
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    /// Every known shard (by primary address) and whether its breaker is
+    /// open at `now_ms`.
+    pub(crate) fn states(&self, now_ms: u64) -> Vec<(String, bool)> {
+        self.table().breakers.iter().map(|(name, b)| (name.clone(), b.is_open(now_ms))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standalone_is_one_shard_and_never_refreshes() {
+        let s = Shards::new(false, 1, 1000, 10_000);
+        assert!(Arc::ptr_eq(&s.breaker(0), &s.breaker(16_383)));
+        assert!(!s.refresh_due(0));
+    }
+
+    #[test]
+    fn a_cluster_has_a_breaker_per_primary() {
+        let s = Shards::new(true, 1, 1000, 10_000);
+        assert!(s.refresh_due(0));
+        assert!(!s.refresh_due(0), "one refresh at a time");
+        let map = [(0, 5460, "a:1".to_string()), (5461, 10922, "b:1".to_string()), (10923, 16383, "a:1".to_string())];
+        s.installed(&map, 0);
+        assert!(Arc::ptr_eq(&s.breaker(0), &s.breaker(16_000)));
+        assert!(!Arc::ptr_eq(&s.breaker(0), &s.breaker(6000)));
+        s.breaker(6000).failure(5);
+        assert_eq!(s.states(6), [("a:1".to_string(), false), ("b:1".to_string(), true)]);
+        // A refresh keeps the breaker of a primary that still serves.
+        assert!(!s.refresh_due(9_999) && s.refresh_due(10_000));
+        s.installed(&map, 10_000);
+        assert_eq!(s.states(7)[1], ("b:1".to_string(), true));
+    }
+
+    #[test]
+    fn a_failed_refresh_is_retried_soon() {
+        let s = Shards::new(true, 1, 1000, 10_000);
+        assert!(s.refresh_due(0));
+        s.failed(0);
+        assert!(!s.refresh_due(999) && s.refresh_due(1000));
+    }
+}

@@ -1,0 +1,226 @@
+//! The guarded limiter against a real server, on both backends: quiet
+//! subjects, leases, the deny cache, shadow rules, settling and metrics.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{config, limiter_calls, tokens};
+use rl_client::{Backend, Bucket, Config, Event, Limiter, Metrics, Policy, Rule, Source};
+use testkit::Server;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+on_both_backends!(
+    quiet_subjects_ask_redis_on_every_request,
+    the_deny_cache_refuses_until_the_retry_time,
+    busy_subjects_spend_leases_from_memory,
+    leases_never_over_admit_across_gateways,
+    expired_leases_are_handed_back,
+    shadow_rules_are_reported_never_enforced,
+    settle_and_refund_adjust_every_rule,
+);
+
+async fn quiet_subjects_ask_redis_on_every_request(backend: Backend) {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    let p = Policy::builder("api").rule(Rule::per_hour("hourly", 5)).build().unwrap();
+    for left in (0..5).rev() {
+        let d = l.check(&p, "u").await.unwrap();
+        assert_eq!((d.allowed, d.remaining, d.source), (true, left, Source::Redis));
+    }
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 0, 5, Source::Redis));
+    let retry = d.retry_after.unwrap();
+    assert!(retry > HOUR / 5 - Duration::from_secs(60) && retry <= HOUR / 5, "{retry:?}");
+    assert_eq!(limiter_calls(&s, backend), 6, "one call per request");
+    let c = l.counters();
+    assert_eq!((c.get(Event::Allowed), c.get(Event::Refused), c.get(Event::Error)), (5, 1, 0));
+}
+
+async fn the_deny_cache_refuses_until_the_retry_time(backend: Backend) {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    // One token, back after a second.
+    let p = Policy::builder("api").rule(Rule::new("r", 1, 1, Duration::from_secs(1))).build().unwrap();
+    assert!(l.check(&p, "u").await.unwrap().allowed);
+    let refused_at = Instant::now();
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.source), (false, Source::Redis));
+    let mut from_memory = 0;
+    for _ in 0..50 {
+        let d = l.check(&p, "u").await.unwrap();
+        if d.source == Source::DenyCache {
+            assert!(!d.allowed && d.retry_after.is_some_and(|r| r <= Duration::from_secs(1)));
+            from_memory += 1;
+        }
+    }
+    // Fifty calls a few milliseconds apart: unless the machine stalled for a
+    // second, every one was refused from memory.
+    if refused_at.elapsed() < Duration::from_millis(900) {
+        assert_eq!(from_memory, 50);
+    }
+    assert_eq!(limiter_calls(&s, backend), 2 + (50 - from_memory));
+    assert_eq!(l.counters().get(Event::DenyCacheHit), from_memory);
+    // Once the retry time passes, Redis is asked again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Redis));
+}
+
+/// A rule of 1,000 a second on one gateway: leases of 100 (100 ms of it).
+fn busy_policy() -> Policy {
+    Policy::builder("api").rule(Rule::per_second("per_second", 1000)).build().unwrap()
+}
+
+async fn busy_subjects_spend_leases_from_memory(backend: Backend) {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    let p = busy_policy();
+    let first = l.check(&p, "big").await.unwrap();
+    assert_eq!((first.allowed, first.source), (true, Source::Redis));
+    let mut sources = Vec::new();
+    for _ in 0..299 {
+        let d = l.check(&p, "big").await.unwrap();
+        assert!(d.allowed);
+        sources.push(d.source);
+    }
+    let hits = sources.iter().filter(|&&s| s == Source::Lease).count();
+    assert!(hits >= 290, "{hits} of 299 from the lease");
+    assert_eq!(l.counters().get(Event::LeaseHit), hits as u64);
+    // 300 tokens at 100 a lease, refilled at half empty: a handful of calls.
+    let calls = limiter_calls(&s, backend);
+    assert!((3..=12).contains(&calls), "{calls} calls for 300 requests");
+}
+
+async fn leases_never_over_admit_across_gateways(backend: Backend) {
+    let s = Server::start(&[]);
+    // Two gateways share 100 an hour; each leases a share of 6 minutes: 5.
+    let gateway = || {
+        let c = Config { gateways: 2, lease_window: Duration::from_secs(360), ..config(s.url(), backend) };
+        Limiter::new(c).unwrap()
+    };
+    let p = Arc::new(Policy::builder("api").rule(Rule::per_hour("hourly", 100)).build().unwrap());
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for l in [gateway(), gateway()] {
+        for _ in 0..4 {
+            let (l, p) = (l.clone(), p.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut allowed = 0u64;
+                for _ in 0..40 {
+                    allowed += u64::from(l.check(&p, "shared").await.unwrap().allowed);
+                }
+                allowed
+            }));
+        }
+    }
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += t.await.unwrap();
+    }
+    // 320 requests for 100 tokens (plus one per 36 s of refill): never
+    // more; at most a lease's worth stranded on each gateway.
+    let refilled = started.elapsed().as_secs() / 36 + 1;
+    assert!(allowed <= 100 + refilled, "{allowed} admitted");
+    assert!(allowed >= 100 - 2 * 5, "{allowed} admitted");
+}
+
+async fn expired_leases_are_handed_back(backend: Backend) {
+    let s = Server::start(&[]);
+    let c = Config { lease_window: Duration::from_secs(360), lease_ttl: Duration::from_millis(200), ..config(s.url(), backend) };
+    let l = Limiter::new(c).unwrap();
+    // 100 an hour, leases of 10.
+    let p = Policy::builder("api").rule(Rule::per_hour("hourly", 100)).build().unwrap();
+    let bucket = [Bucket::new(p.keys("u").unwrap().remove(0), 100, 100, HOUR).unwrap()];
+    let in_redis = || tokens(l.client(), &bucket[0]);
+    assert!(l.check(&p, "u").await.unwrap().allowed);
+    assert_eq!(in_redis().await, 90, "the lease left Redis before it was spent");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The 9 unspent tokens expired: handed back, and a new lease taken.
+    assert!(l.check(&p, "u").await.unwrap().allowed);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while in_redis().await != 89 {
+        assert!(Instant::now() < deadline, "Redis holds {} (100 - 2 spent - 9 leased)", in_redis().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn shadow_rules_are_reported_never_enforced(backend: Backend) {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    let p = Policy::builder("api")
+        .rule(Rule::per_hour("hourly", 100))
+        .rule(Rule::per_hour("trial", 2).shadow())
+        .build()
+        .unwrap();
+    let mut shadow = Vec::new();
+    for _ in 0..5 {
+        let d = l.check(&p, "u").await.unwrap();
+        assert!(d.allowed && d.limit == 100 && d.rule == 0, "{d:?}");
+        shadow.push(d.shadow_refused);
+    }
+    assert_eq!(shadow, [None, None, Some(1), Some(1), Some(1)]);
+    assert_eq!((l.counters().get(Event::ShadowRefused), l.counters().get(Event::Allowed)), (3, 5));
+    // A policy of shadow rules only is a dry run.
+    let dry = Policy::builder("dry").rule(Rule::per_hour("trial", 1).shadow()).build().unwrap();
+    assert_eq!(l.check(&dry, "u").await.unwrap().shadow_refused, None);
+    let d = l.check(&dry, "u").await.unwrap();
+    assert_eq!((d.allowed, d.shadow_refused), (true, Some(0)));
+}
+
+async fn settle_and_refund_adjust_every_rule(backend: Backend) {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    let p = Policy::builder("api").rule(Rule::per_hour("a", 10)).rule(Rule::per_hour("b", 20)).build().unwrap();
+    let buckets: Vec<Bucket> =
+        p.keys("u").unwrap().into_iter().zip([10, 20]).map(|(k, n)| Bucket::new(k, n, n, HOUR).unwrap()).collect();
+    let left = || async { [tokens(l.client(), &buckets[0]).await, tokens(l.client(), &buckets[1]).await] };
+    l.check(&p, "u").await.unwrap();
+    let d = l.settle(&p, "u", 12).await.unwrap().unwrap();
+    assert_eq!((d.allowed, d.remaining, d.rule), (true, 0, 0), "a is in debt by 3");
+    assert_eq!(left().await, [0, 7]);
+    assert!(!l.check(&p, "u").await.unwrap().allowed);
+    l.refund(&p, "u", 5).await.unwrap().unwrap();
+    assert_eq!(left().await, [2, 12]);
+}
+
+#[tokio::test]
+async fn events_reach_a_metrics_sink_with_labels() {
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<(Event, String, Option<String>)>>);
+    impl Metrics for Recorded {
+        fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+            self.0.lock().unwrap().push((event, policy.into(), rule.map(Into::into)));
+        }
+    }
+    let s = Server::start(&[]);
+    let sink = Arc::new(Recorded::default());
+    let l = Limiter::with_metrics(config(s.url(), Backend::Module), sink.clone()).unwrap();
+    let p = Policy::builder("login").rule(Rule::per_hour("attempts", 1)).build().unwrap();
+    l.check(&p, "ip").await.unwrap();
+    l.check(&p, "ip").await.unwrap();
+    let got = sink.0.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        [(Event::Allowed, "login".into(), None), (Event::Refused, "login".into(), Some("attempts".into()))]
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_an_error_never_a_decision() {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
+    let p = Policy::builder("api").rule(Rule::per_second("s", 10)).build().unwrap();
+    assert!(l.check(&p, "a{b}").await.is_err());
+    assert!(l.check(&p, "").await.is_err());
+    assert!(l.check_cost(&p, "u", 0).await.is_err());
+    let day = Duration::from_secs(86_400);
+    let huge = Policy::builder("api").rule(Rule::new("d", 1_000_000_000, 1, day)).build().unwrap();
+    let e = l.check(&huge, "u").await.unwrap_err();
+    assert!(e.to_string().contains("Lua backend"), "{e}");
+    assert!(l.settle(&huge, "u", 1).await.is_err());
+    assert!(l.refund(&p, "u", 0).await.is_err());
+    assert_eq!(limiter_calls(&s, Backend::Lua), 0);
+}
