@@ -189,5 +189,7 @@ fn hostile_calls_are_answered_and_leave_no_memory_behind() {
     round(&s, false);
     let after = flushed_memory(&s);
     eprintln!("used_memory after FLUSHALL: {baseline} after round 2, {after} after round 3");
-    assert!(after <= baseline + 1024, "used_memory {baseline} -> {after} after FLUSHALL");
+    // Redis returns to the byte; Valkey (libc malloc) wanders by a few KB.
+    // A leak of 8 bytes per call would show as 32 KB.
+    assert!(after <= baseline + 16 * 1024, "used_memory {baseline} -> {after} after FLUSHALL");
 }
