@@ -241,6 +241,23 @@ impl LimitSpec {
     }
 }
 
+/// The short form [`LimitSpec::parse_short`] reads: `per_second=20/1s,burst=40`.
+impl std::fmt::Display for LimitSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self.rate.or(self.limit).unwrap_or(0);
+        write!(f, "{}={count}/{}", self.name, self.per)?;
+        match self.kind {
+            LimitKind::Bucket => match self.burst {
+                Some(burst) => write!(f, ",burst={burst}"),
+                None => Ok(()),
+            },
+            LimitKind::Window => f.write_str(",window"),
+            LimitKind::Exact => f.write_str(",exact"),
+            LimitKind::Quota => f.write_str(",quota"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +316,9 @@ mod tests {
         assert_eq!((s.name.as_str(), s.rate, s.burst, s.per.as_str(), s.kind), ("per_second", Some(10), Some(20), "1s", LimitKind::Bucket));
         let q = LimitSpec::parse_short("daily=1000/1d,quota").unwrap();
         assert_eq!((q.limit, q.rate, q.kind), (Some(1000), None, LimitKind::Quota));
+        for short in ["per_second=10/1s,burst=20", "s=5/1m", "daily=1000/1d,quota", "w=3/1h,window", "e=3/15m,exact"] {
+            assert_eq!(LimitSpec::parse_short(short).unwrap().to_string(), short);
+        }
         for bad in ["s10/1s", "s=10", "s=ten/1s", "s=10/1s,fast", "s=10/1s,burst=x"] {
             let e = LimitSpec::parse_short(bad).unwrap_err().to_string();
             assert!(e.contains("expected NAME=COUNT/PER"), "{bad}: {e}");
