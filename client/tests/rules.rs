@@ -462,7 +462,7 @@ async fn a_rule_file_is_reloaded_when_it_changes() {
     let unversioned = |v| RuleSetSpec { version: None, ..versioned(v) };
     write(&unversioned(1));
     let rules = LiveRules::new(limiter(&s), &RuleSetSpec::from_file(&path).unwrap()).unwrap();
-    let _watcher = rules.watch_file(&path, Duration::from_millis(50));
+    let _watcher = rules.watch_file(&path, Duration::from_millis(50)).unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     write(&unversioned(2));
     eventually(Duration::from_secs(5), "reloaded as the next version", || rules.snapshot().version() == 1).await;

@@ -11,6 +11,8 @@ use std::time::{Duration, SystemTime};
 use ipnet::IpNet;
 use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 
+#[cfg(test)]
+use super::spec::MatchSpec;
 use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec};
 use crate::client::WindowMode;
 use crate::config::Backend;
@@ -217,7 +219,8 @@ struct Index {
     override_ip: IpIndex,
     subject: HashMap<String, Slot>,
     ip: IpIndex,
-    plan_endpoint: HashMap<(String, String), Slot>,
+    /// Plan, then endpoint: looked up without building a key.
+    plan_endpoint: HashMap<String, HashMap<String, Slot>>,
     endpoint: HashMap<String, Slot>,
     plan: HashMap<String, Slot>,
     default: Slot,
@@ -354,7 +357,7 @@ impl Snapshot {
         };
         let x = &self.index;
         let by_subject = |map: &HashMap<String, Slot>| request.subject.and_then(|s| map.get(s)).copied();
-        let plan_endpoint = request.plan.zip(request.endpoint).and_then(|(p, e)| x.plan_endpoint.get(&(p.to_owned(), e.to_owned())));
+        let plan_endpoint = request.plan.zip(request.endpoint).and_then(|(p, e)| x.plan_endpoint.get(p)?.get(e));
         let _stopped = by_subject(&x.override_subject).is_some_and(|s| visit(&s))
             || request.ip.is_some_and(|ip| x.override_ip.visit(canonical(ip), &mut visit))
             || by_subject(&x.subject).is_some_and(|s| visit(&s))
@@ -639,7 +642,9 @@ fn build_index(rules: &[Arc<CompiledRule>], errors: &mut Vec<String>) -> Index {
             (Scope::Ip(net), true) => index.override_ip.slot(*net),
             (Scope::Subject(s), false) => index.subject.entry(s.clone()).or_default(),
             (Scope::Ip(net), false) => index.ip.slot(*net),
-            (Scope::PlanEndpoint { plan, endpoint }, _) => index.plan_endpoint.entry((plan.clone(), endpoint.clone())).or_default(),
+            (Scope::PlanEndpoint { plan, endpoint }, _) => {
+                index.plan_endpoint.entry(plan.clone()).or_default().entry(endpoint.clone()).or_default()
+            }
             (Scope::Endpoint(e), _) => index.endpoint.entry(e.clone()).or_default(),
             (Scope::Plan(p), _) => index.plan.entry(p.clone()).or_default(),
             (Scope::Default, _) => &mut index.default,
@@ -666,4 +671,70 @@ fn build_index(rules: &[Arc<CompiledRule>], errors: &mut Vec<String>) -> Index {
 /// How long until `at`, for listings (zero once past).
 pub fn remaining(at: SystemTime, now: SystemTime) -> Duration {
     at.duration_since(now).unwrap_or(Duration::ZERO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(toml: &str) -> RuleSetSpec {
+        RuleSetSpec::from_toml(toml).unwrap()
+    }
+
+    const BASE: &str = r#"
+        [[rules]]
+        id = "default"
+        reason = "r"
+        limits = [{ name = "s", rate = 10, per = "1s" }]
+        [[rules]]
+        id = "pro"
+        match = { plan = "pro" }
+        reason = "r"
+        limits = [{ name = "s", rate = 20, per = "1s" }]
+    "#;
+
+    #[test]
+    fn unchanged_rules_keep_their_local_state_across_versions() {
+        let v1 = Snapshot::compile(&set(BASE), &[], 1).unwrap();
+        let changed = BASE.replace("rate = 20", "rate = 30");
+        let v2 = Snapshot::compile_with(&set(&changed), &[], 2, false, Some(&v1)).unwrap();
+        let group = |s: &Snapshot, id: &str| s.rule(id).unwrap().policy().enforced[0].id;
+        assert_eq!(group(&v1, "default"), group(&v2, "default"), "same limits: same leases and deny cache");
+        assert_ne!(group(&v1, "pro"), group(&v2, "pro"), "new limits start fresh");
+    }
+
+    #[test]
+    fn set_wide_faults_are_named() {
+        let e = |toml: &str, overrides: &[RuleSpec]| Snapshot::compile(&set(toml), overrides, 1).unwrap_err().to_string();
+        let no_default = BASE.replacen("id = \"default\"", "id = \"d\"\nmatch = { plan = \"free\" }", 1);
+        assert!(e(&no_default, &[]).contains("needs a default rule (no match) in enforce mode"));
+        let twice = format!("{BASE}\n[[rules]]\nid = \"pro2\"\nmatch = {{ plan = \"pro\" }}\nreason = \"r\"\nlimits = [{{ name = \"s\", rate = 1, per = \"1s\" }}]");
+        assert!(e(&twice, &[]).contains("rules 'pro' and 'pro2' both match plan \"pro\" in enforce mode"));
+        let shadow_beside = twice.replace("id = \"pro2\"", "id = \"pro2\"\nmode = \"shadow\"");
+        assert!(Snapshot::compile(&set(&shadow_beside), &[], 1).is_ok(), "one shadow rule beside the enforced one");
+        let mixed = BASE.replace("match = { plan = \"pro\" }", "match = { plan = \"pro\", subject = \"k\" }");
+        assert!(e(&mixed, &[]).contains("rule 'pro': match.subject and match.ip stand alone"));
+        let narrow = BASE.replace("match = { plan = \"pro\" }", "match = { ip = \"2001:db8::/80\" }");
+        assert!(e(&narrow, &[]).contains("narrower than ipv6_prefix /64"));
+        let expiring_default = BASE.replacen("reason = \"r\"", "reason = \"r\"\nexpires = \"2030-01-01T00:00:00Z\"", 1);
+        assert!(e(&expiring_default, &[]).contains("rule 'default': the enforced default rule cannot expire"));
+        let plan_override = RuleSpec {
+            id: "o".into(),
+            scope: MatchSpec { plan: Some("pro".into()), ..MatchSpec::default() },
+            limits: set(BASE).rules[0].limits.clone(),
+            reason: "r".into(),
+            ..RuleSpec::default()
+        };
+        let text = e(BASE, &[plan_override]);
+        assert!(text.contains("override 'o': an override matches one subject or one ip"), "{text}");
+        assert!(text.contains("override 'o': an override needs expires"), "{text}");
+    }
+
+    #[test]
+    fn the_lua_backend_refuses_windows_at_load() {
+        let quota = BASE.replace("{ name = \"s\", rate = 20, per = \"1s\" }", "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }");
+        assert!(Snapshot::compile(&set(&quota), &[], 1).is_ok());
+        let e = Snapshot::compile_for(&set(&quota), &[], 1, Backend::Lua).unwrap_err().to_string();
+        assert!(e.contains("rule 'pro': window and quota limits need the module"), "{e}");
+    }
 }

@@ -58,19 +58,24 @@ impl LiveRules {
         if source.poll_every.is_zero() || source.timeout.is_zero() {
             return Err(Error::invalid("a rules source needs poll_every and timeout above zero"));
         }
+        let runtime = runtime()?;
         let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
         let client = redis::Client::open(source.url.as_str())?;
         let rules = self.clone();
-        Ok(Watcher { task: tokio::spawn(watch_redis(rules, store, client, source)) })
+        Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, client, source)) })
     }
 
     /// Keeps the rules current from a rule file, read again when its
     /// modification time or size changes (checked every `every`). A file
     /// without `version` is loaded as the next version.
-    pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Watcher {
+    pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Result<Watcher> {
         let rules = self.clone();
-        Watcher { task: tokio::spawn(watch_file(rules, path.into(), every.max(Duration::from_millis(10)))) }
+        Ok(Watcher { task: runtime()?.spawn(watch_file(rules, path.into(), every.max(Duration::from_millis(10)))) })
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().map_err(|_| Error::invalid("a rules watcher must be started inside a tokio runtime"))
 }
 
 async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client, source: RedisSource) {
