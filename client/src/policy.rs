@@ -27,7 +27,7 @@ pub enum FailMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use rl_client::Rule;
+/// use rl_client::{Rule, WindowMode};
 ///
 /// // 100 a second with bursts of 200.
 /// let api = Rule::per_second("per_second", 100).burst(200);

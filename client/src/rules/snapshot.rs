@@ -208,7 +208,7 @@ impl IpIndex {
         let lens = if ip.is_ipv4() { &self.v4 } else { &self.v6 };
         lens.iter().any(|&len| {
             let net = IpNet::new(ip, len).map(|n| n.trunc());
-            net.ok().and_then(|n| self.nets.get(&n)).is_some_and(|slot| visit(slot))
+            net.ok().and_then(|n| self.nets.get(&n)).is_some_and(&mut *visit)
         })
     }
 }
@@ -305,10 +305,8 @@ impl Snapshot {
             errors.push("the rule set has no rules".to_owned());
         }
         let index = build_index(&rules, &mut errors);
-        if errors.is_empty() {
-            if index.default.enforce.is_none() {
-                errors.push("the rule set needs a default rule (no match) in enforce mode: every request must find a rule".to_owned());
-            }
+        if errors.is_empty() && index.default.enforce.is_none() {
+            errors.push("the rule set needs a default rule (no match) in enforce mode: every request must find a rule".to_owned());
         }
         if !errors.is_empty() {
             return Err(Error::Rules(errors.join("\n")));
@@ -362,9 +360,9 @@ impl Snapshot {
             || request.ip.is_some_and(|ip| x.override_ip.visit(canonical(ip), &mut visit))
             || by_subject(&x.subject).is_some_and(|s| visit(&s))
             || request.ip.is_some_and(|ip| x.ip.visit(canonical(ip), &mut visit))
-            || plan_endpoint.is_some_and(|s| visit(s))
-            || request.endpoint.and_then(|e| x.endpoint.get(e)).is_some_and(|s| visit(s))
-            || request.plan.and_then(|p| x.plan.get(p)).is_some_and(|s| visit(s))
+            || plan_endpoint.is_some_and(&mut visit)
+            || request.endpoint.and_then(|e| x.endpoint.get(e)).is_some_and(&mut visit)
+            || request.plan.and_then(|p| x.plan.get(p)).is_some_and(&mut visit)
             || visit(&x.default);
         // Compilation guarantees an enforced default that never expires.
         let enforced = enforce.or(x.default.enforce).unwrap_or(0);
@@ -595,8 +593,11 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
                 errors.push(format!("{at}: a bucket takes rate and burst, not limit"));
             }
             count("rate", rate, MAX_TOKENS, errors);
+            // Without its own burst, a bad rate is reported once.
+            if let Some(burst) = limit.burst {
+                count("burst", burst, MAX_TOKENS, errors);
+            }
             let burst = limit.burst.unwrap_or(rate);
-            count("burst", burst, MAX_TOKENS, errors);
             Rule::new(limit.name.clone(), burst, rate, per?)
         }
         kind => {

@@ -189,13 +189,10 @@ async fn watch_file(rules: LiveRules, path: PathBuf, every: Duration) {
         match read {
             Ok(Ok(spec)) => {
                 let version = spec.version.unwrap_or(current + 1);
-                match rules.install(&spec, &[], version, &source) {
-                    Ok(Installed::NotNewer) => {
-                        let e = Error::Rules(format!("version {version} is not above version {current} in force"));
-                        rules.rejected(version, &source, &e);
-                    }
-                    // Installed, or refused and counted by install.
-                    _ => {}
+                // Installed, or refused and counted by install, unless not newer.
+                if let Ok(Installed::NotNewer) = rules.install(&spec, &[], version, &source) {
+                    let e = Error::Rules(format!("version {version} is not above version {current} in force"));
+                    rules.rejected(version, &source, &e);
                 }
             }
             Ok(Err(e)) => rules.rejected(current + 1, &source, &e),
