@@ -297,7 +297,9 @@ pub fn parse_throttle(argv: &[&[u8]]) -> Result<ThrottleArgs, ArgError> {
                 format!("ERR period must be from 1 to {} seconds", rl_core::gcra::MAX_PERIOD_S)
             }
             GcraError::ZeroRate => "ERR count_per_period is too high for the period: under one nanosecond apart".into(),
-            GcraError::MaxBurst | GcraError::Quantity => "ERR max_burst is too large for this rate".into(),
+            GcraError::MaxBurst | GcraError::Quantity | GcraError::Overflow => {
+                "ERR max_burst is too large for this rate".into()
+            }
         })
     })?;
     Ok(ThrottleArgs { quota, quantity })

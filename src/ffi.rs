@@ -5,6 +5,7 @@
 //! every key, which is a third of a call's cost (see DESIGN.md). Everything
 //! unsafe about the module API lives in this file.
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr::NonNull;
 
@@ -107,6 +108,22 @@ impl Ctx {
         };
     }
 
+    /// Propagates `cmd key blob at`: one key's state and expiry, the common
+    /// case of RL.SET, without creating module strings for the arguments.
+    pub fn replicate_key_blob_at(&self, cmd: &CStr, key: *mut RedisModuleString, blob: &[u8], at: i64) {
+        unsafe {
+            api!(RedisModule_Replicate)(
+                self.0,
+                cmd.as_ptr(),
+                c"sbl".as_ptr(),
+                key,
+                blob.as_ptr().cast::<c_char>(),
+                blob.len(),
+                at,
+            )
+        };
+    }
+
     /// A new module string the caller frees with `free_string`.
     pub fn create_string(&self, bytes: &[u8]) -> *mut RedisModuleString {
         unsafe { api!(RedisModule_CreateString)(self.0, bytes.as_ptr().cast::<c_char>(), bytes.len()) }
@@ -125,26 +142,46 @@ pub enum Held<T> {
 }
 
 /// An open key, closed on drop.
-pub struct Key(*mut RedisModuleKey);
+///
+/// The module asks the server not to signal every key opened for writing
+/// (a refusal writes nothing, so it must not break a WATCH or invalidate
+/// client-side caches): a key that was written signals itself when closed.
+pub struct Key {
+    ptr: *mut RedisModuleKey,
+    ctx: Ctx,
+    name: *mut RedisModuleString,
+    written: Cell<bool>,
+}
 
 impl Key {
     pub fn open(ctx: Ctx, name: *mut RedisModuleString, write: bool) -> Key {
         let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
-        Key(unsafe { api!(RedisModule_OpenKey)(ctx.0, name, mode as c_int) })
+        let ptr = unsafe { api!(RedisModule_OpenKey)(ctx.0, name, mode as c_int) };
+        Key { ptr, ctx, name, written: Cell::new(false) }
+    }
+
+    /// The absolute expiry in ms, None if the key has none (or no key).
+    pub fn expire_at(&self) -> Option<i64> {
+        // Redis 8 dereferences the value: never ask about an empty key.
+        if self.ptr.is_null() || unsafe { api!(RedisModule_KeyType)(self.ptr) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+            return None;
+        }
+        let at = unsafe { api!(RedisModule_GetAbsExpire)(self.ptr) };
+        (at >= 0).then_some(at)
     }
 
     /// The native type of a module key; None for no key; Err for a key of
     /// a built-in type.
     pub fn module_type(&self) -> Result<Option<*mut RedisModuleType>, ()> {
-        if self.0.is_null() {
+        if self.ptr.is_null() {
             return Ok(None);
         }
         unsafe {
-            let kind = api!(RedisModule_KeyType)(self.0);
+            let kind = api!(RedisModule_KeyType)(self.ptr);
             if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
                 Ok(None)
             } else if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int {
-                Ok(Some(api!(RedisModule_ModuleTypeGetType)(self.0)))
+                Ok(Some(api!(RedisModule_ModuleTypeGetType)(self.ptr)))
             } else {
                 Err(())
             }
@@ -153,15 +190,15 @@ impl Key {
 
     /// The key's value if it is of native type `ty`.
     pub fn held<T>(&self, ty: *mut RedisModuleType) -> Held<T> {
-        if self.0.is_null() {
+        if self.ptr.is_null() {
             return Held::Nothing;
         }
         unsafe {
-            let kind = api!(RedisModule_KeyType)(self.0);
+            let kind = api!(RedisModule_KeyType)(self.ptr);
             match kind {
                 _ if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int => Held::Nothing,
-                _ if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int && api!(RedisModule_ModuleTypeGetType)(self.0) == ty => {
-                    match NonNull::new(api!(RedisModule_ModuleTypeGetValue)(self.0).cast::<T>()) {
+                _ if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int && api!(RedisModule_ModuleTypeGetType)(self.ptr) == ty => {
+                    match NonNull::new(api!(RedisModule_ModuleTypeGetValue)(self.ptr).cast::<T>()) {
                         Some(v) => Held::Ours(v),
                         None => Held::Other,
                     }
@@ -174,11 +211,11 @@ impl Key {
     /// What a key of another kind holds: `Ok(None)` for no key, the bytes of
     /// a string key, `Err(())` for any other type.
     pub fn string(&self) -> Result<Option<&[u8]>, ()> {
-        if self.0.is_null() {
+        if self.ptr.is_null() {
             return Ok(None);
         }
         unsafe {
-            let kind = api!(RedisModule_KeyType)(self.0);
+            let kind = api!(RedisModule_KeyType)(self.ptr);
             if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
                 return Ok(None);
             }
@@ -186,7 +223,7 @@ impl Key {
                 return Err(());
             }
             let mut len = 0usize;
-            let p = api!(RedisModule_StringDMA)(self.0, &mut len, raw::REDISMODULE_READ as c_int);
+            let p = api!(RedisModule_StringDMA)(self.ptr, &mut len, raw::REDISMODULE_READ as c_int);
             if p.is_null() {
                 return Ok(Some(&[]));
             }
@@ -194,18 +231,33 @@ impl Key {
         }
     }
 
-    /// Makes the key a string holding `value` (this clears any TTL).
-    pub fn set_string(&self, ctx: Ctx, value: &[u8]) -> bool {
-        let s = ctx.create_string(value);
-        let status = unsafe { api!(RedisModule_StringSet)(self.0, s) };
-        ctx.free_string(s);
-        status == OK
+    /// Makes the key a string holding `value` (this clears any TTL). The
+    /// string is written in the raw encoding, so that reading it back
+    /// (StringDMA) does not re-encode the value on every call.
+    pub fn set_string(&self, value: &[u8]) -> bool {
+        self.written.set(true);
+        unsafe {
+            if api!(RedisModule_KeyType)(self.ptr) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+                api!(RedisModule_DeleteKey)(self.ptr);
+            }
+            if api!(RedisModule_StringTruncate)(self.ptr, value.len()) != OK {
+                return false;
+            }
+            let mut len = 0usize;
+            let p = api!(RedisModule_StringDMA)(self.ptr, &mut len, raw::REDISMODULE_WRITE as c_int);
+            if p.is_null() || len != value.len() {
+                return false;
+            }
+            std::ptr::copy_nonoverlapping(value.as_ptr(), p.cast::<u8>(), len);
+        }
+        true
     }
 
     /// Stores a new boxed value of type `ty` (this clears any TTL).
     pub fn set_value<T>(&self, ty: *mut RedisModuleType, value: Box<T>) -> bool {
+        self.written.set(true);
         let ptr = Box::into_raw(value);
-        let status = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.0, ty, ptr.cast::<c_void>()) };
+        let status = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.ptr, ty, ptr.cast::<c_void>()) };
         if status != OK {
             // The server did not take ownership.
             drop(unsafe { Box::from_raw(ptr) });
@@ -216,18 +268,28 @@ impl Key {
 
     /// Sets the absolute expiry, ms since the Unix epoch.
     pub fn set_expire_at(&self, at_ms: i64) {
-        unsafe { api!(RedisModule_SetAbsExpire)(self.0, at_ms) };
+        self.written.set(true);
+        unsafe { api!(RedisModule_SetAbsExpire)(self.ptr, at_ms) };
     }
 
     pub fn delete(&self) {
-        unsafe { api!(RedisModule_DeleteKey)(self.0) };
+        self.written.set(true);
+        unsafe { api!(RedisModule_DeleteKey)(self.ptr) };
+    }
+
+    /// Notes a change made through a value pointer (in place).
+    pub fn mark_written(&self) {
+        self.written.set(true);
     }
 }
 
 impl Drop for Key {
     fn drop(&mut self) {
-        if !self.0.is_null() {
-            unsafe { api!(RedisModule_CloseKey)(self.0) };
+        if self.written.get() {
+            unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx.0, self.name) };
+        }
+        if !self.ptr.is_null() {
+            unsafe { api!(RedisModule_CloseKey)(self.ptr) };
         }
     }
 }

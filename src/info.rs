@@ -13,6 +13,9 @@ pub fn missing_api() -> Result<(), String> {
     let present = unsafe {
         [
             ("SetAbsExpire", raw::RedisModule_SetAbsExpire.is_some_and(|_| true)),
+            ("GetAbsExpire", raw::RedisModule_GetAbsExpire.is_some_and(|_| true)),
+            ("SignalModifiedKey", raw::RedisModule_SignalModifiedKey.is_some_and(|_| true)),
+            ("SetModuleOptions", raw::RedisModule_SetModuleOptions.is_some_and(|_| true)),
             ("ReplicateVerbatim", raw::RedisModule_ReplicateVerbatim.is_some_and(|_| true)),
             ("Replicate", raw::RedisModule_Replicate.is_some_and(|_| true)),
             ("KeyAtPos", raw::RedisModule_KeyAtPos.is_some_and(|_| true)),

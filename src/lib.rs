@@ -38,6 +38,18 @@ macro_rules! allocator {
 const MODULE_VERSION: i32 = 100;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    // Read errors in rdb_load come back as errors, not a server panic (a
+    // crafted RESTORE payload must not kill the server); keys are signalled
+    // as modified only when written (a refusal must not break a WATCH).
+    unsafe {
+        if let Some(set_options) = redis_module::raw::RedisModule_SetModuleOptions {
+            set_options(
+                ctx.ctx,
+                (redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+                    | redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as i32,
+            );
+        }
+    }
     let result = info::missing_api()
         .and_then(|()| commands::register(ctx.ctx))
         .and_then(|()| info::register(ctx.ctx));

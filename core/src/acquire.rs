@@ -28,6 +28,13 @@ pub enum Update {
 pub struct Outcome {
     pub decision: Decision,
     pub updates: SmallVec<[Update; INLINE]>,
+    /// For each bucket, when its state as it is now (before this call)
+    /// becomes the same as no key: a stored key must not expire earlier.
+    pub keep_until_ms: SmallVec<[u64; INLINE]>,
+}
+
+fn keep_until(checks: &[Check], now_ms: u64) -> SmallVec<[u64; INLINE]> {
+    checks.iter().map(|c| now_ms + c.reset_now_ms).collect()
 }
 
 type Levels = SmallVec<[i128; INLINE]>;
@@ -80,11 +87,12 @@ pub fn acquire(
     let checks: SmallVec<[Check; INLINE]> =
         buckets.iter().zip(&levels).map(|(b, &l)| take_check(b, l, cost)).collect();
     let decision = decide(&checks, cost);
+    let keep_until_ms = keep_until(&checks, now_ms);
     if !decision.allowed() {
-        return Outcome { decision, updates: SmallVec::new() };
+        return Outcome { decision, updates: SmallVec::new(), keep_until_ms };
     }
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(cost)).collect();
-    Outcome { decision, updates: updates(buckets, &after, now_ms) }
+    Outcome { decision, updates: updates(buckets, &after, now_ms), keep_until_ms }
 }
 
 /// The decision `acquire` would make, without the writes.
@@ -123,7 +131,7 @@ fn apply(
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| to(b, l)).collect();
     let checks: SmallVec<[Check; INLINE]> =
         buckets.iter().zip(levels.iter().zip(&after)).map(|(b, (&l, &a))| standing(b, l, a)).collect();
-    Outcome { decision: decide(&checks, tokens), updates: updates(buckets, &after, now_ms) }
+    Outcome { decision: decide(&checks, tokens), updates: updates(buckets, &after, now_ms), keep_until_ms: keep_until(&checks, now_ms) }
 }
 
 /// The writes that record `levels` at `now_ms`.
@@ -264,6 +272,17 @@ mod tests {
         let d = peek(&b, &s, 1, 1, 0);
         assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 0, 4000, 13000));
         assert!(peek(&b, &s, 1, 1, 4000).allowed());
+    }
+
+    #[test]
+    fn refusal_says_how_long_the_state_must_live() {
+        // Saved under 10 tokens a second, now 1 a second: empty, so it
+        // must live 10 s, whatever TTL the old rate gave it.
+        let b = [p(10, 1, 1000)];
+        let s = [Some(BucketState { tokens: 0, fraction: 0, updated_ms: 0 })];
+        let out = acquire(&b, &s, 10, 10, 0);
+        assert!(!out.decision.allowed());
+        assert_eq!(out.keep_until_ms[..], [10_000]);
     }
 
     #[test]

@@ -180,6 +180,9 @@ pub fn decode(blob: &[u8]) -> Result<Stored, BlobError> {
             if payload.len() % 8 != 0 {
                 return Err(BlobError::Length);
             }
+            if (payload.len() / 8) as u64 > crate::limits::MAX_LOG_LIMIT {
+                return Err(BlobError::Log(LogError::Length));
+            }
             let entries = payload
                 .chunks_exact(8)
                 .map(|c| Entry::from_raw(u64::from_le_bytes(c.try_into().unwrap_or_default())));

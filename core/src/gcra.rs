@@ -22,6 +22,8 @@ pub enum GcraError {
     ZeroRate,
     /// quantity below 0, or so large the increment overflows.
     Quantity,
+    /// The stored TAT plus the increment passes the year 2262.
+    Overflow,
 }
 
 /// A validated CL.THROTTLE quota.
@@ -77,7 +79,8 @@ pub struct Throttle {
     pub new_tat_ns: Option<i64>,
 }
 
-/// redis-cell's rate_limit for a key holding `tat_ns` (None: no key).
+/// redis-cell's rate_limit for a key holding `tat_ns` (None: no key; -1,
+/// redis-cell's own "no value", reads as no key too).
 ///
 /// Times are i128 inside: a key may hold any i64 (redis-cell keys, or a
 /// string someone wrote), and differences of two i64 overflow one. Results
@@ -89,10 +92,10 @@ pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64)
     let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
     let (emission, tolerance, now) = (p.emission_ns as i128, p.tolerance_ns as i128, now_ns as i128);
     let increment = emission * quantity as i128;
-    let tat = tat_ns.map_or(now, i128::from);
+    let tat = tat_ns.filter(|&t| t != -1).map_or(now, i128::from);
     let new_tat = tat.max(now) + increment;
     if new_tat > i64::MAX as i128 {
-        return Err(GcraError::Quantity);
+        return Err(if tat > now { GcraError::Overflow } else { GcraError::Quantity });
     }
     let allow_at = new_tat - tolerance;
     let diff = now - allow_at;
@@ -218,6 +221,9 @@ mod tests {
         let r = throttle(&p, Some(i64::MIN), i64::MAX / 2, 5).unwrap();
         assert!(r.limited && r.reset_after_ns == i64::MIN);
         assert!(throttle(&p, Some(i64::MAX), 0, 0).unwrap().limited);
+        assert_eq!(throttle(&p, Some(i64::MAX - 10), 0, 1), Err(GcraError::Overflow));
+        // -1 is redis-cell's "no value".
+        assert_eq!(throttle(&p, Some(-1), S, 1), throttle(&p, None, S, 1));
     }
 
     #[test]

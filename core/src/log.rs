@@ -37,10 +37,12 @@ impl Entry {
     }
 }
 
-/// What an EXACT key stores: entries in time order.
+/// What an EXACT key stores: entries in time order, and the sum of their
+/// counts (so a call reads the live count without walking the log).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Log {
     entries: VecDeque<Entry>,
+    total: u64,
 }
 
 /// Why a stored or replicated log was refused.
@@ -66,7 +68,8 @@ pub struct Append {
 
 impl Log {
     pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Result<Log, LogError> {
-        let entries: VecDeque<Entry> = entries.into_iter().collect();
+        // Never collect more than a log may hold, whatever the input.
+        let entries: VecDeque<Entry> = entries.into_iter().take(MAX_LOG_LIMIT as usize + 1).collect();
         if entries.len() as u64 > MAX_LOG_LIMIT {
             return Err(LogError::Length);
         }
@@ -76,7 +79,8 @@ impl Log {
         if entries.iter().zip(entries.iter().skip(1)).any(|(a, b)| a.at_ms() > b.at_ms()) {
             return Err(LogError::Order);
         }
-        Ok(Log { entries })
+        let total = entries.iter().map(|e| e.count()).sum();
+        Ok(Log { entries, total })
     }
 
     pub fn entries(&self) -> impl ExactSizeIterator<Item = Entry> + '_ {
@@ -96,30 +100,63 @@ impl Log {
         self.entries.capacity() * std::mem::size_of::<Entry>()
     }
 
-    /// Applies an admission (or its replicated effect).
+    /// How many entries are older than `drop_before_ms` (a binary search).
+    fn dead(&self, drop_before_ms: u64) -> usize {
+        self.entries.partition_point(|e| e.at_ms() < drop_before_ms)
+    }
+
+    /// The live entries as of `drop_before_ms`, oldest first.
+    fn live(&self, drop_before_ms: u64) -> impl Iterator<Item = &Entry> {
+        self.entries.range(self.dead(drop_before_ms)..)
+    }
+
+    /// Requests logged at or after `drop_before_ms`.
+    fn live_count(&self, drop_before_ms: u64) -> u64 {
+        let dead: u64 = self.entries.range(..self.dead(drop_before_ms)).map(|e| e.count()).sum();
+        self.total - dead
+    }
+
+    /// The newest live entry's time, if any.
+    pub fn newest_live_ms(&self, drop_before_ms: u64) -> Option<u64> {
+        self.entries.back().map(|e| e.at_ms()).filter(|&t| t >= drop_before_ms)
+    }
+
+    /// Whether `a` can be applied: in time order, and leaving no more
+    /// entries than a log may hold (what the RDB loader accepts).
+    pub fn accepts(&self, a: &Append) -> Result<(), LogError> {
+        if a.count == 0 || a.count > MAX_LOG_LIMIT || a.at_ms > MAX_TIME_MS {
+            return Err(LogError::Entry);
+        }
+        if self.newest_live_ms(a.drop_before_ms).is_some_and(|t| t > a.at_ms) {
+            return Err(LogError::Order);
+        }
+        let merges = self.entries.back().is_some_and(|e| e.at_ms() == a.at_ms && e.count() + a.count <= MAX_LOG_LIMIT);
+        let len = self.entries.len() - self.dead(a.drop_before_ms) + usize::from(!merges);
+        if len as u64 > MAX_LOG_LIMIT {
+            return Err(LogError::Length);
+        }
+        Ok(())
+    }
+
+    /// Applies an admission (or its replicated effect, once `accepts` said
+    /// yes).
     pub fn apply(&mut self, a: &Append) {
-        while self.entries.front().is_some_and(|e| e.at_ms() < a.drop_before_ms) {
-            self.entries.pop_front();
+        for _ in 0..self.dead(a.drop_before_ms) {
+            if let Some(e) = self.entries.pop_front() {
+                self.total -= e.count();
+            }
         }
         // Keep memory bounded by what the log holds now.
         if self.entries.capacity() > 16 && self.entries.len() < self.entries.capacity() / 4 {
             self.entries.shrink_to(self.entries.len() * 2);
         }
-        let mut count = a.count;
-        if let Some(last) = self.entries.back_mut() {
-            if last.at_ms() == a.at_ms && last.count() + count <= MAX_LOG_LIMIT {
-                *last = Entry::new(a.at_ms, last.count() + count);
-                count = 0;
+        self.total += a.count;
+        match self.entries.back_mut() {
+            Some(last) if last.at_ms() == a.at_ms && last.count() + a.count <= MAX_LOG_LIMIT => {
+                *last = Entry::new(a.at_ms, last.count() + a.count);
             }
+            _ => self.entries.push_back(Entry::new(a.at_ms, a.count)),
         }
-        if count > 0 {
-            self.entries.push_back(Entry::new(a.at_ms, count));
-        }
-    }
-
-    /// The newest entry's time, if any.
-    fn newest_ms(&self) -> Option<u64> {
-        self.entries.back().map(|e| e.at_ms())
     }
 }
 
@@ -142,10 +179,10 @@ pub fn check(p: &WindowParams, log: Option<&Log>, cost: u64, now_ms: u64) -> Log
     let drop_before = (now_ms + 1).saturating_sub(w);
     let empty = Log::default();
     let log = log.unwrap_or(&empty);
-    let live = || log.entries.iter().filter(|e| e.at_ms() >= drop_before);
-    let used: u64 = live().map(|e| e.count()).sum();
+    let used = log.live_count(drop_before);
     let admits = used + cost <= p.limit();
-    let at = log.newest_ms().map_or(now_ms, |n| n.max(now_ms));
+    let newest = log.entries.back().map(|e| e.at_ms());
+    let at = newest.map_or(now_ms, |n| n.max(now_ms));
     let wait = |until: u64| until.saturating_sub(now_ms).min(MAX_WAIT_MS);
     let wait_ms = if cost > p.limit() {
         NEVER
@@ -155,7 +192,8 @@ pub fn check(p: &WindowParams, log: Option<&Log>, cost: u64, now_ms: u64) -> Log
         // The oldest entries leave first; wait until enough have left.
         let excess = used + cost - p.limit();
         let mut freed = 0;
-        let until = live()
+        let until = log
+            .live(drop_before)
             .find(|e| {
                 freed += e.count();
                 freed >= excess
@@ -163,7 +201,6 @@ pub fn check(p: &WindowParams, log: Option<&Log>, cost: u64, now_ms: u64) -> Log
             .map_or(now_ms, |e| e.at_ms() + w);
         wait(until) as i64
     };
-    let newest_live = live().last().map(|e| e.at_ms());
     LogCheck {
         check: Check {
             admits,
@@ -171,7 +208,7 @@ pub fn check(p: &WindowParams, log: Option<&Log>, cost: u64, now_ms: u64) -> Log
             remaining_now: p.limit().saturating_sub(used),
             remaining_after: p.limit().saturating_sub(used + cost),
             wait_ms,
-            reset_now_ms: newest_live.map_or(0, |n| wait(n + w)),
+            reset_now_ms: log.newest_live_ms(drop_before).map_or(0, |n| wait(n + w)),
             reset_after_ms: wait(at + w),
         },
         append: Append { drop_before_ms: drop_before, at_ms: at, count: cost },
@@ -250,6 +287,33 @@ mod tests {
         call(&p, &mut log, 1, 5_000);
         let c = check(&p, Some(&log), 1, 4_000);
         assert_eq!((c.append.at_ms, c.expires_at_ms), (5_000, 6_000));
+    }
+
+    #[test]
+    fn total_follows_the_entries() {
+        let p = p(100, 1000);
+        let mut log = Log::default();
+        for (t, cost) in [(0, 3), (0, 2), (400, 1), (900, 4), (1_500, 1)] {
+            call(&p, &mut log, cost, t);
+            assert_eq!(log.total, log.entries().map(|e| e.count()).sum::<u64>());
+        }
+        // At 1_500 the entries of 0 and 400 have left: 4 + 1 remain.
+        assert_eq!(log.total, 5);
+        assert_eq!(check(&p, Some(&log), 1, 1_500).check.remaining_now, 95);
+    }
+
+    #[test]
+    fn accepts_refuses_what_the_loader_would() {
+        let log = Log::from_entries([Entry::new(10, 1), Entry::new(20, 1)]).unwrap();
+        let a = |drop_before_ms, at_ms, count| Append { drop_before_ms, at_ms, count };
+        assert_eq!(log.accepts(&a(0, 20, 1)), Ok(()));
+        assert_eq!(log.accepts(&a(0, 15, 1)), Err(LogError::Order));
+        assert_eq!(log.accepts(&a(21, 15, 1)), Ok(()), "the newer entry left first");
+        assert_eq!(log.accepts(&a(0, 30, 0)), Err(LogError::Entry));
+        let full = Log::from_entries((0..MAX_LOG_LIMIT).map(|t| Entry::new(t, 1))).unwrap();
+        assert_eq!(full.accepts(&a(0, MAX_LOG_LIMIT, 1)), Err(LogError::Length));
+        assert_eq!(full.accepts(&a(0, MAX_LOG_LIMIT - 1, 1)), Ok(()), "merges into the last entry");
+        assert_eq!(full.accepts(&a(1, MAX_LOG_LIMIT, 1)), Ok(()), "one entry left");
     }
 
     #[test]

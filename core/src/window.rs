@@ -98,7 +98,10 @@ fn rolled(p: &WindowParams, mode: CounterMode, state: Option<&WindowState>, now_
         return WindowState { start_ms: start, ..WindowState::default() };
     };
     if start <= s.start_ms {
-        return *s;
+        // FIXED counts the current window only (the key may have been
+        // written by SLIDING).
+        let previous = if mode == CounterMode::Fixed { 0 } else { s.previous };
+        return WindowState { previous, ..*s };
     }
     let previous = match mode {
         CounterMode::Sliding if s.start_ms + p.window_ms >= start => s.current,
@@ -292,6 +295,15 @@ mod tests {
         assert_eq!((c.check.reset_after_ms, c.expires_at_ms), (1_700, 3_000));
         let s = WindowState { start_ms: 1_000, previous: 4, current: 0 };
         assert_eq!(check(&p, Sliding, Some(&s), 1, 1_300).check.reset_now_ms, 700);
+    }
+
+    #[test]
+    fn fixed_ignores_a_previous_count_left_by_sliding() {
+        let p = w(2, 1000);
+        let s = WindowState { start_ms: 5_000, previous: 9, current: 1 };
+        let c = check(&p, Fixed, Some(&s), 1, 5_500);
+        assert!(c.check.admits);
+        assert_eq!(c.after, WindowState { start_ms: 5_000, previous: 0, current: 2 });
     }
 
     #[test]

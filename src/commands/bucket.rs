@@ -80,6 +80,8 @@ fn decide(
                     }
                     effects.push(Effect::Store { key: names[i], blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms });
                 }
+                // Full: no key. Nothing to do (or replicate) if there was none.
+                Update::Remove if loaded.get(i).is_none() => {}
                 Update::Remove => {
                     loaded.remove(i);
                     effects.push(Effect::Remove { key: names[i] });
@@ -90,6 +92,8 @@ fn decide(
         if let Some(e) = failed {
             return Err(e);
         }
+    } else if write {
+        loaded.keep_until(ctx, names, outcome.keep_until_ms.iter().copied());
     }
     reply_decision(ctx, &d, first(&d));
     Ok(if d.allowed() { Verdict::Allowed } else { Verdict::Denied })

@@ -13,7 +13,7 @@
 use redis_module::raw::RedisModuleString;
 use rl_core::codec::{self, Stored};
 use rl_core::limits::{MAX_LOG_LIMIT, MAX_TIME_MS};
-use rl_core::log::{Append, Log};
+use rl_core::log::{Append, Log, LogError};
 use smallvec::SmallVec;
 
 use super::{arg_bytes, load, wrongtype};
@@ -35,6 +35,7 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String>
         };
         writes.push((1 + 3 * i, state, pxat(t[2])?));
     }
+    no_repeated_key(bytes[1..].iter().step_by(3))?;
     let ours = [store::handle::<rl_core::codec::PackedBucket>(), store::handle::<rl_core::codec::PackedWindow>(), store::handle::<Log>()];
     let keys: SmallVec<[Key; 4]> = writes.iter().map(|&(pos, ..)| Key::open(ctx, argv[pos], true)).collect();
     for key in &keys {
@@ -93,21 +94,39 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, Stri
         };
         appends.push((append, pxat(g[4])?));
     }
+    no_repeated_key(bytes[1..].iter().step_by(5))?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..appends.len()).map(|i| argv[1 + 5 * i]).collect();
     let mut loaded = load::<Log>(ctx, &names, true)?;
     for (i, (a, _)) in appends.iter().enumerate() {
-        let newest = loaded.get(i).and_then(|l| l.entries().filter(|e| e.at_ms() >= a.drop_before_ms).last());
-        if newest.is_some_and(|e| e.at_ms() > a.at_ms) {
-            return Err(format!("ERR RL.LOGADD key '{}': at is older than the log's newest entry", shown(bytes[1 + 5 * i])));
-        }
+        let empty = Log::default();
+        loaded.get(i).unwrap_or(&empty).accepts(a).map_err(|e| {
+            let why = match e {
+                LogError::Order => "at is older than the log's newest entry",
+                LogError::Length => "the log would exceed its largest size",
+                LogError::Entry => "count or at out of range",
+            };
+            format!("ERR RL.LOGADD key '{}': {why}", shown(bytes[1 + 5 * i]))
+        })?;
     }
     for (i, (a, at)) in appends.iter().enumerate() {
         loaded.get_or_create(i, Log::default)?.apply(a);
-        loaded.expire_at(i, *at);
+        // 0 = no expiry, as for RL.SET.
+        loaded.expire_at(i, if *at == 0 { u64::MAX } else { *at });
     }
     ctx.replicate_verbatim();
     ctx.reply_ok();
     Ok(Verdict::Done)
+}
+
+/// The internal commands name each key once: two handles on one key would
+/// free the value the other still points to.
+fn no_repeated_key<'a>(keys: impl Iterator<Item = &'a &'a [u8]> + Clone) -> Result<(), String> {
+    for (i, k) in keys.clone().enumerate() {
+        if keys.clone().take(i).any(|other| other == k) {
+            return Err(format!("ERR key '{}' is named more than once", shown(k)));
+        }
+    }
+    Ok(())
 }
 
 /// An absolute expiry in ms since the Unix epoch (0: none).

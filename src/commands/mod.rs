@@ -182,8 +182,9 @@ impl<T: Value> Loaded<T> {
         self.values[i].map(|v| unsafe { v.as_ref() })
     }
 
-    /// The value of key `i`, created by `new` if the key has none.
+    /// The value of key `i` to change, created by `new` if the key has none.
     pub fn get_or_create(&mut self, i: usize, new: impl FnOnce() -> T) -> Result<&mut T, String> {
+        self.keys[i].mark_written();
         let v = match self.values[i] {
             Some(v) => v,
             None => {
@@ -205,8 +206,11 @@ impl<T: Value> Loaded<T> {
     /// Writes `value` to key `i` (in place when it exists) and its expiry.
     pub fn store(&mut self, i: usize, value: T, expires_at_ms: u64) -> Result<(), String> {
         match self.values[i] {
-            // SAFETY: as in `get`.
-            Some(v) => unsafe { *v.as_ptr() = value },
+            Some(v) => {
+                self.keys[i].mark_written();
+                // SAFETY: as in `get`.
+                unsafe { *v.as_ptr() = value }
+            }
             None => {
                 self.get_or_create(i, || value)?;
             }
@@ -215,13 +219,35 @@ impl<T: Value> Loaded<T> {
         Ok(())
     }
 
+    /// Sets key `i`'s expiry; u64::MAX: none.
     pub fn expire_at(&self, i: usize, expires_at_ms: u64) {
-        self.keys[i].set_expire_at(expires_at_ms as i64);
+        self.keys[i].set_expire_at(i64::try_from(expires_at_ms).unwrap_or(-1));
     }
 
     pub fn remove(&mut self, i: usize) {
         self.keys[i].delete();
         self.values[i] = None;
+    }
+
+    /// After a refusal: keeps every existing key until its state is worth
+    /// nothing under the parameters of this call (`keep_until[i]`, ms).
+    ///
+    /// A key's TTL was set for the parameters of its last write. If they
+    /// changed since (a limit lowered live, a longer window), the key could
+    /// expire while it still holds debits, and come back full. So a
+    /// refusal moves such an expiry later, and replicates that; with
+    /// unchanged parameters it never has to, and writes nothing.
+    pub fn keep_until(&self, ctx: Ctx, names: &[*mut RedisModuleString], keep_until: impl Iterator<Item = u64>) {
+        for (i, until) in keep_until.enumerate() {
+            let Some(at) = self.values[i].and_then(|_| self.keys[i].expire_at()) else { continue };
+            if (at as u64) < until {
+                self.keys[i].set_expire_at(until as i64);
+                let mut digits = [0u8; 20];
+                let until = ctx.create_string(decimal(until, &mut digits));
+                ctx.replicate(c"PEXPIREAT", &[names[i], until]);
+                ctx.free_string(until);
+            }
+        }
     }
 }
 
@@ -253,6 +279,11 @@ pub(crate) enum Effect {
 /// re-runs a decision on its own clock. (A call makes one kind of write, so
 /// one command, without a MULTI/EXEC wrapper.)
 pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
+    // The hot path: one stored key.
+    if let [Effect::Store { key, blob, expires_at_ms }] = effects {
+        ctx.replicate_key_blob_at(c"RL.SET", *key, blob, *expires_at_ms as i64);
+        return;
+    }
     let mut set: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut logadd: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut created: SmallVec<[*mut RedisModuleString; 16]> = SmallVec::new();

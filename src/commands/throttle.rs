@@ -25,14 +25,14 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, St
         })?),
     };
     let r = gcra::throttle(&a.quota, tat, now, a.quantity).map_err(|e| match e {
-        GcraError::Quantity => "ERR quantity is too large for this rate".to_string(),
-        other => format!("ERR {other:?}"),
+        GcraError::Overflow => format!("ERR key '{}' holds a timestamp too far in the future", shown(bytes[1])),
+        _ => "ERR quantity is too large for this rate".to_string(),
     })?;
     if let Some(new_tat) = r.new_tat_ns {
         let mut digits = [0u8; 20];
         let value = decimal(new_tat.max(0) as u64, &mut digits);
         let at = gcra::expires_at_ms(new_tat);
-        if !key.set_string(ctx, value) {
+        if !key.set_string(value) {
             return Err("ERR could not write the key".into());
         }
         key.set_expire_at(at);

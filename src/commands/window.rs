@@ -66,6 +66,8 @@ fn counters(
             });
         }
         replicate(ctx, &effects);
+    } else if write {
+        loaded.keep_until(ctx, names, checks.iter().map(|c| now + c.reset_now_ms));
     }
     Ok(d)
 }
@@ -84,6 +86,8 @@ fn exact(ctx: Ctx, names: &[*mut RedisModuleString], a: &WindowArgs, write: bool
             effects.push(Effect::LogAppend { key: names[i], append: v.append, expires_at_ms: v.expires_at_ms });
         }
         replicate(ctx, &effects);
+    } else if write {
+        loaded.keep_until(ctx, names, checks.iter().map(|c| now + c.reset_now_ms));
     }
     Ok(d)
 }

@@ -322,7 +322,7 @@ pub fn module_blob(con: &mut redis::Connection, key: &str) -> Vec<u8> {
         b
     };
     assert_eq!(byte(), 7, "not a module value");
-    let mut len = |byte: &mut dyn FnMut() -> u8| -> u64 {
+    let len = |byte: &mut dyn FnMut() -> u8| -> u64 {
         let first = byte();
         match first >> 6 {
             0 => (first & 0x3f) as u64,
