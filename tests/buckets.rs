@@ -102,10 +102,7 @@ fn refused_call_writes_nothing() {
 fn key_expires_when_the_bucket_would_be_full() {
     let s = Server::start(&[]);
     let mut con = s.con();
-    let server_ms = |con: &mut redis::Connection| -> i64 {
-        let (s, us): (i64, i64) = redis::cmd("TIME").query(con).unwrap();
-        s * 1000 + us / 1000
-    };
+    let server_ms = |con: &mut redis::Connection| testkit::server_ms(con) as i64;
     let expires = |con: &mut redis::Connection| -> i64 { redis::cmd("PEXPIRETIME").arg("k").query(con).unwrap() };
     // 2 tokens, one back every 100 ms: after one take, full in 100 ms.
     let before = server_ms(&mut con);

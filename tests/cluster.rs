@@ -2,13 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use testkit::{call, call_err, Cluster, Server};
-
-fn state(con: &mut redis::Connection, key: &str) -> (Vec<String>, i64) {
-    let digest: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).unwrap();
-    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
-    (digest, at)
-}
+use testkit::{call, call_err, state, Cluster, Server};
 
 fn node_id(s: &Server) -> String {
     redis::cmd("CLUSTER").arg("MYID").query(&mut s.con()).unwrap()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rl_core::codec::{self, PackedBucket, Stored};
 use rl_core::BucketState;
-use testkit::{module_blob, Server};
+use testkit::{module_blob, server_ms, Server};
 
 const CONNECTIONS: usize = 50;
 const RUN: Duration = Duration::from_millis(2_000);
@@ -39,11 +39,6 @@ fn hammer(s: &Server, cmd: &str, args: &str) -> (u64, u64) {
     stop.store(true, Ordering::Relaxed);
     threads.into_iter().for_each(|t| t.join().expect("worker"));
     (admitted.load(Ordering::Relaxed), calls.load(Ordering::Relaxed))
-}
-
-fn server_ms(con: &mut redis::Connection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
-    s * 1000 + us / 1000
 }
 
 fn bucket_state(con: &mut redis::Connection, key: &str) -> BucketState {

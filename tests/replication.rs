@@ -1,7 +1,7 @@
 //! Effects, not commands, are replicated: a replica holds exactly the
 //! primary's state and expiry, and a refused call propagates nothing.
 
-use testkit::{call, Server};
+use testkit::{call, state, Server};
 use std::time::{Duration, Instant};
 
 fn replica_of(primary: &Server) -> Server {
@@ -18,12 +18,6 @@ fn replica_of(primary: &Server) -> Server {
 fn wait_replicas(con: &mut redis::Connection) {
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(con).unwrap();
     assert_eq!(acked, 1, "the replica did not acknowledge");
-}
-
-fn state(con: &mut redis::Connection, key: &str) -> (Vec<String>, i64) {
-    let digest: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).unwrap();
-    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
-    (digest, at)
 }
 
 #[test]

@@ -2,12 +2,7 @@
 
 use std::time::Duration;
 
-use testkit::{call, call_err, Server};
-
-fn server_ms(con: &mut redis::Connection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
-    s * 1000 + us / 1000
-}
+use testkit::{call, call_err, server_ms, Server};
 
 fn memory(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("MEMORY").arg(&["USAGE", key]).query(con).unwrap()

@@ -266,21 +266,46 @@ impl Client {
     }
 
     async fn window_call(&self, name: &'static str, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
+        let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
+        let limits = windows.iter().map(|w| (w.limit, w.window_ms));
+        self.window_cmd(name, &keys, limits, cost, mode).await
+    }
+
+    /// RL.WINDOW for a policy's window rules, each given as its bucket
+    /// stand-in (`limit` per `window_ms`, checked when the policy was built).
+    pub(crate) async fn window_decide(&self, mode: WindowMode, keys: &[String], params: &[BucketParams], cost: u64) -> Result<Decision> {
+        if keys.len() != params.len() {
+            return Err(Error::invalid("one parameter set per key"));
+        }
+        let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
+        self.window_cmd("RL.WINDOW", keys, limits, cost, mode).await
+    }
+
+    async fn window_cmd<K: AsRef<str>>(
+        &self,
+        name: &'static str,
+        keys: &[K],
+        limits: impl Iterator<Item = (u64, u64)>,
+        cost: u64,
+        mode: WindowMode,
+    ) -> Result<Decision> {
         if self.backend == Backend::Lua {
             return Err(Error::Unsupported("RL.WINDOW"));
         }
-        let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
-        check_keys(&keys)?;
+        check_keys(keys)?;
         if !(1..=MAX_WINDOW_LIMIT).contains(&cost) {
             return Err(Error::invalid(format!("cost must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {cost}")));
         }
         let mut cmd = redis::cmd(name);
-        cmd.arg(keys.len()).arg(&keys);
-        for w in windows {
-            cmd.arg(w.limit).arg(w.window_ms);
+        cmd.arg(keys.len());
+        for k in keys {
+            cmd.arg(k.as_ref());
+        }
+        for (limit, window_ms) in limits {
+            cmd.arg(limit).arg(window_ms);
         }
         cmd.arg("COST").arg(cost).arg(mode.word());
-        let reply = self.integers(&cmd, slot_of(keys[0])).await?;
+        let reply = self.integers(&cmd, slot_of(keys[0].as_ref())).await?;
         Decision::from_reply(&reply, keys.len())
     }
 

@@ -22,6 +22,9 @@ pub enum Error {
     /// The configured backend lacks this command (the Lua backend has no
     /// windows and no CL.THROTTLE).
     Unsupported(&'static str),
+    /// A rule set was refused whole when loaded; the text names each rule
+    /// and field at fault, one per line. The rules in force stay.
+    Rules(String),
 }
 
 impl Error {
@@ -42,7 +45,7 @@ impl Error {
                     _ => e.code() == Some("BUSY"),
                 }
             }
-            Error::Invalid(_) | Error::Reply(_) | Error::Unsupported(_) => false,
+            Error::Invalid(_) | Error::Reply(_) | Error::Unsupported(_) | Error::Rules(_) => false,
         }
     }
 
@@ -60,6 +63,7 @@ impl fmt::Display for Error {
             Error::Redis(e) => write!(f, "redis: {e}"),
             Error::Reply(text) => write!(f, "unexpected reply: {text}"),
             Error::Unsupported(what) => write!(f, "the backend does not support {what}"),
+            Error::Rules(text) => write!(f, "rule set rejected: {text}"),
         }
     }
 }

@@ -17,6 +17,7 @@ mod lease;
 mod limiter;
 mod metrics;
 mod policy;
+pub mod rules;
 mod shards;
 mod slot;
 

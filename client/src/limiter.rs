@@ -6,17 +6,19 @@
 //! - a call answered by Redis is exact (the module's guarantee);
 //! - leased tokens are taken before they are spent: never over, only under;
 //! - the deny cache only refuses, until the retry time Redis named: never over;
-//! - the outage fallback allows about `slack` times the limit fleet-wide.
+//! - the outage fallback allows about `slack` times the limit fleet-wide;
+//! - window rules are evaluated after the buckets, so a request refused by a
+//!   window has spent its bucket tokens: under, never over.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rl_core::limits::MAX_TOKENS;
+use rl_core::limits::{MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::BucketParams;
 
-use crate::client::{BucketOp, Client};
+use crate::client::{BucketOp, Client, WindowMode};
 use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
@@ -77,6 +79,8 @@ struct Target {
     /// Group index -> policy rule index.
     rules: Vec<usize>,
     fail_closed: Option<usize>,
+    /// Windows counted in this mode (RL.WINDOW); None: token buckets.
+    window: Option<WindowMode>,
     slot: u16,
     policy: Arc<str>,
 }
@@ -86,11 +90,12 @@ impl Target {
         let keys = policy.group_keys(group, subject);
         let slot = keys.first().map_or(0, |k| slot_of(k));
         Target {
-            key: (policy.id(), shadow, subject.into()),
+            key: (group.id, shadow, subject.into()),
             keys,
             params: group.params.clone(),
             rules: group.rules.clone(),
             fail_closed: group.fail_closed,
+            window: group.window,
             slot,
             policy: policy.prefix_arc(),
         }
@@ -153,9 +158,10 @@ impl Limiter {
     pub async fn check_cost(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Decision> {
         self.check_input(policy, subject, BucketOp::Take(cost))?;
         self.refresh_topology();
-        let group = |g: &Group, shadow: bool| (!g.is_empty()).then(|| Target::new(policy, g, shadow, subject));
-        let (enforced, shadow) = (group(&policy.enforced, false), group(&policy.shadow, true));
-        let (enforced, shadow) = tokio::join!(self.evaluate_some(enforced, cost), self.evaluate_some(shadow, cost));
+        let (enforced, shadow) = tokio::join!(
+            self.evaluate_groups(policy, &policy.enforced, false, subject, cost),
+            self.evaluate_groups(policy, &policy.shadow, true, subject, cost)
+        );
         let shadow_refused = shadow.filter(|d| !d.allowed).map(|d| d.rule);
         let decision = match (enforced, shadow) {
             (Some(d), _) => Decision { shadow_refused, ..d },
@@ -191,7 +197,13 @@ impl Limiter {
 
     async fn adjust(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<Option<Decision>> {
         self.check_input(policy, subject, op)?;
-        let t = Target::new(policy, &policy.all, false, subject);
+        if policy.buckets.is_empty() {
+            return Err(Error::invalid(format!(
+                "policy '{}' has only window rules: windows are neither settled nor refunded",
+                policy.prefix()
+            )));
+        }
+        let t = Target::new(policy, &policy.buckets, false, subject);
         let call = self.inner.client.decide(op, &t.keys, &t.params);
         Ok(self.guarded(&t, call).await.ok().map(|d| t.mapped(d)))
     }
@@ -200,13 +212,43 @@ impl Limiter {
     fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
         check_subject(subject)?;
         op.check()?;
-        if self.inner.client.backend() == Backend::Lua && !policy.fits_lua() {
+        let lua = self.inner.client.backend() == Backend::Lua;
+        if lua && !policy.fits_lua() {
             return Err(Error::invalid(format!(
                 "policy '{}' has a rule with capacity x period_ms above 2^52: the Lua backend cannot count it exactly",
                 policy.prefix()
             )));
         }
+        if policy.has_windows() {
+            if lua {
+                return Err(Error::invalid(format!(
+                    "policy '{}' has window rules: the Lua backend has no RL.WINDOW",
+                    policy.prefix()
+                )));
+            }
+            if let BucketOp::Take(cost) = op {
+                if cost > MAX_WINDOW_LIMIT {
+                    return Err(Error::invalid(format!(
+                        "cost must be at most {MAX_WINDOW_LIMIT} on a policy with window rules, got {cost}"
+                    )));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Which shadow rule of `policy` (an index into its rules) would refuse
+    /// this request, evaluating its shadow rules only and recording nothing:
+    /// live rules run a shadow rule set beside the enforced one.
+    pub(crate) async fn shadow_refusal(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Option<usize>> {
+        self.check_input(policy, subject, BucketOp::Take(cost))?;
+        let d = self.evaluate_groups(policy, &policy.shadow, true, subject, cost).await;
+        Ok(d.filter(|d| !d.allowed).map(|d| d.rule))
+    }
+
+    /// Counts an event decided outside the limiter (live rules' shadow refusals).
+    pub(crate) fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+        self.inner.record(event, policy, rule);
     }
 
     /// The fleet size changed (from service discovery): leases and the
@@ -232,18 +274,42 @@ impl Limiter {
         &self.inner.client
     }
 
-    async fn evaluate_some(&self, target: Option<Target>, cost: u64) -> Option<Decision> {
-        match target {
-            Some(t) => Some(self.evaluate(&t, cost).await),
-            None => None,
+    /// Evaluates `groups` in order and stops at the first refusal: none of
+    /// the groups after it counts the request. `None` when there are none.
+    async fn evaluate_groups(
+        &self,
+        policy: &Policy,
+        groups: &[Group],
+        shadow: bool,
+        subject: &str,
+        cost: u64,
+    ) -> Option<Decision> {
+        let mut allowed: Option<Decision> = None;
+        for group in groups {
+            let d = self.evaluate(&Target::new(policy, group, shadow, subject), cost).await;
+            if !d.allowed {
+                return Some(d);
+            }
+            allowed = Some(match allowed {
+                // The binding rule is the one with the fewest tokens left.
+                Some(a) => {
+                    let tighter = if d.remaining < a.remaining { d } else { a };
+                    Decision { reset_after: a.reset_after.max(d.reset_after), ..tighter }
+                }
+                None => d,
+            });
         }
+        allowed
     }
 
     async fn evaluate(&self, t: &Target, cost: u64) -> Decision {
         let i = &self.inner;
-        let batch = lease::batch(&t.params, millis(i.config.lease_window), i.gateways());
-        if batch > 1 {
-            return self.leased(t, cost, batch).await;
+        // Windows cannot be leased: RL.LEASE takes tokens from buckets only.
+        if t.window.is_none() {
+            let batch = lease::batch(&t.params, millis(i.config.lease_window), i.gateways());
+            if batch > 1 {
+                return self.leased(t, cost, batch).await;
+            }
         }
         // A quiet subject: every request asks Redis, unless it was just refused.
         let now = i.now_ms();
@@ -251,8 +317,11 @@ impl Limiter {
             i.record(Event::DenyCacheHit, &t.policy, None);
             return d;
         }
-        let call = i.client.decide(BucketOp::Take(cost), &t.keys, &t.params);
-        match self.guarded(t, call).await {
+        let answer = match t.window {
+            None => self.guarded(t, i.client.decide(BucketOp::Take(cost), &t.keys, &t.params)).await,
+            Some(mode) => self.guarded(t, i.client.window_decide(mode, &t.keys, &t.params, cost)).await,
+        };
+        match answer {
             Ok(d) => {
                 let d = t.mapped(d);
                 i.deny.refused(&t.key, cost, &d, now);

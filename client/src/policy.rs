@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_core::limits::{MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS};
+use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::BucketParams;
 
+use crate::client::WindowMode;
 use crate::error::{Error, Result};
 
 /// What a rule does when Redis cannot answer.
@@ -20,12 +21,13 @@ pub enum FailMode {
     Closed,
 }
 
-/// One token bucket of a policy: at most `capacity` tokens, `refill` more
-/// every `period`, continuously.
+/// One limit of a policy: a token bucket (at most `capacity` tokens,
+/// `refill` more every `period`, continuously) or, with [`Rule::window`], a
+/// window counted by RL.WINDOW.
 ///
 /// ```
 /// use std::time::Duration;
-/// use rl_client::Rule;
+/// use rl_client::{Rule, WindowMode};
 ///
 /// // 100 a second with bursts of 200.
 /// let api = Rule::per_second("per_second", 100).burst(200);
@@ -33,23 +35,39 @@ pub enum FailMode {
 /// let login = Rule::per_minute("login", 5).fail_closed();
 /// // A rule being tried out: evaluated and reported, never enforced.
 /// let trial = Rule::new("hourly", 1000, 1000, Duration::from_secs(3600)).shadow();
-/// # let _ = (api, login, trial);
+/// // A daily quota that resets at UTC midnight (module backend only).
+/// let daily = Rule::window("daily", 10_000, Duration::from_secs(86_400), WindowMode::Fixed);
+/// # let _ = (api, login, trial, daily);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
     name: String,
+    /// For a window: its limit (capacity and refill are both the limit).
     capacity: u64,
     refill: u64,
     period: Duration,
     fail: FailMode,
     shadow: bool,
+    /// None: a token bucket. Some: a window counted in that mode.
+    window: Option<WindowMode>,
 }
 
 impl Rule {
     /// A bucket of `capacity` tokens gaining `refill` tokens every `period`
     /// (a whole number of milliseconds). Checked when the policy is built.
     pub fn new(name: impl Into<String>, capacity: u64, refill: u64, period: Duration) -> Rule {
-        Rule { name: name.into(), capacity, refill, period, fail: FailMode::Open, shadow: false }
+        Rule { name: name.into(), capacity, refill, period, fail: FailMode::Open, shadow: false, window: None }
+    }
+
+    /// At most `limit` requests in any `window` (SLIDING, EXACT) or per
+    /// epoch-aligned `window` (FIXED: quotas), counted by RL.WINDOW. Module
+    /// backend only; no leases (every request asks Redis, unless the deny
+    /// cache refuses it); while Redis cannot answer, a fail-open window is
+    /// replaced by a local bucket of `limit` per `window` at this gateway's
+    /// share. An EXACT limit is at most 10,000 (the module's default
+    /// `max-log-limit`); SLIDING and FIXED go to 10^12.
+    pub fn window(name: impl Into<String>, limit: u64, window: Duration, mode: WindowMode) -> Rule {
+        Rule { window: Some(mode), ..Rule::new(name, limit, limit, window) }
     }
 
     /// `n` a second, bursts of `n`.
@@ -115,6 +133,11 @@ impl Rule {
         self.shadow
     }
 
+    /// How the rule counts when it is a window; `None` for a token bucket.
+    pub fn window_mode(&self) -> Option<WindowMode> {
+        self.window
+    }
+
     /// Seconds to refill an empty bucket, rounded up: the window `w` the
     /// `RateLimit-Policy` header announces for `capacity` tokens.
     pub fn window_secs(&self) -> u64 {
@@ -126,9 +149,28 @@ impl Rule {
     fn validate(&self, index: usize) -> Result<BucketParams> {
         let name = &self.name;
         check_name(name).map_err(|why| Error::invalid(format!("rule {}: name {why}", index + 1)))?;
-        bucket_params(self.capacity, self.refill, self.period)
-            .map_err(|why| Error::invalid(format!("rule '{name}': {why}")))
+        let checked = match self.window {
+            None => bucket_params(self.capacity, self.refill, self.period),
+            Some(mode) => window_params(self.capacity, self.refill, self.period, mode),
+        };
+        checked.map_err(|why| Error::invalid(format!("rule '{name}': {why}")))
     }
+}
+
+/// Checks a window against the module's limits. Its parameters as a bucket
+/// (`limit` per `window`) are what the outage fallback enforces locally.
+fn window_params(limit: u64, refill: u64, window: Duration, mode: WindowMode) -> std::result::Result<BucketParams, String> {
+    if refill != limit {
+        return Err(format!("a window has no burst: its limit is {refill}, the burst set is {limit}"));
+    }
+    // Above the module's default max-log-limit RL.WINDOW EXACT answers an
+    // error on every call: refused here, where the rule is loaded.
+    let max = if mode == WindowMode::Exact { DEFAULT_LOG_LIMIT } else { MAX_WINDOW_LIMIT };
+    if !(1..=max).contains(&limit) {
+        return Err(format!("{mode:?} window limit must be an integer from 1 to {max}, got {limit}"));
+    }
+    let ms = period_ms(window).map_err(|why| why.replacen("period", "window", 1))?;
+    BucketParams::new(limit, limit, ms).map_err(|e| format!("{e:?} out of range"))
 }
 
 /// Checks a bucket against the module's limits; the text names the field.
@@ -169,25 +211,45 @@ fn check_name(name: &str) -> std::result::Result<(), &'static str> {
 }
 
 /// The rules evaluated together in one call: all of them give or none does.
-/// A policy has two: the enforced rules and the shadow rules.
+/// One call counts one kind, so the enforced rules of a policy form up to
+/// four groups (its buckets, then its windows of each mode), and so do its
+/// shadow rules.
 #[derive(Clone, Debug)]
 pub(crate) struct Group {
+    /// Unique for the life of the process: local caches (leases, deny
+    /// cache, fallback) key on it, so no two groups share local state.
+    pub(crate) id: u64,
     /// Indexes into the policy's rules.
     pub(crate) rules: Vec<usize>,
     pub(crate) params: Vec<BucketParams>,
     /// Index in this group of its first fail-closed rule, if any: the whole
     /// group refuses on an outage.
     pub(crate) fail_closed: Option<usize>,
+    /// None: token buckets (RL.TAKE, RL.LEASE). Some: windows (RL.WINDOW).
+    pub(crate) window: Option<WindowMode>,
 }
 
+/// The kinds of calls, in the order a policy's groups are evaluated:
+/// buckets first, so a request refused by its rate never counts in a window.
+const KINDS: [Option<WindowMode>; 4] =
+    [None, Some(WindowMode::Sliding), Some(WindowMode::Exact), Some(WindowMode::Fixed)];
+
 impl Group {
-    fn new(rules: &[Rule], params: &[BucketParams], member: impl Fn(&Rule) -> bool) -> Group {
-        let rules_in: Vec<usize> = (0..rules.len()).filter(|&i| member(&rules[i])).collect();
+    fn new(rules: &[Rule], params: &[BucketParams], window: Option<WindowMode>, member: impl Fn(&Rule) -> bool) -> Group {
+        let rules_in: Vec<usize> =
+            (0..rules.len()).filter(|&i| rules[i].window == window && member(&rules[i])).collect();
         Group {
+            id: NEXT_GROUP_ID.fetch_add(1, Ordering::Relaxed),
             params: rules_in.iter().map(|&i| params[i]).collect(),
             fail_closed: rules_in.iter().position(|&i| rules[i].fail == FailMode::Closed),
             rules: rules_in,
+            window,
         }
+    }
+
+    /// The non-empty groups of the rules `member` picks, one per kind.
+    fn split(rules: &[Rule], params: &[BucketParams], member: impl Fn(&Rule) -> bool) -> Vec<Group> {
+        KINDS.iter().map(|&kind| Group::new(rules, params, kind, &member)).filter(|g| !g.is_empty()).collect()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -200,7 +262,7 @@ impl Group {
 /// sums of two stay below 2^53, the doubles' exact-integer range.
 pub const LUA_MAX_UNITS: u128 = 1 << 52;
 
-static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_GROUP_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The rules that apply to one kind of subject (an API key, a user, an
 /// IP prefix), under one key prefix.
@@ -224,13 +286,14 @@ static NEXT_POLICY_ID: AtomicU64 = AtomicU64::new(1);
 /// ```
 #[derive(Clone, Debug)]
 pub struct Policy {
-    id: u64,
     prefix: Arc<str>,
     rules: Vec<Rule>,
-    pub(crate) enforced: Group,
-    pub(crate) shadow: Group,
-    /// Every rule: what settling and refunds adjust.
-    pub(crate) all: Group,
+    /// Evaluated in order; the first refusal decides.
+    pub(crate) enforced: Vec<Group>,
+    pub(crate) shadow: Vec<Group>,
+    /// Every token-bucket rule: what settling and refunds adjust (windows
+    /// have no refund and no debt).
+    pub(crate) buckets: Group,
     lua_fits: bool,
 }
 
@@ -273,10 +336,9 @@ impl PolicyBuilder {
         let lua_fits =
             params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
         Ok(Policy {
-            id: NEXT_POLICY_ID.fetch_add(1, Ordering::Relaxed),
-            enforced: Group::new(&self.rules, &params, |r| !r.shadow),
-            shadow: Group::new(&self.rules, &params, |r| r.shadow),
-            all: Group::new(&self.rules, &params, |_| true),
+            enforced: Group::split(&self.rules, &params, |r| !r.shadow),
+            shadow: Group::split(&self.rules, &params, |r| r.shadow),
+            buckets: Group::new(&self.rules, &params, None, |_| true),
             prefix: prefix.into(),
             rules: self.rules,
             lua_fits,
@@ -316,16 +378,15 @@ impl Policy {
         Ok(self.rules.iter().map(|r| self.key(subject, r)).collect())
     }
 
-    /// Unique for the life of the process: local caches key on it, so two
-    /// policies with one prefix never share local state.
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
     /// Whether every rule fits the Lua backend's exact range
     /// (capacity x period_ms <= 2^52).
     pub(crate) fn fits_lua(&self) -> bool {
         self.lua_fits
+    }
+
+    /// Whether a rule is a window (RL.WINDOW: module only).
+    pub(crate) fn has_windows(&self) -> bool {
+        self.rules.iter().any(|r| r.window.is_some())
     }
 
     /// The keys of a group's rules for a subject already checked.
@@ -373,13 +434,53 @@ mod tests {
             .rule(Rule::per_hour("h", 1000).fail_closed())
             .build()
             .unwrap();
-        assert_eq!(p.enforced.rules, [0, 2]);
-        assert_eq!(p.enforced.fail_closed, Some(1), "the group's second rule");
-        assert_eq!(p.all.rules, [0, 1, 2]);
-        assert_eq!(p.shadow.rules, [1]);
-        assert_eq!(p.shadow.fail_closed, None);
-        assert_eq!(p.group_keys(&p.shadow, "u"), ["rl:{u}:m"]);
-        assert_eq!(p.enforced.params[1].period_ms(), 3_600_000);
+        assert_eq!(p.enforced.len(), 1);
+        assert_eq!(p.enforced[0].rules, [0, 2]);
+        assert_eq!(p.enforced[0].fail_closed, Some(1), "the group's second rule");
+        assert_eq!(p.buckets.rules, [0, 1, 2]);
+        assert_eq!(p.shadow[0].rules, [1]);
+        assert_eq!(p.shadow[0].fail_closed, None);
+        assert_eq!(p.group_keys(&p.shadow[0], "u"), ["rl:{u}:m"]);
+        assert_eq!(p.enforced[0].params[1].period_ms(), 3_600_000);
+    }
+
+    #[test]
+    fn windows_form_their_own_groups_after_the_buckets() {
+        let day = Duration::from_secs(86_400);
+        let p = Policy::builder("rl")
+            .rule(Rule::window("daily", 1000, day, WindowMode::Fixed))
+            .rule(Rule::per_second("s", 10))
+            .rule(Rule::window("hourly", 100, Duration::from_secs(3600), WindowMode::Sliding).fail_closed())
+            .rule(Rule::window("trial", 5, day, WindowMode::Fixed).shadow())
+            .build()
+            .unwrap();
+        let kinds: Vec<_> = p.enforced.iter().map(|g| (g.window, g.rules.clone(), g.fail_closed)).collect();
+        assert_eq!(
+            kinds,
+            [(None, vec![1], None), (Some(WindowMode::Sliding), vec![2], Some(0)), (Some(WindowMode::Fixed), vec![0], None)]
+        );
+        assert_eq!(p.shadow.iter().map(|g| g.rules.clone()).collect::<Vec<_>>(), [vec![3]]);
+        assert_eq!(p.buckets.rules, [1], "only buckets are settled and refunded");
+        assert!(p.has_windows());
+        assert_ne!(p.enforced[0].id, p.enforced[1].id);
+        // The fallback's stand-in: `limit` per `window`.
+        let fixed = p.enforced[2].params[0];
+        assert_eq!((fixed.capacity(), fixed.refill(), fixed.period_ms()), (1000, 1000, 86_400_000));
+        assert_eq!(p.rule(0).unwrap().window_secs(), 86_400);
+    }
+
+    #[test]
+    fn bad_windows_are_named() {
+        let b = || Policy::builder("rl");
+        let hour = Duration::from_secs(3600);
+        let e = err(b().rule(Rule::window("w", 0, hour, WindowMode::Sliding)));
+        assert!(e.contains("rule 'w': Sliding window limit must be an integer from 1 to 1000000000000, got 0"), "{e}");
+        let e = err(b().rule(Rule::window("w", 10_001, hour, WindowMode::Exact)));
+        assert!(e.contains("Exact window limit must be an integer from 1 to 10000"), "{e}");
+        let e = err(b().rule(Rule::window("w", 5, Duration::ZERO, WindowMode::Fixed)));
+        assert!(e.contains("rule 'w': window must be a whole number of milliseconds"), "{e}");
+        let e = err(b().rule(Rule::window("w", 5, hour, WindowMode::Fixed).burst(9)));
+        assert!(e.contains("a window has no burst"), "{e}");
     }
 
     #[test]
@@ -429,8 +530,8 @@ mod tests {
     }
 
     #[test]
-    fn each_policy_has_its_own_id() {
+    fn each_policy_has_its_own_local_state() {
         let b = Policy::builder("rl").rule(Rule::per_second("s", 1));
-        assert_ne!(b.clone().build().unwrap().id(), b.build().unwrap().id());
+        assert_ne!(b.clone().build().unwrap().enforced[0].id, b.build().unwrap().enforced[0].id);
     }
 }

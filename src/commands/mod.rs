@@ -279,6 +279,11 @@ pub(crate) enum Effect {
 /// re-runs a decision on its own clock. (A call makes one kind of write, so
 /// one command, without a MULTI/EXEC wrapper.)
 pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
+    // The hot path: one stored key.
+    if let [Effect::Store { key, blob, expires_at_ms }] = effects {
+        ctx.replicate_key_blob_at(c"RL.SET", *key, blob, *expires_at_ms as i64);
+        return;
+    }
     let mut set: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut logadd: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut created: SmallVec<[*mut RedisModuleString; 16]> = SmallVec::new();

@@ -322,7 +322,7 @@ pub fn module_blob(con: &mut redis::Connection, key: &str) -> Vec<u8> {
         b
     };
     assert_eq!(byte(), 7, "not a module value");
-    let mut len = |byte: &mut dyn FnMut() -> u8| -> u64 {
+    let len = |byte: &mut dyn FnMut() -> u8| -> u64 {
         let first = byte();
         match first >> 6 {
             0 => (first & 0x3f) as u64,
@@ -388,4 +388,18 @@ impl Drop for PlainServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The server's clock, in ms since the Unix epoch (TIME).
+pub fn server_ms(con: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(con).expect("TIME");
+    s * 1000 + us / 1000
+}
+
+/// A key's state as replicas and restarts must keep it: its DEBUG
+/// DIGEST-VALUE and its absolute expiry (PEXPIRETIME: -1 none, -2 no key).
+pub fn state(con: &mut redis::Connection, key: &str) -> (Vec<String>, i64) {
+    let digest: Vec<String> = redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).query(con).expect("DIGEST-VALUE");
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).expect("PEXPIRETIME");
+    (digest, at)
 }

@@ -1,0 +1,278 @@
+//! rlctl: validate a rule file, publish it to Redis, see what is in force,
+//! and add or remove emergency overrides. What an on-call engineer types at
+//! 3 a.m.; every failure says what is wrong and exits non-zero.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use clap::{Args, Parser, Subcommand};
+use rl_client::rules::{
+    override_id, remaining, Fail, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
+    DEFAULT_KEY,
+};
+use rl_client::{Backend, Error};
+
+#[derive(Parser)]
+#[command(name = "rlctl", version, about = "Live rate-limit rules: validate, publish, inspect, override")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct Store {
+    /// The Redis server holding the rules.
+    #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
+    redis: String,
+    /// The rules hash (also the channel new versions are announced on).
+    #[arg(long, default_value = DEFAULT_KEY)]
+    key: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a rule file (TOML, or JSON if it ends in .json) without publishing it.
+    Validate {
+        file: String,
+        /// Check as a gateway on the Lua backend would (no windows or quotas).
+        #[arg(long)]
+        lua: bool,
+    },
+    /// Check a rule file with the overrides in force and publish it as the next version.
+    Publish {
+        file: String,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Show the version in force, its rules and overrides.
+    Active {
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Emergency overrides: they always expire and carry a reason.
+    #[command(subcommand)]
+    Override(OverrideCommand),
+}
+
+#[derive(Subcommand)]
+enum OverrideCommand {
+    /// Add (or replace) the override of one subject or one network.
+    Add(AddOverride),
+    /// List the overrides, expired ones marked.
+    List {
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Remove an override.
+    Remove {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        store: Store,
+    },
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Matched {
+    /// The subject (API key, user) the override is for.
+    #[arg(long)]
+    subject: Option<String>,
+    /// The address or network the override is for (2001:db8::/48).
+    #[arg(long)]
+    ip: Option<String>,
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Target {
+    /// The subject whose override goes.
+    #[arg(long)]
+    subject: Option<String>,
+    /// The address or network whose override goes.
+    #[arg(long)]
+    ip: Option<String>,
+    /// The override's id.
+    #[arg(long)]
+    id: Option<String>,
+}
+
+#[derive(Args)]
+struct AddOverride {
+    #[command(flatten)]
+    matched: Matched,
+    /// The override's id (default: ovr- and the subject or network).
+    #[arg(long)]
+    id: Option<String>,
+    /// A limit: NAME=COUNT/PER, then ,burst=N or ,window ,exact ,quota (repeatable).
+    #[arg(long = "limit", required = true, value_name = "SPEC")]
+    limits: Vec<String>,
+    /// How long it lasts (15m, 2h, 3d) or until when (2026-10-28T09:00:00Z); at most 30 days.
+    #[arg(long)]
+    expires: String,
+    /// Why: the ticket or incident.
+    #[arg(long)]
+    reason: String,
+    /// Refuse instead of limiting locally while Redis is down.
+    #[arg(long)]
+    fail_closed: bool,
+    #[command(flatten)]
+    store: Store,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start: {e}")),
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(text: &str) -> ExitCode {
+    eprintln!("rlctl: {text}");
+    ExitCode::FAILURE
+}
+
+async fn run(command: Command) -> Result<String, Error> {
+    match command {
+        Command::Validate { file, lua } => {
+            let spec = RuleSetSpec::from_file(&file)?;
+            let backend = if lua { Backend::Lua } else { Backend::Module };
+            let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
+            Ok(format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot)))
+        }
+        Command::Publish { file, store } => {
+            let spec = RuleSetSpec::from_file(&file)?;
+            let store = open(&store)?;
+            let version = store.publish(&spec).await?;
+            Ok(format!("published {file} as version {version} on {} {}", store.url(), store.key()))
+        }
+        Command::Active { store } => active(&open(&store)?.read().await?),
+        Command::Override(OverrideCommand::Add(add)) => {
+            let store = open(&add.store)?;
+            let rule = override_rule(&add)?;
+            let version = store.set_override(&rule).await?;
+            let expires = rule.expires.as_deref().unwrap_or("?");
+            Ok(format!("override '{}' in force from version {version}, until {expires}", rule.id))
+        }
+        Command::Override(OverrideCommand::List { store }) => {
+            let stored = open(&store)?.read().await?;
+            Ok(overrides(&stored, SystemTime::now()).unwrap_or_else(|| "no overrides".to_owned()))
+        }
+        Command::Override(OverrideCommand::Remove { target, store }) => {
+            let store = open(&store)?;
+            let id = match (&target.id, &target.subject, &target.ip) {
+                (Some(id), _, _) => id.clone(),
+                (None, Some(s), _) => override_id(s),
+                (None, None, Some(ip)) => override_id(ip),
+                (None, None, None) => return Err(Error::Rules("name the override: --subject, --ip or --id".to_owned())),
+            };
+            let version = store.remove_override(&id).await?;
+            Ok(format!("override '{id}' removed in version {version}"))
+        }
+    }
+}
+
+fn open(store: &Store) -> Result<RulesStore, Error> {
+    RulesStore::new(&store.redis, &store.key, Duration::from_secs(5))
+}
+
+fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
+    let (scope, matched) = match (&add.matched.subject, &add.matched.ip) {
+        (Some(s), None) => (MatchSpec { subject: Some(s.clone()), ..MatchSpec::default() }, s.as_str()),
+        (None, Some(ip)) => (MatchSpec { ip: Some(ip.clone()), ..MatchSpec::default() }, ip.as_str()),
+        _ => return Err(Error::Rules("an override is for one --subject or one --ip".to_owned())),
+    };
+    let limits = add.limits.iter().map(|l| LimitSpec::parse_short(l)).collect::<Result<Vec<_>, _>>()?;
+    Ok(RuleSpec {
+        id: add.id.clone().unwrap_or_else(|| override_id(matched)),
+        scope,
+        limits,
+        mode: Mode::Enforce,
+        fail: if add.fail_closed { Fail::Closed } else { Fail::Open },
+        shared: false,
+        expires: Some(expiry(&add.expires, SystemTime::now())?),
+        reason: add.reason.clone(),
+    })
+}
+
+/// `15m` from now, or a UTC time as written.
+fn expiry(text: &str, now: SystemTime) -> Result<String, Error> {
+    if let Ok(at) = humantime::parse_rfc3339(text) {
+        return Ok(humantime::format_rfc3339_seconds(at).to_string());
+    }
+    match humantime::parse_duration(text) {
+        Ok(d) => Ok(humantime::format_rfc3339_seconds(now + d).to_string()),
+        Err(_) => Err(Error::Rules(format!(
+            "--expires {text:?} is neither a duration (15m, 2h, 3d) nor a UTC time (2026-10-28T09:00:00Z)"
+        ))),
+    }
+}
+
+fn summary(snapshot: &Snapshot) -> String {
+    let rules = snapshot.rules();
+    let shadow = rules.iter().filter(|r| r.mode() == Mode::Shadow).count();
+    let overrides = rules.iter().filter(|r| r.is_override()).count();
+    format!("{} rules ({shadow} in shadow mode, {overrides} overrides)", rules.len())
+}
+
+fn active(stored: &Stored) -> Result<String, Error> {
+    let Some(rules) = &stored.rules else {
+        return Ok(format!("version {}: nothing published", stored.version));
+    };
+    let now = SystemTime::now();
+    let snapshot = Snapshot::compile(rules, &stored.overrides, stored.version)?;
+    let when = stored.published_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_default();
+    let mut out = vec![format!("version {} (changed {when}): {}", stored.version, summary(&snapshot))];
+    for (rule, spec) in snapshot.rules().iter().zip(&rules.rules) {
+        let limits: Vec<String> = spec.limits.iter().map(ToString::to_string).collect();
+        let mode = if rule.mode() == Mode::Shadow { " [shadow]" } else { "" };
+        let expiry = match rule.expires() {
+            Some(_) if rule.is_expired(now) => " (expired)".to_owned(),
+            Some(at) => format!(" (expires in {})", humantime::format_duration(round(remaining(at, now)))),
+            None => String::new(),
+        };
+        out.push(format!("  {}: {}{mode}{expiry}: {}", rule.id(), rule.scope(), limits.join(", ")));
+    }
+    if let Some(list) = overrides(stored, now) {
+        out.push(list);
+    }
+    Ok(out.join("\n"))
+}
+
+fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
+    if stored.overrides.is_empty() {
+        return None;
+    }
+    let mut out = vec!["overrides:".to_owned()];
+    for o in &stored.overrides {
+        let target = o.scope.subject.as_deref().map(|s| format!("subject {s:?}")).or(o.scope.ip.as_ref().map(|ip| format!("ip {ip}")));
+        let until = o.expires.as_deref().and_then(|e| humantime::parse_rfc3339(e).ok());
+        let left = match until {
+            Some(at) if at <= now => "expired".to_owned(),
+            Some(at) => format!("expires in {}", humantime::format_duration(round(remaining(at, now)))),
+            None => "no expiry".to_owned(),
+        };
+        let limits: Vec<String> = o.limits.iter().map(ToString::to_string).collect();
+        out.push(format!(
+            "  {}: {} ({left}): {}; reason: {}",
+            o.id,
+            target.unwrap_or_default(),
+            limits.join(", "),
+            o.reason
+        ));
+    }
+    Some(out.join("\n"))
+}
+
+/// Whole seconds read better in a listing.
+fn round(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}

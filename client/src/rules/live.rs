@@ -1,0 +1,334 @@
+//! The rules a gateway decides with: one snapshot, swapped whole.
+//!
+//! A request loads the current snapshot once (an `Arc`, through arc-swap)
+//! and uses nothing else, so it never sees half of a rule set: a new
+//! version applies to requests that start after the swap. Loading happens
+//! off the request path (a watcher, or a call to [`LiveRules::install`]);
+//! a rule set that fails its checks is refused whole and the one in force
+//! stays.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use http::HeaderMap;
+use quick_cache::sync::Cache;
+
+use super::snapshot::{CompiledRule, Request, Snapshot};
+use super::spec::{RuleSetSpec, RuleSpec};
+use crate::config::Backend;
+use crate::decision::Decision;
+use crate::error::{Error, Result};
+use crate::limiter::Limiter;
+use crate::metrics::Event;
+use crate::{headers, lock};
+
+/// The rule a shadow rule would have enforced, had it been enforced.
+#[derive(Clone, Debug)]
+pub struct ShadowRefusal {
+    /// The shadow rule.
+    pub rule: Arc<CompiledRule>,
+    /// Index of its refusing limit in `rule.policy().rules()`.
+    pub limit: usize,
+}
+
+/// What live rules decided for one request.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    /// The decision of the enforced rule.
+    pub decision: Decision,
+    /// The enforced rule that decided.
+    pub rule: Arc<CompiledRule>,
+    /// The subject its buckets are kept under (a subject, `ip:<network>`,
+    /// or `*` for a shared rule).
+    pub subject: String,
+    /// The snapshot version the request used, all of it.
+    pub version: u64,
+    /// A shadow rule that would have refused this allowed request.
+    pub shadow: Option<ShadowRefusal>,
+}
+
+impl Verdict {
+    /// The rate-limit headers for this verdict (see [`headers`]).
+    pub fn headers(&self, now: SystemTime) -> HeaderMap {
+        headers::for_decision(self.rule.policy(), &self.decision, now)
+    }
+}
+
+/// Where the rules in force stand.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RulesStatus {
+    /// The version in force.
+    pub version: u64,
+    /// Where it came from (`initial`, a file, a Redis URL).
+    pub source: String,
+    /// When it was installed.
+    pub installed_at: SystemTime,
+    /// Time since the source last confirmed (or gave) the snapshot: a
+    /// gateway that cannot refresh keeps its snapshot, and this grows.
+    pub age: Duration,
+    /// Rule sets refused by their checks since start.
+    pub rejected: u64,
+    /// Refreshes that could not read the source since start.
+    pub refresh_failures: u64,
+    /// The last refusal or failure, if the last attempt was not a success.
+    pub last_error: Option<String>,
+}
+
+/// One shadow rule's refusals of one subject.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShadowEntry {
+    /// The shadow rule's id.
+    pub rule: String,
+    /// The subject it would have refused.
+    pub subject: String,
+    /// How often, since the gateway started.
+    pub refusals: u64,
+}
+
+/// How installing a rule set went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Installed {
+    /// Now in force.
+    Now(u64),
+    /// Not newer than the version in force: nothing changed.
+    NotNewer,
+}
+
+/// Live rules over one [`Limiter`]. Cheap to clone; clones share the
+/// snapshot, the status and the shadow log.
+///
+/// ```no_run
+/// use std::net::IpAddr;
+/// use rl_client::rules::{LiveRules, RedisSource, Request, RuleSetSpec};
+/// use rl_client::{Config, Limiter};
+///
+/// # async fn run() -> Result<(), rl_client::Error> {
+/// let limiter = Limiter::new(Config::standalone("redis://10.0.0.5:6379/"))?;
+/// // The rules shipped with the gateway: in force until Redis has newer ones.
+/// let rules = LiveRules::new(limiter, &RuleSetSpec::from_file("rules.toml")?)?;
+/// let _watcher = rules.watch_redis(RedisSource::new("redis://10.0.0.5:6379/"))?;
+///
+/// // On every request:
+/// let ip: IpAddr = "2001:db8:1:2::7".parse().unwrap();
+/// let request = Request::new().subject("key_8f3").ip(ip).plan("pro").endpoint("GET /search");
+/// let verdict = rules.check(&request).await?;
+/// if !verdict.decision.allowed {
+///     // 429 with verdict.headers(SystemTime::now())
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LiveRules {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    limiter: Limiter,
+    current: ArcSwap<Snapshot>,
+    /// Serializes installs and holds their bookkeeping; never taken on the
+    /// request path.
+    state: Mutex<State>,
+    shadow_log: Cache<(Arc<str>, Box<str>), Arc<AtomicU64>>,
+}
+
+struct State {
+    source: String,
+    installed_at: SystemTime,
+    confirmed: Instant,
+    rejected: u64,
+    refresh_failures: u64,
+    last_error: Option<String>,
+    /// The newest version refused, so a watcher does not fetch it again.
+    rejected_version: Option<u64>,
+}
+
+/// Subjects the shadow log remembers; the least seen go first.
+const SHADOW_LOG_ENTRIES: usize = 10_000;
+
+impl LiveRules {
+    /// Live rules starting from `initial` (its `version`, or 0), checked
+    /// as the limiter's backend needs. Call it inside a tokio runtime.
+    pub fn new(limiter: Limiter, initial: &RuleSetSpec) -> Result<LiveRules> {
+        let lua = limiter.client().backend() == Backend::Lua;
+        let snapshot = Snapshot::compile_with(initial, &[], initial.version.unwrap_or(0), lua, None)?;
+        Ok(LiveRules {
+            inner: Arc::new(Inner {
+                limiter,
+                current: ArcSwap::from_pointee(snapshot),
+                state: Mutex::new(State {
+                    source: "initial".to_owned(),
+                    installed_at: SystemTime::now(),
+                    confirmed: Instant::now(),
+                    rejected: 0,
+                    refresh_failures: 0,
+                    last_error: None,
+                    rejected_version: None,
+                }),
+                shadow_log: Cache::new(SHADOW_LOG_ENTRIES),
+            }),
+        })
+    }
+
+    /// The snapshot in force: what a request starting now uses.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.current.load_full()
+    }
+
+    /// The limiter the rules decide with.
+    pub fn limiter(&self) -> &Limiter {
+        &self.inner.limiter
+    }
+
+    /// Decides one request (cost 1).
+    pub async fn check(&self, request: &Request<'_>) -> Result<Verdict> {
+        self.check_cost(request, 1).await
+    }
+
+    /// Decides a request costing `cost` against the rule it matches in the
+    /// snapshot in force when it started. Errors are bad input only (no
+    /// subject and no IP, a subject with braces, a cost out of range).
+    pub async fn check_cost(&self, request: &Request<'_>, cost: u64) -> Result<Verdict> {
+        // One load: everything below uses this snapshot and nothing else.
+        let snapshot = self.inner.current.load_full();
+        let matched = snapshot.matching(request, SystemTime::now());
+        let subject = snapshot.bucket_subject(&matched.enforced, request)?;
+        let limiter = &self.inner.limiter;
+        // A shadow rule never fails a request: without a subject of its own
+        // it is skipped.
+        let shadow_subject = matched.shadow.as_ref().and_then(|rule| snapshot.bucket_subject(rule, request).ok());
+        let shadow_check = async {
+            match (&matched.shadow, &shadow_subject) {
+                (Some(rule), Some(s)) => limiter.shadow_refusal(rule.policy(), s, cost).await,
+                _ => Ok(None),
+            }
+        };
+        let (decision, shadow) = tokio::join!(limiter.check_cost(matched.enforced.policy(), &subject, cost), shadow_check);
+        let decision = decision?;
+        // Only an allowed request is one the shadow rule would have changed.
+        let shadow = match (shadow.unwrap_or(None), matched.shadow, shadow_subject) {
+            (Some(limit), Some(rule), Some(s)) if decision.allowed => {
+                self.log_shadow(&rule, limit, &s);
+                Some(ShadowRefusal { rule, limit })
+            }
+            _ => None,
+        };
+        Ok(Verdict { decision, rule: matched.enforced, subject, version: snapshot.version(), shadow })
+    }
+
+    fn log_shadow(&self, rule: &Arc<CompiledRule>, limit: usize, subject: &str) {
+        let name = rule.policy().rule(limit).map(|r| r.name());
+        self.inner.limiter.record(Event::ShadowRefused, rule.policy().prefix(), name);
+        let key: (Arc<str>, Box<str>) = (rule.id().into(), subject.into());
+        let count = self.inner.shadow_log.get(&key).unwrap_or_else(|| {
+            let fresh = Arc::new(AtomicU64::new(0));
+            self.inner.shadow_log.insert(key, fresh.clone());
+            log::info!(
+                "shadow rule '{}' limit '{}' would have refused subject {subject:?} (counted from now on in LiveRules::shadow_report)",
+                rule.id(),
+                name.unwrap_or("?")
+            );
+            fresh
+        });
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Which subjects each shadow rule would have refused, and how often,
+    /// most refused first (at most 10,000 subjects are remembered).
+    pub fn shadow_report(&self) -> Vec<ShadowEntry> {
+        let mut out: Vec<ShadowEntry> = self
+            .inner
+            .shadow_log
+            .iter()
+            .map(|((rule, subject), n)| ShadowEntry {
+                rule: rule.to_string(),
+                subject: subject.to_string(),
+                refusals: n.load(Ordering::Relaxed),
+            })
+            .collect();
+        out.sort_by(|a, b| b.refusals.cmp(&a.refusals).then_with(|| (&a.rule, &a.subject).cmp(&(&b.rule, &b.subject))));
+        out
+    }
+
+    /// Installs a rule set (with `overrides`) as `version` if it is newer
+    /// than the one in force and passes every check; otherwise the one in
+    /// force stays, and a refusal is counted and reported in [`status`](Self::status).
+    pub fn install(&self, spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64, source: &str) -> Result<Installed> {
+        let mut state = lock(&self.inner.state);
+        let current = self.inner.current.load();
+        if version <= current.version() {
+            return Ok(Installed::NotNewer);
+        }
+        let lua = self.inner.limiter.client().backend() == Backend::Lua;
+        match Snapshot::compile_with(spec, overrides, version, lua, Some(&current)) {
+            Ok(snapshot) => {
+                self.inner.current.store(Arc::new(snapshot));
+                state.source = source.to_owned();
+                state.installed_at = SystemTime::now();
+                state.confirmed = Instant::now();
+                state.last_error = None;
+                state.rejected_version = state.rejected_version.filter(|&r| r > version);
+                log::info!("rules version {version} from {source} in force");
+                Ok(Installed::Now(version))
+            }
+            Err(e) => {
+                drop(state);
+                self.rejected(version, source, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// A rule set was refused: counted, logged, and reported in the
+    /// status; the one in force stays.
+    pub(crate) fn rejected(&self, version: u64, source: &str, error: &Error) {
+        let mut state = lock(&self.inner.state);
+        state.rejected += 1;
+        state.rejected_version = Some(version);
+        let text = format!("version {version} from {source}: {error}");
+        log::error!("{text}; version {} stays in force", self.inner.current.load().version());
+        state.last_error = Some(text);
+    }
+
+    /// Where the rules in force stand: version, source, age, refusals.
+    pub fn status(&self) -> RulesStatus {
+        let state = lock(&self.inner.state);
+        RulesStatus {
+            version: self.inner.current.load().version(),
+            source: state.source.clone(),
+            installed_at: state.installed_at,
+            age: state.confirmed.elapsed(),
+            rejected: state.rejected,
+            refresh_failures: state.refresh_failures,
+            last_error: state.last_error.clone(),
+        }
+    }
+
+    /// The source was read and holds nothing newer: the snapshot is current.
+    pub(crate) fn confirmed(&self) {
+        let mut state = lock(&self.inner.state);
+        state.confirmed = Instant::now();
+        let current = self.inner.current.load().version();
+        if !matches!(state.rejected_version, Some(r) if r > current) {
+            state.last_error = None;
+        }
+    }
+
+    /// The source could not be read; the snapshot in force stays.
+    pub(crate) fn refresh_failed(&self, source: &str, error: &Error) {
+        let mut state = lock(&self.inner.state);
+        state.refresh_failures += 1;
+        let text = format!("cannot refresh rules from {source}: {error}");
+        // Logged when the failing starts, not on every poll.
+        if state.last_error.as_deref() != Some(text.as_str()) {
+            log::warn!("{text}; version {} stays in force", self.inner.current.load().version());
+        }
+        state.last_error = Some(text);
+    }
+
+    /// Whether `version` was already refused: a watcher skips fetching it again.
+    pub(crate) fn was_rejected(&self, version: u64) -> bool {
+        lock(&self.inner.state).rejected_version == Some(version)
+    }
+}

@@ -1,0 +1,327 @@
+//! The rule file format (TOML or JSON, one schema), as written by people
+//! and stored in Redis. Only the shape is checked here (unknown fields,
+//! types); what the values mean is checked when a snapshot is compiled.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A whole rule set as written: what `rlctl publish` sends and a gateway
+/// loads.
+///
+/// ```toml
+/// version = 3            # optional: without it the next version is assigned
+/// key_prefix = "rl"      # bucket keys are rl:<rule id>:{subject}:<limit>
+/// ipv6_prefix = 64       # an IPv6 client is its /64
+///
+/// [[rules]]
+/// id = "default"
+/// reason = "every caller without a rule of its own"
+/// limits = [{ name = "per_second", rate = 100, per = "1s", burst = 200 }]
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSetSpec {
+    /// Must move forward; absent, the store (or a reloaded file) assigns
+    /// the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// First part of every bucket key. Default `rl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// An IPv4 client without a subject is limited per this prefix. Default 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4_prefix: Option<u8>,
+    /// An IPv6 client without a subject is limited per this prefix, so a
+    /// host cannot dodge its limit by rotating addresses. Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<u8>,
+    /// The rules, in any order: the most specific match wins.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+}
+
+/// One rule as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// Unique in the set; part of the rule's bucket keys.
+    pub id: String,
+    /// Which requests the rule is for; empty: every request (the default rule).
+    #[serde(default, rename = "match", skip_serializing_if = "MatchSpec::is_empty")]
+    pub scope: MatchSpec,
+    /// One or more limits, all of which must admit a request.
+    pub limits: Vec<LimitSpec>,
+    /// `enforce` (default) or `shadow`: evaluated and reported, never enforced.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mode: Mode,
+    /// `open` (default): limit locally while Redis cannot answer; `closed`: refuse.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub fail: Fail,
+    /// True: every request the rule matches shares one set of buckets
+    /// (a whole IP block, an endpoint's total); false (default): each
+    /// subject has its own.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub shared: bool,
+    /// When the rule stops applying: a UTC time, `2026-10-28T09:00:00Z`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// Why the rule exists (a ticket, an incident): required.
+    pub reason: String,
+}
+
+/// Which requests a rule matches. Allowed: nothing (the default rule),
+/// `subject` alone, `ip` alone, or `plan` and/or `endpoint`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    /// One subject: an API key, a user, a tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// An address or a network: `203.0.113.0/24`, `2001:db8::/48`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// A plan tier, as the gateway names it: `free`, `pro`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// An endpoint, as the gateway names it (its route): `POST /payments`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+}
+
+impl MatchSpec {
+    fn is_empty(&self) -> bool {
+        *self == MatchSpec::default()
+    }
+}
+
+/// One limit of a rule as written.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSpec {
+    /// Unique in the rule; the last part of its keys and its name in headers.
+    pub name: String,
+    /// `bucket` (default), `window`, `exact` or `quota`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub kind: LimitKind,
+    /// A bucket's refill: `rate` tokens every `per`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+    /// A bucket's capacity; default `rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// A window's or quota's limit: at most `limit` every `per`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// The period: `1s`, `15m`, `1h`, `1d`, `500ms`.
+    pub per: String,
+}
+
+/// How a limit counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitKind {
+    /// Token bucket (`rate`, `per`, `burst`): RL.TAKE, with leases.
+    #[default]
+    Bucket,
+    /// Sliding-window counter (`limit`, `per`): RL.WINDOW SLIDING.
+    Window,
+    /// Exact sliding log (`limit` up to 10,000): RL.WINDOW EXACT.
+    Exact,
+    /// Fixed window aligned to the Unix epoch (`limit`, `per`; a day
+    /// resets at UTC midnight): RL.WINDOW FIXED.
+    Quota,
+}
+
+/// Whether a rule is enforced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Refuses what its limits refuse.
+    #[default]
+    Enforce,
+    /// Evaluated and reported (which subject it would have refused, how
+    /// often), never enforced.
+    Shadow,
+}
+
+/// What a rule does while Redis cannot answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fail {
+    /// Limits locally at this gateway's share.
+    #[default]
+    Open,
+    /// Refuses: logins, one-time passwords, SMS sends.
+    Closed,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+impl RuleSetSpec {
+    /// Reads a rule file: `.json` as JSON, anything else as TOML.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<RuleSetSpec> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Rules(format!("cannot read {}: {e}", path.display())))?;
+        let json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        let parsed = if json { RuleSetSpec::from_json(&text) } else { RuleSetSpec::from_toml(&text) };
+        parsed.map_err(|e| match e {
+            Error::Rules(why) => Error::Rules(format!("{}: {why}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses TOML; an error names the line, column and field.
+    pub fn from_toml(text: &str) -> Result<RuleSetSpec> {
+        toml::from_str(text).map_err(|e| Error::Rules(e.to_string().trim_end().to_owned()))
+    }
+
+    /// Parses JSON; an error names the line, column and field.
+    pub fn from_json(text: &str) -> Result<RuleSetSpec> {
+        serde_json::from_str(text).map_err(|e| Error::Rules(e.to_string()))
+    }
+
+    /// The compact JSON form stored in Redis.
+    pub fn to_json(&self) -> String {
+        // Plain strings, integers and enums: serializing cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl RuleSpec {
+    /// Parses one rule (an override as stored in Redis).
+    pub fn from_json(text: &str) -> Result<RuleSpec> {
+        serde_json::from_str(text).map_err(|e| Error::Rules(e.to_string()))
+    }
+
+    /// The compact JSON form stored in Redis.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl LimitSpec {
+    /// Reads the command line's short form: `NAME=COUNT/PER`, then
+    /// optionally `,burst=N` (a bucket) or `,window`, `,exact`, `,quota`.
+    /// `per_second=10/1s,burst=20`, `daily=1000/1d,quota`.
+    pub fn parse_short(text: &str) -> Result<LimitSpec> {
+        let bad = |why: &str| {
+            Error::Rules(format!(
+                "limit {text:?}: {why}; expected NAME=COUNT/PER[,burst=N|,window|,exact|,quota], like per_second=10/1s,burst=20"
+            ))
+        };
+        let (name, rest) = text.split_once('=').ok_or_else(|| bad("no '='"))?;
+        let mut parts = rest.split(',');
+        let (count, per) = parts.next().unwrap_or("").split_once('/').ok_or_else(|| bad("no '/' between count and period"))?;
+        let count: u64 = count.trim().parse().map_err(|_| bad("the count is not a whole number"))?;
+        let mut spec = LimitSpec { name: name.trim().to_owned(), per: per.trim().to_owned(), ..LimitSpec::default() };
+        for option in parts.map(str::trim) {
+            match option {
+                "window" => spec.kind = LimitKind::Window,
+                "exact" => spec.kind = LimitKind::Exact,
+                "quota" => spec.kind = LimitKind::Quota,
+                "bucket" => spec.kind = LimitKind::Bucket,
+                _ => {
+                    let burst = option.strip_prefix("burst=").ok_or_else(|| bad(&format!("unknown option {option:?}")))?;
+                    spec.burst = Some(burst.trim().parse().map_err(|_| bad("burst is not a whole number"))?);
+                }
+            }
+        }
+        if spec.kind == LimitKind::Bucket {
+            spec.rate = Some(count);
+        } else {
+            spec.limit = Some(count);
+        }
+        Ok(spec)
+    }
+}
+
+/// The short form [`LimitSpec::parse_short`] reads: `per_second=20/1s,burst=40`.
+impl std::fmt::Display for LimitSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self.rate.or(self.limit).unwrap_or(0);
+        write!(f, "{}={count}/{}", self.name, self.per)?;
+        match self.kind {
+            LimitKind::Bucket => match self.burst {
+                Some(burst) => write!(f, ",burst={burst}"),
+                None => Ok(()),
+            },
+            LimitKind::Window => f.write_str(",window"),
+            LimitKind::Exact => f.write_str(",exact"),
+            LimitKind::Quota => f.write_str(",quota"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOML: &str = r#"
+        version = 4
+        ipv6_prefix = 56
+
+        [[rules]]
+        id = "default"
+        reason = "everyone"
+        limits = [
+          { name = "per_second", rate = 100, per = "1s", burst = 200 },
+          { name = "daily", kind = "quota", limit = 100000, per = "1d" },
+        ]
+
+        [[rules]]
+        id = "search-pro"
+        match = { plan = "pro", endpoint = "GET /search" }
+        mode = "shadow"
+        fail = "closed"
+        reason = "trying a lower search limit"
+        limits = [{ name = "s", rate = 5, per = "1s" }]
+    "#;
+
+    #[test]
+    fn toml_and_json_read_the_same_set() {
+        let spec = RuleSetSpec::from_toml(TOML).unwrap();
+        assert_eq!(spec.version, Some(4));
+        assert_eq!(spec.ipv6_prefix, Some(56));
+        assert_eq!(spec.rules[0].limits[1].kind, LimitKind::Quota);
+        assert_eq!(spec.rules[1].scope.endpoint.as_deref(), Some("GET /search"));
+        assert_eq!((spec.rules[1].mode, spec.rules[1].fail), (Mode::Shadow, Fail::Closed));
+        let json = spec.to_json();
+        assert!(!json.contains("\"mode\":\"enforce\""), "defaults are left out: {json}");
+        assert_eq!(RuleSetSpec::from_json(&json).unwrap(), spec);
+    }
+
+    #[test]
+    fn typos_are_named_with_their_place() {
+        let e = RuleSetSpec::from_toml("[[rules]]\nid = \"a\"\nreason = \"r\"\nlimits = [{ name = \"s\", rate = 1, per = \"1s\", burts = 2 }]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `burts`") && e.contains("line 4"), "{e}");
+        let e = RuleSetSpec::from_json(r#"{"rules":[{"id":"a","reason":"r","limits":[],"mode":"shadows"}]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `shadows`, expected `enforce` or `shadow`"), "{e}");
+        let e = RuleSetSpec::from_toml("[[rules]]\nid = \"a\"\nlimits = []\n").unwrap_err().to_string();
+        assert!(e.contains("missing field `reason`"), "{e}");
+    }
+
+    #[test]
+    fn short_limits_read_every_kind() {
+        let s = LimitSpec::parse_short("per_second=10/1s,burst=20").unwrap();
+        assert_eq!((s.name.as_str(), s.rate, s.burst, s.per.as_str(), s.kind), ("per_second", Some(10), Some(20), "1s", LimitKind::Bucket));
+        let q = LimitSpec::parse_short("daily=1000/1d,quota").unwrap();
+        assert_eq!((q.limit, q.rate, q.kind), (Some(1000), None, LimitKind::Quota));
+        for short in ["per_second=10/1s,burst=20", "s=5/1m", "daily=1000/1d,quota", "w=3/1h,window", "e=3/15m,exact"] {
+            assert_eq!(LimitSpec::parse_short(short).unwrap().to_string(), short);
+        }
+        for bad in ["s10/1s", "s=10", "s=ten/1s", "s=10/1s,fast", "s=10/1s,burst=x"] {
+            let e = LimitSpec::parse_short(bad).unwrap_err().to_string();
+            assert!(e.contains("expected NAME=COUNT/PER"), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Rules kept in Redis itself, so no extra service is needed.
+//!
+//! One hash (`rl:rules` by default) holds everything a gateway loads, so a
+//! single HGETALL reads a consistent whole:
+//!
+//! | field | value |
+//! |---|---|
+//! | `version` | the version in force; every change moves it forward by at least one |
+//! | `rules` | the rule set (the file's rules and settings) as JSON |
+//! | `published_at` | Unix milliseconds of the last change |
+//! | `override:<id>` | one emergency override as JSON: a rule with a subject or ip, an expiry and a reason |
+//!
+//! Every change runs one script that checks the version it was prepared
+//! against, writes, moves the version and publishes the new version on
+//! the channel of the same name. Overrides live beside the rule set, not in
+//! it: publishing a new rule file keeps them, and adding one does not
+//! republish the file.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::snapshot::Snapshot;
+use super::spec::{RuleSetSpec, RuleSpec};
+use crate::error::{Error, Result};
+
+/// The hash (and pub/sub channel) used unless told otherwise.
+pub const DEFAULT_KEY: &str = "rl:rules";
+
+/// Longest an override may last: it is an emergency measure, so a
+/// forgotten clamp cannot quietly limit a customer for months. Lasting
+/// limits belong in the rule file.
+pub const MAX_OVERRIDE: Duration = Duration::from_secs(30 * 86_400);
+
+const OVERRIDE_FIELD: &str = "override:";
+
+/// Checks the version, applies set/del operations, moves the version and
+/// announces it, all at once.
+const COMMIT: &str = r"
+local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if current ~= tonumber(ARGV[1]) then
+  return redis.error_reply('CHANGED the rules moved to version ' .. current)
+end
+for i = 4, #ARGV, 3 do
+  if ARGV[i] == 'set' then
+    redis.call('HSET', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+  else
+    redis.call('HDEL', KEYS[1], ARGV[i + 1])
+  end
+end
+redis.call('HSET', KEYS[1], 'version', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2])
+return tonumber(ARGV[2])
+";
+
+/// What the store holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// The version in force in the store (0: nothing published).
+    pub version: u64,
+    /// The rule set, once one was published.
+    pub rules: Option<RuleSetSpec>,
+    /// Every override, expired ones included, by id.
+    pub overrides: Vec<RuleSpec>,
+    /// When the last change was made.
+    pub published_at: Option<SystemTime>,
+}
+
+impl Stored {
+    /// Reads the hash's fields; a field that does not parse is named.
+    pub(crate) fn from_fields(fields: &HashMap<String, String>) -> Result<Stored> {
+        let version = parse_version(fields.get("version").map(String::as_str))?;
+        let rules = match fields.get("rules") {
+            Some(json) => Some(RuleSetSpec::from_json(json).map_err(|e| Error::Rules(format!("field 'rules': {e}")))?),
+            None => None,
+        };
+        let mut overrides = Vec::new();
+        for (field, json) in fields {
+            if field.starts_with(OVERRIDE_FIELD) {
+                overrides.push(RuleSpec::from_json(json).map_err(|e| Error::Rules(format!("field '{field}': {e}")))?);
+            }
+        }
+        overrides.sort_by(|a, b| a.id.cmp(&b.id));
+        let published_at = fields
+            .get("published_at")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+        Ok(Stored { version, rules, overrides, published_at })
+    }
+}
+
+fn parse_version(text: Option<&str>) -> Result<u64> {
+    match text {
+        None => Ok(0),
+        Some(v) => v.parse().map_err(|_| Error::Rules(format!("field 'version' is not a whole number: {v:?}"))),
+    }
+}
+
+/// The rules hash in one Redis server: read by gateways, changed by
+/// `rlctl`.
+#[derive(Clone)]
+pub struct RulesStore {
+    con: ConnectionManager,
+    key: String,
+    url: String,
+}
+
+impl RulesStore {
+    /// The rules under `key` on the server at `url` (a standalone server:
+    /// the limiter's own or any other). Connects on first use and
+    /// reconnects by itself; each call waits at most `timeout`. Call it
+    /// inside a tokio runtime.
+    pub fn new(url: &str, key: &str, timeout: Duration) -> Result<RulesStore> {
+        if key.is_empty() {
+            return Err(Error::invalid("the rules key must not be empty"));
+        }
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        let con = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(RulesStore { con, key: key.to_owned(), url: url.to_owned() })
+    }
+
+    /// The hash's key, also the channel new versions are announced on.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The server's URL, as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The version in force in the store: one HGET, what a gateway polls.
+    pub async fn version(&self) -> Result<u64> {
+        let v: Option<String> = redis::cmd("HGET").arg(&self.key).arg("version").query_async(&mut self.con.clone()).await?;
+        parse_version(v.as_deref())
+    }
+
+    /// Everything the hash holds, parsed.
+    pub async fn read(&self) -> Result<Stored> {
+        Stored::from_fields(&self.fields().await?)
+    }
+
+    pub(crate) async fn fields(&self) -> Result<HashMap<String, String>> {
+        Ok(redis::cmd("HGETALL").arg(&self.key).query_async(&mut self.con.clone()).await?)
+    }
+
+    /// Publishes `rules` as the next version (or as its own `version`,
+    /// which must be above the one in force), after checking it with the
+    /// overrides in force. Returns the version published.
+    pub async fn publish(&self, rules: &RuleSetSpec) -> Result<u64> {
+        self.retrying(|stored| {
+            let version = match rules.version {
+                Some(v) if v > stored.version => v,
+                Some(v) => {
+                    return Err(Error::Rules(format!(
+                        "version {v} is not above version {} in force: leave version out to take the next",
+                        stored.version
+                    )))
+                }
+                None => stored.version + 1,
+            };
+            Snapshot::compile(rules, &stored.overrides, version)?;
+            // The version lives in its own field: the stored set has none.
+            let body = RuleSetSpec { version: None, ..rules.clone() };
+            Ok((version, vec![Op::Set("rules".to_owned(), body.to_json())]))
+        })
+        .await
+    }
+
+    /// Adds (or replaces) an emergency override: a rule matching one
+    /// subject or one ip, with a reason and an expiry within
+    /// [`MAX_OVERRIDE`]. An override for the same match under another id
+    /// is replaced. Returns the new version.
+    pub async fn set_override(&self, rule: &RuleSpec) -> Result<u64> {
+        let now = SystemTime::now();
+        let expires = rule.expires.as_deref().map(humantime::parse_rfc3339);
+        match expires {
+            Some(Ok(at)) if at <= now => return Err(Error::Rules(format!("override '{}': expires is in the past", rule.id))),
+            Some(Ok(at)) if at.duration_since(now).unwrap_or_default() > MAX_OVERRIDE => {
+                return Err(Error::Rules(format!(
+                    "override '{}': expires must be within 30 days; lasting limits belong in the rule file",
+                    rule.id
+                )))
+            }
+            // Missing or malformed: the snapshot's checks name it below.
+            _ => {}
+        }
+        self.retrying(|stored| {
+            let Some(rules) = &stored.rules else {
+                return Err(Error::Rules("nothing is published yet: publish a rule file first".to_owned()));
+            };
+            let replaced: Vec<&RuleSpec> =
+                stored.overrides.iter().filter(|o| o.id != rule.id && o.scope == rule.scope).collect();
+            let mut overrides: Vec<RuleSpec> =
+                stored.overrides.iter().filter(|o| o.id != rule.id && o.scope != rule.scope).cloned().collect();
+            overrides.push(rule.clone());
+            let version = stored.version + 1;
+            Snapshot::compile(rules, &overrides, version)?;
+            let mut ops: Vec<Op> = replaced.iter().map(|o| Op::Del(format!("{OVERRIDE_FIELD}{}", o.id))).collect();
+            ops.push(Op::Set(format!("{OVERRIDE_FIELD}{}", rule.id), rule.to_json()));
+            Ok((version, ops))
+        })
+        .await
+    }
+
+    /// Removes the override `id`. Returns the new version.
+    pub async fn remove_override(&self, id: &str) -> Result<u64> {
+        let field = format!("{OVERRIDE_FIELD}{id}");
+        // Not parsed: removing an override can never make the set invalid,
+        // and a broken one must still be removable.
+        for _ in 0..5 {
+            let fields = self.fields().await?;
+            if !fields.contains_key(&field) {
+                return Err(Error::Rules(format!("no override '{id}'")));
+            }
+            let version = parse_version(fields.get("version").map(String::as_str))?;
+            match self.commit(version, version + 1, &[Op::Del(field.clone())]).await {
+                Err(e) if is_changed(&e) => continue,
+                other => return other,
+            }
+        }
+        Err(Error::Rules("the rules kept changing; try again".to_owned()))
+    }
+
+    /// Reads, prepares with `prepare`, and commits if nobody changed the
+    /// rules meanwhile; else reads again (a few times).
+    async fn retrying(&self, prepare: impl Fn(&Stored) -> Result<(u64, Vec<Op>)>) -> Result<u64> {
+        for _ in 0..5 {
+            let stored = self.read().await?;
+            let (version, mut ops) = prepare(&stored)?;
+            let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis();
+            ops.push(Op::Set("published_at".to_owned(), now_ms.to_string()));
+            match self.commit(stored.version, version, &ops).await {
+                Err(e) if is_changed(&e) => continue,
+                other => return other,
+            }
+        }
+        Err(Error::Rules("the rules kept changing; try again".to_owned()))
+    }
+
+    async fn commit(&self, expected: u64, version: u64, ops: &[Op]) -> Result<u64> {
+        let script = redis::Script::new(COMMIT);
+        let mut call = script.key(&self.key);
+        call.arg(expected).arg(version).arg(&self.key);
+        for op in ops {
+            match op {
+                Op::Set(field, value) => call.arg("set").arg(field).arg(value),
+                Op::Del(field) => call.arg("del").arg(field).arg(""),
+            };
+        }
+        Ok(call.invoke_async(&mut self.con.clone()).await?)
+    }
+}
+
+enum Op {
+    Set(String, String),
+    Del(String),
+}
+
+fn is_changed(e: &Error) -> bool {
+    matches!(e, Error::Redis(r) if r.code() == Some("CHANGED"))
+}
+
+/// An override id from what it matches: `ovr-` and the subject or network
+/// with anything but letters, digits, `_`, `-`, `.` made `_`.
+pub fn override_id(matched: &str) -> String {
+    let plain: String = matched
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') { c } else { '_' })
+        .take(60)
+        .collect();
+    format!("ovr-{plain}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_parse_and_name_what_is_broken() {
+        let mut fields = HashMap::from([
+            ("version".to_owned(), "7".to_owned()),
+            ("published_at".to_owned(), "1700000000000".to_owned()),
+            ("rules".to_owned(), r#"{"rules":[]}"#.to_owned()),
+            ("override:b".to_owned(), r#"{"id":"b","limits":[],"reason":"r"}"#.to_owned()),
+            ("override:a".to_owned(), r#"{"id":"a","limits":[],"reason":"r"}"#.to_owned()),
+        ]);
+        let s = Stored::from_fields(&fields).unwrap();
+        assert_eq!(s.version, 7);
+        assert_eq!(s.overrides.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(s.published_at, Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)));
+        fields.insert("override:c".to_owned(), "{".to_owned());
+        let e = Stored::from_fields(&fields).unwrap_err().to_string();
+        assert!(e.contains("field 'override:c'"), "{e}");
+        fields.insert("version".to_owned(), "x".to_owned());
+        assert!(Stored::from_fields(&fields).unwrap_err().to_string().contains("field 'version'"));
+    }
+
+    #[test]
+    fn override_ids_are_plain() {
+        assert_eq!(override_id("key_8f3"), "ovr-key_8f3");
+        assert_eq!(override_id("2001:db8::/48"), "ovr-2001_db8___48");
+        assert_eq!(override_id(&"x".repeat(100)).len(), 64);
+    }
+}

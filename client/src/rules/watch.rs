@@ -1,0 +1,208 @@
+//! Background refresh of live rules, off the request path.
+//!
+//! From Redis: a subscription to the rules channel brings "version N is
+//! out" at once; a poll of the version (every 5 s by default) catches a
+//! missed message or a lost subscription, so a new version reaches every
+//! gateway within one poll interval plus a fetch. From a file: its
+//! modification time and size are polled.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt;
+use redis::aio::PubSubStream;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, Instant};
+
+use super::live::{Installed, LiveRules};
+use super::spec::RuleSetSpec;
+use super::store::{RulesStore, Stored, DEFAULT_KEY};
+use crate::error::{Error, Result};
+
+/// Where and how often to look for rules in Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisSource {
+    /// A standalone server: `redis://host:port/`.
+    pub url: String,
+    /// The rules hash, also the channel. Default `rl:rules`.
+    pub key: String,
+    /// How often the version is polled, whatever the channel says. Default 5 s.
+    pub poll_every: Duration,
+    /// Longest wait for any call. Default 2 s.
+    pub timeout: Duration,
+}
+
+impl RedisSource {
+    /// The defaults, on the server at `url`.
+    pub fn new(url: impl Into<String>) -> RedisSource {
+        RedisSource { url: url.into(), key: DEFAULT_KEY.to_owned(), poll_every: Duration::from_secs(5), timeout: Duration::from_secs(2) }
+    }
+}
+
+/// A running refresh; dropping it stops it.
+#[derive(Debug)]
+pub struct Watcher {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LiveRules {
+    /// Keeps the rules current from Redis (see [`RulesStore`] for the
+    /// layout), starting with a read now. Call it inside a tokio runtime.
+    pub fn watch_redis(&self, source: RedisSource) -> Result<Watcher> {
+        if source.poll_every.is_zero() || source.timeout.is_zero() {
+            return Err(Error::invalid("a rules source needs poll_every and timeout above zero"));
+        }
+        let runtime = runtime()?;
+        let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
+        let client = redis::Client::open(source.url.as_str())?;
+        let rules = self.clone();
+        Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, client, source)) })
+    }
+
+    /// Keeps the rules current from a rule file, read again when its
+    /// modification time or size changes (checked every `every`). A file
+    /// without `version` is loaded as the next version.
+    pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Result<Watcher> {
+        let rules = self.clone();
+        Ok(Watcher { task: runtime()?.spawn(watch_file(rules, path.into(), every.max(Duration::from_millis(10)))) })
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().map_err(|_| Error::invalid("a rules watcher must be started inside a tokio runtime"))
+}
+
+async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client, source: RedisSource) {
+    let mut messages: Option<PubSubStream> = None;
+    let mut next_poll = Instant::now();
+    let mut next_subscribe = Instant::now();
+    loop {
+        if messages.is_none() && Instant::now() >= next_subscribe {
+            match timeout(source.timeout, subscribe(&client, store.key())).await {
+                Ok(Ok(stream)) => {
+                    messages = Some(stream);
+                    // Read once subscribed: nothing published before is missed.
+                    next_poll = Instant::now();
+                }
+                Ok(Err(e)) => log::debug!("rules channel {}: {e}", store.key()),
+                Err(_) => log::debug!("rules channel {}: no answer within {:?}", store.key(), source.timeout),
+            }
+            next_subscribe = Instant::now() + source.poll_every;
+        }
+        let wake = if messages.is_some() { next_poll } else { next_poll.min(next_subscribe) };
+        tokio::select! {
+            message = next_message(&mut messages) => match message {
+                // "version N is out": fetch it now unless it is not newer.
+                Some(payload) => {
+                    // An unreadable announcement is checked too: the read decides.
+                    let current = rules.snapshot().version();
+                    if !matches!(payload.trim().parse::<u64>(), Ok(v) if v <= current) {
+                        next_poll = Instant::now();
+                    }
+                }
+                None => {
+                    log::warn!("rules channel {} closed; polling every {:?} until it is back", store.key(), source.poll_every);
+                    messages = None;
+                }
+            },
+            _ = sleep_until(wake) => {}
+        }
+        if Instant::now() >= next_poll {
+            refresh(&rules, &store).await;
+            next_poll = Instant::now() + source.poll_every;
+        }
+    }
+}
+
+async fn subscribe(client: &redis::Client, channel: &str) -> redis::RedisResult<PubSubStream> {
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(channel).await?;
+    Ok(pubsub.into_on_message())
+}
+
+/// The next message's payload; `None` once the subscription is lost.
+/// Without a subscription, never.
+async fn next_message(messages: &mut Option<PubSubStream>) -> Option<String> {
+    match messages {
+        Some(stream) => stream.next().await.map(|m| m.get_payload::<String>().unwrap_or_default()),
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads the version; fetches and installs the whole hash when newer.
+async fn refresh(rules: &LiveRules, store: &RulesStore) {
+    let source = store.url();
+    let version = match store.version().await {
+        Ok(v) => v,
+        Err(e) => return rules.refresh_failed(source, &e),
+    };
+    let current = rules.snapshot().version();
+    if version <= current {
+        return rules.confirmed();
+    }
+    if rules.was_rejected(version) {
+        return;
+    }
+    let fields = match store.fields().await {
+        Ok(fields) => fields,
+        Err(e) => return rules.refresh_failed(source, &e),
+    };
+    let label = format!("{source} {}", store.key());
+    let outcome = Stored::from_fields(&fields).and_then(|stored| match &stored.rules {
+        Some(set) => rules.install(set, &stored.overrides, stored.version, &label),
+        None => Err(Error::Rules("the store has a version but no rules".to_owned())),
+    });
+    match outcome {
+        Ok(_) => {}
+        // install counted its own refusals; a store that does not parse is one too.
+        Err(e) if rules.was_rejected(version) => log::debug!("{e}"),
+        Err(e) => rules.rejected(version, &label, &e),
+    }
+}
+
+async fn watch_file(rules: LiveRules, path: PathBuf, every: Duration) {
+    let mut seen = stamp(&path);
+    loop {
+        tokio::time::sleep(every).await;
+        let now = stamp(&path);
+        let source = path.display().to_string();
+        if now.is_none() {
+            rules.refresh_failed(&source, &Error::Rules("the file cannot be read".to_owned()));
+            continue;
+        }
+        if now == seen {
+            rules.confirmed();
+            continue;
+        }
+        seen = now;
+        let read = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || RuleSetSpec::from_file(path)).await
+        };
+        let current = rules.snapshot().version();
+        match read {
+            Ok(Ok(spec)) => {
+                let version = spec.version.unwrap_or(current + 1);
+                // Installed, or refused and counted by install, unless not newer.
+                if let Ok(Installed::NotNewer) = rules.install(&spec, &[], version, &source) {
+                    let e = Error::Rules(format!("version {version} is not above version {current} in force"));
+                    rules.rejected(version, &source, &e);
+                }
+            }
+            Ok(Err(e)) => rules.rejected(current + 1, &source, &e),
+            Err(e) => rules.refresh_failed(&source, &Error::Rules(e.to_string())),
+        }
+    }
+}
+
+/// What tells a changed file: its modification time and size.
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}

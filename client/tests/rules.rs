@@ -1,0 +1,473 @@
+//! Live rules against real servers: precedence, atomic swaps under load,
+//! override expiry, refused rule sets, publication through Redis to several
+//! gateways, shadow rules, refresh failures, file reloads.
+
+mod common;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use common::config;
+use rl_client::rules::{
+    Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY,
+};
+use rl_client::{Backend, Event, Limiter, Source};
+use testkit::Server;
+
+fn spec(toml: &str) -> RuleSetSpec {
+    RuleSetSpec::from_toml(toml).unwrap()
+}
+
+fn limiter(s: &Server) -> Limiter {
+    Limiter::new(config(s.url(), Backend::Module)).unwrap()
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+/// Polls `done` every 20 ms until it holds; fails after `within`.
+async fn eventually(within: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < within, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+/// Each rule's burst is distinct, so a decision's `limit` says which rule's
+/// buckets Redis counted.
+const PRECEDENCE: &str = r#"
+    [[rules]]
+    id = "default"
+    reason = "everyone"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 10 }]
+
+    [[rules]]
+    id = "pro"
+    match = { plan = "pro" }
+    reason = "plan"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 20 }]
+
+    [[rules]]
+    id = "search"
+    match = { endpoint = "GET /search" }
+    reason = "endpoint"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 30 }]
+
+    [[rules]]
+    id = "upload"
+    match = { endpoint = "POST /upload" }
+    reason = "an endpoint beats a plan"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 35 }]
+
+    [[rules]]
+    id = "pro-search"
+    match = { plan = "pro", endpoint = "GET /search" }
+    reason = "plan and endpoint"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 40 }]
+
+    [[rules]]
+    id = "net48"
+    match = { ip = "2001:db8:aa::/48" }
+    reason = "a network"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 50 }]
+
+    [[rules]]
+    id = "net56"
+    match = { ip = "2001:db8:aa:bb00::/56" }
+    reason = "a narrower network"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 60 }]
+
+    [[rules]]
+    id = "acme"
+    match = { subject = "acme" }
+    reason = "a subject's own"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 70 }]
+
+    [[rules]]
+    id = "gone"
+    match = { plan = "legacy" }
+    reason = "expired: never applies"
+    expires = "2020-01-01T00:00:00Z"
+    limits = [{ name = "s", rate = 1, per = "1h", burst = 99 }]
+"#;
+
+fn clamp(id: &str, subject: &str, burst: u64, expires: SystemTime) -> RuleSpec {
+    RuleSpec {
+        id: id.to_owned(),
+        scope: MatchSpec { subject: Some(subject.to_owned()), ..MatchSpec::default() },
+        limits: vec![rl_client::rules::LimitSpec::parse_short(&format!("s=1/1h,burst={burst}")).unwrap()],
+        expires: Some(humantime::format_rfc3339_millis(expires).to_string()),
+        reason: "INC-1: retry storm".to_owned(),
+        ..RuleSpec::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_most_specific_rule_wins() {
+    let s = Server::start(&[]);
+    let rules = LiveRules::new(limiter(&s), &spec(PRECEDENCE)).unwrap();
+    let hour = SystemTime::now() + Duration::from_secs(3600);
+    let overrides = [clamp("ovr-acme", "acme", 80, hour)];
+    assert_eq!(rules.install(&spec(PRECEDENCE), &overrides, 1, "test").unwrap(), Installed::Now(1));
+    let in_net56 = ip("2001:db8:aa:bb12::1");
+    let in_net48 = ip("2001:db8:aa:cc00::1");
+    let cases: &[(Request, &str, u64)] = &[
+        (Request::new().subject("k"), "default", 10),
+        (Request::new().subject("k").plan("free"), "default", 10),
+        (Request::new().subject("k").plan("legacy"), "default", 10),
+        (Request::new().subject("k").plan("pro"), "pro", 20),
+        (Request::new().subject("k").endpoint("GET /search"), "search", 30),
+        (Request::new().subject("k").plan("pro").endpoint("GET /other"), "pro", 20),
+        (Request::new().subject("k").plan("pro").endpoint("POST /upload"), "upload", 35),
+        (Request::new().subject("k").plan("pro").endpoint("GET /search"), "pro-search", 40),
+        (Request::new().ip(in_net48).plan("pro").endpoint("GET /search"), "net48", 50),
+        (Request::new().ip(in_net56).plan("pro"), "net56", 60),
+        (Request::new().subject("acme2").ip(in_net56), "net56", 60),
+        (Request::new().subject("acme").ip(in_net56).plan("pro").endpoint("GET /search"), "ovr-acme", 80),
+    ];
+    for (request, rule, limit) in cases {
+        let v = rules.check(request).await.unwrap();
+        assert_eq!((v.rule.id(), v.decision.limit, v.version), (*rule, *limit, 1), "{request:?}");
+        assert_eq!(v.decision.source, Source::Redis);
+    }
+    // Without its override, acme's own rule applies.
+    rules.install(&spec(PRECEDENCE), &[], 2, "test").unwrap();
+    let v = rules.check(&Request::new().subject("acme").plan("pro")).await.unwrap();
+    assert_eq!((v.rule.id(), v.decision.limit), ("acme", 70));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_client_is_its_64_and_a_shared_rule_is_one_bucket() {
+    let s = Server::start(&[]);
+    let set = spec(
+        r#"
+        [[rules]]
+        id = "default"
+        reason = "one request an hour"
+        limits = [{ name = "s", rate = 1, per = "1h" }]
+
+        [[rules]]
+        id = "office"
+        match = { ip = "198.51.100.0/24" }
+        shared = true
+        reason = "the whole office shares"
+        limits = [{ name = "s", rate = 1, per = "1h", burst = 2 }]
+    "#,
+    );
+    let rules = LiveRules::new(limiter(&s), &set).unwrap();
+    let check = |addr: &str| {
+        let rules = rules.clone();
+        let addr = ip(addr);
+        async move { rules.check(&Request::new().ip(addr)).await.unwrap() }
+    };
+    let first = check("2001:db8:1:2::1").await;
+    assert_eq!((first.decision.allowed, first.subject.as_str()), (true, "ip:2001:db8:1:2::/64"));
+    // Another address of the same /64 is the same client: refused.
+    assert!(!check("2001:db8:1:2:ffff::9").await.decision.allowed);
+    // The next /64 is another client.
+    assert!(check("2001:db8:1:3::1").await.decision.allowed);
+    // IPv4 through a dual-stack socket is IPv4.
+    let v4 = check("::ffff:203.0.113.7").await;
+    assert_eq!((v4.decision.allowed, v4.subject.as_str()), (true, "ip:203.0.113.7/32"));
+    assert!(!check("203.0.113.7").await.decision.allowed);
+    // A shared rule: two addresses of the office share its 2 tokens.
+    let a = check("198.51.100.1").await;
+    assert_eq!((a.rule.id(), a.subject.as_str(), a.decision.allowed), ("office", "*", true));
+    assert!(check("198.51.100.2").await.decision.allowed);
+    assert!(!check("198.51.100.3").await.decision.allowed);
+    // No subject and no address: the caller's mistake, not a decision.
+    let e = rules.check(&Request::new().plan("pro")).await.unwrap_err().to_string();
+    assert!(e.contains("needs a subject or an IP address"), "{e}");
+}
+
+/// Version `v`: its default rule, its limit and its shadow rule all carry
+/// `v`. The shadow rule allows one request per subject, then reports.
+fn versioned(v: u64) -> RuleSetSpec {
+    spec(&format!(
+        r#"
+        [[rules]]
+        id = "d{v}"
+        reason = "version {v}"
+        limits = [{{ name = "s", rate = 1000000, per = "1s", burst = {burst} }}]
+
+        [[rules]]
+        id = "s{v}"
+        mode = "shadow"
+        reason = "version {v}"
+        limits = [{{ name = "s", rate = 1, per = "1h" }}]
+    "#,
+        burst = 1_000_000 + v
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_never_sees_half_a_rule_set() {
+    let s = Server::start(&[]);
+    let rules = LiveRules::new(limiter(&s), &versioned(1)).unwrap();
+    rules.install(&versioned(1), &[], 1, "test").unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let (rules, stop) = (rules.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let subject = format!("u{t}");
+            let mut seen = Vec::new();
+            for _ in 0..5000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let v = rules.check(&Request::new().subject(&subject)).await.unwrap();
+                let n = v.version;
+                assert_eq!(v.rule.id(), format!("d{n}"), "the rule is of the version the request used");
+                assert_eq!(v.decision.limit, 1_000_000 + n, "the buckets counted are that version's");
+                if let Some(shadow) = &v.shadow {
+                    assert_eq!(shadow.rule.id(), format!("s{n}"), "the shadow rule is of the same version");
+                }
+                assert!(seen.last().map_or(true, |&last| last <= n), "versions only move forward: {seen:?} then {n}");
+                seen.push(n);
+            }
+            seen
+        }));
+    }
+    for v in 2..=60 {
+        assert_eq!(rules.install(&versioned(v), &[], v, "test").unwrap(), Installed::Now(v));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut versions = std::collections::BTreeSet::new();
+    for t in tasks {
+        versions.extend(t.await.unwrap());
+    }
+    assert!(versions.len() >= 3, "requests ran across several versions: {versions:?}");
+    // An older version is never installed over a newer one.
+    assert_eq!(rules.install(&versioned(5), &[], 5, "test").unwrap(), Installed::NotNewer);
+    assert_eq!(rules.snapshot().version(), 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_override_stops_applying_by_itself() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    store.publish(&spec(PRECEDENCE)).await.unwrap();
+    let rules = LiveRules::new(limiter(&s), &spec(PRECEDENCE)).unwrap();
+    let _watcher = rules.watch_redis(RedisSource::new(s.url())).unwrap();
+    // Clamped to one request, for four seconds.
+    let until = SystemTime::now() + Duration::from_secs(4);
+    let version = store.set_override(&clamp("ovr-k", "k", 1, until)).await.unwrap();
+    eventually(Duration::from_secs(10), "the override arrives", || rules.snapshot().version() == version).await;
+    let req = Request::new().subject("k");
+    let v = rules.check(&req).await.unwrap();
+    assert_eq!((v.rule.id(), v.decision.allowed), ("ovr-k", true));
+    let v = rules.check(&req).await.unwrap();
+    assert_eq!((v.rule.id(), v.decision.allowed), ("ovr-k", false));
+    // Nothing is republished: the clock alone ends it.
+    while SystemTime::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let v = rules.check(&req).await.unwrap();
+    assert_eq!((v.rule.id(), v.decision.allowed, v.version), ("default", true, version));
+    // An override without an expiry or a reason is refused.
+    let mut forever = clamp("ovr-x", "x", 1, until);
+    forever.expires = None;
+    let e = store.set_override(&forever).await.unwrap_err().to_string();
+    assert!(e.contains("override 'ovr-x': an override needs expires"), "{e}");
+    let mut unexplained = clamp("ovr-x", "x", 1, SystemTime::now() + Duration::from_secs(60));
+    unexplained.reason = " ".to_owned();
+    let e = store.set_override(&unexplained).await.unwrap_err().to_string();
+    assert!(e.contains("override 'ovr-x': reason is required"), "{e}");
+    let too_long = clamp("ovr-x", "x", 1, SystemTime::now() + Duration::from_secs(31 * 86_400));
+    assert!(store.set_override(&too_long).await.unwrap_err().to_string().contains("within 30 days"));
+    assert_eq!(store.version().await.unwrap(), version, "nothing refused was written");
+}
+
+const BAD: &str = r#"
+    [[rules]]
+    id = "default"
+    reason = "everyone"
+    limits = [{ name = "s", rate = 0, per = "1s" }]
+
+    [[rules]]
+    id = "pro"
+    match = { plan = "pro" }
+    reason = "plan"
+    limits = [{ name = "daily", kind = "quota", rate = 5, per = "1 fortnight" }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_rule_set_is_refused_whole_and_the_old_one_stays() {
+    let s = Server::start(&[]);
+    let rules = LiveRules::new(limiter(&s), &spec(PRECEDENCE)).unwrap();
+    let e = rules.install(&spec(BAD), &[], 5, "test").unwrap_err().to_string();
+    for fault in [
+        "rule 'default' limit 's': rate must be from 1 to 100000000000000, got 0",
+        "rule 'pro' limit 'daily': per \"1 fortnight\" is not a duration",
+        "rule 'pro' limit 'daily': a quota needs limit",
+    ] {
+        assert!(e.contains(fault), "{fault} in: {e}");
+    }
+    let status = rules.status();
+    assert_eq!((status.version, status.rejected), (0, 1));
+    assert!(status.last_error.as_deref().is_some_and(|t| t.contains("version 5")), "{status:?}");
+    assert_eq!(rules.check(&Request::new().subject("k").plan("pro")).await.unwrap().rule.id(), "pro");
+
+    // From Redis: a broken snapshot written past rlctl is refused by every
+    // gateway, and the next good one is taken.
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    let good = store.publish(&spec(PRECEDENCE)).await.unwrap();
+    let _watcher = rules.watch_redis(RedisSource::new(s.url())).unwrap();
+    eventually(Duration::from_secs(10), "the good version", || rules.snapshot().version() == good).await;
+    let mut con = s.con();
+    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("rules").arg(spec(BAD).to_json()).arg("version").arg(good + 1).query(&mut con).unwrap();
+    let _: () = redis::cmd("PUBLISH").arg(DEFAULT_KEY).arg(good + 1).query(&mut con).unwrap();
+    eventually(Duration::from_secs(10), "the bad version is refused", || rules.status().rejected == 2).await;
+    let status = rules.status();
+    assert_eq!(status.version, good);
+    assert!(status.last_error.as_deref().is_some_and(|t| t.contains("rule 'default' limit 's': rate")), "{status:?}");
+    assert_eq!(rules.check(&Request::new().subject("k")).await.unwrap().version, good);
+    let fixed = store.publish(&spec(PRECEDENCE)).await.unwrap();
+    assert_eq!(fixed, good + 2);
+    eventually(Duration::from_secs(10), "the fixed version", || rules.snapshot().version() == fixed).await;
+    assert_eq!(rules.status().last_error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_reaches_every_gateway_within_ten_seconds() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    let gateways: Vec<LiveRules> = (0..3).map(|_| LiveRules::new(limiter(&s), &versioned(0)).unwrap()).collect();
+    let _watchers: Vec<_> = gateways.iter().map(|g| g.watch_redis(RedisSource::new(s.url())).unwrap()).collect();
+    // Let the watchers subscribe, so the announcement is what delivers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 1..=3 {
+        let version = store.publish(&versioned(round)).await.unwrap();
+        assert_eq!(version, round);
+        let took = eventually(Duration::from_secs(10), "every gateway has the new version", || {
+            gateways.iter().all(|g| g.snapshot().version() == version)
+        })
+        .await;
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        for g in &gateways {
+            let v = g.check(&Request::new().subject("u")).await.unwrap();
+            assert_eq!(v.rule.id(), format!("d{version}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_catches_a_missed_announcement() {
+    let s = Server::start(&[]);
+    let rules = LiveRules::new(limiter(&s), &versioned(0)).unwrap();
+    let source = RedisSource { poll_every: Duration::from_millis(300), ..RedisSource::new(s.url()) };
+    let _watcher = rules.watch_redis(source).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Written without PUBLISH: no message will come.
+    let _: () = redis::cmd("HSET")
+        .arg(DEFAULT_KEY)
+        .arg("rules")
+        .arg(versioned(7).to_json())
+        .arg("version")
+        .arg(7)
+        .query(&mut s.con())
+        .unwrap();
+    eventually(Duration::from_secs(5), "the poll finds version 7", || rules.snapshot().version() == 7).await;
+    assert!(rules.status().source.contains(&s.url()), "{:?}", rules.status());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_rules_are_reported_and_never_refuse() {
+    let mut s = Server::start(&[]);
+    let set = spec(
+        r#"
+        [[rules]]
+        id = "default"
+        reason = "everyone"
+        limits = [{ name = "s", rate = 100, per = "1h" }]
+
+        [[rules]]
+        id = "tight"
+        match = { plan = "free" }
+        mode = "shadow"
+        fail = "closed"
+        reason = "proposed: one an hour"
+        limits = [{ name = "hourly", rate = 1, per = "1h" }, { name = "daily", kind = "quota", limit = 1, per = "1d" }]
+    "#,
+    );
+    let rules = LiveRules::new(limiter(&s), &set).unwrap();
+    let req = Request::new().subject("cheap").plan("free");
+    let mut shadowed = 0;
+    for i in 0..10 {
+        let v = rules.check(&req).await.unwrap();
+        assert!(v.decision.allowed, "request {i}: {v:?}");
+        assert_eq!(v.rule.id(), "default");
+        if let Some(refusal) = &v.shadow {
+            assert_eq!((refusal.rule.id(), refusal.limit), ("tight", 0));
+            shadowed += 1;
+        }
+    }
+    assert_eq!(shadowed, 9);
+    let report = rules.shadow_report();
+    assert_eq!(report.len(), 1);
+    assert_eq!((report[0].rule.as_str(), report[0].subject.as_str(), report[0].refusals), ("tight", "cheap", 9));
+    assert_eq!(rules.limiter().counters().get(Event::ShadowRefused), 9);
+    // Another plan is not the shadow rule's.
+    assert!(rules.check(&Request::new().subject("p").plan("pro")).await.unwrap().shadow.is_none());
+    // Redis down: the shadow rule is fail-closed, and still refuses nothing.
+    s.kill();
+    for _ in 0..5 {
+        let v = rules.check(&req).await.unwrap();
+        assert!(v.decision.allowed, "{v:?}");
+        assert_eq!(v.decision.source, Source::Fallback);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_cannot_refresh_keeps_its_rules_and_reports_their_age() {
+    let limits = Server::start(&[]);
+    let mut rules_server = Server::start(&[]);
+    let store = RulesStore::new(&rules_server.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    let version = store.publish(&versioned(3)).await.unwrap();
+    let rules = LiveRules::new(limiter(&limits), &versioned(0)).unwrap();
+    let source = RedisSource { poll_every: Duration::from_millis(200), ..RedisSource::new(rules_server.url()) };
+    let _watcher = rules.watch_redis(source).unwrap();
+    eventually(Duration::from_secs(10), "loaded", || rules.snapshot().version() == version).await;
+    eventually(Duration::from_secs(5), "confirmed by a poll", || rules.status().age < Duration::from_millis(400)).await;
+    rules_server.kill();
+    eventually(Duration::from_secs(10), "the failure is reported", || {
+        let s = rules.status();
+        s.refresh_failures > 0 && s.last_error.is_some() && s.age > Duration::from_millis(800)
+    })
+    .await;
+    let status = rules.status();
+    assert!(status.last_error.as_deref().is_some_and(|e| e.contains("cannot refresh rules")), "{status:?}");
+    let v = rules.check(&Request::new().subject("u")).await.unwrap();
+    assert_eq!((v.rule.id(), v.version, v.decision.source), ("d3", version, Source::Redis));
+    rules_server.restart();
+    eventually(Duration::from_secs(10), "fresh again", || {
+        let s = rules.status();
+        s.age < Duration::from_millis(400) && s.last_error.is_none()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_file_is_reloaded_when_it_changes() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    let write = |set: &RuleSetSpec| std::fs::write(&path, toml::to_string(set).unwrap()).unwrap();
+    let unversioned = |v| RuleSetSpec { version: None, ..versioned(v) };
+    write(&unversioned(1));
+    let rules = LiveRules::new(limiter(&s), &RuleSetSpec::from_file(&path).unwrap()).unwrap();
+    let _watcher = rules.watch_file(&path, Duration::from_millis(50)).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    write(&unversioned(2));
+    eventually(Duration::from_secs(5), "reloaded as the next version", || rules.snapshot().version() == 1).await;
+    assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
+    std::fs::write(&path, BAD).unwrap();
+    eventually(Duration::from_secs(5), "the bad file is refused", || rules.status().rejected == 1).await;
+    assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
+}
