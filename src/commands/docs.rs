@@ -16,7 +16,7 @@ use redis_module::raw::{
 #[derive(Clone, Copy)]
 pub enum Keys {
     /// `CMD numkeys key [key ...]`.
-    NumKeys,
+    Numkeys,
     /// argv[1] only.
     One,
     /// From argv[1] to the end, every `step`th.
@@ -53,7 +53,7 @@ pub fn set(command: *mut RedisModuleCommand, doc: &Doc) -> bool {
         Access::Overwrite => raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
     } as u64;
     let find_keys = match doc.keys {
-        Keys::NumKeys => (
+        Keys::Numkeys => (
             raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM,
             RedisModuleCommandKeySpec__bindgen_ty_2 {
                 keynum: RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 { keynumidx: 0, firstkey: 1, keystep: 1 },

@@ -113,7 +113,7 @@ const COMMANDS: &[Command] = &[
         flags: WRITE,
         keys: (0, 0, 0),
         public: true,
-        doc: doc(c"Takes tokens from several token buckets, all or none.", PER_KEY, Keys::NumKeys, Access::Update),
+        doc: doc(c"Takes tokens from several token buckets, all or none.", PER_KEY, Keys::Numkeys, Access::Update),
     },
     Command {
         name: c"rl.peek",
@@ -121,7 +121,7 @@ const COMMANDS: &[Command] = &[
         flags: READ,
         keys: (0, 0, 0),
         public: true,
-        doc: doc(c"Answers as RL.TAKE would, taking nothing.", PER_KEY, Keys::NumKeys, Access::Read),
+        doc: doc(c"Answers as RL.TAKE would, taking nothing.", PER_KEY, Keys::Numkeys, Access::Read),
     },
     Command {
         name: c"rl.lease",
@@ -129,7 +129,7 @@ const COMMANDS: &[Command] = &[
         flags: WRITE,
         keys: (0, 0, 0),
         public: true,
-        doc: doc(c"Takes up to n tokens from several buckets, for a gateway to spend.", PER_KEY, Keys::NumKeys, Access::Update),
+        doc: doc(c"Takes up to n tokens from several buckets, for a gateway to spend.", PER_KEY, Keys::Numkeys, Access::Update),
     },
     Command {
         name: c"rl.refund",
@@ -137,7 +137,7 @@ const COMMANDS: &[Command] = &[
         flags: WRITE,
         keys: (0, 0, 0),
         public: true,
-        doc: doc(c"Gives unused tokens back to several buckets.", PER_KEY, Keys::NumKeys, Access::Update),
+        doc: doc(c"Gives unused tokens back to several buckets.", PER_KEY, Keys::Numkeys, Access::Update),
     },
     Command {
         name: c"rl.window",
@@ -148,7 +148,7 @@ const COMMANDS: &[Command] = &[
         doc: doc(
             c"Counts a request in several sliding, exact or fixed windows, all or none.",
             c"O(N) where N is the number of keys; EXACT: O(N log M) with M entries in a log",
-            Keys::NumKeys,
+            Keys::Numkeys,
             Access::Update,
         ),
     },
@@ -158,7 +158,7 @@ const COMMANDS: &[Command] = &[
         flags: READ,
         keys: (0, 0, 0),
         public: true,
-        doc: doc(c"Answers as RL.WINDOW would, counting nothing.", PER_KEY, Keys::NumKeys, Access::Read),
+        doc: doc(c"Answers as RL.WINDOW would, counting nothing.", PER_KEY, Keys::Numkeys, Access::Read),
     },
     Command {
         name: c"cl.throttle",
