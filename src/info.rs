@@ -20,7 +20,13 @@ pub fn missing_api() -> Result<(), String> {
             ("Replicate", raw::RedisModule_Replicate.is_some_and(|_| true)),
             ("KeyAtPos", raw::RedisModule_KeyAtPos.is_some_and(|_| true)),
             ("Milliseconds", raw::RedisModule_Milliseconds.is_some_and(|_| true)),
+            // The type callbacks run outside the panic boundary: what they
+            // call must be there.
             ("EmitAOF", raw::RedisModule_EmitAOF.is_some_and(|_| true)),
+            ("DigestAddStringBuffer", raw::RedisModule_DigestAddStringBuffer.is_some_and(|_| true)),
+            ("DigestEndSequence", raw::RedisModule_DigestEndSequence.is_some_and(|_| true)),
+            ("SaveStringBuffer", raw::RedisModule_SaveStringBuffer.is_some_and(|_| true)),
+            ("LoadStringBuffer", raw::RedisModule_LoadStringBuffer.is_some_and(|_| true)),
             ("RegisterInfoFunc", raw::RedisModule_RegisterInfoFunc.is_some_and(|_| true)),
         ]
     };

@@ -475,3 +475,31 @@ fn acl_category_on_servers_that_support_module_categories() {
     let e = call_err(&mut con, "RL.SET", &[b"k", b"", b"0"]);
     assert!(e.starts_with("NOPERM"), "{e}");
 }
+
+#[test]
+fn command_docs_and_key_specs_describe_every_command() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let text = |con: &mut redis::Connection, sub: &str, cmd: &str| -> String {
+        let v: Value = redis::cmd("COMMAND").arg(sub).arg(cmd).query(con).unwrap();
+        format!("{v:?}").replace("bulk-string(", "").replace("simple-string(", "")
+    };
+    for (cmd, find_keys, access) in [
+        ("rl.take", "keynum", "RW"),
+        ("rl.peek", "keynum", "RO"),
+        ("rl.lease", "keynum", "RW"),
+        ("rl.refund", "keynum", "RW"),
+        ("rl.window", "keynum", "RW"),
+        ("rl.windowpeek", "keynum", "RO"),
+        ("cl.throttle", "range", "RW"),
+        ("rl.set", "range", "OW"),
+        ("rl.logadd", "range", "RW"),
+    ] {
+        let docs = text(&mut con, "DOCS", cmd);
+        assert!(docs.contains("summary") && docs.contains("0.1.0"), "{cmd}: {docs}");
+        let info = text(&mut con, "INFO", cmd);
+        assert!(info.contains(find_keys) && info.contains(access), "{cmd}: {info}");
+    }
+    // The server's own arity check is off: the module names what is missing.
+    assert_eq!(call_err(&mut con, "RL.TAKE", &[]), "ERR numkeys is missing");
+}

@@ -274,7 +274,7 @@ mod tests {
         let c = check(&p, Sliding, Some(&s), 4, 1_500);
         assert!(!c.check.admits);
         assert_eq!(c.check.wait_ms, 200);
-        assert!(check(&p, Sliding, Some(&s), 4, 1_699).check.admits == false);
+        assert!(!check(&p, Sliding, Some(&s), 4, 1_699).check.admits);
         assert!(check(&p, Sliding, Some(&s), 4, 1_700).check.admits);
         // Full current window: wait into the next one, where current decays.
         let s = WindowState { start_ms: 1_000, previous: 0, current: 10 };

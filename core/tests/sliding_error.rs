@@ -161,7 +161,8 @@ fn limiter(exact_decides: bool, trace: &[u64]) -> Tally {
 fn sliding_estimate_error_on_a_realistic_trace() {
     let mut rng = Rng(0x5EED);
     let traces: Vec<(usize, bool, Vec<u64>)> = (0..CLIENTS).map(|_| client_trace(&mut rng)).collect();
-    let measures: [(&str, &dyn Fn(&[u64]) -> Tally); 3] = [
+    type Measure<'a> = (&'a str, &'a dyn Fn(&[u64]) -> Tally);
+    let measures: [Measure; 3] = [
         ("estimator on offered load", &offered_load),
         ("limiter, EXACT decides, SLIDING shadows", &|t| limiter(true, t)),
         ("limiter, SLIDING decides, EXACT shadows", &|t| limiter(false, t)),

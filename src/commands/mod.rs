@@ -12,11 +12,13 @@ use rl_core::log::Append;
 use smallvec::SmallVec;
 
 use crate::args::{self, FIRST_KEY};
+use docs::{Access, Doc, Keys};
 use crate::ffi::{self, api, Ctx, Held, Key};
 use crate::stats::{self, CommandStats, Verdict};
 use crate::store::{self, Value};
 
 mod bucket;
+mod docs;
 mod effects;
 mod throttle;
 mod window;
@@ -89,24 +91,100 @@ struct Command {
     /// In the `@ratelimit` ACL category (the internal commands are not: a
     /// gateway's user should not be able to write raw state).
     public: bool,
+    doc: Doc,
 }
 
 const WRITE: &CStr = c"write deny-oom fast getkeys-api";
 const READ: &CStr = c"readonly fast getkeys-api";
+const SINCE: &CStr = c"0.1.0";
+
+const fn doc(summary: &'static CStr, complexity: &'static CStr, keys: Keys, access: Access) -> Doc {
+    Doc { summary, since: SINCE, complexity, keys, access }
+}
+
+const PER_KEY: &CStr = c"O(N) where N is the number of keys";
 
 /// `numkeys` commands declare their keys through `getkeys-api`: the only way
 /// Redis Cluster checks their slots (a key spec alone is ignored for routing).
 const COMMANDS: &[Command] = &[
-    Command { name: c"rl.take", handler: rl_take, flags: WRITE, keys: (0, 0, 0), public: true },
-    Command { name: c"rl.peek", handler: rl_peek, flags: READ, keys: (0, 0, 0), public: true },
-    Command { name: c"rl.lease", handler: rl_lease, flags: WRITE, keys: (0, 0, 0), public: true },
-    Command { name: c"rl.refund", handler: rl_refund, flags: WRITE, keys: (0, 0, 0), public: true },
-    Command { name: c"rl.window", handler: rl_window, flags: WRITE, keys: (0, 0, 0), public: true },
-    Command { name: c"rl.windowpeek", handler: rl_windowpeek, flags: READ, keys: (0, 0, 0), public: true },
-    Command { name: c"cl.throttle", handler: cl_throttle, flags: c"write deny-oom fast", keys: (1, 1, 1), public: true },
+    Command {
+        name: c"rl.take",
+        handler: rl_take,
+        flags: WRITE,
+        keys: (0, 0, 0),
+        public: true,
+        doc: doc(c"Takes tokens from several token buckets, all or none.", PER_KEY, Keys::Numkeys, Access::Update),
+    },
+    Command {
+        name: c"rl.peek",
+        handler: rl_peek,
+        flags: READ,
+        keys: (0, 0, 0),
+        public: true,
+        doc: doc(c"Answers as RL.TAKE would, taking nothing.", PER_KEY, Keys::Numkeys, Access::Read),
+    },
+    Command {
+        name: c"rl.lease",
+        handler: rl_lease,
+        flags: WRITE,
+        keys: (0, 0, 0),
+        public: true,
+        doc: doc(c"Takes up to n tokens from several buckets, for a gateway to spend.", PER_KEY, Keys::Numkeys, Access::Update),
+    },
+    Command {
+        name: c"rl.refund",
+        handler: rl_refund,
+        flags: WRITE,
+        keys: (0, 0, 0),
+        public: true,
+        doc: doc(c"Gives unused tokens back to several buckets.", PER_KEY, Keys::Numkeys, Access::Update),
+    },
+    Command {
+        name: c"rl.window",
+        handler: rl_window,
+        flags: WRITE,
+        keys: (0, 0, 0),
+        public: true,
+        doc: doc(
+            c"Counts a request in several sliding, exact or fixed windows, all or none.",
+            c"O(N) where N is the number of keys; EXACT: O(N log M) with M entries in a log",
+            Keys::Numkeys,
+            Access::Update,
+        ),
+    },
+    Command {
+        name: c"rl.windowpeek",
+        handler: rl_windowpeek,
+        flags: READ,
+        keys: (0, 0, 0),
+        public: true,
+        doc: doc(c"Answers as RL.WINDOW would, counting nothing.", PER_KEY, Keys::Numkeys, Access::Read),
+    },
+    Command {
+        name: c"cl.throttle",
+        handler: cl_throttle,
+        flags: c"write deny-oom fast",
+        keys: (1, 1, 1),
+        public: true,
+        doc: doc(c"redis-cell's GCRA rate limit, on the server's clock.", c"O(1)", Keys::One, Access::Update),
+    },
     // Internal: the effects of writes, replicated and in the AOF.
-    Command { name: c"rl.set", handler: rl_set, flags: c"write deny-oom fast", keys: (1, -1, 3), public: false },
-    Command { name: c"rl.logadd", handler: rl_logadd, flags: c"write deny-oom fast", keys: (1, -1, 5), public: false },
+    Command {
+        name: c"rl.set",
+        handler: rl_set,
+        flags: c"write deny-oom fast",
+        keys: (1, -1, 3),
+        public: false,
+        doc: doc(c"Internal: sets limiter states and expiries (replication, AOF).", PER_KEY, Keys::Every(3), Access::Overwrite),
+    },
+    Command {
+        name: c"rl.logadd",
+        handler: rl_logadd,
+        flags: c"write deny-oom fast",
+        keys: (1, -1, 5),
+        public: false,
+        doc: doc(c"Internal: logs an admission in EXACT logs (replication, AOF).", PER_KEY, Keys::Every(5), Access::Update),
+    },
 ];
 
 /// The module's ACL category, on servers that let modules add one (7.4+).
@@ -135,9 +213,15 @@ pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         if status != raw::REDISMODULE_OK as c_int {
             return Err(format!("could not register {}", c.name.to_string_lossy()));
         }
+        let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, c.name.as_ptr()) };
+        if cmd.is_null() {
+            return Err(format!("could not find {} once registered", c.name.to_string_lossy()));
+        }
+        if !docs::set(cmd, &c.doc) {
+            raw::redis_log(ctx, &format!("rl: no COMMAND DOCS for {}", c.name.to_string_lossy()));
+        }
         if let (Some((_, set_categories)), true) = (acl, c.public) {
-            let cmd = unsafe { api!(RedisModule_GetCommand)(ctx, c.name.as_ptr()) };
-            if cmd.is_null() || unsafe { set_categories(cmd, ACL_CATEGORY.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+            if unsafe { set_categories(cmd, ACL_CATEGORY.as_ptr()) } != raw::REDISMODULE_OK as c_int {
                 return Err(format!("could not set the ACL category of {}", c.name.to_string_lossy()));
             }
         }
