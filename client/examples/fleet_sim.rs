@@ -762,14 +762,15 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
         "While the server is down a fail-open rule should admit at most 2 × (capacity + rate × {seconds_down:.1} s): \
          the design's promise. The fallback's own bound is what its local buckets hold: per gateway \
          max(1, capacity × {slack} / {gateways}) tokens to start with (at least one), and {slack} × rate over the \
-         fleet. Fail-closed rules should admit nothing. Before the kill, the allowance of a full bucket over \
-         {} s. Rows of several subjects add their subjects' bounds.\n",
+         fleet. Fail-closed rules should admit nothing. Before the kill, what Redis and the leases admitted \
+         against the allowance of a full bucket over {} s. Rows of several subjects add their subjects' bounds.\n",
         BEFORE_OUTAGE.as_secs(),
     );
     let _ = writeln!(w, "| traffic | rule | window | requests | admitted | 2 × limit | admitted / (2 × limit) | admitted by the fallback | fallback's bound | decided by |");
     let _ = writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---|");
     let mut over_twice = Vec::new();
     let mut over_fallback = Vec::new();
+    let mut before_within = true;
     let mut closed_refused = true;
     for &(class, _) in &traffic.classes {
         let policy = traffic.policy(&plans, class);
@@ -794,8 +795,11 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
             let (name, bound, ratio, by_fallback, fallback_text) = match window {
                 Window::Running => {
                     let bound = allowance(policy, BEFORE_OUTAGE.as_secs_f64()) * subjects;
-                    let ratio = format!("{:.3}", t.admitted as f64 / bound);
-                    ("before the kill", format!("{} (1 × limit)", thousands(bound as u64)), ratio, "-".into(), "-".into())
+                    let by_redis = (t.admitted - t.fallback_admitted) as f64;
+                    before_within &= by_redis <= bound;
+                    let ratio = format!("{:.3} by Redis and leases", by_redis / bound);
+                    let bound = format!("{} (1 × limit)", thousands(bound as u64));
+                    ("before the kill", bound, ratio, thousands(t.fallback_admitted), "-".into())
                 }
                 Window::Down if fail_closed => {
                     closed_refused &= t.admitted == 0;
@@ -838,6 +842,10 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
         back.len(),
         Config::standalone("").breaker_open_for,
     );
+    checks.push(format!(
+        "before the kill, leases and the deny cache never admit over the allowance: {}",
+        pass(before_within)
+    ));
     let listed = |v: &[String]| if v.is_empty() { String::new() } else { format!(" (over: {})", v.join(", ")) };
     checks.push(format!(
         "fail-open rules within 2x their limit while the server was down: {}{}",
