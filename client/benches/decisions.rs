@@ -51,14 +51,11 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Calls of the limiter's commands the server has run so far.
+/// Calls of the limiter's commands the server has run since it started
+/// (the module's own counters in `INFO rl`).
 fn redis_calls(server: &Server) -> u64 {
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut server.con()).expect("INFO commandstats");
-    stats
-        .lines()
-        .filter(|l| ["cmdstat_rl.take:", "cmdstat_rl.lease:", "cmdstat_rl.refund:"].iter().any(|c| l.starts_with(c)))
-        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
-        .sum()
+    let count = |field: &str| server.info("rl", field).parse::<u64>().expect("a count in INFO rl");
+    ["rl_take_calls", "rl_lease_calls", "rl_refund_calls"].into_iter().map(count).sum()
 }
 
 /// One decision path: what to check, and the event that counts it.

@@ -25,7 +25,7 @@
 //! `Limiter` (leases and deny cache); the `Limiter` again while the server
 //! is killed for `--outage` seconds and restarted. The numbers printed all
 //! come from the run: requests and decisions counted by the gateways,
-//! Redis calls from the server's `INFO commandstats`.
+//! Redis calls from the module's counters in the server's `INFO rl`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -502,16 +502,11 @@ async fn run_lane(
     stats
 }
 
-/// Calls of the limiter's commands the server has run since it started.
+/// Calls of the limiter's commands the server has run since it started
+/// (the module's own counters in `INFO rl`).
 fn redis_calls(server: &Server) -> u64 {
-    tokio::task::block_in_place(|| {
-        let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut server.con()).expect("INFO");
-        stats
-            .lines()
-            .filter(|l| ["cmdstat_rl.take:", "cmdstat_rl.lease:", "cmdstat_rl.refund:"].iter().any(|c| l.starts_with(c)))
-            .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
-            .sum()
-    })
+    let count = |field: &str| server.info("rl", field).parse::<u64>().expect("a count in INFO rl");
+    tokio::task::block_in_place(|| ["rl_take_calls", "rl_lease_calls", "rl_refund_calls"].into_iter().map(count).sum())
 }
 
 /// Every limiter's total of `event`.
