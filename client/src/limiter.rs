@@ -461,17 +461,17 @@ impl Limiter {
     async fn guarded<T>(&self, t: &Target, call: impl Future<Output = Result<T>>) -> Result<T> {
         let i = &self.inner;
         let breaker = i.shards.breaker(t.slot);
-        if !breaker.admit(i.now_ms()) {
+        let Some(ticket) = breaker.admit(i.now_ms()) else {
             return Err(Error::BreakerOpen);
-        }
+        };
         let result = call.await;
         match &result {
-            Ok(_) => breaker.success(),
+            Ok(_) => breaker.success(ticket),
             Err(e) => {
                 i.record(Event::Error, &t.policy, None);
                 if !e.is_shard_failure() {
-                    breaker.success(); // the shard answered; the call was at fault
-                } else if breaker.failure(i.now_ms()) {
+                    breaker.success(ticket); // the shard answered; the call was at fault
+                } else if breaker.failure(ticket, i.now_ms()) {
                     i.record(Event::BreakerOpened, &t.policy, None);
                 }
             }

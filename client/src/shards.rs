@@ -128,7 +128,8 @@ mod tests {
         s.installed(&map, 0);
         assert!(Arc::ptr_eq(&s.breaker(0), &s.breaker(16_000)));
         assert!(!Arc::ptr_eq(&s.breaker(0), &s.breaker(6000)));
-        s.breaker(6000).failure(5);
+        let b = s.breaker(6000);
+        b.failure(b.admit(5).unwrap(), 5);
         assert_eq!(s.states(6), [("a:1".to_string(), false), ("b:1".to_string(), true)]);
         // A refresh keeps the breaker of a primary that still serves.
         assert!(!s.refresh_due(9_999) && s.refresh_due(10_000));
