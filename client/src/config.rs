@@ -50,7 +50,7 @@ pub struct Config {
     /// A lease is this much of this gateway's share of the rate. Default 100 ms.
     pub lease_window: Duration,
     /// Leased tokens unspent this long after their last refill are dropped
-    /// (and handed back), so a lowered limit bites within it. Default 1 s.
+    /// (never handed back), so a lowered limit bites within it. Default 1 s.
     pub lease_ttl: Duration,
     /// Consecutive failures that open a shard's breaker. Default 5.
     pub breaker_trip_after: u32,

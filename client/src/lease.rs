@@ -4,8 +4,14 @@
 //! fleet can never admit more than the buckets hold: the error is under,
 //! never over. Tokens stranded on a gateway (it stops seeing the subject,
 //! the entry is evicted, the process stops) are lost to the subject for a
-//! moment; tokens unspent `ttl` after the lease's last refill are dropped
-//! and handed back with RL.REFUND, so a lowered limit bites within `ttl`.
+//! moment; tokens unspent `ttl` after the lease's last refill are dropped,
+//! so a lowered limit bites within `ttl`.
+//!
+//! Dropped, never handed back: the bucket refilled while they were held,
+//! so a refund could lift it above what `capacity + refill x elapsed`
+//! allows (leased at full, refilled to full meanwhile, drained by another
+//! gateway, refunded, drained again: 150 admitted of a bucket of 100 within
+//! a few milliseconds).
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -41,16 +47,17 @@ pub(crate) enum Spend {
 }
 
 impl Lease {
-    /// Drops the tokens of an expired lease; returns how many, to hand back.
-    pub(crate) fn expire(&mut self, now_ms: u64) -> u64 {
-        if now_ms < self.expires_ms {
-            return 0;
+    /// Drops the tokens of an expired lease.
+    fn expire(&mut self, now_ms: u64) {
+        if now_ms >= self.expires_ms {
+            self.tokens = 0;
         }
-        std::mem::take(&mut self.tokens)
     }
 
-    /// Spends `cost` tokens if the lease holds them. Call `expire` first.
-    pub(crate) fn spend(&mut self, cost: u64, batch: u64) -> Spend {
+    /// Spends `cost` tokens at `now_ms` if the lease holds them (expired
+    /// ones are dropped first).
+    pub(crate) fn spend(&mut self, cost: u64, batch: u64, now_ms: u64) -> Spend {
+        self.expire(now_ms);
         if self.tokens < cost {
             return Spend::Short { reserved: std::mem::take(&mut self.tokens) };
         }
@@ -62,23 +69,20 @@ impl Lease {
     }
 
     /// Adds granted tokens (dropping expired ones first: they are never
-    /// revived); returns how many were dropped.
-    pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) -> u64 {
-        let dropped = self.expire(now_ms);
+    /// revived).
+    pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) {
+        self.expire(now_ms);
         self.tokens += tokens;
         self.expires_ms = now_ms.saturating_add(ttl_ms);
         self.last = Some(*standing);
-        dropped
     }
 
-    /// Gives back tokens reserved by a request that did not get the rest;
-    /// returns how many had expired meanwhile (to hand back to Redis).
-    pub(crate) fn put_back(&mut self, tokens: u64, now_ms: u64) -> u64 {
-        if now_ms >= self.expires_ms {
-            return tokens;
+    /// Gives back tokens reserved by a request that did not get the rest,
+    /// unless the lease expired meanwhile (then they are dropped).
+    pub(crate) fn put_back(&mut self, tokens: u64, now_ms: u64) {
+        if now_ms < self.expires_ms {
+            self.tokens += tokens;
         }
-        self.tokens += tokens;
-        0
     }
 
     pub(crate) fn refill_done(&mut self) {
@@ -159,9 +163,9 @@ mod tests {
     #[test]
     fn spends_from_memory_and_refills_at_half_empty_once() {
         let mut l = Lease::default();
-        assert_eq!(l.add(9, &standing(500), 0, 1000), 0);
+        l.add(9, &standing(500), 0, 1000);
         let hits: Vec<bool> = (0..5)
-            .map(|_| match l.spend(1, 10) {
+            .map(|_| match l.spend(1, 10, 0) {
                 Spend::Hit { refill, .. } => refill,
                 short => panic!("{short:?}"),
             })
@@ -169,7 +173,7 @@ mod tests {
         // 8, 7, 6 left: no refill; 5 is half of 10: refill once, not again.
         assert_eq!(hits, [false, false, false, true, false]);
         l.refill_done();
-        let Spend::Hit { decision, refill } = l.spend(1, 10) else { panic!() };
+        let Spend::Hit { decision, refill } = l.spend(1, 10, 0) else { panic!() };
         assert!(refill, "a finished refill lets the next one go");
         assert_eq!((decision.remaining, decision.limit, decision.rule, decision.source), (503, 1000, 1, Source::Lease));
     }
@@ -178,27 +182,27 @@ mod tests {
     fn a_short_lease_reserves_what_it_has() {
         let mut l = Lease::default();
         l.add(2, &standing(0), 0, 1000);
-        assert_eq!(l.spend(3, 10), Spend::Short { reserved: 2 });
-        assert_eq!(l.spend(1, 10), Spend::Short { reserved: 0 });
-        assert_eq!(l.put_back(2, 500), 0);
-        assert!(matches!(l.spend(2, 10), Spend::Hit { .. }));
+        assert_eq!(l.spend(3, 10, 0), Spend::Short { reserved: 2 });
+        assert_eq!(l.spend(1, 10, 0), Spend::Short { reserved: 0 });
+        l.put_back(2, 500);
+        assert!(matches!(l.spend(2, 10, 500), Spend::Hit { .. }));
     }
 
     #[test]
     fn expired_tokens_are_dropped_never_revived() {
         let mut l = Lease::default();
         l.add(5, &standing(0), 0, 1000);
-        assert_eq!(l.expire(999), 0);
-        assert_eq!(l.expire(1000), 5);
-        assert_eq!(l.spend(1, 10), Spend::Short { reserved: 0 });
+        assert!(matches!(l.spend(1, 10, 999), Spend::Hit { .. }));
+        assert_eq!(l.spend(1, 10, 1000), Spend::Short { reserved: 0 }, "the 4 left expired");
         // Tokens reserved before expiry and put back after it are dropped too.
         l.add(3, &standing(0), 2000, 1000);
-        assert_eq!(l.spend(4, 10), Spend::Short { reserved: 3 });
-        assert_eq!(l.put_back(3, 3000), 3);
+        assert_eq!(l.spend(4, 10, 2000), Spend::Short { reserved: 3 });
+        l.put_back(3, 3000);
+        assert_eq!(l.spend(1, 10, 3000), Spend::Short { reserved: 0 });
         // A refill after expiry does not revive what was left.
         l.add(4, &standing(0), 4000, 1000);
-        assert_eq!(l.add(2, &standing(0), 5000, 1000), 4);
-        assert_eq!(l.spend(3, 10), Spend::Short { reserved: 2 });
+        l.add(2, &standing(0), 5000, 1000);
+        assert_eq!(l.spend(3, 10, 5000), Spend::Short { reserved: 2 });
     }
 
     #[test]

@@ -337,12 +337,7 @@ impl Limiter {
         let i = &self.inner;
         let now = i.now_ms();
         let entry = i.leases.entry(&t.key);
-        let (spend, expired) = {
-            let mut l = lock(&entry);
-            let expired = l.expire(now);
-            (l.spend(cost, batch), expired)
-        };
-        self.hand_back(t, expired);
+        let spend = lock(&entry).spend(cost, batch, now);
         let reserved = match spend {
             Spend::Hit { decision, refill } => {
                 i.record(Event::LeaseHit, &t.policy, None);
@@ -357,7 +352,7 @@ impl Limiter {
         // deny cache.
         let need = cost - reserved;
         if let Some(d) = i.deny.check(&t.key, need, now) {
-            self.put_back(t, &entry, reserved);
+            self.put_back(&entry, reserved);
             i.record(Event::DenyCacheHit, &t.policy, None);
             return d;
         }
@@ -366,29 +361,25 @@ impl Limiter {
             Ok(g) if g.tokens >= need => {
                 let standing = t.mapped(g.decision);
                 let mut l = lock(&entry);
-                let dropped = l.add(g.tokens - need, &standing, i.now_ms(), millis(i.config.lease_ttl));
-                let estimate = l.estimate();
-                drop(l);
-                self.hand_back(t, dropped);
-                Decision { source: Source::Redis, ..estimate }
+                l.add(g.tokens - need, &standing, i.now_ms(), millis(i.config.lease_ttl));
+                Decision { source: Source::Redis, ..l.estimate() }
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                self.put_back(t, &entry, reserved + g.tokens);
+                self.put_back(&entry, reserved + g.tokens);
                 let d = t.mapped(g.decision);
                 i.deny.refused(&t.key, need, &d, now);
                 Decision { allowed: false, ..d }
             }
             Err(_) => {
-                self.put_back(t, &entry, reserved);
+                self.put_back(&entry, reserved);
                 self.degraded(t, cost)
             }
         }
     }
 
-    fn put_back(&self, t: &Target, entry: &Mutex<Lease>, tokens: u64) {
-        let expired = lock(entry).put_back(tokens, self.inner.now_ms());
-        self.hand_back(t, expired);
+    fn put_back(&self, entry: &Mutex<Lease>, tokens: u64) {
+        lock(entry).put_back(tokens, self.inner.now_ms());
     }
 
     /// Tops a lease up off the request path.
@@ -402,11 +393,7 @@ impl Limiter {
             let mut l = lock(&entry);
             l.refill_done();
             match result {
-                Ok(g) if g.tokens > 0 => {
-                    let dropped = l.add(g.tokens, &t.mapped(g.decision), i.now_ms(), millis(i.config.lease_ttl));
-                    drop(l);
-                    this.hand_back(&t, dropped);
-                }
+                Ok(g) if g.tokens > 0 => l.add(g.tokens, &t.mapped(g.decision), i.now_ms(), millis(i.config.lease_ttl)),
                 // Empty: requests spend what is left, then the deny cache refuses.
                 Ok(g) => {
                     drop(l);
@@ -415,19 +402,6 @@ impl Limiter {
                 // Spend what is left; the request path and its fallback take over.
                 Err(_) => {}
             }
-        });
-    }
-
-    /// Returns expired leased tokens to the buckets (RL.REFUND), in the
-    /// background. They were never spent, so this cannot over-admit.
-    fn hand_back(&self, t: &Target, tokens: u64) {
-        if tokens == 0 {
-            return;
-        }
-        let (this, t) = (self.clone(), t.clone());
-        spawn(async move {
-            let call = this.inner.client.decide(BucketOp::Refund(tokens), &t.keys, &t.params);
-            let _ = this.guarded(&t, call).await;
         });
     }
 
