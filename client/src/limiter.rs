@@ -24,7 +24,7 @@ use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
 use crate::fallback::{self, Fallback};
-use crate::lease::{self, Lease, Leases, Spend};
+use crate::lease::{self, InFlight, Lease, Leases, Spend};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy};
 use crate::shards::Shards;
@@ -337,16 +337,15 @@ impl Limiter {
         let i = &self.inner;
         let now = i.now_ms();
         let entry = i.leases.entry(&t.key);
-        let spend = lock(&entry).spend(cost, batch, now);
-        let reserved = match spend {
+        let (reserved, lease) = match lease::spend(&entry, cost, batch, now) {
             Spend::Hit { decision, refill } => {
                 i.record(Event::LeaseHit, &t.policy, None);
-                if refill {
-                    self.refill(t.clone(), entry, batch);
+                if let Some(call) = refill {
+                    self.refill(t.clone(), call, batch);
                 }
                 return decision;
             }
-            Spend::Short { reserved } => reserved,
+            Spend::Short { reserved, lease } => (reserved, lease),
         };
         // Leased tokens are already paid for; only a short lease checks the
         // deny cache.
@@ -356,13 +355,21 @@ impl Limiter {
             i.record(Event::DenyCacheHit, &t.policy, None);
             return d;
         }
-        let call = i.client.grant(BucketOp::Lease { want: batch.max(need), min: need }, &t.keys, &t.params);
+        // The one lease call in flight asks for a batch; requests that come
+        // while it is on its way ask for what they lack, nothing more.
+        let want = if lease.is_some() { batch.max(need) } else { need };
+        let call = i.client.grant(BucketOp::Lease { want, min: need }, &t.keys, &t.params);
         match self.guarded(t, call).await {
             Ok(g) if g.tokens >= need => {
                 let standing = t.mapped(g.decision);
-                let mut l = lock(&entry);
-                l.add(g.tokens - need, &standing, i.now_ms(), millis(i.config.lease_ttl));
-                Decision { source: Source::Redis, ..l.estimate() }
+                let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+                match lease {
+                    Some(lease) => lease.done(|l| {
+                        l.add(g.tokens - need, &standing, now, ttl);
+                        Decision { source: Source::Redis, ..l.estimate(now) }
+                    }),
+                    None => standing,
+                }
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
@@ -382,23 +389,22 @@ impl Limiter {
         lock(entry).put_back(tokens, self.inner.now_ms());
     }
 
-    /// Tops a lease up off the request path.
-    fn refill(&self, t: Target, entry: Arc<Mutex<Lease>>, batch: u64) {
+    /// Tops a lease up off the request path. `call` is the subject's one
+    /// lease call in flight: however this task ends (or if it never runs),
+    /// dropping it lets the next one go.
+    fn refill(&self, t: Target, call: InFlight, batch: u64) {
         let this = self.clone();
         spawn(async move {
             let i = &this.inner;
             let now = i.now_ms();
-            let call = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &t.keys, &t.params);
-            let result = this.guarded(&t, call).await;
-            let mut l = lock(&entry);
-            l.refill_done();
-            match result {
-                Ok(g) if g.tokens > 0 => l.add(g.tokens, &t.mapped(g.decision), i.now_ms(), millis(i.config.lease_ttl)),
-                // Empty: requests spend what is left, then the deny cache refuses.
-                Ok(g) => {
-                    drop(l);
-                    i.deny.refused(&t.key, 1, &t.mapped(g.decision), now);
+            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &t.keys, &t.params);
+            match this.guarded(&t, grant).await {
+                Ok(g) if g.tokens > 0 => {
+                    let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+                    call.done(|l| l.add(g.tokens, &t.mapped(g.decision), now, ttl));
                 }
+                // Empty: requests spend what is left, then the deny cache refuses.
+                Ok(g) => i.deny.refused(&t.key, 1, &t.mapped(g.decision), now),
                 // Spend what is left; the request path and its fallback take over.
                 Err(_) => {}
             }

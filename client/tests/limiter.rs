@@ -17,6 +17,7 @@ on_both_backends!(
     the_deny_cache_refuses_until_the_retry_time,
     busy_subjects_spend_leases_from_memory,
     leases_never_over_admit_across_gateways,
+    concurrent_first_requests_take_one_batch,
     expired_leases_are_dropped_never_refunded,
     shadow_rules_are_reported_never_enforced,
     settle_and_refund_adjust_every_rule,
@@ -125,6 +126,31 @@ async fn leases_never_over_admit_across_gateways(backend: Backend) {
     let refilled = started.elapsed().as_secs() / 36 + 1;
     assert!(allowed <= 100 + refilled, "{allowed} admitted");
     assert!(allowed >= 100 - 2 * 5, "{allowed} admitted");
+}
+
+async fn concurrent_first_requests_take_one_batch(backend: Backend) {
+    let s = Server::start(&[]);
+    // 10,000 a month, leases of 50.
+    let month = Duration::from_secs(30 * 86_400);
+    let c = Config { lease_window: month / 200, ..config(s.url(), backend) };
+    let l = Limiter::new(c).unwrap();
+    let p = Arc::new(Policy::builder("api").rule(Rule::new("monthly", 10_000, 10_000, month)).build().unwrap());
+    let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 10_000, 10_000, month).unwrap();
+    // 40 requests of one subject arrive at once on an empty lease.
+    let start = Arc::new(tokio::sync::Barrier::new(40));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let (l, p, start) = (l.clone(), p.clone(), start.clone());
+        tasks.spawn(async move {
+            start.wait().await;
+            l.check(&p, "u").await.unwrap().allowed
+        });
+    }
+    let admitted = tasks.join_all().await.into_iter().filter(|&a| a).count() as u64;
+    assert_eq!(admitted, 40);
+    // One of them leases a batch; the others ask for their own token only.
+    let held = 10_000 - tokens(l.client(), &bucket).await - admitted;
+    assert!(held <= 50, "this gateway holds {held} tokens: more than one batch of 50");
 }
 
 async fn expired_leases_are_dropped_never_refunded(backend: Backend) {
