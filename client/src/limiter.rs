@@ -276,6 +276,13 @@ impl Limiter {
 
     /// Evaluates `groups` in order and stops at the first refusal: none of
     /// the groups after it counts the request. `None` when there are none.
+    ///
+    /// A refusal remembered for any group (the deny cache) refuses at once,
+    /// before any group is asked: a subject refused by its quota does not
+    /// pay an RL.TAKE, and spend bucket tokens, on every request. And once a
+    /// call fails on the shard, the groups after it (the same subject, so
+    /// the same slot) are answered by the fallback without asking: a check
+    /// waits at most one timeout, however many groups it has.
     async fn evaluate_groups(
         &self,
         policy: &Policy,
@@ -284,9 +291,32 @@ impl Limiter {
         subject: &str,
         cost: u64,
     ) -> Option<Decision> {
+        let i = &self.inner;
+        let targets: Vec<(Target, u64)> = groups
+            .iter()
+            .map(|group| {
+                let t = Target::new(policy, group, shadow, subject);
+                let batch = self.batch(&t);
+                (t, batch)
+            })
+            .collect();
+        // A leased group checks its own entry when its lease runs short:
+        // the tokens it holds are paid for.
+        let now = i.now_ms();
+        let remembered =
+            targets.iter().filter(|(_, batch)| *batch == 1).find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, now)?)));
+        if let Some((t, d)) = remembered {
+            i.record(Event::DenyCacheHit, &t.policy, None);
+            return Some(d);
+        }
+        let mut shard_down = false;
         let mut allowed: Option<Decision> = None;
-        for group in groups {
-            let d = self.evaluate(&Target::new(policy, group, shadow, subject), cost).await;
+        for (t, batch) in &targets {
+            let d = if *batch > 1 {
+                self.leased(t, cost, *batch, &mut shard_down).await
+            } else {
+                self.evaluate(t, cost, &mut shard_down).await
+            };
             if !d.allowed {
                 return Some(d);
             }
@@ -302,21 +332,26 @@ impl Limiter {
         allowed
     }
 
-    async fn evaluate(&self, t: &Target, cost: u64) -> Decision {
+    /// The tokens one RL.LEASE asks for in this group; 1 is a quiet
+    /// subject, asked call by call. Windows are never leased: RL.LEASE
+    /// takes tokens from buckets only.
+    fn batch(&self, t: &Target) -> u64 {
         let i = &self.inner;
-        // Windows cannot be leased: RL.LEASE takes tokens from buckets only.
-        if t.window.is_none() {
-            let batch = lease::batch(&t.params, millis(i.config.lease_window), i.gateways());
-            if batch > 1 {
-                return self.leased(t, cost, batch).await;
-            }
+        match t.window {
+            Some(_) => 1,
+            None => lease::batch(&t.params, millis(i.config.lease_window), i.gateways()),
         }
-        // A quiet subject: every request asks Redis, unless it was just refused.
+    }
+
+    /// A quiet subject's group: the request asks Redis (its deny-cache
+    /// entry was looked at first), unless the shard already failed this
+    /// check.
+    async fn evaluate(&self, t: &Target, cost: u64, shard_down: &mut bool) -> Decision {
+        let i = &self.inner;
+        if *shard_down {
+            return self.degraded(t, cost);
+        }
         let now = i.now_ms();
-        if let Some(d) = i.deny.check(&t.key, cost, now) {
-            i.record(Event::DenyCacheHit, &t.policy, None);
-            return d;
-        }
         let answer = match t.window {
             None => self.guarded(t, i.client.decide(BucketOp::Take(cost), &t.keys, &t.params)).await,
             Some(mode) => self.guarded(t, i.client.window_decide(mode, &t.keys, &t.params, cost)).await,
@@ -327,13 +362,16 @@ impl Limiter {
                 i.deny.refused(&t.key, cost, &d, now);
                 d
             }
-            Err(_) => self.degraded(t, cost),
+            Err(e) => {
+                *shard_down |= e.is_shard_failure();
+                self.degraded(t, cost)
+            }
         }
     }
 
     /// A busy subject: spend from the lease, top it up in the background at
     /// half empty, and lease synchronously only when it runs short.
-    async fn leased(&self, t: &Target, cost: u64, batch: u64) -> Decision {
+    async fn leased(&self, t: &Target, cost: u64, batch: u64, shard_down: &mut bool) -> Decision {
         let i = &self.inner;
         let now = i.now_ms();
         let entry = i.leases.entry(&t.key);
@@ -354,6 +392,10 @@ impl Limiter {
             self.put_back(&entry, reserved);
             i.record(Event::DenyCacheHit, &t.policy, None);
             return d;
+        }
+        if *shard_down {
+            self.put_back(&entry, reserved);
+            return self.degraded(t, cost);
         }
         // The one lease call in flight asks for a batch; requests that come
         // while it is on its way ask for what they lack, nothing more.
@@ -378,7 +420,8 @@ impl Limiter {
                 i.deny.refused(&t.key, need, &d, now);
                 Decision { allowed: false, ..d }
             }
-            Err(_) => {
+            Err(e) => {
+                *shard_down |= e.is_shard_failure();
                 self.put_back(&entry, reserved);
                 self.degraded(t, cost)
             }

@@ -52,6 +52,33 @@ async fn a_quota_is_counted_by_the_module_after_the_bucket() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_refusal_is_remembered_before_the_buckets_are_asked() {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    // 100 an hour, and a quota of 2 a day.
+    let p = Policy::builder("api")
+        .rule(Rule::per_hour("hourly", 100))
+        .rule(Rule::window("daily", 2, DAY, WindowMode::Fixed))
+        .build()
+        .unwrap();
+    assert!(l.check(&p, "u").await.unwrap().allowed);
+    assert!(l.check(&p, "u").await.unwrap().allowed);
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.rule, d.source), (false, 1, Source::Redis), "the quota refused: {d:?}");
+    assert_eq!((calls(&s, "rl.take"), calls(&s, "rl.window")), (3, 3));
+    // Until the quota's window ends, the subject is refused from memory: no
+    // RL.TAKE, and no bucket token spent on a request that cannot pass.
+    for _ in 0..10 {
+        let d = l.check(&p, "u").await.unwrap();
+        assert_eq!((d.allowed, d.rule, d.source), (false, 1, Source::DenyCache), "{d:?}");
+    }
+    assert_eq!((calls(&s, "rl.take"), calls(&s, "rl.window")), (3, 3));
+    let hourly = [rl_client::Bucket::new(p.keys("u").unwrap().remove(0), 100, 100, HOUR).unwrap()];
+    assert_eq!(l.client().peek(&hourly, 1).await.unwrap().remaining, 96, "97 left: this peek's one aside");
+    assert_eq!(l.counters().get(Event::DenyCacheHit), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_windows_report_and_never_refuse() {
     let s = Server::start(&[]);
     let l = Limiter::new(config(s.url(), Backend::Module)).unwrap();
