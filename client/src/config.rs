@@ -57,7 +57,9 @@ pub struct Config {
     /// How long an open breaker skips its shard before one probe. Default 2 s.
     pub breaker_open_for: Duration,
     /// The outage fallback allows `limit x slack / gateways` on each gateway:
-    /// traffic is never spread perfectly evenly. Default 2.0.
+    /// traffic is never spread perfectly evenly. A fail-open rule whose
+    /// share of its capacity is below one token refuses instead (see the
+    /// crate README). Default 2.0.
     pub fallback_slack: f64,
     /// Most subjects remembered as refused. Default 100,000.
     pub deny_cache_entries: usize,

@@ -23,7 +23,7 @@ use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
-use crate::fallback::{self, Fallback};
+use crate::fallback::Fallback;
 use crate::lease::{self, InFlight, Lease, Leases, Spend};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy};
@@ -455,13 +455,14 @@ impl Limiter {
     }
 
     /// Redis could not answer: fail-closed rules refuse, the others limit
-    /// locally at this gateway's share of the limit times the slack.
+    /// locally at this gateway's share of the limit times the slack (or
+    /// refuse, when that share is below one token).
     fn degraded(&self, t: &Target, cost: u64) -> Decision {
         let i = &self.inner;
         i.record(Event::Fallback, &t.policy, None);
-        if let Some(local) = t.fail_closed {
+        let closed = |local: usize| {
             let open_for = i.config.breaker_open_for;
-            return t.mapped(Decision {
+            t.mapped(Decision {
                 allowed: false,
                 remaining: 0,
                 retry_after: Some(open_for),
@@ -470,13 +471,20 @@ impl Limiter {
                 rule: local,
                 source: Source::FailClosed,
                 shadow_refused: None,
-            });
+            })
+        };
+        if let Some(local) = t.fail_closed {
+            return closed(local);
         }
-        let gateways = i.gateways();
-        let local: Vec<BucketParams> =
-            t.params.iter().map(|p| fallback::share(p, i.config.fallback_slack, gateways)).collect();
-        let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
-        t.mapped(Decision::from_core(&d, Source::Fallback))
+        let window = t.window.is_some();
+        match i.fallback.local(&t.key, &t.params, window, i.config.fallback_slack, i.gateways(), &t.policy) {
+            Ok(local) => {
+                let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
+                t.mapped(Decision::from_core(&d, Source::Fallback))
+            }
+            // A share below one token: refused rather than a token on every gateway.
+            Err(below) => closed(below),
+        }
     }
 
     /// Runs `call` unless the shard's breaker is open, and tells the breaker

@@ -63,8 +63,8 @@ impl Rule {
     /// epoch-aligned `window` (FIXED: quotas), counted by RL.WINDOW. Module
     /// backend only; no leases (every request asks Redis, unless the deny
     /// cache refuses it); while Redis cannot answer, a fail-open window is
-    /// replaced by a local bucket of `limit` per `window` at this gateway's
-    /// share. An EXACT limit is at most 10,000 (the module's default
+    /// replaced by a local bucket that admits at most this gateway's share
+    /// of `limit x slack` in any `window`. An EXACT limit is at most 10,000 (the module's default
     /// `max-log-limit`); SLIDING and FIXED go to 10^12.
     pub fn window(name: impl Into<String>, limit: u64, window: Duration, mode: WindowMode) -> Rule {
         Rule { window: Some(mode), ..Rule::new(name, limit, limit, window) }
@@ -158,7 +158,7 @@ impl Rule {
 }
 
 /// Checks a window against the module's limits. Its parameters as a bucket
-/// (`limit` per `window`) are what the outage fallback enforces locally.
+/// (`limit` per `window`) are what the outage fallback scales down locally.
 fn window_params(limit: u64, refill: u64, window: Duration, mode: WindowMode) -> std::result::Result<BucketParams, String> {
     if refill != limit {
         return Err(format!("a window has no burst: its limit is {refill}, the burst set is {limit}"));

@@ -10,7 +10,11 @@ use common::config;
 use rl_client::{Backend, Config, Event, Limiter, Policy, Rule, Source, WindowMode};
 use testkit::Server;
 
-on_both_backends!(an_outage_degrades_the_limits_not_the_api, a_limiter_starts_while_redis_is_down);
+on_both_backends!(
+    an_outage_degrades_the_limits_not_the_api,
+    a_limiter_starts_while_redis_is_down,
+    a_share_below_one_token_falls_back_closed,
+);
 
 fn policies() -> (Policy, Policy) {
     let api = Policy::builder("api").rule(Rule::per_hour("hourly", 10)).build().unwrap();
@@ -90,6 +94,27 @@ async fn a_limiter_starts_while_redis_is_down(backend: Backend) {
     assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::FailClosed);
     s.restart();
     assert!(until_redis_answers(&l, &api, "u").await);
+}
+
+async fn a_share_below_one_token_falls_back_closed(backend: Backend) {
+    let mut s = Server::start(&[]);
+    // 5 a minute on 300 gateways: a share of 5 x 2 / 300 = 0.03 tokens each.
+    // A one-token floor would let 300 attempts through at once, fleet-wide.
+    let l = Limiter::new(Config { gateways: 300, ..fault_config(s.url(), backend) }).unwrap();
+    let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5)).build().unwrap();
+    // 100 a second is 0.67 of a token per gateway: refused too. 1,000 is 6.
+    let api = Policy::builder("api").rule(Rule::per_second("s", 100)).rule(Rule::per_second("burst", 1000)).build().unwrap();
+    let big = Policy::builder("big").rule(Rule::per_second("s", 1000)).build().unwrap();
+    assert!(l.check(&login, "ip").await.unwrap().allowed);
+    s.kill();
+    for _ in 0..3 {
+        let d = l.check(&login, "ip").await.unwrap();
+        assert_eq!((d.allowed, d.source, d.rule, d.limit), (false, Source::FailClosed, 0, 5), "{d:?}");
+        let d = l.check(&api, "k").await.unwrap();
+        assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0), "the rule below one token: {d:?}");
+    }
+    let d = l.check(&big, "k").await.unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
 }
 
 /// A server that hangs (DEBUG SLEEP) costs a check one timeout, not one per
