@@ -284,6 +284,53 @@ async fn an_expired_override_stops_applying_by_itself() {
     assert_eq!(store.version().await.unwrap(), version, "nothing refused was written");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_stop_at_2_pow_53_minus_1_without_wrapping_or_rounding() {
+    const MAX: u64 = (1 << 53) - 1;
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    let at = |v: u64| RuleSetSpec { version: Some(v), ..spec(PRECEDENCE) };
+    // Above 2^53 - 1 a version would be rounded by the store's script
+    // (2^53 + 1 read as 2^53) and could wrap: refused, nothing written.
+    for v in [MAX + 2, u64::MAX] {
+        let e = store.publish(&at(v)).await.unwrap_err().to_string();
+        assert!(e.contains("largest"), "{v}: {e}");
+    }
+    assert_eq!(store.version().await.unwrap(), 0);
+    assert_eq!(store.publish(&at(MAX)).await.unwrap(), MAX, "the largest is exact");
+    assert_eq!(store.version().await.unwrap(), MAX);
+    // Nothing comes after it: an error, not a panic or a wrap to 0.
+    let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();
+    assert!(e.contains("largest"), "{e}");
+    let e = store.set_override(&clamp("ovr-k", "k", 1, SystemTime::now() + Duration::from_secs(60))).await.unwrap_err();
+    assert!(e.to_string().contains("largest"), "{e}");
+    assert_eq!(store.version().await.unwrap(), MAX, "the store never goes backward");
+    // A version written past rlctl is named, not misread.
+    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("version").arg(u64::MAX).query(&mut s.con()).unwrap();
+    let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();
+    assert!(e.contains("field 'version'"), "{e}");
+    // A gateway takes the largest version and refuses what is above it.
+    let rules = LiveRules::new(limiter(&s), &spec(PRECEDENCE)).unwrap();
+    assert!(rules.install(&spec(PRECEDENCE), &[], MAX + 1, "test").is_err());
+    assert!(LiveRules::new(limiter(&s), &at(u64::MAX)).is_err());
+    assert_eq!(rules.install(&spec(PRECEDENCE), &[], MAX, "test").unwrap(), Installed::Now(MAX));
+}
+
+/// A version field that is not a whole number up to 2^53 - 1 (written past
+/// rlctl) is named; 2^53 + 1 was read as 2^53 and the next change published
+/// as 2^53 + 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_refuses_a_version_field_it_cannot_read_exactly() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    store.publish(&spec(PRECEDENCE)).await.unwrap();
+    for bad in ["9007199254740993", "-1", "1.5", "7x"] {
+        let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("version").arg(bad).query(&mut s.con()).unwrap();
+        let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();
+        assert!(e.contains("field 'version'"), "{bad}: {e}");
+    }
+}
+
 const BAD: &str = r#"
     [[rules]]
     id = "default"

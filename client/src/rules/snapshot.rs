@@ -13,7 +13,7 @@ use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MA
 
 #[cfg(test)]
 use super::spec::MatchSpec;
-use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec};
+use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
 use crate::client::WindowMode;
 use crate::config::Backend;
 use crate::error::{Error, Result};
@@ -268,6 +268,9 @@ impl Snapshot {
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot> {
         let mut errors = Vec::new();
+        if version > MAX_VERSION {
+            errors.push(format!("version {version} is above {MAX_VERSION} (2^53 - 1), the largest a version may be"));
+        }
         let key_prefix = spec.key_prefix.as_deref().unwrap_or(DEFAULT_KEY_PREFIX);
         if key_prefix.is_empty()
             || key_prefix.len() > 64

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The largest version: 2^53 - 1. Versions are compared in the rules
+/// store's Lua script, whose numbers are doubles, exact only up to there.
+pub const MAX_VERSION: u64 = (1 << 53) - 1;
+
 /// A whole rule set as written: what `rlctl publish` sends and a gateway
 /// loads.
 ///
@@ -24,8 +28,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSetSpec {
-    /// Must move forward; absent, the store (or a reloaded file) assigns
-    /// the next one.
+    /// Must move forward, up to [`MAX_VERSION`]; absent, the store (or a
+    /// reloaded file) assigns the next one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u64>,
     /// First part of every bucket key. Default `rl`.
