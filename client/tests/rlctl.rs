@@ -162,6 +162,10 @@ async fn mistakes_at_3am_are_refused_with_a_reason() {
     assert!(run.err.contains("--expires"), "{}", run.err);
     for (extra, says) in [
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "40d"][..], "within 30 days"),
+        // Past the calendar's end: refused, not a panic (exit 101).
+        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "100000y"][..], "within 30 days"),
+        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "400000000000y"][..], "within 30 days"),
+        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "2099-01-01T00:00:00Z"][..], "within 30 days"),
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "soonish"][..], "--expires \"soonish\" is neither a duration"),
         (&["--limit", "s=ten/1s", "--reason", "r", "--expires", "1h"][..], "expected NAME=COUNT/PER"),
         (&["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..], "override 'ovr-k' limit 's': rate must be from 1"),

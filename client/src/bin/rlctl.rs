@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, Parser, Subcommand};
 use rl_client::rules::{
     override_id, remaining, Fail, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
-    DEFAULT_KEY,
+    DEFAULT_KEY, MAX_OVERRIDE,
 };
 use rl_client::{Backend, Error};
 
@@ -203,15 +203,26 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
     })
 }
 
-/// `15m` from now, or a UTC time as written.
+/// `15m` from now, or a UTC time as written; within [`MAX_OVERRIDE`] of
+/// `now` (checked here, before a far date can overflow or fail to print).
 fn expiry(text: &str, now: SystemTime) -> Result<String, Error> {
-    if let Ok(at) = humantime::parse_rfc3339(text) {
-        return Ok(humantime::format_rfc3339_seconds(at).to_string());
-    }
-    match humantime::parse_duration(text) {
-        Ok(d) => Ok(humantime::format_rfc3339_seconds(now + d).to_string()),
-        Err(_) => Err(Error::Rules(format!(
-            "--expires {text:?} is neither a duration (15m, 2h, 3d) nor a UTC time (2026-10-28T09:00:00Z)"
+    let at = match humantime::parse_rfc3339(text) {
+        Ok(at) => Some(at),
+        Err(_) => match humantime::parse_duration(text) {
+            Ok(d) => now.checked_add(d),
+            Err(_) => {
+                return Err(Error::Rules(format!(
+                    "--expires {text:?} is neither a duration (15m, 2h, 3d) nor a UTC time (2026-10-28T09:00:00Z)"
+                )))
+            }
+        },
+    };
+    match at {
+        Some(at) if at.duration_since(now).unwrap_or_default() <= MAX_OVERRIDE => {
+            Ok(humantime::format_rfc3339_seconds(at).to_string())
+        }
+        _ => Err(Error::Rules(format!(
+            "--expires {text:?}: an override must end within 30 days; lasting limits belong in the rule file"
         ))),
     }
 }
