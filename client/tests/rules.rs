@@ -176,7 +176,10 @@ async fn an_ipv6_client_is_its_64_and_a_shared_rule_is_one_bucket() {
     assert!(!check("203.0.113.7").await.decision.allowed);
     // A shared rule: two addresses of the office share its 2 tokens.
     let a = check("198.51.100.1").await;
-    assert_eq!((a.rule.id(), a.subject.as_str(), a.decision.allowed), ("office", "*", true));
+    assert_eq!((a.rule.id(), a.subject.as_str(), a.decision.allowed), ("office", "*:office", true));
+    // Its buckets have a hash tag of their own: shared rules spread over a
+    // cluster's shards instead of all landing on the slot of "{*}".
+    assert_eq!(a.rule.policy().keys(&a.subject).unwrap(), ["rl:office:{*:office}:s"]);
     assert!(check("198.51.100.2").await.decision.allowed);
     assert!(!check("198.51.100.3").await.decision.allowed);
     // No subject and no address: the caller's mistake, not a decision.

@@ -41,7 +41,7 @@ pub struct Verdict {
     /// The enforced rule that decided.
     pub rule: Arc<CompiledRule>,
     /// The subject its buckets are kept under (a subject, `ip:<network>`,
-    /// or `*` for a shared rule).
+    /// or `*:<rule id>` for a shared rule).
     pub subject: String,
     /// The snapshot version the request used, all of it.
     pub version: u64,

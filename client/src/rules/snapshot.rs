@@ -373,11 +373,13 @@ impl Snapshot {
     }
 
     /// The subject whose buckets `rule` uses for `request`: everyone's one
-    /// set for a shared rule, else the request's subject, else its address
-    /// grouped by prefix (an IPv6 client is its /64 by default).
+    /// set for a shared rule (`*:` and the rule's id, so each shared rule
+    /// has a hash tag, and a cluster slot, of its own), else the request's
+    /// subject, else its address grouped by prefix (an IPv6 client is its
+    /// /64 by default).
     pub fn bucket_subject(&self, rule: &CompiledRule, request: &Request<'_>) -> Result<String> {
         if rule.shared {
-            return Ok("*".to_owned());
+            return Ok(format!("*:{}", rule.id));
         }
         if let Some(subject) = request.subject {
             return Ok(subject.to_owned());
