@@ -521,3 +521,57 @@ async fn a_rule_file_is_reloaded_when_it_changes() {
     eventually(Duration::from_secs(5), "the bad file is refused", || rules.status().rejected == 1).await;
     assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_file_is_reloaded_when_its_contents_change_whatever_its_stamp() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    let write = |v: u64| std::fs::write(&path, toml::to_string(&versioned(v)).unwrap()).unwrap();
+    write(1);
+    let stamp = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let rules = LiveRules::new(limiter(&s), &versioned(1)).unwrap();
+    let _watcher = rules.watch_file(&path, Duration::from_millis(50)).unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The same size, and the modification time put back (a copy that keeps
+    // times, a coarse filesystem clock): the contents changed all the same.
+    write(2);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), toml::to_string(&versioned(1)).unwrap().len() as u64);
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(stamp).unwrap();
+    eventually(Duration::from_secs(5), "the new contents are loaded", || rules.snapshot().version() == 1).await;
+    assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_rule_file_does_not_block_the_next_version_from_redis() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rules.toml");
+    std::fs::write(&path, toml::to_string(&versioned(1)).unwrap()).unwrap();
+    let rules = LiveRules::new(limiter(&s), &versioned(1)).unwrap();
+    let _file = rules.watch_file(&path, Duration::from_millis(50)).unwrap();
+    let _redis = rules.watch_redis(RedisSource::new(s.url())).unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // A file without a version that fails its checks is refused; it names
+    // no version, so none is marked refused (it was marked as the next one,
+    // and Redis's next one was then skipped as already refused).
+    std::fs::write(&path, BAD).unwrap();
+    eventually(Duration::from_secs(5), "the bad file is refused", || rules.status().rejected == 1).await;
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    assert_eq!(store.publish(&versioned(2)).await.unwrap(), 1);
+    eventually(Duration::from_secs(10), "version 1 from Redis", || rules.snapshot().version() == 1).await;
+    assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_with_a_huge_poll_interval_still_follows_the_channel() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    store.publish(&versioned(1)).await.unwrap();
+    let rules = LiveRules::new(limiter(&s), &versioned(0)).unwrap();
+    let source = RedisSource { poll_every: Duration::MAX, ..RedisSource::new(s.url()) };
+    let _watcher = rules.watch_redis(source).unwrap();
+    eventually(Duration::from_secs(10), "the first read", || rules.snapshot().version() == 1).await;
+    store.publish(&versioned(2)).await.unwrap();
+    eventually(Duration::from_secs(10), "the announced version", || rules.snapshot().version() == 2).await;
+}
