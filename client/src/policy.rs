@@ -199,8 +199,9 @@ pub(crate) fn period_ms(period: Duration) -> std::result::Result<u64, String> {
     Ok(ms as u64)
 }
 
-/// Rule names go into keys and into HTTP headers: keep them plain.
-fn check_name(name: &str) -> std::result::Result<(), &'static str> {
+/// Rule names (and rule ids) go into keys and into HTTP headers: keep them
+/// plain.
+pub(crate) fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters");
     }
@@ -402,13 +403,14 @@ impl Policy {
 /// A subject goes inside the hash tag: braces would move the tag and split
 /// a subject's buckets over several slots.
 pub(crate) fn check_subject(subject: &str) -> Result<()> {
-    if subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']) {
-        return Err(Error::invalid(format!(
-            "subject must be 1 to 512 bytes without '{{' or '}}', got {:?}",
-            truncate(subject)
-        )));
-    }
-    Ok(())
+    subject_fault(subject).map_or(Ok(()), |why| Err(Error::invalid(why)))
+}
+
+/// Why `subject` cannot be one, if it cannot: the text of
+/// [`check_subject`]'s error, for rule files too.
+pub(crate) fn subject_fault(subject: &str) -> Option<String> {
+    (subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']))
+        .then(|| format!("subject must be 1 to 512 bytes without '{{' or '}}', got {:?}", truncate(subject)))
 }
 
 fn truncate(s: &str) -> &str {

@@ -17,7 +17,7 @@ use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_V
 use crate::client::WindowMode;
 use crate::config::Backend;
 use crate::error::{Error, Result};
-use crate::policy::{Policy, Rule};
+use crate::policy::{check_name, period_ms, subject_fault, Policy, Rule};
 
 /// Which requests a compiled rule matches, from the most specific to the
 /// least: a subject, an IP network (the longest prefix first), a plan and
@@ -518,8 +518,8 @@ fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<St
     match (&m.subject, &m.ip, &m.plan, &m.endpoint) {
         (None, None, None, None) => Some(Scope::Default),
         (Some(s), None, None, None) => {
-            if s.is_empty() || s.len() > 512 || s.contains(['{', '}']) {
-                errors.push(format!("{at}: match.subject must be 1 to 512 bytes without '{{' or '}}', got {s:?}"));
+            if let Some(why) = subject_fault(s) {
+                errors.push(format!("{at}: match.{why}"));
                 return None;
             }
             Some(Scope::Subject(s.clone()))
@@ -572,7 +572,7 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
         errors.push(format!("{at}: name {why}"));
     }
     let per = match humantime::parse_duration(&limit.per) {
-        Ok(per) if per.subsec_nanos() % 1_000_000 == 0 && (1..=MAX_PERIOD_MS as u128).contains(&per.as_millis()) => Some(per),
+        Ok(per) if period_ms(per).is_ok() => Some(per),
         Ok(_) => {
             let days = MAX_PERIOD_MS / 86_400_000;
             errors.push(format!("{at}: per must be whole milliseconds from 1ms to {days}d, got {:?}", limit.per));
@@ -623,14 +623,6 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
         }
     };
     Some(rule)
-}
-
-/// Ids and limit names go into keys and headers: keep them plain.
-fn check_name(name: &str) -> std::result::Result<(), &'static str> {
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) {
-        return Err("must be 1 to 64 ASCII letters, digits, '_', '-' or '.'");
-    }
-    Ok(())
 }
 
 /// Indexes rules by match, refusing two rules of one mode for one match.
