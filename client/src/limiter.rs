@@ -29,7 +29,7 @@ use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy};
 use crate::shards::Shards;
 use crate::slot::slot_of;
-use crate::{lock, SubjectKey};
+use crate::{lock, millis, SubjectKey};
 
 /// Decides requests against [`Policy`] rules. Cheap to clone; clones share
 /// everything (connection, caches, breakers, counters).
@@ -543,10 +543,6 @@ impl Inner {
             sink.record(event, policy, rule);
         }
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Background work goes on the caller's runtime (there always is one: the
