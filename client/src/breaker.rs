@@ -6,6 +6,11 @@
 //! one call goes through as a probe, and its result closes the breaker or
 //! opens it again. A probe that never reports (its caller gave up) is
 //! replaced by another after `open_for`.
+//!
+//! Every admitted call carries a [`Ticket`] naming the state it was admitted
+//! in, and only answers to the current state count: a late reply to a call
+//! sent before the breaker opened (or to a probe already replaced) changes
+//! nothing, so it can neither skip the open period nor stand in for the probe.
 
 use std::sync::Mutex;
 
@@ -18,58 +23,92 @@ enum State {
     HalfOpen { probe_sent_ms: u64 },
 }
 
+/// What [`Breaker::admit`] hands a call, to report its outcome with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    /// The breaker's epoch when the call was admitted.
+    epoch: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: State,
+    /// Moves on every change of state: a ticket of an older epoch is stale.
+    epoch: u64,
+}
+
+impl Inner {
+    fn set(&mut self, state: State) {
+        self.state = state;
+        self.epoch += 1;
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Breaker {
-    state: Mutex<State>,
+    inner: Mutex<Inner>,
     trip_after: u32,
     open_for_ms: u64,
 }
 
 impl Breaker {
     pub(crate) fn new(trip_after: u32, open_for_ms: u64) -> Breaker {
-        Breaker { state: Mutex::new(State::Closed { failures: 0 }), trip_after, open_for_ms }
+        Breaker { inner: Mutex::new(Inner { state: State::Closed { failures: 0 }, epoch: 0 }), trip_after, open_for_ms }
     }
 
-    /// Whether a call may go to the shard at `now_ms`.
-    pub(crate) fn admit(&self, now_ms: u64) -> bool {
-        let mut state = lock(&self.state);
-        match *state {
-            State::Closed { .. } => true,
-            State::Open { until_ms } if now_ms < until_ms => false,
-            State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms.saturating_add(self.open_for_ms) => false,
-            State::Open { .. } | State::HalfOpen { .. } => {
-                *state = State::HalfOpen { probe_sent_ms: now_ms };
-                true
-            }
+    /// Whether a call may go to the shard at `now_ms`: a ticket to report
+    /// its outcome with, or `None`.
+    pub(crate) fn admit(&self, now_ms: u64) -> Option<Ticket> {
+        let mut b = lock(&self.inner);
+        match b.state {
+            State::Closed { .. } => {}
+            State::Open { until_ms } if now_ms < until_ms => return None,
+            State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms.saturating_add(self.open_for_ms) => return None,
+            // The probe: the only call of its epoch.
+            State::Open { .. } | State::HalfOpen { .. } => b.set(State::HalfOpen { probe_sent_ms: now_ms }),
+        }
+        Some(Ticket { epoch: b.epoch })
+    }
+
+    /// The shard answered the call admitted with `ticket`.
+    pub(crate) fn success(&self, ticket: Ticket) {
+        let mut b = lock(&self.inner);
+        if ticket.epoch != b.epoch {
+            return;
+        }
+        match b.state {
+            // Consecutive failures only: keep the epoch, calls in flight stay current.
+            State::Closed { .. } => b.state = State::Closed { failures: 0 },
+            State::HalfOpen { .. } => b.set(State::Closed { failures: 0 }),
+            // Opening moves the epoch: no ticket of this one exists.
+            State::Open { .. } => {}
         }
     }
 
-    /// The shard answered.
-    pub(crate) fn success(&self) {
-        *lock(&self.state) = State::Closed { failures: 0 };
-    }
-
-    /// The shard failed a call; true when this failure opened the breaker.
-    pub(crate) fn failure(&self, now_ms: u64) -> bool {
-        let mut state = lock(&self.state);
+    /// The shard failed the call admitted with `ticket`; true when this
+    /// failure opened the breaker.
+    pub(crate) fn failure(&self, ticket: Ticket, now_ms: u64) -> bool {
+        let mut b = lock(&self.inner);
+        if ticket.epoch != b.epoch {
+            return false;
+        }
         let open = State::Open { until_ms: now_ms.saturating_add(self.open_for_ms) };
-        match *state {
+        match b.state {
             State::Closed { failures } if failures + 1 < self.trip_after => {
-                *state = State::Closed { failures: failures + 1 };
+                b.state = State::Closed { failures: failures + 1 };
                 false
             }
             State::Closed { .. } | State::HalfOpen { .. } => {
-                *state = open;
+                b.set(open);
                 true
             }
-            // A call sent before the breaker opened: it is open already.
             State::Open { .. } => false,
         }
     }
 
     /// Whether calls are being skipped at `now_ms`.
     pub(crate) fn is_open(&self, now_ms: u64) -> bool {
-        match *lock(&self.state) {
+        match lock(&self.inner).state {
             State::Closed { .. } => false,
             State::Open { until_ms } => now_ms < until_ms,
             State::HalfOpen { .. } => true,
@@ -81,47 +120,75 @@ impl Breaker {
 mod tests {
     use super::*;
 
+    /// Admits a call at `now` and fails it there.
+    fn fail(b: &Breaker, now: u64) -> bool {
+        let t = b.admit(now).expect("admitted");
+        b.failure(t, now)
+    }
+
     #[test]
     fn trips_after_consecutive_failures_only() {
         let b = Breaker::new(3, 2000);
-        assert!(!b.failure(0) && !b.failure(1));
-        b.success(); // a success in between resets the count
-        assert!(!b.failure(2) && !b.failure(3));
-        assert!(b.admit(3));
-        assert!(b.failure(4), "the third in a row opens it");
-        assert!(!b.admit(5) && b.is_open(5));
-        assert!(!b.failure(6), "late failures of calls already sent change nothing");
-        assert!(!b.admit(2003));
+        assert!(!fail(&b, 0) && !fail(&b, 1));
+        b.success(b.admit(1).unwrap()); // a success in between resets the count
+        assert!(!fail(&b, 2) && !fail(&b, 3));
+        let late = b.admit(3).unwrap();
+        assert!(fail(&b, 4), "the third in a row opens it");
+        assert!(b.admit(5).is_none() && b.is_open(5));
+        assert!(!b.failure(late, 6), "late failures of calls already sent change nothing");
+        assert!(b.admit(2003).is_none());
     }
 
     #[test]
     fn half_opens_with_a_single_probe() {
         let b = Breaker::new(1, 2000);
-        assert!(b.failure(0));
-        assert!(b.admit(2000), "the probe");
-        assert!(!b.admit(2001) && !b.admit(2500), "one probe at a time");
-        b.success();
-        assert!(b.admit(2501) && !b.is_open(2501));
+        assert!(fail(&b, 0));
+        let probe = b.admit(2000).expect("the probe");
+        assert!(b.admit(2001).is_none() && b.admit(2500).is_none(), "one probe at a time");
+        b.success(probe);
+        assert!(b.admit(2501).is_some() && !b.is_open(2501));
     }
 
     #[test]
     fn a_failed_probe_opens_it_again() {
         let b = Breaker::new(5, 2000);
         for t in 0..5 {
-            b.failure(t);
+            fail(&b, t);
         }
-        assert!(b.admit(2004));
-        assert!(b.failure(2005));
-        assert!(!b.admit(4004));
-        assert!(b.admit(4005));
+        let probe = b.admit(2004).unwrap();
+        assert!(b.failure(probe, 2005));
+        assert!(b.admit(4004).is_none());
+        assert!(b.admit(4005).is_some());
     }
 
     #[test]
     fn a_probe_that_never_reports_is_replaced() {
         let b = Breaker::new(1, 100);
-        b.failure(0);
-        assert!(b.admit(100));
-        assert!(!b.admit(199));
-        assert!(b.admit(200), "the lost probe's slot is given to another call");
+        fail(&b, 0);
+        let lost = b.admit(100).unwrap();
+        assert!(b.admit(199).is_none());
+        let probe = b.admit(200).expect("the lost probe's slot is given to another call");
+        b.success(lost);
+        assert!(b.is_open(201), "the replaced probe's late answer does not count");
+        b.success(probe);
+        assert!(!b.is_open(202));
+    }
+
+    #[test]
+    fn only_the_probe_closes_it() {
+        let b = Breaker::new(2, 1000);
+        // Two calls sent while closed; the breaker trips before they answer.
+        let (slow_ok, slow_err) = (b.admit(0).unwrap(), b.admit(0).unwrap());
+        assert!(!fail(&b, 1));
+        assert!(fail(&b, 2), "open until 1002");
+        // Their late answers skip neither the open period nor the probe.
+        b.success(slow_ok);
+        assert!(b.is_open(3) && b.admit(3).is_none(), "a call sent before the trip does not close it");
+        let probe = b.admit(1002).expect("the probe");
+        b.success(slow_ok);
+        assert!(b.admit(1003).is_none(), "still one probe at a time");
+        assert!(!b.failure(slow_err, 1003), "nor does a late failure reopen it");
+        b.success(probe);
+        assert!(!b.is_open(1004) && b.admit(1004).is_some(), "the probe's answer closes it");
     }
 }

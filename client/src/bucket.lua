@@ -2,7 +2,8 @@
 -- module (managed Redis services). Same semantics and the same six-integer
 -- reply as RL.TAKE, RL.PEEK, RL.TAKE ... FORCE, RL.LEASE and RL.REFUND:
 -- lazy continuous refill on the server's clock, new buckets full, all or
--- nothing across keys, a refusal writes nothing, TTL = time until full.
+-- nothing across keys, TTL = time until full. A refusal writes nothing but,
+-- as in the module, may move an expiry later: see keep_until_full.
 --
 -- KEYS: the buckets (one slot). ARGV: op, n, min, then capacity refill
 -- period_ms for each key. op is take | peek | force | lease | refund; n is
@@ -82,9 +83,10 @@ end
 
 -- The level of bucket i now: full when new; refilled lazily, capped at full.
 -- A clock reading before the last update counts as no time passed.
-local level = {}
+local level, exists = {}, {}
 for i = 1, nkeys do
   local raw = redis.call('GET', KEYS[i])
+  exists[i] = raw ~= false
   if not raw then
     level[i] = full[i]
   else
@@ -171,6 +173,23 @@ local function store(levels)
   end
 end
 
+-- After a refusal (of a take or a lease, never a peek): a key's TTL was set
+-- for the parameters of its last write. If they changed since (a limit
+-- lowered live), the key could expire while it still holds debits and come
+-- back full; so an existing key that would expire before its bucket is full
+-- under this call's parameters is kept until then.
+local function keep_until_full()
+  for i = 1, nkeys do
+    if exists[i] then
+      local until_full = wait_ms(full[i] - level[i], refill[i])
+      local ttl = redis.call('PTTL', KEYS[i])
+      if ttl >= 0 and ttl < until_full then
+        redis.call('PEXPIRE', KEYS[i], string.format('%d', until_full))
+      end
+    end
+  end
+end
+
 local after = {}
 if op == 'force' then
   -- Always taken, into debt if need be. n * period may be inexact only when
@@ -193,6 +212,7 @@ for i = 1, nkeys do
 end
 local granted = math.min(math.max(available, 0), n)
 if granted < min then
+  if op ~= 'peek' then keep_until_full() end
   return refusal(min)
 end
 for i = 1, nkeys do after[i] = level[i] - granted * period[i] end

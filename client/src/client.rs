@@ -126,13 +126,15 @@ impl BucketOp {
         }
     }
 
-    fn module_cmd(self) -> (&'static str, &'static str, u64, Option<(&'static str, u64)>) {
+    /// The module command: its name, its amount option and value, and
+    /// what follows them.
+    fn module_cmd(self) -> (&'static str, &'static str, u64, Tail) {
         match self {
-            BucketOp::Take(n) => ("RL.TAKE", "COST", n, None),
-            BucketOp::Peek(n) => ("RL.PEEK", "COST", n, None),
-            BucketOp::Force(n) => ("RL.TAKE", "COST", n, Some(("FORCE", 0))),
-            BucketOp::Lease { want, min } => ("RL.LEASE", "WANT", want, Some(("MIN", min))),
-            BucketOp::Refund(n) => ("RL.REFUND", "TOKENS", n, None),
+            BucketOp::Take(n) => ("RL.TAKE", "COST", n, Tail::None),
+            BucketOp::Peek(n) => ("RL.PEEK", "COST", n, Tail::None),
+            BucketOp::Force(n) => ("RL.TAKE", "COST", n, Tail::Force),
+            BucketOp::Lease { want, min } => ("RL.LEASE", "WANT", want, Tail::Min(min)),
+            BucketOp::Refund(n) => ("RL.REFUND", "TOKENS", n, Tail::None),
         }
     }
 
@@ -145,6 +147,16 @@ impl BucketOp {
             BucketOp::Refund(n) => ("refund", n, n),
         }
     }
+}
+
+/// The options of a module bucket command after its amount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tail {
+    None,
+    /// `FORCE`: taken even into debt.
+    Force,
+    /// `MIN m`: a lease grants nothing below `m`.
+    Min(u64),
 }
 
 /// Typed calls to the module (or the Lua backend), each with the
@@ -330,19 +342,19 @@ impl Client {
         let slot = slot_of(&keys[0]);
         match self.backend {
             Backend::Module => {
-                let (name, amount_word, amount, extra) = op.module_cmd();
+                let (name, amount_word, amount, tail) = op.module_cmd();
                 let mut cmd = redis::cmd(name);
                 cmd.arg(keys.len()).arg(keys);
                 push_params(&mut cmd, params);
                 cmd.arg(amount_word).arg(amount);
-                match extra {
-                    Some(("FORCE", _)) => {
+                match tail {
+                    Tail::Force => {
                         cmd.arg("FORCE");
                     }
-                    Some((word, value)) => {
-                        cmd.arg(word).arg(value);
+                    Tail::Min(min) => {
+                        cmd.arg("MIN").arg(min);
                     }
-                    None => {}
+                    Tail::None => {}
                 }
                 self.integers(&cmd, slot).await
             }

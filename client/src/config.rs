@@ -50,14 +50,16 @@ pub struct Config {
     /// A lease is this much of this gateway's share of the rate. Default 100 ms.
     pub lease_window: Duration,
     /// Leased tokens unspent this long after their last refill are dropped
-    /// (and handed back), so a lowered limit bites within it. Default 1 s.
+    /// (never handed back), so a lowered limit bites within it. Default 1 s.
     pub lease_ttl: Duration,
     /// Consecutive failures that open a shard's breaker. Default 5.
     pub breaker_trip_after: u32,
     /// How long an open breaker skips its shard before one probe. Default 2 s.
     pub breaker_open_for: Duration,
     /// The outage fallback allows `limit x slack / gateways` on each gateway:
-    /// traffic is never spread perfectly evenly. Default 2.0.
+    /// traffic is never spread perfectly evenly. A fail-open rule whose
+    /// share of its capacity is below one token refuses instead (see the
+    /// crate README). Default 2.0.
     pub fallback_slack: f64,
     /// Most subjects remembered as refused. Default 100,000.
     pub deny_cache_entries: usize,

@@ -18,7 +18,8 @@ pub enum Source {
     /// Redis could not answer; a local bucket at this gateway's share of the
     /// limit decided. Approximate: about `slack` times the limit, fleet-wide.
     Fallback,
-    /// Redis could not answer and a rule of the call is fail-closed: refused.
+    /// Redis could not answer and a rule of the call is fail-closed, or its
+    /// fallback share is below one token: refused.
     FailClosed,
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::decision::{Decision, Source};
-use crate::SubjectKey;
+use crate::{millis, SubjectKey};
 
 #[derive(Clone, Copy, Debug)]
 struct Denial {
@@ -50,10 +50,9 @@ impl DenyCache {
     /// Remembers a refusal that named a retry time.
     pub(crate) fn refused(&self, key: &SubjectKey, cost: u64, refused: &Decision, now_ms: u64) {
         let Some(retry) = refused.retry_after.filter(|r| !r.is_zero() && !refused.allowed) else { return };
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let denial = Denial {
-            until_ms: now_ms.saturating_add(ms(retry)),
-            reset_until_ms: now_ms.saturating_add(ms(refused.reset_after)),
+            until_ms: now_ms.saturating_add(millis(retry)),
+            reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)),
             cost,
             refused: *refused,
         };

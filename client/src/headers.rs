@@ -5,7 +5,8 @@
 //!   `RateLimit-Policy: "per_minute";q=5000;w=60` for every enforced rule
 //!   (`q` its capacity, `w` the seconds it takes to refill from empty), and
 //!   `RateLimit: "per_minute";r=42;t=3` for the binding rule (`r` tokens
-//!   left, `t` seconds until every bucket is full again).
+//!   left, `t` seconds until every bucket of the policy is full again: the
+//!   module's reset_after, not the named rule's own).
 //! - The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
 //!   `X-RateLimit-Reset` (Unix seconds).
 //! - `Retry-After` in whole seconds, rounded up, on refusals only (a wait

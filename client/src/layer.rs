@@ -5,8 +5,9 @@
 //! requests go on and their responses get the rate-limit headers; refused
 //! ones are answered `429 Too Many Requests` with the headers,
 //! `Retry-After`, and a plain-text body that names the rule. A subject the
-//! policy refuses (braces, empty) is answered `400`. Redis being down never
-//! fails a request: the limiter's fallback decides.
+//! policy refuses (braces, empty) is answered `400`; a policy the backend
+//! cannot run (windows on the Lua backend) `500`, a configuration error.
+//! Redis being down never fails a request: the limiter's fallback decides.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -41,7 +42,7 @@ use tower::{Layer, Service};
 use crate::decision::Decision;
 use crate::headers;
 use crate::limiter::Limiter;
-use crate::policy::Policy;
+use crate::policy::{check_subject, Policy};
 
 /// Wraps services with [`RateLimit`]. `K` names a request's subject:
 /// `Fn(&Request<B>) -> Option<String>`.
@@ -105,7 +106,12 @@ where
             let Some(subject) = subject else { return inner.call(req).await };
             let decision = match limiter.check(&policy, &subject).await {
                 Ok(d) => d,
-                Err(e) => return Ok(text(StatusCode::BAD_REQUEST, format!("400 Bad Request: {e}\n"))),
+                // The subject is the client's; anything else refused (a
+                // policy this backend cannot run) is the server's configuration.
+                Err(e) if check_subject(&subject).is_err() => {
+                    return Ok(text(StatusCode::BAD_REQUEST, format!("400 Bad Request: {e}\n")))
+                }
+                Err(e) => return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, format!("500 Internal Server Error: {e}\n"))),
             };
             let now = SystemTime::now();
             if !decision.allowed {

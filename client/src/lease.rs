@@ -4,8 +4,20 @@
 //! fleet can never admit more than the buckets hold: the error is under,
 //! never over. Tokens stranded on a gateway (it stops seeing the subject,
 //! the entry is evicted, the process stops) are lost to the subject for a
-//! moment; tokens unspent `ttl` after the lease's last refill are dropped
-//! and handed back with RL.REFUND, so a lowered limit bites within `ttl`.
+//! moment; tokens unspent `ttl` after the lease's last refill are dropped,
+//! so a lowered limit bites within `ttl`.
+//!
+//! Dropped, never handed back: the bucket refilled while they were held,
+//! so a refund could lift it above what `capacity + refill x elapsed`
+//! allows (leased at full, refilled to full meanwhile, drained by another
+//! gateway, refunded, drained again: 150 admitted of a bucket of 100 within
+//! a few milliseconds).
+//!
+//! At most one RL.LEASE per subject is in flight (the first request on a
+//! short lease, or the background top-up at half empty): requests that find
+//! the lease short meanwhile ask Redis for their own cost only, so one
+//! gateway never holds more than about a batch, however many requests
+//! arrive at once.
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -16,92 +28,122 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::decision::{Decision, Source};
-use crate::SubjectKey;
+use crate::{lock, SubjectKey};
 
 /// One subject's lease.
 #[derive(Debug, Default)]
 pub(crate) struct Lease {
     tokens: u64,
     expires_ms: u64,
-    /// A background refill is on its way: don't send another.
-    refilling: bool,
-    /// The buckets' standing at the last grant, for the headers.
-    last: Option<Decision>,
+    /// An RL.LEASE is on its way (an [`InFlight`] exists): don't send another.
+    leasing: bool,
+    /// The buckets' standing at the last grant, for the headers, and when.
+    last: Option<(Decision, u64)>,
 }
 
 /// What spending from a lease found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Spend {
-    /// Paid from the lease; `refill` asks the caller to top it up in the
-    /// background (it reached half of a batch).
-    Hit { decision: Decision, refill: bool },
+    /// Paid from the lease; `refill`, when given, asks the caller to top it
+    /// up in the background (it reached half of a batch).
+    Hit { decision: Decision, refill: Option<InFlight> },
     /// Not enough tokens: `reserved` (fewer than the cost) were taken out
-    /// for this request, which needs the rest from Redis.
-    Short { reserved: u64 },
+    /// for this request, which needs the rest from Redis. With `lease`, it
+    /// is the one lease call in flight and asks for a batch; without, it
+    /// asks for the rest only.
+    Short { reserved: u64, lease: Option<InFlight> },
+}
+
+/// The one RL.LEASE in flight for a subject. Dropping it (the call answered,
+/// failed, or was abandoned: a cancelled request, a task that never ran)
+/// lets the next one go, so the flag can never stick.
+#[derive(Debug)]
+pub(crate) struct InFlight(Arc<Mutex<Lease>>);
+
+impl InFlight {
+    /// The call answered: `update` runs on the lease, and the next call may
+    /// go, under one lock.
+    pub(crate) fn done<R>(self, update: impl FnOnce(&mut Lease) -> R) -> R {
+        let mut l = lock(&self.0);
+        l.leasing = false;
+        update(&mut l)
+        // `self` drops after the guard: clearing the flag again is harmless.
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.0).leasing = false;
+    }
+}
+
+/// Spends `cost` tokens of `entry` at `now_ms` if it holds them (expired
+/// ones are dropped first); `batch` is the size of a top-up.
+pub(crate) fn spend(entry: &Arc<Mutex<Lease>>, cost: u64, batch: u64, now_ms: u64) -> Spend {
+    let mut l = lock(entry);
+    l.expire(now_ms);
+    let call = |l: &mut Lease, wanted: bool| {
+        let lead = wanted && !l.leasing;
+        l.leasing |= lead;
+        lead.then(|| InFlight(entry.clone()))
+    };
+    if l.tokens < cost {
+        let reserved = std::mem::take(&mut l.tokens);
+        return Spend::Short { reserved, lease: call(&mut l, true) };
+    }
+    l.tokens -= cost;
+    let half_empty = 2 * l.tokens <= batch;
+    let refill = call(&mut l, half_empty);
+    Spend::Hit { decision: l.estimate(now_ms), refill }
 }
 
 impl Lease {
-    /// Drops the tokens of an expired lease; returns how many, to hand back.
-    pub(crate) fn expire(&mut self, now_ms: u64) -> u64 {
-        if now_ms < self.expires_ms {
-            return 0;
+    /// Drops the tokens of an expired lease.
+    fn expire(&mut self, now_ms: u64) {
+        if now_ms >= self.expires_ms {
+            self.tokens = 0;
         }
-        std::mem::take(&mut self.tokens)
-    }
-
-    /// Spends `cost` tokens if the lease holds them. Call `expire` first.
-    pub(crate) fn spend(&mut self, cost: u64, batch: u64) -> Spend {
-        if self.tokens < cost {
-            return Spend::Short { reserved: std::mem::take(&mut self.tokens) };
-        }
-        self.tokens -= cost;
-        let refill = !self.refilling && 2 * self.tokens <= batch;
-        self.refilling |= refill;
-        let decision = self.estimate();
-        Spend::Hit { decision, refill }
     }
 
     /// Adds granted tokens (dropping expired ones first: they are never
-    /// revived); returns how many were dropped.
-    pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) -> u64 {
-        let dropped = self.expire(now_ms);
+    /// revived).
+    pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) {
+        self.expire(now_ms);
         self.tokens += tokens;
         self.expires_ms = now_ms.saturating_add(ttl_ms);
-        self.last = Some(*standing);
-        dropped
+        self.last = Some((*standing, now_ms));
     }
 
-    /// Gives back tokens reserved by a request that did not get the rest;
-    /// returns how many had expired meanwhile (to hand back to Redis).
-    pub(crate) fn put_back(&mut self, tokens: u64, now_ms: u64) -> u64 {
-        if now_ms >= self.expires_ms {
-            return tokens;
+    /// Gives back tokens reserved by a request that did not get the rest,
+    /// unless the lease expired meanwhile (then they are dropped).
+    pub(crate) fn put_back(&mut self, tokens: u64, now_ms: u64) {
+        if now_ms < self.expires_ms {
+            self.tokens += tokens;
         }
-        self.tokens += tokens;
-        0
     }
 
-    pub(crate) fn refill_done(&mut self) {
-        self.refilling = false;
-    }
-
-    /// The standing a request served from memory reports: the buckets'
-    /// remaining at the last grant plus what this gateway still holds.
-    pub(crate) fn estimate(&self) -> Decision {
-        let last = self.last.unwrap_or(Decision {
-            allowed: true,
-            remaining: 0,
-            retry_after: Some(Duration::ZERO),
-            reset_after: Duration::ZERO,
-            limit: 0,
-            rule: 0,
-            source: Source::Lease,
-            shadow_refused: None,
-        });
+    /// The standing a request served from memory reports at `now_ms`: the
+    /// buckets' remaining at the last grant plus what this gateway still
+    /// holds, and the time until full counted down from that grant.
+    pub(crate) fn estimate(&self, now_ms: u64) -> Decision {
+        let (last, at_ms) = self.last.unwrap_or((
+            Decision {
+                allowed: true,
+                remaining: 0,
+                retry_after: Some(Duration::ZERO),
+                reset_after: Duration::ZERO,
+                limit: 0,
+                rule: 0,
+                source: Source::Lease,
+                shadow_refused: None,
+            },
+            now_ms,
+        ));
         Decision {
             allowed: true,
             remaining: last.remaining.saturating_add(self.tokens),
             retry_after: Some(Duration::ZERO),
+            reset_after: last.reset_after.saturating_sub(Duration::from_millis(now_ms.saturating_sub(at_ms))),
             source: Source::Lease,
             shadow_refused: None,
             ..last
@@ -156,49 +198,83 @@ mod tests {
         }
     }
 
+    fn new_lease() -> Arc<Mutex<Lease>> {
+        Arc::default()
+    }
+
+    fn add(l: &Arc<Mutex<Lease>>, tokens: u64, remaining: u64, now_ms: u64) {
+        lock(l).add(tokens, &standing(remaining), now_ms, 1000);
+    }
+
+    /// (reserved, whether it is the lease call in flight) of a short spend.
+    fn short(s: Spend) -> (u64, bool) {
+        match s {
+            Spend::Short { reserved, lease } => (reserved, lease.is_some()),
+            hit => panic!("{hit:?}"),
+        }
+    }
+
     #[test]
     fn spends_from_memory_and_refills_at_half_empty_once() {
-        let mut l = Lease::default();
-        assert_eq!(l.add(9, &standing(500), 0, 1000), 0);
-        let hits: Vec<bool> = (0..5)
-            .map(|_| match l.spend(1, 10) {
+        let l = new_lease();
+        add(&l, 9, 500, 0);
+        let mut refills: Vec<Option<InFlight>> = (0..5)
+            .map(|_| match spend(&l, 1, 10, 0) {
                 Spend::Hit { refill, .. } => refill,
                 short => panic!("{short:?}"),
             })
             .collect();
         // 8, 7, 6 left: no refill; 5 is half of 10: refill once, not again.
-        assert_eq!(hits, [false, false, false, true, false]);
-        l.refill_done();
-        let Spend::Hit { decision, refill } = l.spend(1, 10) else { panic!() };
-        assert!(refill, "a finished refill lets the next one go");
+        assert_eq!(refills.iter().map(Option::is_some).collect::<Vec<_>>(), [false, false, false, true, false]);
+        drop(refills.remove(3));
+        let Spend::Hit { decision, refill } = spend(&l, 1, 10, 30) else { panic!() };
+        assert!(refill.is_some(), "a finished refill lets the next one go");
         assert_eq!((decision.remaining, decision.limit, decision.rule, decision.source), (503, 1000, 1, Source::Lease));
+        assert_eq!(decision.reset_after, Duration::from_millis(10), "40 ms to full at the grant, 30 ms ago");
+    }
+
+    #[test]
+    fn one_lease_call_at_a_time() {
+        let l = new_lease();
+        let Spend::Short { reserved: 0, lease: Some(call) } = spend(&l, 3, 10, 0) else {
+            panic!("the first short request leases a batch")
+        };
+        assert_eq!(short(spend(&l, 1, 10, 0)), (0, false), "the others ask for their own cost meanwhile");
+        // The call answers: its tokens are in, and the next call may go.
+        call.done(|l| l.add(4, &standing(0), 0, 1000));
+        let Spend::Hit { refill: Some(refill), .. } = spend(&l, 4, 10, 0) else { panic!("empty: a top-up at once") };
+        assert_eq!(short(spend(&l, 1, 10, 0)), (0, false), "not beside the top-up");
+        // A call dropped without an answer (a cancelled request, a task that
+        // never ran) does not leave the flag set.
+        drop(refill);
+        assert_eq!(short(spend(&l, 1, 10, 0)), (0, true));
     }
 
     #[test]
     fn a_short_lease_reserves_what_it_has() {
-        let mut l = Lease::default();
-        l.add(2, &standing(0), 0, 1000);
-        assert_eq!(l.spend(3, 10), Spend::Short { reserved: 2 });
-        assert_eq!(l.spend(1, 10), Spend::Short { reserved: 0 });
-        assert_eq!(l.put_back(2, 500), 0);
-        assert!(matches!(l.spend(2, 10), Spend::Hit { .. }));
+        let l = new_lease();
+        add(&l, 2, 0, 0);
+        assert_eq!(short(spend(&l, 3, 10, 0)).0, 2);
+        assert_eq!(short(spend(&l, 1, 10, 0)).0, 0);
+        lock(&l).put_back(2, 500);
+        assert!(matches!(spend(&l, 2, 10, 500), Spend::Hit { .. }));
     }
 
     #[test]
     fn expired_tokens_are_dropped_never_revived() {
-        let mut l = Lease::default();
-        l.add(5, &standing(0), 0, 1000);
-        assert_eq!(l.expire(999), 0);
-        assert_eq!(l.expire(1000), 5);
-        assert_eq!(l.spend(1, 10), Spend::Short { reserved: 0 });
+        let l = new_lease();
+        add(&l, 5, 0, 0);
+        assert!(matches!(spend(&l, 1, 10, 999), Spend::Hit { .. }));
+        assert_eq!(short(spend(&l, 1, 10, 1000)).0, 0, "the 4 left expired");
         // Tokens reserved before expiry and put back after it are dropped too.
-        l.add(3, &standing(0), 2000, 1000);
-        assert_eq!(l.spend(4, 10), Spend::Short { reserved: 3 });
-        assert_eq!(l.put_back(3, 3000), 3);
+        add(&l, 3, 0, 2000);
+        assert_eq!(short(spend(&l, 4, 10, 2000)).0, 3);
+        lock(&l).put_back(3, 3000);
+        assert_eq!(short(spend(&l, 1, 10, 3000)).0, 0);
         // A refill after expiry does not revive what was left.
-        l.add(4, &standing(0), 4000, 1000);
-        assert_eq!(l.add(2, &standing(0), 5000, 1000), 4);
-        assert_eq!(l.spend(3, 10), Spend::Short { reserved: 2 });
+        add(&l, 4, 0, 4000);
+        add(&l, 2, 0, 5000);
+        assert_eq!(short(spend(&l, 3, 10, 5000)).0, 2);
     }
 
     #[test]

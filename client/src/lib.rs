@@ -22,6 +22,7 @@ mod shards;
 mod slot;
 
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 pub use backoff::Backoff;
 pub use client::{Bucket, Client, Window, WindowMode};
@@ -42,4 +43,9 @@ pub(crate) type SubjectKey = (u64, bool, Box<str>);
 /// holds consistent plain data here, so it is used as is.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whole milliseconds of `d`, saturating (a `Duration` can hold more).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

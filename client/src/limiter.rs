@@ -23,13 +23,13 @@ use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
-use crate::fallback::{self, Fallback};
-use crate::lease::{self, Lease, Leases, Spend};
+use crate::fallback::Fallback;
+use crate::lease::{self, InFlight, Lease, Leases, Spend};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy};
 use crate::shards::Shards;
 use crate::slot::slot_of;
-use crate::{lock, SubjectKey};
+use crate::{lock, millis, SubjectKey};
 
 /// Decides requests against [`Policy`] rules. Cheap to clone; clones share
 /// everything (connection, caches, breakers, counters).
@@ -279,6 +279,13 @@ impl Limiter {
 
     /// Evaluates `groups` in order and stops at the first refusal: none of
     /// the groups after it counts the request. `None` when there are none.
+    ///
+    /// A refusal remembered for any group (the deny cache) refuses at once,
+    /// before any group is asked: a subject refused by its quota does not
+    /// pay an RL.TAKE, and spend bucket tokens, on every request. And once a
+    /// call fails on the shard, the groups after it (the same subject, so
+    /// the same slot) are answered by the fallback without asking: a check
+    /// waits at most one timeout, however many groups it has.
     async fn evaluate_groups(
         &self,
         policy: &Policy,
@@ -287,9 +294,32 @@ impl Limiter {
         subject: &str,
         cost: u64,
     ) -> Option<Decision> {
+        let i = &self.inner;
+        let targets: Vec<(Target, u64)> = groups
+            .iter()
+            .map(|group| {
+                let t = Target::new(policy, group, shadow, subject);
+                let batch = self.batch(&t);
+                (t, batch)
+            })
+            .collect();
+        // A leased group checks its own entry when its lease runs short:
+        // the tokens it holds are paid for.
+        let now = i.now_ms();
+        let remembered =
+            targets.iter().filter(|(_, batch)| *batch == 1).find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, now)?)));
+        if let Some((t, d)) = remembered {
+            i.record(Event::DenyCacheHit, &t.policy, None);
+            return Some(d);
+        }
+        let mut shard_down = false;
         let mut allowed: Option<Decision> = None;
-        for group in groups {
-            let d = self.evaluate(&Target::new(policy, group, shadow, subject), cost).await;
+        for (t, batch) in &targets {
+            let d = if *batch > 1 {
+                self.leased(t, cost, *batch, &mut shard_down).await
+            } else {
+                self.evaluate(t, cost, &mut shard_down).await
+            };
             if !d.allowed {
                 return Some(d);
             }
@@ -305,21 +335,26 @@ impl Limiter {
         allowed
     }
 
-    async fn evaluate(&self, t: &Target, cost: u64) -> Decision {
+    /// The tokens one RL.LEASE asks for in this group; 1 is a quiet
+    /// subject, asked call by call. Windows are never leased: RL.LEASE
+    /// takes tokens from buckets only.
+    fn batch(&self, t: &Target) -> u64 {
         let i = &self.inner;
-        // Windows cannot be leased: RL.LEASE takes tokens from buckets only.
-        if t.window.is_none() {
-            let batch = lease::batch(&t.params, millis(i.config.lease_window), i.gateways());
-            if batch > 1 {
-                return self.leased(t, cost, batch).await;
-            }
+        match t.window {
+            Some(_) => 1,
+            None => lease::batch(&t.params, millis(i.config.lease_window), i.gateways()),
         }
-        // A quiet subject: every request asks Redis, unless it was just refused.
+    }
+
+    /// A quiet subject's group: the request asks Redis (its deny-cache
+    /// entry was looked at first), unless the shard already failed this
+    /// check.
+    async fn evaluate(&self, t: &Target, cost: u64, shard_down: &mut bool) -> Decision {
+        let i = &self.inner;
+        if *shard_down {
+            return self.degraded(t, cost);
+        }
         let now = i.now_ms();
-        if let Some(d) = i.deny.check(&t.key, cost, now) {
-            i.record(Event::DenyCacheHit, &t.policy, None);
-            return d;
-        }
         let answer = match t.window {
             None => self.guarded(t, i.client.decide(BucketOp::Take(cost), &t.keys, &t.params)).await,
             Some(mode) => self.guarded(t, i.client.window_decide(mode, &t.keys, &t.params, cost)).await,
@@ -330,118 +365,107 @@ impl Limiter {
                 i.deny.refused(&t.key, cost, &d, now);
                 d
             }
-            Err(_) => self.degraded(t, cost),
-        }
-    }
-
-    /// A busy subject: spend from the lease, top it up in the background at
-    /// half empty, and lease synchronously only when it runs short.
-    async fn leased(&self, t: &Target, cost: u64, batch: u64) -> Decision {
-        let i = &self.inner;
-        let now = i.now_ms();
-        let entry = i.leases.entry(&t.key);
-        let (spend, expired) = {
-            let mut l = lock(&entry);
-            let expired = l.expire(now);
-            (l.spend(cost, batch), expired)
-        };
-        self.hand_back(t, expired);
-        let reserved = match spend {
-            Spend::Hit { decision, refill } => {
-                i.record(Event::LeaseHit, &t.policy, None);
-                if refill {
-                    self.refill(t.clone(), entry, batch);
-                }
-                return decision;
-            }
-            Spend::Short { reserved } => reserved,
-        };
-        // Leased tokens are already paid for; only a short lease checks the
-        // deny cache.
-        let need = cost - reserved;
-        if let Some(d) = i.deny.check(&t.key, need, now) {
-            self.put_back(t, &entry, reserved);
-            i.record(Event::DenyCacheHit, &t.policy, None);
-            return d;
-        }
-        let call = i.client.grant(BucketOp::Lease { want: batch.max(need), min: need }, &t.keys, &t.params);
-        match self.guarded(t, call).await {
-            Ok(g) if g.tokens >= need => {
-                let standing = t.mapped(g.decision);
-                let mut l = lock(&entry);
-                let dropped = l.add(g.tokens - need, &standing, i.now_ms(), millis(i.config.lease_ttl));
-                let estimate = l.estimate();
-                drop(l);
-                self.hand_back(t, dropped);
-                Decision { source: Source::Redis, ..estimate }
-            }
-            Ok(g) => {
-                // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                self.put_back(t, &entry, reserved + g.tokens);
-                let d = t.mapped(g.decision);
-                i.deny.refused(&t.key, need, &d, now);
-                Decision { allowed: false, ..d }
-            }
-            Err(_) => {
-                self.put_back(t, &entry, reserved);
+            Err(e) => {
+                *shard_down |= e.is_shard_failure();
                 self.degraded(t, cost)
             }
         }
     }
 
-    fn put_back(&self, t: &Target, entry: &Mutex<Lease>, tokens: u64) {
-        let expired = lock(entry).put_back(tokens, self.inner.now_ms());
-        self.hand_back(t, expired);
+    /// A busy subject: spend from the lease, top it up in the background at
+    /// half empty, and lease synchronously only when it runs short.
+    async fn leased(&self, t: &Target, cost: u64, batch: u64, shard_down: &mut bool) -> Decision {
+        let i = &self.inner;
+        let now = i.now_ms();
+        let entry = i.leases.entry(&t.key);
+        let (reserved, lease) = match lease::spend(&entry, cost, batch, now) {
+            Spend::Hit { decision, refill } => {
+                i.record(Event::LeaseHit, &t.policy, None);
+                if let Some(call) = refill {
+                    self.refill(t.clone(), call, batch);
+                }
+                return decision;
+            }
+            Spend::Short { reserved, lease } => (reserved, lease),
+        };
+        // Leased tokens are already paid for; only a short lease checks the
+        // deny cache.
+        let need = cost - reserved;
+        if let Some(d) = i.deny.check(&t.key, need, now) {
+            self.put_back(&entry, reserved);
+            i.record(Event::DenyCacheHit, &t.policy, None);
+            return d;
+        }
+        if *shard_down {
+            self.put_back(&entry, reserved);
+            return self.degraded(t, cost);
+        }
+        // The one lease call in flight asks for a batch; requests that come
+        // while it is on its way ask for what they lack, nothing more.
+        let want = if lease.is_some() { batch.max(need) } else { need };
+        let call = i.client.grant(BucketOp::Lease { want, min: need }, &t.keys, &t.params);
+        match self.guarded(t, call).await {
+            Ok(g) if g.tokens >= need => {
+                let standing = t.mapped(g.decision);
+                let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+                match lease {
+                    Some(lease) => lease.done(|l| {
+                        l.add(g.tokens - need, &standing, now, ttl);
+                        Decision { source: Source::Redis, ..l.estimate(now) }
+                    }),
+                    None => standing,
+                }
+            }
+            Ok(g) => {
+                // RL.LEASE grants nothing below MIN; should it ever, keep what came.
+                self.put_back(&entry, reserved + g.tokens);
+                let d = t.mapped(g.decision);
+                i.deny.refused(&t.key, need, &d, now);
+                Decision { allowed: false, ..d }
+            }
+            Err(e) => {
+                *shard_down |= e.is_shard_failure();
+                self.put_back(&entry, reserved);
+                self.degraded(t, cost)
+            }
+        }
     }
 
-    /// Tops a lease up off the request path.
-    fn refill(&self, t: Target, entry: Arc<Mutex<Lease>>, batch: u64) {
+    fn put_back(&self, entry: &Mutex<Lease>, tokens: u64) {
+        lock(entry).put_back(tokens, self.inner.now_ms());
+    }
+
+    /// Tops a lease up off the request path. `call` is the subject's one
+    /// lease call in flight: however this task ends (or if it never runs),
+    /// dropping it lets the next one go.
+    fn refill(&self, t: Target, call: InFlight, batch: u64) {
         let this = self.clone();
         spawn(async move {
             let i = &this.inner;
             let now = i.now_ms();
-            let call = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &t.keys, &t.params);
-            let result = this.guarded(&t, call).await;
-            let mut l = lock(&entry);
-            l.refill_done();
-            match result {
+            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &t.keys, &t.params);
+            match this.guarded(&t, grant).await {
                 Ok(g) if g.tokens > 0 => {
-                    let dropped = l.add(g.tokens, &t.mapped(g.decision), i.now_ms(), millis(i.config.lease_ttl));
-                    drop(l);
-                    this.hand_back(&t, dropped);
+                    let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+                    call.done(|l| l.add(g.tokens, &t.mapped(g.decision), now, ttl));
                 }
                 // Empty: requests spend what is left, then the deny cache refuses.
-                Ok(g) => {
-                    drop(l);
-                    i.deny.refused(&t.key, 1, &t.mapped(g.decision), now);
-                }
+                Ok(g) => i.deny.refused(&t.key, 1, &t.mapped(g.decision), now),
                 // Spend what is left; the request path and its fallback take over.
                 Err(_) => {}
             }
         });
     }
 
-    /// Returns expired leased tokens to the buckets (RL.REFUND), in the
-    /// background. They were never spent, so this cannot over-admit.
-    fn hand_back(&self, t: &Target, tokens: u64) {
-        if tokens == 0 {
-            return;
-        }
-        let (this, t) = (self.clone(), t.clone());
-        spawn(async move {
-            let call = this.inner.client.decide(BucketOp::Refund(tokens), &t.keys, &t.params);
-            let _ = this.guarded(&t, call).await;
-        });
-    }
-
     /// Redis could not answer: fail-closed rules refuse, the others limit
-    /// locally at this gateway's share of the limit times the slack.
+    /// locally at this gateway's share of the limit times the slack (or
+    /// refuse, when that share is below one token).
     fn degraded(&self, t: &Target, cost: u64) -> Decision {
         let i = &self.inner;
         i.record(Event::Fallback, &t.policy, None);
-        if let Some(local) = t.fail_closed {
+        let closed = |local: usize| {
             let open_for = i.config.breaker_open_for;
-            return t.mapped(Decision {
+            t.mapped(Decision {
                 allowed: false,
                 remaining: 0,
                 retry_after: Some(open_for),
@@ -450,13 +474,20 @@ impl Limiter {
                 rule: local,
                 source: Source::FailClosed,
                 shadow_refused: None,
-            });
+            })
+        };
+        if let Some(local) = t.fail_closed {
+            return closed(local);
         }
-        let gateways = i.gateways();
-        let local: Vec<BucketParams> =
-            t.params.iter().map(|p| fallback::share(p, i.config.fallback_slack, gateways)).collect();
-        let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
-        t.mapped(Decision::from_core(&d, Source::Fallback))
+        let window = t.window.is_some();
+        match i.fallback.local(&t.key, &t.params, window, i.config.fallback_slack, i.gateways(), &t.policy) {
+            Ok(local) => {
+                let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
+                t.mapped(Decision::from_core(&d, Source::Fallback))
+            }
+            // A share below one token: refused rather than a token on every gateway.
+            Err(below) => closed(below),
+        }
     }
 
     /// Runs `call` unless the shard's breaker is open, and tells the breaker
@@ -464,17 +495,17 @@ impl Limiter {
     async fn guarded<T>(&self, t: &Target, call: impl Future<Output = Result<T>>) -> Result<T> {
         let i = &self.inner;
         let breaker = i.shards.breaker(t.slot());
-        if !breaker.admit(i.now_ms()) {
+        let Some(ticket) = breaker.admit(i.now_ms()) else {
             return Err(Error::BreakerOpen);
-        }
+        };
         let result = call.await;
         match &result {
-            Ok(_) => breaker.success(),
+            Ok(_) => breaker.success(ticket),
             Err(e) => {
                 i.record(Event::Error, &t.policy, None);
                 if !e.is_shard_failure() {
-                    breaker.success(); // the shard answered; the call was at fault
-                } else if breaker.failure(i.now_ms()) {
+                    breaker.success(ticket); // the shard answered; the call was at fault
+                } else if breaker.failure(ticket, i.now_ms()) {
                     i.record(Event::BreakerOpened, &t.policy, None);
                 }
             }
@@ -516,10 +547,6 @@ impl Inner {
             sink.record(event, policy, rule);
         }
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Background work goes on the caller's runtime (there always is one: the

@@ -63,8 +63,8 @@ impl Rule {
     /// epoch-aligned `window` (FIXED: quotas), counted by RL.WINDOW. Module
     /// backend only; no leases (every request asks Redis, unless the deny
     /// cache refuses it); while Redis cannot answer, a fail-open window is
-    /// replaced by a local bucket of `limit` per `window` at this gateway's
-    /// share. An EXACT limit is at most 10,000 (the module's default
+    /// replaced by a local bucket that admits at most this gateway's share
+    /// of `limit x slack` in any `window`. An EXACT limit is at most 10,000 (the module's default
     /// `max-log-limit`); SLIDING and FIXED go to 10^12.
     pub fn window(name: impl Into<String>, limit: u64, window: Duration, mode: WindowMode) -> Rule {
         Rule { window: Some(mode), ..Rule::new(name, limit, limit, window) }
@@ -158,7 +158,7 @@ impl Rule {
 }
 
 /// Checks a window against the module's limits. Its parameters as a bucket
-/// (`limit` per `window`) are what the outage fallback enforces locally.
+/// (`limit` per `window`) are what the outage fallback scales down locally.
 fn window_params(limit: u64, refill: u64, window: Duration, mode: WindowMode) -> std::result::Result<BucketParams, String> {
     if refill != limit {
         return Err(format!("a window has no burst: its limit is {refill}, the burst set is {limit}"));
@@ -199,8 +199,9 @@ pub(crate) fn period_ms(period: Duration) -> std::result::Result<u64, String> {
     Ok(ms as u64)
 }
 
-/// Rule names go into keys and into HTTP headers: keep them plain.
-fn check_name(name: &str) -> std::result::Result<(), &'static str> {
+/// Rule names (and rule ids) go into keys and into HTTP headers: keep them
+/// plain.
+pub(crate) fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters");
     }
@@ -408,13 +409,14 @@ impl Policy {
 /// A subject goes inside the hash tag: braces would move the tag and split
 /// a subject's buckets over several slots.
 pub(crate) fn check_subject(subject: &str) -> Result<()> {
-    if subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']) {
-        return Err(Error::invalid(format!(
-            "subject must be 1 to 512 bytes without '{{' or '}}', got {:?}",
-            truncate(subject)
-        )));
-    }
-    Ok(())
+    subject_fault(subject).map_or(Ok(()), |why| Err(Error::invalid(why)))
+}
+
+/// Why `subject` cannot be one, if it cannot: the text of
+/// [`check_subject`]'s error, for rule files too.
+pub(crate) fn subject_fault(subject: &str) -> Option<String> {
+    (subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']))
+        .then(|| format!("subject must be 1 to 512 bytes without '{{' or '}}', got {:?}", truncate(subject)))
 }
 
 fn truncate(s: &str) -> &str {

@@ -7,7 +7,9 @@
 //! refreshes while the same primary serves it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use crate::breaker::Breaker;
 use crate::slot::SLOTS;
@@ -19,7 +21,8 @@ struct Table {
 }
 
 pub(crate) struct Shards {
-    table: RwLock<Arc<Table>>,
+    /// Swapped whole on a refresh; read without a lock.
+    table: ArcSwap<Table>,
     cluster: bool,
     trip_after: u32,
     open_for_ms: u64,
@@ -33,7 +36,7 @@ impl Shards {
         let name = if cluster { "unknown" } else { "standalone" };
         let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), Arc::new(Breaker::new(trip_after, open_for_ms)))] };
         Shards {
-            table: RwLock::new(Arc::new(table)),
+            table: ArcSwap::from_pointee(table),
             cluster,
             trip_after,
             open_for_ms,
@@ -43,16 +46,9 @@ impl Shards {
         }
     }
 
-    fn table(&self) -> Arc<Table> {
-        match self.table.read() {
-            Ok(t) => t.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
     /// The breaker of the shard serving `slot`.
     pub(crate) fn breaker(&self, slot: u16) -> Arc<Breaker> {
-        let t = self.table();
+        let t = self.table.load();
         let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
         t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b.clone()).unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
     }
@@ -72,7 +68,7 @@ impl Shards {
 
     /// Installs a slot map `(first, last, primary)`.
     pub(crate) fn installed(&self, ranges: &[(u16, u16, String)], now_ms: u64) {
-        let old = self.table();
+        let old = self.table.load_full();
         let mut breakers: Vec<(String, Arc<Breaker>)> = Vec::new();
         let mut slots = vec![0u16; SLOTS];
         for (first, last, primary) in ranges {
@@ -90,11 +86,7 @@ impl Shards {
             }
         }
         if !breakers.is_empty() {
-            let table = Arc::new(Table { slots, breakers });
-            match self.table.write() {
-                Ok(mut t) => *t = table,
-                Err(poisoned) => *poisoned.into_inner() = table,
-            }
+            self.table.store(Arc::new(Table { slots, breakers }));
         }
         self.next_refresh_ms.store(now_ms.saturating_add(self.refresh_ms), Ordering::Relaxed);
         self.refreshing.store(false, Ordering::Release);
@@ -109,7 +101,7 @@ impl Shards {
     /// Every known shard (by primary address) and whether its breaker is
     /// open at `now_ms`.
     pub(crate) fn states(&self, now_ms: u64) -> Vec<(String, bool)> {
-        self.table().breakers.iter().map(|(name, b)| (name.clone(), b.is_open(now_ms))).collect()
+        self.table.load().breakers.iter().map(|(name, b)| (name.clone(), b.is_open(now_ms))).collect()
     }
 }
 
@@ -133,7 +125,8 @@ mod tests {
         s.installed(&map, 0);
         assert!(Arc::ptr_eq(&s.breaker(0), &s.breaker(16_000)));
         assert!(!Arc::ptr_eq(&s.breaker(0), &s.breaker(6000)));
-        s.breaker(6000).failure(5);
+        let b = s.breaker(6000);
+        b.failure(b.admit(5).unwrap(), 5);
         assert_eq!(s.states(6), [("a:1".to_string(), false), ("b:1".to_string(), true)]);
         // A refresh keeps the breaker of a primary that still serves.
         assert!(!s.refresh_due(9_999) && s.refresh_due(10_000));

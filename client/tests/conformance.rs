@@ -154,6 +154,31 @@ async fn parameters_may_change_between_calls(c: &Client, e: &Env<'_>) {
     assert_eq!((d.remaining, d.limit), (8, 20));
 }
 
+async fn a_refusal_keeps_a_drained_key_until_it_is_full_again(c: &Client, e: &Env<'_>) {
+    // Drained under 10 a second: each key would be full again, and expire, in a second.
+    for name in ["a", "b"] {
+        assert!(c.take(&[e.bucket(name, 10, 10, 1000)], 10).await.unwrap().allowed);
+    }
+    // The limit is lowered to one token a minute: full again only in 600 s.
+    let (a, b) = ([e.bucket("a", 10, 1, MINUTE)], [e.bucket("b", 10, 1, MINUTE)]);
+    let until_full = 590_000..=600_000;
+    assert!(!c.peek(&a, 1).await.unwrap().allowed);
+    assert!(e.pttl("a") <= 1000, "a peek writes nothing, not even an expiry");
+    // A refused take, and a refused lease, keep the key until it is full.
+    let d = c.take(&a, 1).await.unwrap();
+    assert!(!d.allowed && until_full.contains(&(d.reset_after.as_millis() as u64)), "{d:?}");
+    let g = c.lease(&b, 5, 5).await.unwrap();
+    assert_eq!(g.tokens, 0);
+    for name in ["a", "b"] {
+        let pttl = e.pttl(name);
+        assert!(until_full.contains(&(pttl as u64)), "{name}: PTTL {pttl}");
+    }
+    // Past the old expiry the buckets are still drained, not back full.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(!c.take(&a, 10).await.unwrap().allowed, "a came back full");
+    assert_eq!(c.lease(&b, 10, 1).await.unwrap().tokens, 0, "b came back full");
+}
+
 async fn lease_grants_what_every_bucket_can_give(c: &Client, e: &Env<'_>) {
     let k = [e.bucket("a", 10, 1, HOUR), e.bucket("b", 20, 1, HOUR)];
     c.take(&k, 6).await.unwrap();
@@ -261,6 +286,7 @@ conformance!(
     ttl_is_the_time_until_full,
     refill_is_lazy_and_continuous,
     parameters_may_change_between_calls,
+    a_refusal_keeps_a_drained_key_until_it_is_full_again,
     lease_grants_what_every_bucket_can_give,
     lease_below_its_minimum_takes_nothing,
     refund_never_goes_above_capacity,

@@ -7,10 +7,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_client::{Backend, Config, Event, Limiter, Policy, Rule, Source};
+use rl_client::{Backend, Config, Event, Limiter, Policy, Rule, Source, WindowMode};
 use testkit::Server;
 
-on_both_backends!(an_outage_degrades_the_limits_not_the_api, a_limiter_starts_while_redis_is_down);
+on_both_backends!(
+    an_outage_degrades_the_limits_not_the_api,
+    a_limiter_starts_while_redis_is_down,
+    a_share_below_one_token_falls_back_closed,
+);
 
 fn policies() -> (Policy, Policy) {
     let api = Policy::builder("api").rule(Rule::per_hour("hourly", 10)).build().unwrap();
@@ -90,4 +94,71 @@ async fn a_limiter_starts_while_redis_is_down(backend: Backend) {
     assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::FailClosed);
     s.restart();
     assert!(until_redis_answers(&l, &api, "u").await);
+}
+
+async fn a_share_below_one_token_falls_back_closed(backend: Backend) {
+    let mut s = Server::start(&[]);
+    // 5 a minute on 300 gateways: a share of 5 x 2 / 300 = 0.03 tokens each.
+    // A one-token floor would let 300 attempts through at once, fleet-wide.
+    let l = Limiter::new(Config { gateways: 300, ..fault_config(s.url(), backend) }).unwrap();
+    let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5)).build().unwrap();
+    // 100 a second is 0.67 of a token per gateway: refused too. 1,000 is 6.
+    let api = Policy::builder("api").rule(Rule::per_second("s", 100)).rule(Rule::per_second("burst", 1000)).build().unwrap();
+    let big = Policy::builder("big").rule(Rule::per_second("s", 1000)).build().unwrap();
+    assert!(l.check(&login, "ip").await.unwrap().allowed);
+    s.kill();
+    for _ in 0..3 {
+        let d = l.check(&login, "ip").await.unwrap();
+        assert_eq!((d.allowed, d.source, d.rule, d.limit), (false, Source::FailClosed, 0, 5), "{d:?}");
+        let d = l.check(&api, "k").await.unwrap();
+        assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0), "the rule below one token: {d:?}");
+    }
+    let d = l.check(&big, "k").await.unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+}
+
+/// A server that hangs (DEBUG SLEEP) costs a check one timeout, not one per
+/// group: after a shard failure the other groups (all in the same slot) are
+/// answered by the fallback without asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_costs_a_check_one_timeout_not_one_per_group() {
+    let s = Server::start(&[]);
+    let timeout = Duration::from_millis(600);
+    // Breakers out of the way: no trip within this test.
+    let c = Config { timeout, breaker_trip_after: 100, ..config(s.url(), Backend::Module) };
+    let l = Limiter::new(c).unwrap();
+    let hour = Duration::from_secs(3600);
+    // Four groups: the buckets, then windows of each mode.
+    let p = Policy::builder("api")
+        .rule(Rule::per_hour("hourly", 100))
+        .rule(Rule::window("sliding", 100, hour, WindowMode::Sliding))
+        .rule(Rule::window("exact", 100, hour, WindowMode::Exact))
+        .rule(Rule::window("daily", 100, 24 * hour, WindowMode::Fixed))
+        .build()
+        .unwrap();
+    assert_eq!(l.check(&p, "u").await.unwrap().source, Source::Redis);
+    let mut con = s.con();
+    let sleeper = std::thread::spawn(move || redis::cmd("DEBUG").arg("SLEEP").arg(4).query::<()>(&mut con));
+    // Until the server is asleep: a PING that does not answer at once.
+    let answers_at_once = || {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        tcp.write_all(b"PING\r\n").unwrap();
+        tcp.read(&mut [0u8; 7]).is_ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while answers_at_once() {
+        assert!(Instant::now() < deadline, "the server never went to sleep");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    let d = l.check(&p, "u").await.unwrap();
+    let took = started.elapsed();
+    assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+    // One timeout and change; four timeouts (2.4 s) before the fix.
+    assert!(took < timeout * 5 / 2, "a check took {took:?} with a {timeout:?} timeout");
+    assert_eq!(l.counters().get(Event::Error), 1, "one call reached the hung server");
+    drop(s);
+    let _ = sleeper.join();
 }

@@ -85,6 +85,17 @@ async fn requests_without_a_subject_pass_and_bad_subjects_are_400() {
 }
 
 #[tokio::test]
+async fn a_policy_the_backend_cannot_run_is_a_500_not_the_clients_fault() {
+    let s = Server::start(&[]);
+    let limiter = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
+    let day = std::time::Duration::from_secs(86_400);
+    let quota = Policy::builder("api").rule(Rule::window("daily", 10, day, rl_client::WindowMode::Fixed)).build().unwrap();
+    let r = service(limiter, quota).oneshot(request(Some("k"))).await.unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.body().contains("Lua backend has no RL.WINDOW"), "{}", r.body());
+}
+
+#[tokio::test]
 async fn redis_down_never_fails_a_request() {
     let mut s = Server::start(&[]);
     let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{calls, config};
+use common::{calls, config, tokens};
 use rl_client::{Backend, Event, Limiter, Policy, Rule, Source, WindowMode};
 use testkit::Server;
 
@@ -33,10 +33,16 @@ async fn a_quota_is_counted_by_the_module_after_the_bucket() {
     assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 1, 3, Source::Redis));
     assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO && r <= DAY), "{d:?}");
     assert_eq!((calls(&s, "rl.take"), calls(&s, "rl.window")), (4, 4));
-    // Refused again from memory until the quota's window ends.
-    let d = l.check(&p, "u").await.unwrap();
-    assert_eq!((d.allowed, d.source), (false, Source::DenyCache));
-    assert_eq!(calls(&s, "rl.window"), 4);
+    // Refused again from memory until the quota's window ends: no RL.TAKE
+    // either, and no bucket token spent on a request that cannot pass.
+    for _ in 0..10 {
+        let d = l.check(&p, "u").await.unwrap();
+        assert_eq!((d.allowed, d.rule, d.source), (false, 1, Source::DenyCache), "{d:?}");
+    }
+    assert_eq!((calls(&s, "rl.take"), calls(&s, "rl.window")), (4, 4));
+    let hourly = rl_client::Bucket::new(p.keys("u").unwrap().remove(0), 5, 5, HOUR).unwrap();
+    assert_eq!(tokens(l.client(), &hourly).await, 1, "5 an hour, 4 taken");
+    assert_eq!(l.counters().get(Event::DenyCacheHit), 10);
     // The bucket refuses first: the quota does not count what the rate refused.
     let tight = Policy::builder("tight")
         .rule(Rule::per_hour("hourly", 1))
@@ -79,14 +85,15 @@ async fn while_redis_is_down_windows_fall_back_or_refuse() {
     let closed = Policy::builder("closed").rule(Rule::window("logins", 4, HOUR, WindowMode::Exact).fail_closed()).build().unwrap();
     assert!(l.check(&open, "u").await.unwrap().allowed);
     s.kill();
-    // One gateway, slack 2: a local bucket of 8 an hour stands in.
+    // One gateway, slack 2: at most 8 in any hour. The local stand-in holds
+    // half of that and refills the other half over the hour.
     let mut allowed = 0;
     for _ in 0..12 {
         let d = l.check(&open, "u").await.unwrap();
         assert_eq!(d.source, Source::Fallback, "{d:?}");
         allowed += u64::from(d.allowed);
     }
-    assert_eq!(allowed, 8, "the local stand-in is limit x slack per window");
+    assert_eq!(allowed, 4, "half of limit x slack at once");
     let d = l.check(&closed, "u").await.unwrap();
     assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0));
 }
@@ -104,4 +111,32 @@ async fn windows_are_refused_where_they_cannot_run() {
     let e = module.refund(&p, "u", 1).await.unwrap_err().to_string();
     assert!(e.contains("neither settled nor refunded"), "{e}");
     assert_eq!(calls(&s, "rl.window"), 0);
+}
+
+/// The outage fallback over a whole window, not only its first burst: at
+/// most about `slack` x the limit in any window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_a_window_admits_at_most_slack_times_its_limit() {
+    let mut s = Server::start(&[]);
+    let c = rl_client::Config { timeout: Duration::from_millis(200), ..config(s.url(), Backend::Module) };
+    let l = Limiter::new(c).unwrap();
+    // 10 in any 2 s; one gateway, slack 2: at most 20 in any 2 s.
+    let window = Duration::from_secs(2);
+    let p = Policy::builder("open").rule(Rule::window("w", 10, window, WindowMode::Sliding)).build().unwrap();
+    assert!(l.check(&p, "u").await.unwrap().allowed);
+    s.kill();
+    // A request every 10 ms for a whole window.
+    let started = Instant::now();
+    let mut allowed = 0u128;
+    while started.elapsed() < window {
+        let d = l.check(&p, "u").await.unwrap();
+        assert_eq!(d.source, Source::Fallback, "{d:?}");
+        allowed += u128::from(d.allowed);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // 10 at once, then 10 a window: never more than 20 over one window
+    // (40 before: a full bucket of 20 and 20 more over the window).
+    let most = 10 + 10 * started.elapsed().as_millis() / window.as_millis();
+    assert!(allowed <= most, "{allowed} admitted in {:?}, at most {most}", started.elapsed());
+    assert!(allowed >= 15, "{allowed} admitted: the fallback still admits about its share");
 }

@@ -144,6 +144,29 @@ async fn publish_override_and_remove_reach_a_gateway() {
     let again = rlctl(&["override", "remove", "--subject", "key_8f3", "--redis", &url]).await;
     assert_eq!(again.code, 1);
     assert!(again.err.contains("no override 'ovr-key_8f3'"), "{}", again.err);
+
+    // A network override with --shared: the whole /48 shares its buckets
+    // (without it, each /64 of the /48 would get the limit of its own).
+    let net = [
+        "override", "add", "--ip", "2001:db8:bad::/48", "--shared", "--limit", "s=2/1h", "--expires", "2h", "--reason",
+        "INC-4412: scraper", "--redis", &url,
+    ];
+    let run = rlctl(&net).await;
+    assert_eq!(run.code, 0, "{}", run.err);
+    reaches(5).await;
+    let list = rlctl(&["override", "list", "--redis", &url]).await;
+    assert!(list.out.contains("ovr-2001_db8_bad___48: ip 2001:db8:bad::/48, shared"), "{}", list.out);
+    let from = |ip: &str| {
+        let (gateway, ip) = (gateway.clone(), ip.parse().unwrap());
+        async move { gateway.check(&Request::new().ip(ip)).await.unwrap() }
+    };
+    let first = from("2001:db8:bad:1::1").await;
+    assert_eq!((first.rule.id(), first.decision.allowed), ("ovr-2001_db8_bad___48", true));
+    assert!(from("2001:db8:bad:2::1").await.decision.allowed);
+    assert!(!from("2001:db8:bad:3::1").await.decision.allowed, "a third /64 of the /48: the shared 2 are spent");
+    let run = rlctl(&["override", "add", "--subject", "k", "--shared", "--limit", "s=1/1h", "--expires", "1h", "--reason", "r", "--redis", &url]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    assert!(run.err.contains("--shared is for an --ip override"), "{}", run.err);
 }
 
 #[tokio::test]
@@ -162,6 +185,10 @@ async fn mistakes_at_3am_are_refused_with_a_reason() {
     assert!(run.err.contains("--expires"), "{}", run.err);
     for (extra, says) in [
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "40d"][..], "within 30 days"),
+        // Past the calendar's end: refused, not a panic (exit 101).
+        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "100000y"][..], "within 30 days"),
+        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "400000000000y"][..], "within 30 days"),
+        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "2099-01-01T00:00:00Z"][..], "within 30 days"),
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "soonish"][..], "--expires \"soonish\" is neither a duration"),
         (&["--limit", "s=ten/1s", "--reason", "r", "--expires", "1h"][..], "expected NAME=COUNT/PER"),
         (&["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..], "override 'ovr-k' limit 's': rate must be from 1"),

@@ -176,7 +176,10 @@ async fn an_ipv6_client_is_its_64_and_a_shared_rule_is_one_bucket() {
     assert!(!check("203.0.113.7").await.decision.allowed);
     // A shared rule: two addresses of the office share its 2 tokens.
     let a = check("198.51.100.1").await;
-    assert_eq!((a.rule.id(), a.subject.as_str(), a.decision.allowed), ("office", "*", true));
+    assert_eq!((a.rule.id(), a.subject.as_str(), a.decision.allowed), ("office", "*:office", true));
+    // Its buckets have a hash tag of their own: shared rules spread over a
+    // cluster's shards instead of all landing on the slot of "{*}".
+    assert_eq!(a.rule.policy().keys(&a.subject).unwrap(), ["rl:office:{*:office}:s"]);
     assert!(check("198.51.100.2").await.decision.allowed);
     assert!(!check("198.51.100.3").await.decision.allowed);
     // No subject and no address: the caller's mistake, not a decision.
@@ -282,6 +285,53 @@ async fn an_expired_override_stops_applying_by_itself() {
     let too_long = clamp("ovr-x", "x", 1, SystemTime::now() + Duration::from_secs(31 * 86_400));
     assert!(store.set_override(&too_long).await.unwrap_err().to_string().contains("within 30 days"));
     assert_eq!(store.version().await.unwrap(), version, "nothing refused was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_stop_at_2_pow_53_minus_1_without_wrapping_or_rounding() {
+    const MAX: u64 = (1 << 53) - 1;
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    let at = |v: u64| RuleSetSpec { version: Some(v), ..spec(PRECEDENCE) };
+    // Above 2^53 - 1 a version would be rounded by the store's script
+    // (2^53 + 1 read as 2^53) and could wrap: refused, nothing written.
+    for v in [MAX + 2, u64::MAX] {
+        let e = store.publish(&at(v)).await.unwrap_err().to_string();
+        assert!(e.contains("largest"), "{v}: {e}");
+    }
+    assert_eq!(store.version().await.unwrap(), 0);
+    assert_eq!(store.publish(&at(MAX)).await.unwrap(), MAX, "the largest is exact");
+    assert_eq!(store.version().await.unwrap(), MAX);
+    // Nothing comes after it: an error, not a panic or a wrap to 0.
+    let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();
+    assert!(e.contains("largest"), "{e}");
+    let e = store.set_override(&clamp("ovr-k", "k", 1, SystemTime::now() + Duration::from_secs(60))).await.unwrap_err();
+    assert!(e.to_string().contains("largest"), "{e}");
+    assert_eq!(store.version().await.unwrap(), MAX, "the store never goes backward");
+    // A version written past rlctl is named, not misread.
+    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("version").arg(u64::MAX).query(&mut s.con()).unwrap();
+    let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();
+    assert!(e.contains("field 'version'"), "{e}");
+    // A gateway takes the largest version and refuses what is above it.
+    let rules = LiveRules::new(limiter(&s), &spec(PRECEDENCE)).unwrap();
+    assert!(rules.install(&spec(PRECEDENCE), &[], MAX + 1, "test").is_err());
+    assert!(LiveRules::new(limiter(&s), &at(u64::MAX)).is_err());
+    assert_eq!(rules.install(&spec(PRECEDENCE), &[], MAX, "test").unwrap(), Installed::Now(MAX));
+}
+
+/// A version field that is not a whole number up to 2^53 - 1 (written past
+/// rlctl) is named; 2^53 + 1 was read as 2^53 and the next change published
+/// as 2^53 + 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_refuses_a_version_field_it_cannot_read_exactly() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    store.publish(&spec(PRECEDENCE)).await.unwrap();
+    for bad in ["9007199254740993", "-1", "1.5", "7x"] {
+        let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("version").arg(bad).query(&mut s.con()).unwrap();
+        let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();
+        assert!(e.contains("field 'version'"), "{bad}: {e}");
+    }
 }
 
 const BAD: &str = r#"
@@ -461,13 +511,40 @@ async fn a_rule_file_is_reloaded_when_it_changes() {
     let write = |set: &RuleSetSpec| std::fs::write(&path, toml::to_string(set).unwrap()).unwrap();
     let unversioned = |v| RuleSetSpec { version: None, ..versioned(v) };
     write(&unversioned(1));
+    let (size, stamp) = {
+        let meta = std::fs::metadata(&path).unwrap();
+        (meta.len(), meta.modified().unwrap())
+    };
     let rules = LiveRules::new(limiter(&s), &RuleSetSpec::from_file(&path).unwrap()).unwrap();
     let _watcher = rules.watch_file(&path, Duration::from_millis(50)).unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
+    // The same size, and the modification time put back (a copy that keeps
+    // times, a coarse filesystem clock): the contents changed all the same.
     write(&unversioned(2));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(stamp).unwrap();
     eventually(Duration::from_secs(5), "reloaded as the next version", || rules.snapshot().version() == 1).await;
     assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
     std::fs::write(&path, BAD).unwrap();
     eventually(Duration::from_secs(5), "the bad file is refused", || rules.status().rejected == 1).await;
     assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
+    // A file without a version names none, so its refusal marks none: the
+    // next version from Redis still comes (it was marked, and then skipped).
+    let _redis = rules.watch_redis(RedisSource::new(s.url())).unwrap();
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    assert_eq!(store.publish(&RuleSetSpec { version: Some(2), ..versioned(3) }).await.unwrap(), 2);
+    eventually(Duration::from_secs(10), "version 2 from Redis", || rules.snapshot().version() == 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_with_a_huge_poll_interval_still_follows_the_channel() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    store.publish(&versioned(1)).await.unwrap();
+    let rules = LiveRules::new(limiter(&s), &versioned(0)).unwrap();
+    let source = RedisSource { poll_every: Duration::MAX, ..RedisSource::new(s.url()) };
+    let _watcher = rules.watch_redis(source).unwrap();
+    eventually(Duration::from_secs(10), "the first read", || rules.snapshot().version() == 1).await;
+    store.publish(&versioned(2)).await.unwrap();
+    eventually(Duration::from_secs(10), "the announced version", || rules.snapshot().version() == 2).await;
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, Parser, Subcommand};
 use rl_client::rules::{
     override_id, remaining, Fail, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
-    DEFAULT_KEY,
+    DEFAULT_KEY, MAX_OVERRIDE,
 };
 use rl_client::{Backend, Error};
 
@@ -116,6 +116,10 @@ struct AddOverride {
     /// Refuse instead of limiting locally while Redis is down.
     #[arg(long)]
     fail_closed: bool,
+    /// With --ip: every address of the network shares one set of buckets
+    /// (without it, each client of the network, an IPv6 /64 by default, has its own).
+    #[arg(long)]
+    shared: bool,
     #[command(flatten)]
     store: Store,
 }
@@ -190,6 +194,9 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         (None, Some(ip)) => (MatchSpec { ip: Some(ip.clone()), ..MatchSpec::default() }, ip.as_str()),
         _ => return Err(Error::Rules("an override is for one --subject or one --ip".to_owned())),
     };
+    if add.shared && add.matched.ip.is_none() {
+        return Err(Error::Rules("--shared is for an --ip override: a network whose clients share one set of buckets".to_owned()));
+    }
     let limits = add.limits.iter().map(|l| LimitSpec::parse_short(l)).collect::<Result<Vec<_>, _>>()?;
     Ok(RuleSpec {
         id: add.id.clone().unwrap_or_else(|| override_id(matched)),
@@ -197,21 +204,32 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         limits,
         mode: Mode::Enforce,
         fail: if add.fail_closed { Fail::Closed } else { Fail::Open },
-        shared: false,
+        shared: add.shared,
         expires: Some(expiry(&add.expires, SystemTime::now())?),
         reason: add.reason.clone(),
     })
 }
 
-/// `15m` from now, or a UTC time as written.
+/// `15m` from now, or a UTC time as written; within [`MAX_OVERRIDE`] of
+/// `now` (checked here, before a far date can overflow or fail to print).
 fn expiry(text: &str, now: SystemTime) -> Result<String, Error> {
-    if let Ok(at) = humantime::parse_rfc3339(text) {
-        return Ok(humantime::format_rfc3339_seconds(at).to_string());
-    }
-    match humantime::parse_duration(text) {
-        Ok(d) => Ok(humantime::format_rfc3339_seconds(now + d).to_string()),
-        Err(_) => Err(Error::Rules(format!(
-            "--expires {text:?} is neither a duration (15m, 2h, 3d) nor a UTC time (2026-10-28T09:00:00Z)"
+    let at = match humantime::parse_rfc3339(text) {
+        Ok(at) => Some(at),
+        Err(_) => match humantime::parse_duration(text) {
+            Ok(d) => now.checked_add(d),
+            Err(_) => {
+                return Err(Error::Rules(format!(
+                    "--expires {text:?} is neither a duration (15m, 2h, 3d) nor a UTC time (2026-10-28T09:00:00Z)"
+                )))
+            }
+        },
+    };
+    match at {
+        Some(at) if at.duration_since(now).unwrap_or_default() <= MAX_OVERRIDE => {
+            Ok(humantime::format_rfc3339_seconds(at).to_string())
+        }
+        _ => Err(Error::Rules(format!(
+            "--expires {text:?}: an override must end within 30 days; lasting limits belong in the rule file"
         ))),
     }
 }
@@ -254,6 +272,7 @@ fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
     let mut out = vec!["overrides:".to_owned()];
     for o in &stored.overrides {
         let target = o.scope.subject.as_deref().map(|s| format!("subject {s:?}")).or(o.scope.ip.as_ref().map(|ip| format!("ip {ip}")));
+        let shared = if o.shared { ", shared" } else { "" };
         let until = o.expires.as_deref().and_then(|e| humantime::parse_rfc3339(e).ok());
         let left = match until {
             Some(at) if at <= now => "expired".to_owned(),
@@ -262,7 +281,7 @@ fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
         };
         let limits: Vec<String> = o.limits.iter().map(ToString::to_string).collect();
         out.push(format!(
-            "  {}: {} ({left}): {}; reason: {}",
+            "  {}: {}{shared} ({left}): {}; reason: {}",
             o.id,
             target.unwrap_or_default(),
             limits.join(", "),

@@ -41,7 +41,7 @@ pub struct Verdict {
     /// The enforced rule that decided.
     pub rule: Arc<CompiledRule>,
     /// The subject its buckets are kept under (a subject, `ip:<network>`,
-    /// or `*` for a shared rule).
+    /// or `*:<rule id>` for a shared rule).
     pub subject: String,
     /// The snapshot version the request used, all of it.
     pub version: u64,
@@ -255,6 +255,20 @@ impl LiveRules {
     /// than the one in force and passes every check; otherwise the one in
     /// force stays, and a refusal is counted and reported in [`status`](Self::status).
     pub fn install(&self, spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64, source: &str) -> Result<Installed> {
+        self.install_as(spec, overrides, version, source, true)
+    }
+
+    /// [`install`](Self::install); `named` false for a set that names no
+    /// version of its own (a file loaded as the next one): refused, it
+    /// marks no version as refused.
+    pub(crate) fn install_as(
+        &self,
+        spec: &RuleSetSpec,
+        overrides: &[RuleSpec],
+        version: u64,
+        source: &str,
+        named: bool,
+    ) -> Result<Installed> {
         let mut state = lock(&self.inner.state);
         let current = self.inner.current.load();
         if version <= current.version() {
@@ -274,20 +288,28 @@ impl LiveRules {
             }
             Err(e) => {
                 drop(state);
-                self.rejected(version, source, &e);
+                self.rejected(named.then_some(version), source, &e);
                 Err(e)
             }
         }
     }
 
     /// A rule set was refused: counted, logged, and reported in the
-    /// status; the one in force stays.
-    pub(crate) fn rejected(&self, version: u64, source: &str, error: &Error) {
+    /// status; the one in force stays. A `version` newer than the one in
+    /// force is remembered, so a watcher does not fetch it again; a set
+    /// that names no version (a file that does not parse) marks none.
+    pub(crate) fn rejected(&self, version: Option<u64>, source: &str, error: &Error) {
         let mut state = lock(&self.inner.state);
         state.rejected += 1;
-        state.rejected_version = Some(version);
-        let text = format!("version {version} from {source}: {error}");
-        log::error!("{text}; version {} stays in force", self.inner.current.load().version());
+        let current = self.inner.current.load().version();
+        if let Some(newer) = version.filter(|&v| v > current) {
+            state.rejected_version = Some(newer);
+        }
+        let text = match version {
+            Some(version) => format!("version {version} from {source}: {error}"),
+            None => format!("{source}: {error}"),
+        };
+        log::error!("{text}; version {current} stays in force");
         state.last_error = Some(text);
     }
 

@@ -13,11 +13,11 @@ use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MA
 
 #[cfg(test)]
 use super::spec::MatchSpec;
-use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec};
+use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
 use crate::client::WindowMode;
 use crate::config::Backend;
 use crate::error::{Error, Result};
-use crate::policy::{Policy, Rule};
+use crate::policy::{check_name, period_ms, subject_fault, Policy, Rule};
 
 /// Which requests a compiled rule matches, from the most specific to the
 /// least: a subject, an IP network (the longest prefix first), a plan and
@@ -268,6 +268,9 @@ impl Snapshot {
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot> {
         let mut errors = Vec::new();
+        if version > MAX_VERSION {
+            errors.push(format!("version {version} is above {MAX_VERSION} (2^53 - 1), the largest a version may be"));
+        }
         let key_prefix = spec.key_prefix.as_deref().unwrap_or(DEFAULT_KEY_PREFIX);
         if key_prefix.is_empty()
             || key_prefix.len() > 64
@@ -370,11 +373,13 @@ impl Snapshot {
     }
 
     /// The subject whose buckets `rule` uses for `request`: everyone's one
-    /// set for a shared rule, else the request's subject, else its address
-    /// grouped by prefix (an IPv6 client is its /64 by default).
+    /// set for a shared rule (`*:` and the rule's id, so each shared rule
+    /// has a hash tag, and a cluster slot, of its own), else the request's
+    /// subject, else its address grouped by prefix (an IPv6 client is its
+    /// /64 by default).
     pub fn bucket_subject(&self, rule: &CompiledRule, request: &Request<'_>) -> Result<String> {
         if rule.shared {
-            return Ok("*".to_owned());
+            return Ok(format!("*:{}", rule.id));
         }
         if let Some(subject) = request.subject {
             return Ok(subject.to_owned());
@@ -513,8 +518,8 @@ fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<St
     match (&m.subject, &m.ip, &m.plan, &m.endpoint) {
         (None, None, None, None) => Some(Scope::Default),
         (Some(s), None, None, None) => {
-            if s.is_empty() || s.len() > 512 || s.contains(['{', '}']) {
-                errors.push(format!("{at}: match.subject must be 1 to 512 bytes without '{{' or '}}', got {s:?}"));
+            if let Some(why) = subject_fault(s) {
+                errors.push(format!("{at}: match.{why}"));
                 return None;
             }
             Some(Scope::Subject(s.clone()))
@@ -567,7 +572,7 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
         errors.push(format!("{at}: name {why}"));
     }
     let per = match humantime::parse_duration(&limit.per) {
-        Ok(per) if per.subsec_nanos() % 1_000_000 == 0 && (1..=MAX_PERIOD_MS as u128).contains(&per.as_millis()) => Some(per),
+        Ok(per) if period_ms(per).is_ok() => Some(per),
         Ok(_) => {
             let days = MAX_PERIOD_MS / 86_400_000;
             errors.push(format!("{at}: per must be whole milliseconds from 1ms to {days}d, got {:?}", limit.per));
@@ -618,14 +623,6 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
         }
     };
     Some(rule)
-}
-
-/// Ids and limit names go into keys and headers: keep them plain.
-fn check_name(name: &str) -> std::result::Result<(), &'static str> {
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) {
-        return Err("must be 1 to 64 ASCII letters, digits, '_', '-' or '.'");
-    }
-    Ok(())
 }
 
 /// Indexes rules by match, refusing two rules of one mode for one match.

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The largest version: 2^53 - 1. Versions are compared in the rules
+/// store's Lua script, whose numbers are doubles, exact only up to there.
+pub const MAX_VERSION: u64 = (1 << 53) - 1;
+
 /// A whole rule set as written: what `rlctl publish` sends and a gateway
 /// loads.
 ///
@@ -24,8 +28,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSetSpec {
-    /// Must move forward; absent, the store (or a reloaded file) assigns
-    /// the next one.
+    /// Must move forward, up to [`MAX_VERSION`]; absent, the store (or a
+    /// reloaded file) assigns the next one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u64>,
     /// First part of every bucket key. Default `rl`.
@@ -158,6 +162,11 @@ pub enum Fail {
     Closed,
 }
 
+/// A rule file's text; an error names the file.
+pub(crate) fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::Rules(format!("cannot read {}: {e}", path.display())))
+}
+
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
 }
@@ -166,10 +175,14 @@ impl RuleSetSpec {
     /// Reads a rule file: `.json` as JSON, anything else as TOML.
     pub fn from_file(path: impl AsRef<Path>) -> Result<RuleSetSpec> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Rules(format!("cannot read {}: {e}", path.display())))?;
+        RuleSetSpec::from_text(path, &read(path)?)
+    }
+
+    /// Parses `text`, read from `path`: `.json` as JSON, anything else as
+    /// TOML; an error names the file.
+    pub(crate) fn from_text(path: &Path, text: &str) -> Result<RuleSetSpec> {
         let json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
-        let parsed = if json { RuleSetSpec::from_json(&text) } else { RuleSetSpec::from_toml(&text) };
+        let parsed = if json { RuleSetSpec::from_json(text) } else { RuleSetSpec::from_toml(text) };
         parsed.map_err(|e| match e {
             Error::Rules(why) => Error::Rules(format!("{}: {why}", path.display())),
             other => other,

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::snapshot::Snapshot;
-use super::spec::{RuleSetSpec, RuleSpec};
+use super::spec::{RuleSetSpec, RuleSpec, MAX_VERSION};
 use crate::error::{Error, Result};
 
 /// The hash (and pub/sub channel) used unless told otherwise.
@@ -36,11 +36,27 @@ pub const MAX_OVERRIDE: Duration = Duration::from_secs(30 * 86_400);
 const OVERRIDE_FIELD: &str = "override:";
 
 /// Checks the version, applies set/del operations, moves the version and
-/// announces it, all at once.
+/// announces it, all at once. Lua numbers are doubles: versions are read
+/// only when they are whole numbers up to 2^53 - 1, where doubles are
+/// exact, and returned as the strings they came as.
 const COMMIT: &str = r"
-local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-if current ~= tonumber(ARGV[1]) then
-  return redis.error_reply('CHANGED the rules moved to version ' .. current)
+local MAX = 9007199254740991
+local function version(text)
+  local v = tonumber(text)
+  if type(text) ~= 'string' or not string.match(text, '^%d+$') or v > MAX then return nil end
+  return v
+end
+local raw = redis.call('HGET', KEYS[1], 'version') or '0'
+local current = version(raw)
+if current == nil then
+  return redis.error_reply('ERR field version holds ' .. raw .. ': not a whole number up to 2^53 - 1')
+end
+if current ~= version(ARGV[1]) then
+  return redis.error_reply('CHANGED the rules moved to version ' .. raw)
+end
+local after = version(ARGV[2])
+if after == nil or after <= current then
+  return redis.error_reply('ERR version ' .. ARGV[2] .. ' is not above ' .. raw .. ' and at most 2^53 - 1')
 end
 for i = 4, #ARGV, 3 do
   if ARGV[i] == 'set' then
@@ -51,7 +67,7 @@ for i = 4, #ARGV, 3 do
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[2])
-return tonumber(ARGV[2])
+return ARGV[2]
 ";
 
 /// What the store holds.
@@ -93,8 +109,19 @@ impl Stored {
 fn parse_version(text: Option<&str>) -> Result<u64> {
     match text {
         None => Ok(0),
-        Some(v) => v.parse().map_err(|_| Error::Rules(format!("field 'version' is not a whole number: {v:?}"))),
+        Some(v) => v.parse().ok().filter(|&v| v <= MAX_VERSION).ok_or_else(|| {
+            Error::Rules(format!("field 'version' is not a whole number up to {MAX_VERSION} (2^53 - 1): {v:?}"))
+        }),
     }
+}
+
+/// The version after `version`: an error at the largest.
+fn next_version(version: u64) -> Result<u64> {
+    version.checked_add(1).filter(|&v| v <= MAX_VERSION).ok_or_else(|| {
+        Error::Rules(format!(
+            "the rules are at version {version}, the largest a version may be (2^53 - 1): nothing can come after it"
+        ))
+    })
 }
 
 /// The rules hash in one Redis server: read by gateways, changed by
@@ -162,7 +189,7 @@ impl RulesStore {
                         stored.version
                     )))
                 }
-                None => stored.version + 1,
+                None => next_version(stored.version)?,
             };
             Snapshot::compile(rules, &stored.overrides, version)?;
             // The version lives in its own field: the stored set has none.
@@ -199,7 +226,7 @@ impl RulesStore {
             let mut overrides: Vec<RuleSpec> =
                 stored.overrides.iter().filter(|o| o.id != rule.id && o.scope != rule.scope).cloned().collect();
             overrides.push(rule.clone());
-            let version = stored.version + 1;
+            let version = next_version(stored.version)?;
             Snapshot::compile(rules, &overrides, version)?;
             let mut ops: Vec<Op> = replaced.iter().map(|o| Op::Del(format!("{OVERRIDE_FIELD}{}", o.id))).collect();
             ops.push(Op::Set(format!("{OVERRIDE_FIELD}{}", rule.id), rule.to_json()));
@@ -219,7 +246,7 @@ impl RulesStore {
                 return Err(Error::Rules(format!("no override '{id}'")));
             }
             let version = parse_version(fields.get("version").map(String::as_str))?;
-            match self.commit(version, version + 1, &[Op::Del(field.clone())]).await {
+            match self.commit(version, next_version(version)?, &[Op::Del(field.clone())]).await {
                 Err(e) if is_changed(&e) => continue,
                 other => return other,
             }
@@ -297,8 +324,21 @@ mod tests {
         fields.insert("override:c".to_owned(), "{".to_owned());
         let e = Stored::from_fields(&fields).unwrap_err().to_string();
         assert!(e.contains("field 'override:c'"), "{e}");
-        fields.insert("version".to_owned(), "x".to_owned());
-        assert!(Stored::from_fields(&fields).unwrap_err().to_string().contains("field 'version'"));
+        fields.remove("override:c");
+        for bad in ["x", "-1", "9007199254740992", "18446744073709551615", "18446744073709551616"] {
+            fields.insert("version".to_owned(), bad.to_owned());
+            assert!(Stored::from_fields(&fields).unwrap_err().to_string().contains("field 'version'"), "{bad}");
+        }
+        fields.insert("version".to_owned(), "9007199254740991".to_owned());
+        assert_eq!(Stored::from_fields(&fields).unwrap().version, MAX_VERSION);
+    }
+
+    #[test]
+    fn the_next_version_stops_at_the_largest() {
+        assert_eq!(next_version(6).unwrap(), 7);
+        assert_eq!(next_version(MAX_VERSION - 1).unwrap(), MAX_VERSION);
+        assert!(next_version(MAX_VERSION).unwrap_err().to_string().contains("the largest"));
+        assert!(next_version(u64::MAX).is_err(), "no overflow");
     }
 
     #[test]

@@ -4,10 +4,10 @@
 //! out" at once; a poll of the version (every 5 s by default) catches a
 //! missed message or a lost subscription, so a new version reaches every
 //! gateway within one poll interval plus a fetch. From a file: its
-//! modification time and size are polled.
+//! contents are polled.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::PubSubStream;
@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use super::live::{Installed, LiveRules};
-use super::spec::RuleSetSpec;
+use super::spec::{read, RuleSetSpec};
 use super::store::{RulesStore, Stored, DEFAULT_KEY};
 use crate::error::{Error, Result};
 
@@ -65,9 +65,9 @@ impl LiveRules {
         Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, client, source)) })
     }
 
-    /// Keeps the rules current from a rule file, read again when its
-    /// modification time or size changes (checked every `every`). A file
-    /// without `version` is loaded as the next version.
+    /// Keeps the rules current from a rule file, loaded again when its
+    /// contents change (read every `every`). A file without `version` is
+    /// loaded as the next version.
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Result<Watcher> {
         let rules = self.clone();
         Ok(Watcher { task: runtime()?.spawn(watch_file(rules, path.into(), every.max(Duration::from_millis(10)))) })
@@ -93,7 +93,7 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client,
                 Ok(Err(e)) => log::debug!("rules channel {}: {e}", store.key()),
                 Err(_) => log::debug!("rules channel {}: no answer within {:?}", store.key(), source.timeout),
             }
-            next_subscribe = Instant::now() + source.poll_every;
+            next_subscribe = after(source.poll_every);
         }
         let wake = if messages.is_some() { next_poll } else { next_poll.min(next_subscribe) };
         tokio::select! {
@@ -115,7 +115,7 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client,
         }
         if Instant::now() >= next_poll {
             refresh(&rules, &store).await;
-            next_poll = Instant::now() + source.poll_every;
+            next_poll = after(source.poll_every);
         }
     }
 }
@@ -154,55 +154,70 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
         Err(e) => return rules.refresh_failed(source, &e),
     };
     let label = format!("{source} {}", store.key());
-    let outcome = Stored::from_fields(&fields).and_then(|stored| match &stored.rules {
-        Some(set) => rules.install(set, &stored.overrides, stored.version, &label),
-        None => Err(Error::Rules("the store has a version but no rules".to_owned())),
-    });
-    match outcome {
-        Ok(_) => {}
-        // install counted its own refusals; a store that does not parse is one too.
-        Err(e) if rules.was_rejected(version) => log::debug!("{e}"),
-        Err(e) => rules.rejected(version, &label, &e),
+    // The hash may have moved on since its version was read: what is
+    // installed, or refused, is the version the fields hold.
+    let stored = match Stored::from_fields(&fields) {
+        Ok(stored) => stored,
+        Err(e) => return rules.rejected(Some(version), &label, &e),
+    };
+    match &stored.rules {
+        // install counts and remembers its own refusals.
+        Some(set) => {
+            let _ = rules.install(set, &stored.overrides, stored.version, &label);
+        }
+        None => {
+            let e = Error::Rules("the store has a version but no rules".to_owned());
+            rules.rejected(Some(stored.version), &label, &e);
+        }
     }
 }
 
 async fn watch_file(rules: LiveRules, path: PathBuf, every: Duration) {
-    let mut seen = stamp(&path);
+    let source = path.display().to_string();
+    // The contents tell a changed file: a modification time and a size can
+    // stay the same (a copy that keeps times, a coarse filesystem clock).
+    let mut seen = contents(&path).await.ok();
     loop {
         tokio::time::sleep(every).await;
-        let now = stamp(&path);
-        let source = path.display().to_string();
-        if now.is_none() {
-            rules.refresh_failed(&source, &Error::Rules("the file cannot be read".to_owned()));
-            continue;
-        }
-        if now == seen {
+        let text = match contents(&path).await {
+            Ok(text) => text,
+            Err(e) => {
+                rules.refresh_failed(&source, &e);
+                continue;
+            }
+        };
+        if seen.as_ref() == Some(&text) {
             rules.confirmed();
             continue;
         }
-        seen = now;
-        let read = {
-            let path = path.clone();
-            tokio::task::spawn_blocking(move || RuleSetSpec::from_file(path)).await
-        };
         let current = rules.snapshot().version();
-        match read {
-            Ok(Ok(spec)) => {
-                let version = spec.version.unwrap_or(current + 1);
-                // Installed, or refused and counted by install, unless not newer.
-                if let Ok(Installed::NotNewer) = rules.install(&spec, &[], version, &source) {
+        match RuleSetSpec::from_text(&path, &text) {
+            Ok(spec) => {
+                let version = spec.version.unwrap_or(current.saturating_add(1));
+                // Installed, or refused and counted by install, unless not
+                // newer. A file without a version names none: refused, it
+                // marks none (Redis's next version must still be fetched).
+                let named = spec.version.is_some();
+                if let Ok(Installed::NotNewer) = rules.install_as(&spec, &[], version, &source, named) {
                     let e = Error::Rules(format!("version {version} is not above version {current} in force"));
-                    rules.rejected(version, &source, &e);
+                    rules.rejected(Some(version), &source, &e);
                 }
             }
-            Ok(Err(e)) => rules.rejected(current + 1, &source, &e),
-            Err(e) => rules.refresh_failed(&source, &Error::Rules(e.to_string())),
+            // Unreadable: it names no version, and none is marked refused.
+            Err(e) => rules.rejected(None, &source, &e),
         }
+        seen = Some(text);
     }
 }
 
-/// What tells a changed file: its modification time and size.
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
+/// A rule file's text, read off the runtime's threads.
+async fn contents(path: &Path) -> Result<String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || read(&path)).await.map_err(|e| Error::Rules(e.to_string()))?
+}
+
+/// `d` from now: far ahead, instead of overflowing, for a huge `d`.
+fn after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).unwrap_or(now + Duration::from_secs(365 * 86_400))
 }
