@@ -304,10 +304,12 @@ impl Limiter {
             })
             .collect();
         // A leased group checks its own entry when its lease runs short:
-        // the tokens it holds are paid for.
-        let now = i.now_ms();
-        let remembered =
-            targets.iter().filter(|(_, batch)| *batch == 1).find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, now)?)));
+        // the tokens it holds are paid for. (The clock is read only for
+        // groups asked call by call: a lease spend reads it once, later.)
+        let remembered = targets
+            .iter()
+            .filter(|(_, batch)| *batch == 1)
+            .find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, i.now_ms())?)));
         if let Some((t, d)) = remembered {
             i.record(Event::DenyCacheHit, &t.policy, None);
             return Some(d);
