@@ -755,16 +755,19 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
     let _ = writeln!(
         w,
         "While the server is down a fail-open rule should admit at most 2 × (capacity + rate × {seconds_down:.1} s): \
-         the design's promise. The fallback's own bound is what its local buckets hold: per gateway \
-         max(1, capacity × {slack} / {gateways}) tokens to start with (at least one), and {slack} × rate over the \
-         fleet. Fail-closed rules should admit nothing. Before the kill, what Redis and the leases admitted \
-         against the allowance of a full bucket over {} s. Rows of several subjects add their subjects' bounds.\n",
+         the design's promise; and traffic within its limit should still get through (the API stays up). The \
+         fallback's own bound is what its local buckets hold: per gateway capacity × {slack} / {gateways} tokens, \
+         rounded down, to start with, and {slack} × rate over the fleet; a rule whose share is below one token \
+         refuses (it shows as fail-closed). Fail-closed rules should admit nothing. Before the kill, what Redis \
+         and the leases admitted against the allowance of a full bucket over {} s. Rows of several subjects add \
+         their subjects' bounds; a subject is within its limit when it sends less than its rate.\n",
         BEFORE_OUTAGE.as_secs(),
     );
     let _ = writeln!(w, "| traffic | rule | window | requests | admitted | 2 × limit | admitted / (2 × limit) | admitted by the fallback | fallback's bound | decided by |");
     let _ = writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---|");
     let mut over_twice = Vec::new();
     let mut over_fallback = Vec::new();
+    let mut shut_out = Vec::new();
     let mut before_within = true;
     let mut closed_refused = true;
     for &(class, _) in &traffic.classes {
@@ -776,9 +779,15 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
             Class::Login => settings.login_subjects as f64,
             _ => 1.0,
         };
-        let per_gateway = (rule.capacity() as f64 * slack / gateways as f64).round().max(1.0);
+        let per_gateway = (rule.capacity() as f64 * slack / gateways as f64).floor();
         let refill = rule.refill() as f64 / rule.period().as_secs_f64();
-        let fallback_bound = (gateways as f64 * per_gateway + slack * refill * seconds_down) * subjects;
+        let fallback_bound = if per_gateway < 1.0 {
+            0.0
+        } else {
+            (gateways as f64 * per_gateway + slack * refill * seconds_down) * subjects
+        };
+        let offered = traffic.classes[traffic.row(class)].1 / subjects;
+        let within_limit = offered < refill;
         for window in [Window::Running, Window::Down, Window::After] {
             let t = p.stats.tallies[traffic.row(class)][window as usize];
             let sources: Vec<String> = SOURCES
@@ -803,10 +812,15 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
                 Window::Down => {
                     let bound = 2.0 * allowance(policy, seconds_down) * subjects;
                     if t.admitted as f64 > bound {
-                        over_twice.push(format!("{} {:.1}x", traffic.label(class), 2.0 * t.admitted as f64 / bound));
+                        over_twice.push(format!("{} {:.1}x its limit", traffic.label(class), 2.0 * t.admitted as f64 / bound));
                     }
                     if t.fallback_admitted as f64 > fallback_bound {
-                        over_fallback.push(traffic.label(class));
+                        over_fallback.push(format!("{} over", traffic.label(class)));
+                    }
+                    // Within its limit: at least 90% should pass (the slack covers uneven spreading).
+                    if within_limit && (t.admitted as f64) < 0.9 * t.requests as f64 {
+                        let share = 100.0 * t.admitted as f64 / t.requests.max(1) as f64;
+                        shut_out.push(format!("{} {share:.1}% admitted", traffic.label(class)));
                     }
                     let ratio = format!("{:.3}", t.admitted as f64 / bound);
                     ("server down", thousands(bound as u64), ratio, thousands(t.fallback_admitted), thousands(fallback_bound as u64))
@@ -841,7 +855,7 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
         "before the kill, leases and the deny cache never admit over the allowance: {}",
         pass(before_within)
     ));
-    let listed = |v: &[String]| if v.is_empty() { String::new() } else { format!(" (over: {})", v.join(", ")) };
+    let listed = |v: &[String]| if v.is_empty() { String::new() } else { format!(" ({})", v.join(", ")) };
     checks.push(format!(
         "fail-open rules within 2x their limit while the server was down: {}{}",
         pass(over_twice.is_empty()),
@@ -851,6 +865,11 @@ fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phas
         "fail-open rules within the fallback's own bound while the server was down: {}{}",
         pass(over_fallback.is_empty()),
         listed(&over_fallback)
+    ));
+    checks.push(format!(
+        "fail-open traffic within its limit still admitted (90% or more) while the server was down: {}{}",
+        pass(shut_out.is_empty()),
+        listed(&shut_out)
     ));
     checks.push(format!("fail-closed rule refused every request while the server was down: {}", pass(closed_refused)));
     checks.push(format!(
