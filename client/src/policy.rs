@@ -395,8 +395,14 @@ impl Policy {
         group.rules.iter().map(|&i| self.key(subject, &self.rules[i])).collect()
     }
 
+    /// `prefix:{subject}:rule`, built at its exact length: this runs for
+    /// every rule on every check, and `format!` would grow the string twice.
     fn key(&self, subject: &str, rule: &Rule) -> String {
-        format!("{}:{{{}}}:{}", self.prefix, subject, rule.name)
+        let mut key = String::with_capacity(self.prefix.len() + subject.len() + rule.name.len() + 4);
+        for part in [&*self.prefix, ":{", subject, "}:", &rule.name] {
+            key.push_str(part);
+        }
+        key
     }
 }
 

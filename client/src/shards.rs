@@ -53,6 +53,11 @@ impl Shards {
         t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b.clone()).unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
     }
 
+    /// Whether there is a slot map to read at all (a cluster).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
     /// Whether the slot map should be read now; if so, the caller reads it
     /// and reports with `installed` or `failed`.
     pub(crate) fn refresh_due(&self, now_ms: u64) -> bool {
