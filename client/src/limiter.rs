@@ -6,7 +6,10 @@
 //! - a call answered by Redis is exact (the module's guarantee);
 //! - leased tokens are taken before they are spent: never over, only under;
 //! - the deny cache only refuses, until the retry time Redis named: never over;
-//! - the outage fallback allows about `slack` times the limit fleet-wide;
+//! - the outage fallback allows about `slack` times the limit fleet-wide:
+//!   a bucket at most `max(slack x capacity, gateways)` at once and `slack`
+//!   x its rate after (a share below one token is one token per gateway),
+//!   a window at most `slack` x its limit in any window;
 //! - window rules are evaluated after the buckets, so a request refused by a
 //!   window has spent its bucket tokens: under, never over.
 
@@ -23,7 +26,7 @@ use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
-use crate::fallback::Fallback;
+use crate::fallback::{Fallback, Scale};
 use crate::lease::{self, InFlight, Lease, Leases, Spend};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy};
@@ -460,8 +463,8 @@ impl Limiter {
     }
 
     /// Redis could not answer: fail-closed rules refuse, the others limit
-    /// locally at this gateway's share of the limit times the slack (or
-    /// refuse, when that share is below one token).
+    /// locally at this gateway's share of the limit times the slack (one
+    /// token at least; a window whose share is below one token refuses).
     fn degraded(&self, t: &Target, cost: u64) -> Decision {
         let i = &self.inner;
         i.record(Event::Fallback, &t.policy, None);
@@ -481,13 +484,17 @@ impl Limiter {
         if let Some(local) = t.fail_closed {
             return closed(local);
         }
-        let window = t.window.is_some();
-        match i.fallback.local(&t.key, &t.params, window, i.config.fallback_slack, i.gateways(), &t.policy) {
-            Ok(local) => {
-                let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
-                t.mapped(Decision::from_core(&d, Source::Fallback))
-            }
-            // A share below one token: refused rather than a token on every gateway.
+        let scale = Scale {
+            rules: &t.params,
+            window: t.window.is_some(),
+            slack: i.config.fallback_slack,
+            gateways: i.gateways(),
+            policy: &t.policy,
+        };
+        match i.fallback.take(&t.key, &scale, cost.min(MAX_TOKENS), i.now_ms()) {
+            Ok(d) => t.mapped(Decision::from_core(&d, Source::Fallback)),
+            // A window whose share is below one token: refused rather than a
+            // token on every gateway in every window.
             Err(below) => closed(below),
         }
     }
