@@ -37,7 +37,7 @@ use quick_cache::sync::Cache;
 use rl_core::limits::{MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{acquire, BucketParams, BucketState, Update};
 
-use crate::{lock, SubjectKey};
+use crate::{lock, Subject, SubjectKey};
 
 pub(crate) struct Fallback {
     map: Cache<SubjectKey, Arc<Mutex<Local>>>,
@@ -75,13 +75,13 @@ impl Fallback {
     /// [`share`] (windows at half the slack); `Err(i)` when rule `i` (an
     /// index into the rules) is a window whose share is below one token:
     /// the group then refuses.
-    pub(crate) fn local(&self, key: &SubjectKey, scale: &Scale) -> Result<Vec<BucketParams>, usize> {
+    pub(crate) fn local(&self, key: &impl Subject, scale: &Scale) -> Result<Vec<BucketParams>, usize> {
         let Scale { rules, window, gateways, policy, .. } = *scale;
         let slack = if window { scale.slack / 2.0 } else { scale.slack };
         let mut local = Vec::with_capacity(rules.len());
         for (i, rule) in rules.iter().enumerate() {
             if below_one_token(rule, slack, gateways) {
-                let group = key.0;
+                let group = key.group();
                 if self.warned.get(&(group, gateways)).is_none() {
                     self.warned.insert((group, gateways), ());
                     let capacity = rule.capacity();
@@ -114,7 +114,7 @@ impl Fallback {
     /// when the fleet size changes. `Err(i)` as [`Fallback::local`].
     pub(crate) fn take(
         &self,
-        key: &SubjectKey,
+        key: &impl Subject,
         scale: &Scale,
         cost: u64,
         now_ms: u64,
@@ -125,7 +125,7 @@ impl Fallback {
                 let params = self.local(key, scale)?;
                 let states = vec![None; params.len()];
                 let fresh = || Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local { gateways: scale.gateways, params, states })));
-                match self.map.get_or_insert_with(key, fresh) {
+                match self.map.get_or_insert_with(&key.owned(), fresh) {
                     Ok(entry) => entry,
                     Err(never) => match never {},
                 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::decision::{Decision, Source};
-use crate::{lock, SubjectKey};
+use crate::{lock, Subject, SubjectKey};
 
 /// One subject's lease.
 #[derive(Debug, Default)]
@@ -161,8 +161,11 @@ impl Leases {
     }
 
     /// The subject's lease, created empty if it has none.
-    pub(crate) fn entry(&self, key: &SubjectKey) -> Arc<Mutex<Lease>> {
-        match self.map.get_or_insert_with(key, || Ok::<_, std::convert::Infallible>(Arc::default())) {
+    pub(crate) fn entry(&self, key: &impl Subject) -> Arc<Mutex<Lease>> {
+        if let Some(lease) = self.map.get(key) {
+            return lease;
+        }
+        match self.map.get_or_insert_with(&key.owned(), || Ok::<_, std::convert::Infallible>(Arc::default())) {
             Ok(lease) => lease,
             Err(never) => match never {},
         }
