@@ -416,7 +416,10 @@ impl Limiter {
         let i = &self.inner;
         let key = t.key();
         let entry = i.leases.entry(&key);
-        let (reserved, lease) = match lease::spend(&entry, cost, batch, now) {
+        // While the shard's breaker refuses, a top-up or a lease call would
+        // be refused: none is claimed.
+        let may_call = || !i.shards.refuses(t.subject, now);
+        let (reserved, lease) = match lease::spend_with(&entry, cost, batch, now, may_call) {
             Spend::Hit { decision, refill } => {
                 i.record(Event::LeaseHit, t.prefix(), None);
                 if let Some(call) = refill {
@@ -429,13 +432,18 @@ impl Limiter {
         // Leased tokens are already paid for; only a short lease checks the
         // deny cache.
         let need = cost - reserved;
+        let put_back = |tokens: u64, now: u64| {
+            if tokens > 0 {
+                lock(&entry).put_back(tokens, now);
+            }
+        };
         if let Some(d) = i.deny.check(&key, need, now) {
-            lock(&entry).put_back(reserved, now);
+            put_back(reserved, now);
             i.record(Event::DenyCacheHit, t.prefix(), None);
             return d;
         }
         let Some(admitted) = self.admit(&t, now, shard_down) else {
-            lock(&entry).put_back(reserved, now);
+            put_back(reserved, now);
             return self.degraded(&t, cost, now);
         };
         // The one lease call in flight asks for a batch; requests that come
@@ -461,14 +469,14 @@ impl Limiter {
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                lock(&entry).put_back(reserved + g.tokens, after);
+                put_back(reserved + g.tokens, after);
                 let d = t.mapped(g.decision);
                 i.deny.refused(&key, need, &d, now);
                 Decision { allowed: false, ..d }
             }
             Err(e) => {
                 *shard_down |= e.is_shard_failure();
-                lock(&entry).put_back(reserved, after);
+                put_back(reserved, after);
                 self.degraded(&t, cost, after)
             }
         }

@@ -54,18 +54,31 @@ impl Shards {
         t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b.clone()).unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
     }
 
+    /// Whether the breaker of the shard serving hash tag `tag` refuses
+    /// every call at `now_ms` (see [`Breaker::refuses`]).
+    pub(crate) fn refuses(&self, tag: &str, now_ms: u64) -> bool {
+        let t = self.table.load();
+        Shards::of(&t, tag).is_some_and(|b| b.refuses(now_ms))
+    }
+
     /// Whether a call on the keys of hash tag `tag` (a subject) may go to
     /// its shard at `now_ms`: the shard's breaker and the ticket to report
     /// the outcome with, or `None` while the breaker is open. Asked before
-    /// a call is built; the tag is hashed only when the slot map is known.
+    /// a call is built.
     pub(crate) fn admit(&self, tag: &str, now_ms: u64) -> Option<(Arc<Breaker>, Ticket)> {
         let t = self.table.load();
-        let slot = if t.slots.is_empty() { 0 } else { slot_of(tag) };
-        let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
-        // Never empty: made with one breaker, replaced only by a non-empty map.
-        let (_, breaker) = t.breakers.get(i).or(t.breakers.first())?;
+        let breaker = Shards::of(&t, tag)?;
         let ticket = breaker.admit(now_ms)?;
         Some((breaker.clone(), ticket))
+    }
+
+    /// The breaker of the shard serving hash tag `tag`; the tag is hashed
+    /// only when the slot map is known. Never `None`: a table is made with
+    /// one breaker and replaced only by a non-empty map.
+    fn of<'t>(t: &'t Table, tag: &str) -> Option<&'t Arc<Breaker>> {
+        let slot = if t.slots.is_empty() { 0 } else { slot_of(tag) };
+        let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
+        t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b)
     }
 
     /// Whether there is a slot map to read at all (a cluster).
