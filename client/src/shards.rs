@@ -23,6 +23,9 @@ struct Table {
 pub(crate) struct Shards {
     /// Swapped whole on a refresh; read without a lock.
     table: ArcSwap<Table>,
+    /// A standalone server's one breaker (also in the table, never swapped):
+    /// asked on the request path without loading the table.
+    standalone: Option<Arc<Breaker>>,
     cluster: bool,
     trip_after: u32,
     open_for_ms: u64,
@@ -34,9 +37,11 @@ pub(crate) struct Shards {
 impl Shards {
     pub(crate) fn new(cluster: bool, trip_after: u32, open_for_ms: u64, refresh_ms: u64) -> Shards {
         let name = if cluster { "unknown" } else { "standalone" };
-        let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), Arc::new(Breaker::new(trip_after, open_for_ms)))] };
+        let breaker = Arc::new(Breaker::new(trip_after, open_for_ms));
+        let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), breaker.clone())] };
         Shards {
             table: ArcSwap::from_pointee(table),
+            standalone: (!cluster).then_some(breaker),
             cluster,
             trip_after,
             open_for_ms,
@@ -57,8 +62,10 @@ impl Shards {
     /// Whether the breaker of the shard serving hash tag `tag` refuses
     /// every call at `now_ms` (see [`Breaker::refuses`]).
     pub(crate) fn refuses(&self, tag: &str, now_ms: u64) -> bool {
-        let t = self.table.load();
-        Shards::of(&t, tag).is_some_and(|b| b.refuses(now_ms))
+        match &self.standalone {
+            Some(breaker) => breaker.refuses(now_ms),
+            None => Shards::of(&self.table.load(), tag).is_some_and(|b| b.refuses(now_ms)),
+        }
     }
 
     /// Whether a call on the keys of hash tag `tag` (a subject) may go to
@@ -66,10 +73,14 @@ impl Shards {
     /// the outcome with, or `None` while the breaker is open. Asked before
     /// a call is built.
     pub(crate) fn admit(&self, tag: &str, now_ms: u64) -> Option<(Arc<Breaker>, Ticket)> {
-        let t = self.table.load();
-        let breaker = Shards::of(&t, tag)?;
-        let ticket = breaker.admit(now_ms)?;
-        Some((breaker.clone(), ticket))
+        let admit = |breaker: &Arc<Breaker>| {
+            let ticket = breaker.admit(now_ms)?;
+            Some((breaker.clone(), ticket))
+        };
+        match &self.standalone {
+            Some(breaker) => admit(breaker),
+            None => admit(Shards::of(&self.table.load(), tag)?),
+        }
     }
 
     /// The breaker of the shard serving hash tag `tag`; the tag is hashed
