@@ -98,8 +98,9 @@ fn bench_path(c: &mut Criterion, rt: &Runtime, path: Path) {
         (Some(s), Some(before)) => format!("{} calls reached Redis meanwhile", redis_calls(s) - before),
         _ => format!("Redis down; {} calls attempted in all", limiter.counters().get(Event::Error)),
     };
+    let all = if on_path.get() == measured.get() { "all on the path" } else { "NOT ALL on the path" };
     println!(
-        "{name}: {} of {} measured decisions were {}; {calls}\n",
+        "{name}: {} of {} measured decisions were {} ({all}); {calls}\n",
         on_path.get(),
         measured.get(),
         expected.name()

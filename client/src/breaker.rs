@@ -12,6 +12,7 @@
 //! sent before the breaker opened (or to a probe already replaced) changes
 //! nothing, so it can neither skip the open period nor stand in for the probe.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::lock;
@@ -37,35 +38,57 @@ struct Inner {
     epoch: u64,
 }
 
-impl Inner {
-    fn set(&mut self, state: State) {
-        self.state = state;
-        self.epoch += 1;
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Breaker {
     inner: Mutex<Inner>,
+    /// Until when `admit` refuses every call (0 while closed), written with
+    /// each change of state under the lock: a refusal reads it without one.
+    refusing_until_ms: AtomicU64,
     trip_after: u32,
     open_for_ms: u64,
 }
 
 impl Breaker {
     pub(crate) fn new(trip_after: u32, open_for_ms: u64) -> Breaker {
-        Breaker { inner: Mutex::new(Inner { state: State::Closed { failures: 0 }, epoch: 0 }), trip_after, open_for_ms }
+        Breaker {
+            inner: Mutex::new(Inner { state: State::Closed { failures: 0 }, epoch: 0 }),
+            refusing_until_ms: AtomicU64::new(0),
+            trip_after,
+            open_for_ms,
+        }
+    }
+
+    /// Moves to `state`, a new epoch.
+    fn set(&self, b: &mut Inner, state: State) {
+        b.state = state;
+        b.epoch += 1;
+        let until = match state {
+            State::Closed { .. } => 0,
+            State::Open { until_ms } => until_ms,
+            State::HalfOpen { probe_sent_ms } => probe_sent_ms.saturating_add(self.open_for_ms),
+        };
+        self.refusing_until_ms.store(until, Ordering::Release);
+    }
+
+    /// Whether `admit` refuses every call at `now_ms` (open, or a probe on
+    /// its way), without taking the lock.
+    pub(crate) fn refuses(&self, now_ms: u64) -> bool {
+        now_ms < self.refusing_until_ms.load(Ordering::Acquire)
     }
 
     /// Whether a call may go to the shard at `now_ms`: a ticket to report
     /// its outcome with, or `None`.
     pub(crate) fn admit(&self, now_ms: u64) -> Option<Ticket> {
+        if self.refuses(now_ms) {
+            return None;
+        }
         let mut b = lock(&self.inner);
         match b.state {
             State::Closed { .. } => {}
             State::Open { until_ms } if now_ms < until_ms => return None,
             State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms.saturating_add(self.open_for_ms) => return None,
             // The probe: the only call of its epoch.
-            State::Open { .. } | State::HalfOpen { .. } => b.set(State::HalfOpen { probe_sent_ms: now_ms }),
+            State::Open { .. } | State::HalfOpen { .. } => self.set(&mut b, State::HalfOpen { probe_sent_ms: now_ms }),
         }
         Some(Ticket { epoch: b.epoch })
     }
@@ -79,7 +102,7 @@ impl Breaker {
         match b.state {
             // Consecutive failures only: keep the epoch, calls in flight stay current.
             State::Closed { .. } => b.state = State::Closed { failures: 0 },
-            State::HalfOpen { .. } => b.set(State::Closed { failures: 0 }),
+            State::HalfOpen { .. } => self.set(&mut b, State::Closed { failures: 0 }),
             // Opening moves the epoch: no ticket of this one exists.
             State::Open { .. } => {}
         }
@@ -99,7 +122,7 @@ impl Breaker {
                 false
             }
             State::Closed { .. } | State::HalfOpen { .. } => {
-                b.set(open);
+                self.set(&mut b, open);
                 true
             }
             State::Open { .. } => false,
@@ -172,6 +195,21 @@ mod tests {
         assert!(b.is_open(201), "the replaced probe's late answer does not count");
         b.success(probe);
         assert!(!b.is_open(202));
+    }
+
+    #[test]
+    fn refuses_without_the_lock_exactly_when_admit_would() {
+        let b = Breaker::new(1, 100);
+        assert!(!b.refuses(0));
+        fail(&b, 0);
+        assert!(b.refuses(0) && b.refuses(99) && !b.refuses(100), "open until 100");
+        let probe = b.admit(100).expect("the probe");
+        assert!(b.refuses(100) && b.refuses(199) && !b.refuses(200), "a probe on its way until 200");
+        b.success(probe);
+        assert!(!b.refuses(101), "closed by the probe");
+        for now in [0, 150, 250] {
+            assert_eq!(b.refuses(now), b.admit(now).is_none());
+        }
     }
 
     #[test]

@@ -57,9 +57,12 @@ pub struct Config {
     /// How long an open breaker skips its shard before one probe. Default 2 s.
     pub breaker_open_for: Duration,
     /// The outage fallback allows `limit x slack / gateways` on each gateway:
-    /// traffic is never spread perfectly evenly. A fail-open rule whose
-    /// share of its capacity is below one token refuses instead (see the
-    /// crate README). Default 2.0.
+    /// traffic is never spread perfectly evenly. A fail-open bucket rule
+    /// whose share of its capacity is below one token gets one token per
+    /// gateway, refilled at its share of the rate: fleet-wide at most
+    /// `max(slack x capacity, gateways)` at once, then `slack` x the rate
+    /// (see the crate README); mark small security limits fail-closed.
+    /// Default 2.0.
     pub fallback_slack: f64,
     /// Most subjects remembered as refused. Default 100,000.
     pub deny_cache_entries: usize,

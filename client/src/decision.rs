@@ -16,10 +16,12 @@ pub enum Source {
     /// when to come back. Never over.
     DenyCache,
     /// Redis could not answer; a local bucket at this gateway's share of the
-    /// limit decided. Approximate: about `slack` times the limit, fleet-wide.
+    /// limit decided (one token at least). Approximate: about `slack` times
+    /// the limit fleet-wide; a rule whose share is below one token admits up
+    /// to one request per gateway at once (see the crate README).
     Fallback,
-    /// Redis could not answer and a rule of the call is fail-closed, or its
-    /// fallback share is below one token: refused.
+    /// Redis could not answer and a rule of the call is fail-closed, or it
+    /// is a window whose fallback share is below one token: refused.
     FailClosed,
 }
 

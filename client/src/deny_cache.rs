@@ -14,7 +14,7 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::decision::{Decision, Source};
-use crate::{millis, SubjectKey};
+use crate::{millis, Subject, SubjectKey};
 
 #[derive(Clone, Copy, Debug)]
 struct Denial {
@@ -34,7 +34,7 @@ impl DenyCache {
     }
 
     /// The cached refusal of `key` for `cost` at `now_ms`, if any.
-    pub(crate) fn check(&self, key: &SubjectKey, cost: u64, now_ms: u64) -> Option<Decision> {
+    pub(crate) fn check(&self, key: &impl Subject, cost: u64, now_ms: u64) -> Option<Decision> {
         let denial = self.map.get(key)?;
         if now_ms >= denial.until_ms || cost < denial.cost {
             return None;
@@ -48,7 +48,7 @@ impl DenyCache {
     }
 
     /// Remembers a refusal that named a retry time.
-    pub(crate) fn refused(&self, key: &SubjectKey, cost: u64, refused: &Decision, now_ms: u64) {
+    pub(crate) fn refused(&self, key: &impl Subject, cost: u64, refused: &Decision, now_ms: u64) {
         let Some(retry) = refused.retry_after.filter(|r| !r.is_zero() && !refused.allowed) else { return };
         let denial = Denial {
             until_ms: now_ms.saturating_add(millis(retry)),
@@ -56,7 +56,7 @@ impl DenyCache {
             cost,
             refused: *refused,
         };
-        self.map.insert(key.clone(), denial);
+        self.map.insert(key.owned(), denial);
     }
 }
 

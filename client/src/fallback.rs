@@ -7,19 +7,25 @@
 //! subject's rules stay all-or-nothing. The bounds, fleet-wide, while the
 //! shard is down:
 //!
-//! - a token bucket admits at most `slack` x what the rule admits over the
-//!   same time: `slack x (capacity + refill x elapsed / period)`;
+//! - a token bucket admits at most `max(slack x capacity, gateways) +
+//!   slack x refill x elapsed / period`: each gateway's bucket holds its
+//!   share of the capacity, rounded down, but one token at least, and
+//!   refills at its share of the rate;
 //! - a window admits at most `slack` x its limit in any window: its
 //!   stand-in holds half of that share and refills the other half over a
 //!   window, so a full bucket plus one window of refill is the share (with
 //!   the whole share as capacity and as refill, a window could see twice
 //!   that).
 //!
-//! A share is rounded down to whole tokens of capacity. A rule whose share
-//! is below one token (5 a minute on 300 gateways, slack 2: 0.03 each)
-//! falls back closed: a floor of one token would let `gateways` requests
-//! through at once fleet-wide (300 login attempts for a limit of 5), so it
-//! refuses instead, and says so once in the log.
+//! A share is rounded down to whole tokens of capacity. A bucket rule whose
+//! share is below one token (10 a second on 300 gateways, slack 2: 0.07
+//! each) gets one token anyway, refilling at its share of the rate: one
+//! request per gateway at once, `gateways` fleet-wide (300 for a limit of
+//! 10), then `slack` x the rate. Refusing instead would shut every small
+//! plan out for the whole outage; the rules that must not be that generous
+//! (logins, one-time passwords) are marked fail-closed. The limiter says so
+//! once in the log. A window whose share is below one token still refuses:
+//! a token on every gateway in every window would break its bound.
 //!
 //! Memory is bounded: at most `entries` subjects (quick_cache, CLOCK-Pro
 //! eviction). An evicted subject starts again with full buckets: under heavy
@@ -31,12 +37,33 @@ use quick_cache::sync::Cache;
 use rl_core::limits::{MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{acquire, BucketParams, BucketState, Update};
 
-use crate::{lock, SubjectKey};
+use crate::{lock, Subject, SubjectKey};
 
 pub(crate) struct Fallback {
-    map: Cache<SubjectKey, Arc<Mutex<Vec<Option<BucketState>>>>>,
+    map: Cache<SubjectKey, Arc<Mutex<Local>>>,
     /// Groups (and fleet sizes) already warned about a share below one token.
     warned: Cache<(u64, u32), ()>,
+}
+
+/// One subject's stand-ins for a group's rules.
+struct Local {
+    /// The fleet size `params` were scaled for.
+    gateways: u32,
+    /// The group's rules scaled to this gateway's share.
+    params: Vec<BucketParams>,
+    states: Vec<Option<BucketState>>,
+}
+
+/// What the stand-ins of a group are scaled from: its rules as the policy
+/// has them, and how they are shared.
+pub(crate) struct Scale<'a> {
+    pub(crate) rules: &'a [BucketParams],
+    /// Windows (at half the slack) rather than token buckets.
+    pub(crate) window: bool,
+    pub(crate) slack: f64,
+    pub(crate) gateways: u32,
+    /// For the log.
+    pub(crate) policy: &'a str,
 }
 
 impl Fallback {
@@ -45,80 +72,106 @@ impl Fallback {
     }
 
     /// This gateway's stand-ins for the rules of `key`'s group, scaled with
-    /// [`share`] (windows at half the slack); `Err(i)` when the share of
-    /// rule `i` (an index into `rules`) is below one token: the group then
-    /// refuses.
-    pub(crate) fn local(
-        &self,
-        key: &SubjectKey,
-        rules: &[BucketParams],
-        window: bool,
-        slack: f64,
-        gateways: u32,
-        policy: &str,
-    ) -> Result<Vec<BucketParams>, usize> {
-        let slack = if window { slack / 2.0 } else { slack };
+    /// [`share`] (windows at half the slack); `Err(i)` when rule `i` (an
+    /// index into the rules) is a window whose share is below one token:
+    /// the group then refuses.
+    pub(crate) fn local(&self, key: &impl Subject, scale: &Scale) -> Result<Vec<BucketParams>, usize> {
+        let Scale { rules, window, gateways, policy, .. } = *scale;
+        let slack = if window { scale.slack / 2.0 } else { scale.slack };
         let mut local = Vec::with_capacity(rules.len());
         for (i, rule) in rules.iter().enumerate() {
-            match share(rule, slack, gateways) {
-                Some(p) => local.push(p),
-                None => {
-                    if self.warned.get(&(key.0, gateways)).is_none() {
-                        self.warned.insert((key.0, gateways), ());
+            if below_one_token(rule, slack, gateways) {
+                let group = key.group();
+                if self.warned.get(&(group, gateways)).is_none() {
+                    self.warned.insert((group, gateways), ());
+                    let capacity = rule.capacity();
+                    let share = format!("{capacity} x {slack} / {gateways}");
+                    if window {
                         log::warn!(
-                            "policy '{policy}': a fail-open rule of capacity {} has a fallback share below one token on \
-                             {gateways} gateways ({} x {slack} / {gateways}): it refuses while Redis cannot answer",
-                            rule.capacity(),
-                            rule.capacity()
+                            "policy '{policy}': a fail-open window of limit {capacity} has a fallback share below one \
+                             token on {gateways} gateways ({share}): it refuses while Redis cannot answer"
+                        );
+                    } else {
+                        log::warn!(
+                            "policy '{policy}': a fail-open rule of capacity {capacity} has a fallback share below \
+                             one token on {gateways} gateways ({share}): while Redis cannot answer each gateway admits \
+                             one request at once ({gateways} fleet-wide), then {slack} x its rate fleet-wide; mark it \
+                             fail-closed if it guards logins or one-time passwords"
                         );
                     }
+                }
+                if window {
                     return Err(i);
                 }
             }
+            local.push(share(rule, slack, gateways));
         }
         Ok(local)
     }
 
-    /// Takes `cost` from the subject's local buckets (already scaled with
-    /// [`Fallback::local`]), all or none.
-    pub(crate) fn take(&self, key: &SubjectKey, params: &[BucketParams], cost: u64, now_ms: u64) -> rl_core::Decision {
-        let fresh = || Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(vec![None; params.len()])));
-        let entry = match self.map.get_or_insert_with(key, fresh) {
-            Ok(entry) => entry,
-            Err(never) => match never {},
+    /// Takes `cost` from the subject's stand-ins for its group's rules, all
+    /// or none, at `now_ms`: scaled from `scale` the first time, and again
+    /// when the fleet size changes. `Err(i)` as [`Fallback::local`].
+    pub(crate) fn take(
+        &self,
+        key: &impl Subject,
+        scale: &Scale,
+        cost: u64,
+        now_ms: u64,
+    ) -> Result<rl_core::Decision, usize> {
+        let entry = match self.map.get(key) {
+            Some(entry) => entry,
+            None => {
+                let params = self.local(key, scale)?;
+                let states = vec![None; params.len()];
+                let fresh = || Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local { gateways: scale.gateways, params, states })));
+                match self.map.get_or_insert_with(&key.owned(), fresh) {
+                    Ok(entry) => entry,
+                    Err(never) => match never {},
+                }
+            }
         };
-        let mut states = lock(&entry);
+        let mut local = lock(&entry);
+        if local.gateways != scale.gateways {
+            // The buckets keep their tokens; only their size and rate change.
+            local.params = self.local(key, scale)?;
+            local.gateways = scale.gateways;
+        }
+        let Local { params, states, .. } = &mut *local;
         states.resize(params.len(), None);
-        let out = acquire(params, &states, cost, cost, now_ms);
+        let out = acquire(params, states, cost, cost, now_ms);
         for (state, update) in states.iter_mut().zip(&out.updates) {
             *state = match update {
                 Update::Store { state, .. } => Some(*state),
                 Update::Remove => None,
             };
         }
-        out.decision
+        Ok(out.decision)
     }
 }
 
-/// A rule's bucket scaled to `slack / gateways` of its capacity and rate;
-/// `None` when that share of the capacity is below one whole token. The
-/// capacity is rounded down. The rate `refill / period` is rescaled as
-/// `refill x k / (period x k / share)` with k up to 1000, so rounding the
-/// new period costs at most 0.05% of the rate (a period that would pass two
-/// years is capped there).
-pub(crate) fn share(rule: &BucketParams, slack: f64, gateways: u32) -> Option<BucketParams> {
+/// Whether a rule's share of its capacity, `capacity x slack / gateways`,
+/// is below one whole token.
+pub(crate) fn below_one_token(rule: &BucketParams, slack: f64, gateways: u32) -> bool {
+    (rule.capacity() as f64 * slack / f64::from(gateways.max(1))) < 1.0
+}
+
+/// A rule's bucket scaled to `slack / gateways` of its capacity and rate.
+/// The capacity is rounded down, to one token at least (see the module's
+/// notes on shares below one token). The rate `refill / period` is
+/// rescaled as `refill x k / (period x k / share)` with k up to 1000, so
+/// rounding the new period costs at most 0.05% of the rate (a period that
+/// would pass two years is capped there).
+pub(crate) fn share(rule: &BucketParams, slack: f64, gateways: u32) -> BucketParams {
     let gateways = f64::from(gateways.max(1));
     // Divided last: exact whenever the share is a whole number of tokens.
-    let capacity = (rule.capacity() as f64 * slack / gateways).floor();
-    if capacity < 1.0 {
-        return None;
-    }
+    let capacity = (rule.capacity() as f64 * slack / gateways).floor().clamp(1.0, MAX_TOKENS as f64) as u64;
     let share = slack / gateways;
     let room_in_period = (MAX_PERIOD_MS as f64 * share / rule.period_ms() as f64) as u64;
     let k = (MAX_TOKENS / rule.refill()).min(1000).min(room_in_period).max(1);
     let period = (rule.period_ms() as f64 * k as f64 / share).round().clamp(1.0, MAX_PERIOD_MS as f64) as u64;
     // Every value is clamped into range; the rule itself is a safe answer.
-    Some(BucketParams::new(capacity.min(MAX_TOKENS as f64) as u64, rule.refill() * k, period).unwrap_or(*rule))
+    BucketParams::new(capacity, rule.refill() * k, period).unwrap_or(*rule)
 }
 
 #[cfg(test)]
@@ -129,10 +182,14 @@ mod tests {
         BucketParams::new(c, r, ms).unwrap()
     }
 
+    fn scale(rules: &[BucketParams], window: bool, gateways: u32) -> Scale<'_> {
+        Scale { rules, window, slack: 2.0, gateways, policy: "api" }
+    }
+
     #[test]
     fn each_gateway_gets_its_share_times_slack() {
         let shared = |rule, slack, gateways| {
-            let s = share(&rule, slack, gateways).unwrap();
+            let s = share(&rule, slack, gateways);
             (s.capacity(), s.refill(), s.period_ms())
         };
         // 100/s, bursts of 200, on 10 gateways with slack 2: 20 a second, bursts of 40.
@@ -149,18 +206,47 @@ mod tests {
     }
 
     #[test]
-    fn a_share_below_one_token_is_none() {
-        // 5 a minute on 300 gateways: 0.03 tokens each. No floor of one.
-        assert_eq!(share(&p(5, 5, 60_000), 2.0, 300), None);
-        assert_eq!(share(&p(149, 5, 60_000), 2.0, 300), None, "0.99 of a token");
-        assert!(share(&p(150, 5, 60_000), 2.0, 300).is_some());
-        // A group refuses when any of its rules is below one token.
+    fn a_share_below_one_token_is_one_token_at_the_share_of_the_rate() {
+        // 5 a minute on 300 gateways: 0.03 tokens each. One token, refilled
+        // at 5 x 2 / 300 a minute: one every 30 minutes.
+        assert!(below_one_token(&p(5, 5, 60_000), 2.0, 300));
+        let s = share(&p(5, 5, 60_000), 2.0, 300);
+        assert_eq!((s.capacity(), s.refill(), s.period_ms()), (1, 5000, 9_000_000_000));
+        assert!(below_one_token(&p(149, 5, 60_000), 2.0, 300), "0.99 of a token");
+        assert!(!below_one_token(&p(150, 5, 60_000), 2.0, 300));
+        // A group keeps its other rules' shares.
         let f = Fallback::new(10);
         let key: SubjectKey = (7, false, "u".into());
-        assert_eq!(f.local(&key, &[p(1000, 1000, 1000), p(5, 5, 60_000)], false, 2.0, 300, "api"), Err(1));
-        // Windows take half the slack: a limit of 300 on 300 gateways is one each.
-        assert_eq!(f.local(&key, &[p(300, 300, 60_000)], true, 2.0, 300, "api").map(|l| l[0].capacity()), Ok(1));
-        assert_eq!(f.local(&key, &[p(299, 299, 60_000)], true, 2.0, 300, "api"), Err(0));
+        let local = f.local(&key, &scale(&[p(1000, 1000, 1000), p(5, 5, 60_000)], false, 300)).unwrap();
+        assert_eq!(local.iter().map(|l| l.capacity()).collect::<Vec<_>>(), [6, 1]);
+        // Windows take half the slack: a limit of 300 on 300 gateways is one
+        // each. Below one token a window refuses: its bound is per window.
+        assert_eq!(f.local(&key, &scale(&[p(300, 300, 60_000)], true, 300)).map(|l| l[0].capacity()), Ok(1));
+        assert_eq!(f.local(&key, &scale(&[p(299, 299, 60_000)], true, 300)), Err(0));
+        assert_eq!(f.take(&key, &scale(&[p(299, 299, 60_000)], true, 300), 1, 0).map(|d| d.allowed()), Err(0));
+    }
+
+    #[test]
+    fn a_share_below_one_token_admits_one_per_gateway_then_slack_times_the_rate() {
+        // 10 a second on 300 gateways, slack 2: 0.07 tokens each. Fleet-wide
+        // at most max(2 x 10, 300) at once, then 2 x 10 a second: every
+        // gateway's bucket holds one token and gains one every 15 s.
+        let rules = [p(10, 10, 1000)];
+        let fleet: Vec<Fallback> = (0..300).map(|_| Fallback::new(10)).collect();
+        let key: SubjectKey = (9, false, "quiet".into());
+        // Every gateway asked every 100 ms for a minute: saturated.
+        let admitted = |from: u64, to: u64| {
+            let mut n = 0;
+            for ms in (from..=to).step_by(100) {
+                for gateway in &fleet {
+                    n += u64::from(gateway.take(&key, &scale(&rules, false, 300), 1, ms).unwrap().allowed());
+                }
+            }
+            n
+        };
+        assert_eq!(admitted(0, 0), 300, "one per gateway at once");
+        assert_eq!(admitted(100, 14_900), 0, "nothing until a gateway's share refills a token");
+        assert_eq!(admitted(15_000, 60_000), 4 * 300, "then 2 x 10 a second: 1,200 in 60 s");
     }
 
     #[test]
@@ -168,9 +254,9 @@ mod tests {
         // 100 in any minute, one gateway, slack 2: at most 200 in any minute.
         let f = Fallback::new(10);
         let key: SubjectKey = (8, false, "u".into());
-        let local = f.local(&key, &[p(100, 100, 60_000)], true, 2.0, 1, "api").unwrap();
+        let rules = [p(100, 100, 60_000)];
         let admitted = |from: u64, to: u64| {
-            (from..=to).step_by(10).filter(|&ms| f.take(&key, &local, 1, ms).allowed()).count()
+            (from..=to).step_by(10).filter(|&ms| f.take(&key, &scale(&rules, true, 1), 1, ms).unwrap().allowed()).count()
         };
         // Saturated for a whole window, then for the next one.
         assert_eq!(admitted(0, 60_000), 200, "100 at once, 100 more over the window");
@@ -181,15 +267,33 @@ mod tests {
     fn local_buckets_are_all_or_nothing_and_bounded() {
         let f = Fallback::new(10);
         let key: SubjectKey = (1, false, "u".into());
+        // Slack 2 on 2 gateways: the rules as they are.
         let rules = [p(3, 1, 60_000), p(2, 1, 60_000)];
-        assert!(f.take(&key, &rules, 1, 0).allowed());
-        assert!(f.take(&key, &rules, 1, 0).allowed());
-        let d = f.take(&key, &rules, 1, 0);
+        let local = scale(&rules, false, 2);
+        assert!(f.take(&key, &local, 1, 0).unwrap().allowed());
+        assert!(f.take(&key, &local, 1, 0).unwrap().allowed());
+        let d = f.take(&key, &local, 1, 0).unwrap();
         assert_eq!((d.allowed(), d.binding), (false, 1));
-        assert!(f.take(&key, &rules, 1, 60_000).allowed(), "refilled a minute later");
+        assert!(f.take(&key, &local, 1, 60_000).unwrap().allowed(), "refilled a minute later");
         for i in 0..1000 {
-            f.take(&(1, false, i.to_string().into()), &rules, 1, 0);
+            f.take(&(1, false, i.to_string().into()), &local, 1, 0).unwrap();
         }
         assert!(f.map.len() <= 11);
+    }
+
+    #[test]
+    fn a_new_fleet_size_rescales_the_buckets_keeping_their_tokens() {
+        let f = Fallback::new(10);
+        let key: SubjectKey = (2, false, "u".into());
+        let rules = [p(100, 100, 60_000)];
+        // One gateway: 200 tokens. Spend 195 of them.
+        for _ in 0..195 {
+            assert!(f.take(&key, &scale(&rules, false, 1), 1, 0).unwrap().allowed());
+        }
+        // Ten gateways: a bucket of 20 holding the 5 left, not a fresh one.
+        let ten = scale(&rules, false, 10);
+        let d = f.take(&key, &ten, 1, 0).unwrap();
+        assert_eq!((d.allowed(), d.limit, d.remaining), (true, 20, 4));
+        assert_eq!((0..100).filter(|_| f.take(&key, &ten, 1, 0).unwrap().allowed()).count(), 4);
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::decision::{Decision, Source};
-use crate::{lock, SubjectKey};
+use crate::{lock, Subject, SubjectKey};
 
 /// One subject's lease.
 #[derive(Debug, Default)]
@@ -79,11 +79,26 @@ impl Drop for InFlight {
 
 /// Spends `cost` tokens of `entry` at `now_ms` if it holds them (expired
 /// ones are dropped first); `batch` is the size of a top-up.
+#[cfg(test)]
 pub(crate) fn spend(entry: &Arc<Mutex<Lease>>, cost: u64, batch: u64, now_ms: u64) -> Spend {
+    spend_with(entry, cost, batch, now_ms, || true)
+}
+
+/// [`spend`], where `may_call` says whether a lease call could go to Redis
+/// now, asked only when one is wanted: if not (the shard's breaker refuses
+/// it), no call in flight is claimed: no top-up is asked for, and a short
+/// request asks for its own cost.
+pub(crate) fn spend_with(
+    entry: &Arc<Mutex<Lease>>,
+    cost: u64,
+    batch: u64,
+    now_ms: u64,
+    may_call: impl FnOnce() -> bool,
+) -> Spend {
     let mut l = lock(entry);
     l.expire(now_ms);
     let call = |l: &mut Lease, wanted: bool| {
-        let lead = wanted && !l.leasing;
+        let lead = wanted && !l.leasing && may_call();
         l.leasing |= lead;
         lead.then(|| InFlight(entry.clone()))
     };
@@ -161,8 +176,11 @@ impl Leases {
     }
 
     /// The subject's lease, created empty if it has none.
-    pub(crate) fn entry(&self, key: &SubjectKey) -> Arc<Mutex<Lease>> {
-        match self.map.get_or_insert_with(key, || Ok::<_, std::convert::Infallible>(Arc::default())) {
+    pub(crate) fn entry(&self, key: &impl Subject) -> Arc<Mutex<Lease>> {
+        if let Some(lease) = self.map.get(key) {
+            return lease;
+        }
+        match self.map.get_or_insert_with(&key.owned(), || Ok::<_, std::convert::Infallible>(Arc::default())) {
             Ok(lease) => lease,
             Err(never) => match never {},
         }
@@ -173,8 +191,14 @@ impl Leases {
 /// tokens one RL.LEASE asks for. 1 means a quiet subject, checked call by
 /// call. Never more than the smallest capacity.
 pub(crate) fn batch(rules: &[rl_core::BucketParams], window_ms: u64, gateways: u32) -> u64 {
+    let gateways = u64::from(gateways.max(1));
     let share = |p: &rl_core::BucketParams| {
-        let per_window = p.refill() as u128 * window_ms as u128 / (p.period_ms() as u128 * gateways.max(1) as u128);
+        // In u64 when it fits (nearly always, and a u128 division is several
+        // times slower: this runs on every check), else in u128.
+        let per_window = match (p.refill().checked_mul(window_ms), p.period_ms().checked_mul(gateways)) {
+            (Some(tokens), Some(per)) => u128::from(tokens / per),
+            _ => p.refill() as u128 * window_ms as u128 / (p.period_ms() as u128 * gateways as u128),
+        };
         per_window.min(p.capacity() as u128) as u64
     };
     rules.iter().map(share).min().unwrap_or(1).max(1)
@@ -183,6 +207,7 @@ pub(crate) fn batch(rules: &[rl_core::BucketParams], window_ms: u64, gateways: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rl_core::limits::MAX_TOKENS;
     use rl_core::BucketParams;
 
     fn standing(remaining: u64) -> Decision {
@@ -287,5 +312,13 @@ mod tests {
         // 100/s on 300 gateways: a quiet key, batch 1.
         assert_eq!(batch(&[p(100, 100, 1000)], 100, 300), 1);
         assert_eq!(batch(&[p(5, 5, 60_000)], 100, 1), 1);
+    }
+
+    #[test]
+    fn batch_past_u64_is_the_same_floor() {
+        let p = |c, r, ms| BucketParams::new(c, r, ms).unwrap();
+        // 10^14 a second x a 10^6 ms window does not fit a u64.
+        assert_eq!(batch(&[p(MAX_TOKENS, MAX_TOKENS, 1000)], 1_000_000, 1000), MAX_TOKENS);
+        assert_eq!(batch(&[p(MAX_TOKENS, MAX_TOKENS, 1000)], 1_000_000, 4_000_000_000), 25_000_000);
     }
 }

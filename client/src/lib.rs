@@ -21,8 +21,11 @@ pub mod rules;
 mod shards;
 mod slot;
 
+use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+
+use quick_cache::Equivalent;
 
 pub use backoff::Backoff;
 pub use client::{Bucket, Client, Window, WindowMode};
@@ -36,8 +39,55 @@ pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
 pub use policy::{FailMode, Policy, PolicyBuilder, Rule};
 
-/// What local state is kept per: (policy id, shadow group?, subject).
+/// What local state is kept per: (policy group id, shadow group?, subject).
 pub(crate) type SubjectKey = (u64, bool, Box<str>);
+
+/// A [`SubjectKey`] borrowed from the request: the local maps (leases, deny
+/// cache, fallback) are looked up with it without allocating. It hashes
+/// and compares as the owned key; an owned one is made only to insert.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SubjectRef<'a>(pub(crate) u64, pub(crate) bool, pub(crate) &'a str);
+
+impl Hash for SubjectRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As the tuple hashes: field by field, the Box<str> as its str.
+        (self.0, self.1, self.2).hash(state);
+    }
+}
+
+impl Equivalent<SubjectKey> for SubjectRef<'_> {
+    fn equivalent(&self, key: &SubjectKey) -> bool {
+        self.0 == key.0 && self.1 == key.1 && self.2 == &*key.2
+    }
+}
+
+/// A key of local state, owned or borrowed.
+pub(crate) trait Subject: Hash + Equivalent<SubjectKey> {
+    /// The policy group id.
+    fn group(&self) -> u64;
+    /// The key to insert.
+    fn owned(&self) -> SubjectKey;
+}
+
+impl Subject for SubjectKey {
+    fn group(&self) -> u64 {
+        self.0
+    }
+
+    fn owned(&self) -> SubjectKey {
+        self.clone()
+    }
+}
+
+impl Subject for SubjectRef<'_> {
+    fn group(&self) -> u64 {
+        self.0
+    }
+
+    fn owned(&self) -> SubjectKey {
+        (self.0, self.1, self.2.into())
+    }
+}
 
 /// Locks a mutex; a poisoned one (a panic elsewhere while held) still
 /// holds consistent plain data here, so it is used as is.
@@ -48,4 +98,22 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Whole milliseconds of `d`, saturating (a `Duration` can hold more).
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quick_cache::sync::Cache;
+
+    #[test]
+    fn a_borrowed_subject_finds_its_owned_key() {
+        let cache: Cache<SubjectKey, u32> = Cache::new(10);
+        cache.insert(SubjectRef(7, true, "customer-1").owned(), 1);
+        cache.insert((7, false, "customer-1".into()), 2);
+        cache.insert((8, true, "customer-1".into()), 3);
+        assert_eq!(cache.get(&SubjectRef(7, true, "customer-1")), Some(1));
+        assert_eq!(cache.get(&SubjectRef(7, false, "customer-1")), Some(2));
+        assert_eq!(cache.get(&SubjectRef(8, true, "customer-1")), Some(3));
+        assert_eq!(cache.get(&SubjectRef(7, true, "customer-2")), None);
+    }
 }

@@ -6,30 +6,33 @@
 //! - a call answered by Redis is exact (the module's guarantee);
 //! - leased tokens are taken before they are spent: never over, only under;
 //! - the deny cache only refuses, until the retry time Redis named: never over;
-//! - the outage fallback allows about `slack` times the limit fleet-wide;
+//! - the outage fallback allows about `slack` times the limit fleet-wide:
+//!   a bucket at most `max(slack x capacity, gateways)` at once and `slack`
+//!   x its rate after (a share below one token is one token per gateway),
+//!   a window at most `slack` x its limit in any window;
 //! - window rules are evaluated after the buckets, so a request refused by a
 //!   window has spent its bucket tokens: under, never over.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_core::limits::{MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::BucketParams;
 
-use crate::client::{BucketOp, Client, WindowMode};
+use crate::breaker::{Breaker, Ticket};
+use crate::client::{BucketOp, Client};
 use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
-use crate::fallback::Fallback;
-use crate::lease::{self, InFlight, Lease, Leases, Spend};
+use crate::fallback::{Fallback, Scale};
+use crate::lease::{self, InFlight, Leases, Spend};
 use crate::metrics::{Counters, Event, Metrics};
-use crate::policy::{check_subject, Group, Policy};
+use crate::policy::{check_subject, Group, Policy, GROUP_KINDS};
 use crate::shards::Shards;
-use crate::slot::slot_of;
-use crate::{lock, millis, SubjectKey};
+use crate::{lock, millis, Subject, SubjectKey, SubjectRef};
 
 /// Decides requests against [`Policy`] rules. Cheap to clone; clones share
 /// everything (connection, caches, breakers, counters).
@@ -69,46 +72,70 @@ struct Inner {
     sink: Option<Arc<dyn Metrics>>,
 }
 
-/// One group of a policy's rules for one subject: everything a call on it
-/// needs, owned, so background refills can carry it.
-#[derive(Clone)]
-struct Target {
+/// One group of a policy's rules for one subject, borrowed from the
+/// request: all a decision from memory needs. Nothing is allocated for it:
+/// the keys are built only for a call to Redis, and a [`Refill`] only for
+/// a background top-up.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    policy: &'a Policy,
+    group: &'a Group,
+    shadow: bool,
+    subject: &'a str,
+}
+
+impl<'a> Target<'a> {
+    /// Its key in the local maps (leases, deny cache, fallback).
+    fn key(&self) -> SubjectRef<'a> {
+        SubjectRef(self.group.id, self.shadow, self.subject)
+    }
+
+    /// The group's bucket or window keys, for a call to Redis.
+    fn keys(&self) -> Vec<String> {
+        self.policy.group_keys(self.group, self.subject)
+    }
+
+    fn prefix(&self) -> &'a str {
+        self.policy.prefix()
+    }
+
+    /// `d` with its binding index turned from the group's into the policy's.
+    fn mapped(&self, d: Decision) -> Decision {
+        mapped(&self.group.rules, d)
+    }
+}
+
+/// A group's lease call, owned, for a background top-up to carry.
+struct Refill {
     key: SubjectKey,
     keys: Vec<String>,
     params: Vec<BucketParams>,
     /// Group index -> policy rule index.
     rules: Vec<usize>,
-    fail_closed: Option<usize>,
-    /// Windows counted in this mode (RL.WINDOW); None: token buckets.
-    window: Option<WindowMode>,
     policy: Arc<str>,
 }
 
-impl Target {
-    fn new(policy: &Policy, group: &Group, shadow: bool, subject: &str) -> Target {
-        let keys = policy.group_keys(group, subject);
-        Target {
-            key: (group.id, shadow, subject.into()),
-            keys,
-            params: group.params.clone(),
-            rules: group.rules.clone(),
-            fail_closed: group.fail_closed,
-            window: group.window,
-            policy: policy.prefix_arc(),
+impl Refill {
+    fn new(t: &Target) -> Refill {
+        Refill {
+            key: t.key().owned(),
+            keys: t.keys(),
+            params: t.group.params.clone(),
+            rules: t.group.rules.clone(),
+            policy: t.policy.prefix_arc(),
         }
     }
-
-    /// The cluster slot of the keys (one hash tag). Hashed only when a call
-    /// goes to Redis: decisions made from memory need no shard.
-    fn slot(&self) -> u16 {
-        self.keys.first().map_or(0, |k| slot_of(k))
-    }
-
-    /// `d` with its binding index turned from the group's into the policy's.
-    fn mapped(&self, d: Decision) -> Decision {
-        Decision { rule: self.rules.get(d.rule).copied().unwrap_or(d.rule), ..d }
-    }
 }
+
+/// `d` with its binding index turned from a group's (`rules`: group index
+/// -> policy rule index) into the policy's.
+fn mapped(rules: &[usize], d: Decision) -> Decision {
+    Decision { rule: rules.get(d.rule).copied().unwrap_or(d.rule), ..d }
+}
+
+/// A call the shard's breaker admitted: the breaker, and the ticket to
+/// report the outcome with.
+type Admitted = (Arc<Breaker>, Ticket);
 
 impl Limiter {
     /// A limiter for `config`. Does not wait for Redis: it connects in the
@@ -160,11 +187,15 @@ impl Limiter {
     /// out of range, a policy beyond the Lua backend's range).
     pub async fn check_cost(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Decision> {
         self.check_input(policy, subject, BucketOp::Take(cost))?;
-        self.refresh_topology();
-        let (enforced, shadow) = tokio::join!(
-            self.evaluate_groups(policy, &policy.enforced, false, subject, cost),
-            self.evaluate_groups(policy, &policy.shadow, true, subject, cost)
-        );
+        // The clock, read once for the decisions made from memory.
+        let now = self.inner.now_ms();
+        self.refresh_topology(now);
+        let enforced = self.evaluate_groups(policy, &policy.enforced, false, subject, cost, now);
+        let (enforced, shadow) = if policy.shadow.is_empty() {
+            (enforced.await, None)
+        } else {
+            tokio::join!(enforced, self.evaluate_groups(policy, &policy.shadow, true, subject, cost, now))
+        };
         let shadow_refused = shadow.filter(|d| !d.allowed).map(|d| d.rule);
         let decision = match (enforced, shadow) {
             (Some(d), _) => Decision { shadow_refused, ..d },
@@ -206,9 +237,13 @@ impl Limiter {
                 policy.prefix()
             )));
         }
-        let t = Target::new(policy, &policy.buckets, false, subject);
-        let call = self.inner.client.decide(op, &t.keys, &t.params);
-        Ok(self.guarded(&t, call).await.ok().map(|d| t.mapped(d)))
+        let t = Target { policy, group: &policy.buckets, shadow: false, subject };
+        let Some(admitted) = self.inner.shards.admit(subject, self.inner.now_ms()) else {
+            return Ok(None);
+        };
+        let keys = t.keys();
+        let call = self.inner.client.decide(op, &keys, &t.group.params);
+        Ok(self.guarded(t.prefix(), admitted, call).await.ok().map(|d| t.mapped(d)))
     }
 
     /// Bad input is the caller's error, never a decision.
@@ -245,7 +280,7 @@ impl Limiter {
     /// live rules run a shadow rule set beside the enforced one.
     pub(crate) async fn shadow_refusal(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Option<usize>> {
         self.check_input(policy, subject, BucketOp::Take(cost))?;
-        let d = self.evaluate_groups(policy, &policy.shadow, true, subject, cost).await;
+        let d = self.evaluate_groups(policy, &policy.shadow, true, subject, cost, self.inner.now_ms()).await;
         Ok(d.filter(|d| !d.allowed).map(|d| d.rule))
     }
 
@@ -293,34 +328,29 @@ impl Limiter {
         shadow: bool,
         subject: &str,
         cost: u64,
+        now: u64,
     ) -> Option<Decision> {
         let i = &self.inner;
-        let targets: Vec<(Target, u64)> = groups
-            .iter()
-            .map(|group| {
-                let t = Target::new(policy, group, shadow, subject);
-                let batch = self.batch(&t);
-                (t, batch)
-            })
-            .collect();
+        let target = |group| Target { policy, group, shadow, subject };
+        // A policy has at most one group of each kind of call.
+        let gateways = i.gateways();
+        let batches: [u64; GROUP_KINDS] = std::array::from_fn(|k| groups.get(k).map_or(1, |g| self.batch(g, gateways)));
         // A leased group checks its own entry when its lease runs short:
-        // the tokens it holds are paid for. (The clock is read only for
-        // groups asked call by call: a lease spend reads it once, later.)
-        let remembered = targets
-            .iter()
-            .filter(|(_, batch)| *batch == 1)
-            .find_map(|(t, _)| Some((t, i.deny.check(&t.key, cost, i.now_ms())?)));
-        if let Some((t, d)) = remembered {
-            i.record(Event::DenyCacheHit, &t.policy, None);
-            return Some(d);
+        // the tokens it holds are paid for.
+        for (group, _) in groups.iter().zip(batches).filter(|(_, batch)| *batch == 1) {
+            if let Some(d) = i.deny.check(&target(group).key(), cost, now) {
+                i.record(Event::DenyCacheHit, policy.prefix(), None);
+                return Some(d);
+            }
         }
         let mut shard_down = false;
         let mut allowed: Option<Decision> = None;
-        for (t, batch) in &targets {
-            let d = if *batch > 1 {
-                self.leased(t, cost, *batch, &mut shard_down).await
+        for (group, batch) in groups.iter().zip(batches) {
+            let t = target(group);
+            let d = if batch > 1 {
+                self.leased(t, cost, batch, now, &mut shard_down).await
             } else {
-                self.evaluate(t, cost, &mut shard_down).await
+                self.evaluate(t, cost, now, &mut shard_down).await
             };
             if !d.allowed {
                 return Some(d);
@@ -337,54 +367,63 @@ impl Limiter {
         allowed
     }
 
-    /// The tokens one RL.LEASE asks for in this group; 1 is a quiet
-    /// subject, asked call by call. Windows are never leased: RL.LEASE
-    /// takes tokens from buckets only.
-    fn batch(&self, t: &Target) -> u64 {
-        let i = &self.inner;
-        match t.window {
+    /// The tokens one RL.LEASE asks for in `group`; 1 is a quiet subject,
+    /// asked call by call. Windows are never leased: RL.LEASE takes tokens
+    /// from buckets only.
+    fn batch(&self, group: &Group, gateways: u32) -> u64 {
+        match group.window {
             Some(_) => 1,
-            None => lease::batch(&t.params, millis(i.config.lease_window), i.gateways()),
+            None => lease::batch(&group.params, millis(self.inner.config.lease_window), gateways),
         }
     }
 
     /// A quiet subject's group: the request asks Redis (its deny-cache
     /// entry was looked at first), unless the shard already failed this
-    /// check.
-    async fn evaluate(&self, t: &Target, cost: u64, shard_down: &mut bool) -> Decision {
+    /// check or its breaker is open.
+    async fn evaluate(&self, t: Target<'_>, cost: u64, now: u64, shard_down: &mut bool) -> Decision {
         let i = &self.inner;
-        if *shard_down {
-            return self.degraded(t, cost);
-        }
-        let now = i.now_ms();
-        let answer = match t.window {
-            None => self.guarded(t, i.client.decide(BucketOp::Take(cost), &t.keys, &t.params)).await,
-            Some(mode) => self.guarded(t, i.client.window_decide(mode, &t.keys, &t.params, cost)).await,
+        let Some(admitted) = self.admit(&t, now, shard_down) else {
+            return self.degraded(&t, cost, now);
+        };
+        let (keys, params) = (t.keys(), &t.group.params);
+        // Boxed: see `leased`.
+        let answer = match t.group.window {
+            None => {
+                let call = Box::pin(i.client.decide(BucketOp::Take(cost), &keys, params));
+                self.guarded(t.prefix(), admitted, call).await
+            }
+            Some(mode) => {
+                let call = Box::pin(i.client.window_decide(mode, &keys, params, cost));
+                self.guarded(t.prefix(), admitted, call).await
+            }
         };
         match answer {
             Ok(d) => {
                 let d = t.mapped(d);
-                i.deny.refused(&t.key, cost, &d, now);
+                i.deny.refused(&t.key(), cost, &d, now);
                 d
             }
             Err(e) => {
                 *shard_down |= e.is_shard_failure();
-                self.degraded(t, cost)
+                self.degraded(&t, cost, i.now_ms())
             }
         }
     }
 
     /// A busy subject: spend from the lease, top it up in the background at
     /// half empty, and lease synchronously only when it runs short.
-    async fn leased(&self, t: &Target, cost: u64, batch: u64, shard_down: &mut bool) -> Decision {
+    async fn leased(&self, t: Target<'_>, cost: u64, batch: u64, now: u64, shard_down: &mut bool) -> Decision {
         let i = &self.inner;
-        let now = i.now_ms();
-        let entry = i.leases.entry(&t.key);
-        let (reserved, lease) = match lease::spend(&entry, cost, batch, now) {
+        let key = t.key();
+        let entry = i.leases.entry(&key);
+        // While the shard's breaker refuses, a top-up or a lease call would
+        // be refused: none is claimed.
+        let may_call = || !i.shards.refuses(t.subject, now);
+        let (reserved, lease) = match lease::spend_with(&entry, cost, batch, now, may_call) {
             Spend::Hit { decision, refill } => {
-                i.record(Event::LeaseHit, &t.policy, None);
+                i.record(Event::LeaseHit, t.prefix(), None);
                 if let Some(call) = refill {
-                    self.refill(t.clone(), call, batch);
+                    self.refill(Refill::new(&t), call, batch);
                 }
                 return decision;
             }
@@ -393,66 +432,75 @@ impl Limiter {
         // Leased tokens are already paid for; only a short lease checks the
         // deny cache.
         let need = cost - reserved;
-        if let Some(d) = i.deny.check(&t.key, need, now) {
-            self.put_back(&entry, reserved);
-            i.record(Event::DenyCacheHit, &t.policy, None);
+        let put_back = |tokens: u64, now: u64| {
+            if tokens > 0 {
+                lock(&entry).put_back(tokens, now);
+            }
+        };
+        if let Some(d) = i.deny.check(&key, need, now) {
+            put_back(reserved, now);
+            i.record(Event::DenyCacheHit, t.prefix(), None);
             return d;
         }
-        if *shard_down {
-            self.put_back(&entry, reserved);
-            return self.degraded(t, cost);
-        }
+        let Some(admitted) = self.admit(&t, now, shard_down) else {
+            put_back(reserved, now);
+            return self.degraded(&t, cost, now);
+        };
         // The one lease call in flight asks for a batch; requests that come
         // while it is on its way ask for what they lack, nothing more.
         let want = if lease.is_some() { batch.max(need) } else { need };
-        let call = i.client.grant(BucketOp::Lease { want, min: need }, &t.keys, &t.params);
-        match self.guarded(t, call).await {
+        let keys = t.keys();
+        // Boxed: a call's future is kilobytes, and held inline it would make
+        // every check's future as big, moved on every check, even one
+        // answered from memory.
+        let call = Box::pin(i.client.grant(BucketOp::Lease { want, min: need }, &keys, &t.group.params));
+        let answer = self.guarded(t.prefix(), admitted, call).await;
+        let (after, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+        match answer {
             Ok(g) if g.tokens >= need => {
                 let standing = t.mapped(g.decision);
-                let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
                 match lease {
                     Some(lease) => lease.done(|l| {
-                        l.add(g.tokens - need, &standing, now, ttl);
-                        Decision { source: Source::Redis, ..l.estimate(now) }
+                        l.add(g.tokens - need, &standing, after, ttl);
+                        Decision { source: Source::Redis, ..l.estimate(after) }
                     }),
                     None => standing,
                 }
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                self.put_back(&entry, reserved + g.tokens);
+                put_back(reserved + g.tokens, after);
                 let d = t.mapped(g.decision);
-                i.deny.refused(&t.key, need, &d, now);
+                i.deny.refused(&key, need, &d, now);
                 Decision { allowed: false, ..d }
             }
             Err(e) => {
                 *shard_down |= e.is_shard_failure();
-                self.put_back(&entry, reserved);
-                self.degraded(t, cost)
+                put_back(reserved, after);
+                self.degraded(&t, cost, after)
             }
         }
-    }
-
-    fn put_back(&self, entry: &Mutex<Lease>, tokens: u64) {
-        lock(entry).put_back(tokens, self.inner.now_ms());
     }
 
     /// Tops a lease up off the request path. `call` is the subject's one
     /// lease call in flight: however this task ends (or if it never runs),
     /// dropping it lets the next one go.
-    fn refill(&self, t: Target, call: InFlight, batch: u64) {
+    fn refill(&self, r: Refill, call: InFlight, batch: u64) {
         let this = self.clone();
         spawn(async move {
             let i = &this.inner;
             let now = i.now_ms();
-            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &t.keys, &t.params);
-            match this.guarded(&t, grant).await {
+            // An open breaker: spend what is left; the request path and its
+            // fallback take over.
+            let Some(admitted) = i.shards.admit(&r.key.2, now) else { return };
+            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &r.keys, &r.params);
+            match this.guarded(&r.policy, admitted, grant).await {
                 Ok(g) if g.tokens > 0 => {
                     let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-                    call.done(|l| l.add(g.tokens, &t.mapped(g.decision), now, ttl));
+                    call.done(|l| l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl));
                 }
                 // Empty: requests spend what is left, then the deny cache refuses.
-                Ok(g) => i.deny.refused(&t.key, 1, &t.mapped(g.decision), now),
+                Ok(g) => i.deny.refused(&r.key, 1, &mapped(&r.rules, g.decision), now),
                 // Spend what is left; the request path and its fallback take over.
                 Err(_) => {}
             }
@@ -460,11 +508,11 @@ impl Limiter {
     }
 
     /// Redis could not answer: fail-closed rules refuse, the others limit
-    /// locally at this gateway's share of the limit times the slack (or
-    /// refuse, when that share is below one token).
-    fn degraded(&self, t: &Target, cost: u64) -> Decision {
+    /// locally at this gateway's share of the limit times the slack (one
+    /// token at least; a window whose share is below one token refuses).
+    fn degraded(&self, t: &Target, cost: u64, now: u64) -> Decision {
         let i = &self.inner;
-        i.record(Event::Fallback, &t.policy, None);
+        i.record(Event::Fallback, t.prefix(), None);
         let closed = |local: usize| {
             let open_for = i.config.breaker_open_for;
             t.mapped(Decision {
@@ -472,43 +520,57 @@ impl Limiter {
                 remaining: 0,
                 retry_after: Some(open_for),
                 reset_after: open_for,
-                limit: t.params.get(local).map_or(0, |p| p.capacity()),
+                limit: t.group.params.get(local).map_or(0, |p| p.capacity()),
                 rule: local,
                 source: Source::FailClosed,
                 shadow_refused: None,
             })
         };
-        if let Some(local) = t.fail_closed {
+        if let Some(local) = t.group.fail_closed {
             return closed(local);
         }
-        let window = t.window.is_some();
-        match i.fallback.local(&t.key, &t.params, window, i.config.fallback_slack, i.gateways(), &t.policy) {
-            Ok(local) => {
-                let d = i.fallback.take(&t.key, &local, cost.min(MAX_TOKENS), i.now_ms());
-                t.mapped(Decision::from_core(&d, Source::Fallback))
-            }
-            // A share below one token: refused rather than a token on every gateway.
+        let scale = Scale {
+            rules: &t.group.params,
+            window: t.group.window.is_some(),
+            slack: i.config.fallback_slack,
+            gateways: i.gateways(),
+            policy: t.prefix(),
+        };
+        match i.fallback.take(&t.key(), &scale, cost.min(MAX_TOKENS), now) {
+            Ok(d) => t.mapped(Decision::from_core(&d, Source::Fallback)),
+            // A window whose share is below one token: refused rather than a
+            // token on every gateway in every window.
             Err(below) => closed(below),
         }
     }
 
-    /// Runs `call` unless the shard's breaker is open, and tells the breaker
-    /// how it went.
-    async fn guarded<T>(&self, t: &Target, call: impl Future<Output = Result<T>>) -> Result<T> {
+    /// Whether this check may call `t`'s shard: not once a call of the
+    /// check failed there, nor while its breaker is open (which counts as a
+    /// failure of the shard for the check's other groups). Asked before a
+    /// call is built, so a refusal costs no keys and no command.
+    fn admit(&self, t: &Target, now: u64, shard_down: &mut bool) -> Option<Admitted> {
+        if *shard_down {
+            return None;
+        }
+        let admitted = self.inner.shards.admit(t.subject, now);
+        *shard_down = admitted.is_none();
+        admitted
+    }
+
+    /// Runs `call`, which the shard's breaker admitted, and tells the
+    /// breaker how it went.
+    async fn guarded<T>(&self, policy: &str, admitted: Admitted, call: impl Future<Output = Result<T>>) -> Result<T> {
         let i = &self.inner;
-        let breaker = i.shards.breaker(t.slot());
-        let Some(ticket) = breaker.admit(i.now_ms()) else {
-            return Err(Error::BreakerOpen);
-        };
+        let (breaker, ticket) = admitted;
         let result = call.await;
         match &result {
             Ok(_) => breaker.success(ticket),
             Err(e) => {
-                i.record(Event::Error, &t.policy, None);
+                i.record(Event::Error, policy, None);
                 if !e.is_shard_failure() {
                     breaker.success(ticket); // the shard answered; the call was at fault
                 } else if breaker.failure(ticket, i.now_ms()) {
-                    i.record(Event::BreakerOpened, &t.policy, None);
+                    i.record(Event::BreakerOpened, policy, None);
                 }
             }
         }
@@ -516,10 +578,10 @@ impl Limiter {
     }
 
     /// Reads a cluster's slot map when due, in the background.
-    fn refresh_topology(&self) {
+    fn refresh_topology(&self, now: u64) {
         let i = &self.inner;
-        // Standalone: nothing to refresh, and no clock read on the request path.
-        if !i.shards.is_cluster() || !i.shards.refresh_due(i.now_ms()) {
+        // Standalone: nothing to refresh.
+        if !i.shards.is_cluster() || !i.shards.refresh_due(now) {
             return;
         }
         let this = self.clone();

@@ -235,6 +235,9 @@ pub(crate) struct Group {
 const KINDS: [Option<WindowMode>; 4] =
     [None, Some(WindowMode::Sliding), Some(WindowMode::Exact), Some(WindowMode::Fixed)];
 
+/// The most groups a policy's enforced (or shadow) rules form: one per kind.
+pub(crate) const GROUP_KINDS: usize = KINDS.len();
+
 impl Group {
     fn new(rules: &[Rule], params: &[BucketParams], window: Option<WindowMode>, member: impl Fn(&Rule) -> bool) -> Group {
         let rules_in: Vec<usize> =

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::breaker::Breaker;
-use crate::slot::SLOTS;
+use crate::breaker::{Breaker, Ticket};
+use crate::slot::{slot_of, SLOTS};
 
 struct Table {
     /// Index into `breakers` per slot; empty when all slots share breakers[0].
@@ -23,6 +23,9 @@ struct Table {
 pub(crate) struct Shards {
     /// Swapped whole on a refresh; read without a lock.
     table: ArcSwap<Table>,
+    /// A standalone server's one breaker (also in the table, never swapped):
+    /// asked on the request path without loading the table.
+    standalone: Option<Arc<Breaker>>,
     cluster: bool,
     trip_after: u32,
     open_for_ms: u64,
@@ -34,9 +37,11 @@ pub(crate) struct Shards {
 impl Shards {
     pub(crate) fn new(cluster: bool, trip_after: u32, open_for_ms: u64, refresh_ms: u64) -> Shards {
         let name = if cluster { "unknown" } else { "standalone" };
-        let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), Arc::new(Breaker::new(trip_after, open_for_ms)))] };
+        let breaker = Arc::new(Breaker::new(trip_after, open_for_ms));
+        let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), breaker.clone())] };
         Shards {
             table: ArcSwap::from_pointee(table),
+            standalone: (!cluster).then_some(breaker),
             cluster,
             trip_after,
             open_for_ms,
@@ -46,11 +51,45 @@ impl Shards {
         }
     }
 
-    /// The breaker of the shard serving `slot`.
-    pub(crate) fn breaker(&self, slot: u16) -> Arc<Breaker> {
+    /// The breaker of the shard serving `slot` (calls ask [`Shards::admit`]).
+    #[cfg(test)]
+    fn breaker(&self, slot: u16) -> Arc<Breaker> {
         let t = self.table.load();
         let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
         t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b.clone()).unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
+    }
+
+    /// Whether the breaker of the shard serving hash tag `tag` refuses
+    /// every call at `now_ms` (see [`Breaker::refuses`]).
+    pub(crate) fn refuses(&self, tag: &str, now_ms: u64) -> bool {
+        match &self.standalone {
+            Some(breaker) => breaker.refuses(now_ms),
+            None => Shards::of(&self.table.load(), tag).is_some_and(|b| b.refuses(now_ms)),
+        }
+    }
+
+    /// Whether a call on the keys of hash tag `tag` (a subject) may go to
+    /// its shard at `now_ms`: the shard's breaker and the ticket to report
+    /// the outcome with, or `None` while the breaker is open. Asked before
+    /// a call is built.
+    pub(crate) fn admit(&self, tag: &str, now_ms: u64) -> Option<(Arc<Breaker>, Ticket)> {
+        let admit = |breaker: &Arc<Breaker>| {
+            let ticket = breaker.admit(now_ms)?;
+            Some((breaker.clone(), ticket))
+        };
+        match &self.standalone {
+            Some(breaker) => admit(breaker),
+            None => admit(Shards::of(&self.table.load(), tag)?),
+        }
+    }
+
+    /// The breaker of the shard serving hash tag `tag`; the tag is hashed
+    /// only when the slot map is known. Never `None`: a table is made with
+    /// one breaker and replaced only by a non-empty map.
+    fn of<'t>(t: &'t Table, tag: &str) -> Option<&'t Arc<Breaker>> {
+        let slot = if t.slots.is_empty() { 0 } else { slot_of(tag) };
+        let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
+        t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b)
     }
 
     /// Whether there is a slot map to read at all (a cluster).
@@ -132,6 +171,21 @@ mod tests {
         assert!(!s.refresh_due(9_999) && s.refresh_due(10_000));
         s.installed(&map, 10_000);
         assert_eq!(s.states(7)[1], ("b:1".to_string(), true));
+    }
+
+    #[test]
+    fn a_call_is_admitted_by_its_subjects_shard() {
+        let s = Shards::new(true, 1, 1000, 10_000);
+        let (b, _) = s.admit("foo", 0).expect("closed");
+        assert!(Arc::ptr_eq(&b, &s.breaker(0)), "until the map is known, one breaker for all");
+        // "somekey" hashes to slot 11058, "foo" to 12182.
+        s.installed(&[(0, 11_999, "a:1".to_string()), (12_000, 16_383, "b:1".to_string())], 0);
+        let (b, ticket) = s.admit("foo", 0).expect("closed");
+        assert!(Arc::ptr_eq(&b, &s.breaker(12_182)));
+        assert!(b.failure(ticket, 1));
+        assert!(s.admit("foo", 2).is_none(), "its shard's breaker is open");
+        assert!(s.admit("somekey", 2).is_some(), "the other shard's is not");
+        assert!(s.admit("foo", 1001).is_some(), "the probe");
     }
 
     #[test]

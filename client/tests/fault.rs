@@ -13,7 +13,7 @@ use testkit::Server;
 on_both_backends!(
     an_outage_degrades_the_limits_not_the_api,
     a_limiter_starts_while_redis_is_down,
-    a_share_below_one_token_falls_back_closed,
+    a_share_below_one_token_admits_one_request_per_gateway,
 );
 
 fn policies() -> (Policy, Policy) {
@@ -96,25 +96,47 @@ async fn a_limiter_starts_while_redis_is_down(backend: Backend) {
     assert!(until_redis_answers(&l, &api, "u").await);
 }
 
-async fn a_share_below_one_token_falls_back_closed(backend: Backend) {
+async fn a_share_below_one_token_admits_one_request_per_gateway(backend: Backend) {
     let mut s = Server::start(&[]);
-    // 5 a minute on 300 gateways: a share of 5 x 2 / 300 = 0.03 tokens each.
-    // A one-token floor would let 300 attempts through at once, fleet-wide.
-    let l = Limiter::new(Config { gateways: 300, ..fault_config(s.url(), backend) }).unwrap();
-    let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5)).build().unwrap();
-    // 100 a second is 0.67 of a token per gateway: refused too. 1,000 is 6.
-    let api = Policy::builder("api").rule(Rule::per_second("s", 100)).rule(Rule::per_second("burst", 1000)).build().unwrap();
-    let big = Policy::builder("big").rule(Rule::per_second("s", 1000)).build().unwrap();
-    assert!(l.check(&login, "ip").await.unwrap().allowed);
-    s.kill();
-    for _ in 0..3 {
-        let d = l.check(&login, "ip").await.unwrap();
-        assert_eq!((d.allowed, d.source, d.rule, d.limit), (false, Source::FailClosed, 0, 5), "{d:?}");
-        let d = l.check(&api, "k").await.unwrap();
-        assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0), "the rule below one token: {d:?}");
+    // A fleet of three gateways. 1 a second is a share of 1 x 2 / 3 = 0.67
+    // tokens each: every gateway's local bucket holds one token and gains
+    // 2 x 1 / 3 a second, one every 1.5 s. Fleet-wide at most
+    // max(2 x 1, 3) = 3 at once, then 2 x 1 a second.
+    let fleet: Vec<Limiter> =
+        (0..3).map(|_| Limiter::new(Config { gateways: 3, ..fault_config(s.url(), backend) }).unwrap()).collect();
+    let api = Policy::builder("api").rule(Rule::per_second("s", 1)).rule(Rule::per_minute("m", 600)).build().unwrap();
+    let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5).fail_closed()).build().unwrap();
+    for g in &fleet {
+        assert_eq!(g.check(&login, "ip").await.unwrap().source, Source::Redis);
     }
-    let d = l.check(&big, "k").await.unwrap();
-    assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+    s.kill();
+    let down = Instant::now();
+    let mut admitted = 0u32;
+    let mut wait = Duration::ZERO;
+    for g in &fleet {
+        let d = g.check(&api, "k").await.unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Fallback), "one request per gateway at once: {d:?}");
+        admitted += 1;
+        for _ in 0..3 {
+            let d = g.check(&api, "k").await.unwrap();
+            assert_eq!((d.allowed, d.source, d.rule, d.limit), (false, Source::Fallback, 0, 1), "{d:?}");
+            let retry = d.retry_after.expect("a retry time");
+            assert!(retry > Duration::ZERO && retry <= Duration::from_millis(1500), "{d:?}");
+            wait = wait.max(retry);
+        }
+        // A security limit is marked fail-closed: refused, however small.
+        let d = g.check(&login, "ip").await.unwrap();
+        assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0), "{d:?}");
+    }
+    // Then each gateway's share of the rate: one more each 1.5 s later.
+    tokio::time::sleep(wait).await;
+    for g in &fleet {
+        let d = g.check(&api, "k").await.unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+        admitted += 1;
+    }
+    let bound = 3.0 + 2.0 * down.elapsed().as_secs_f64();
+    assert!(f64::from(admitted) <= bound, "{admitted} admitted in {:?}: at most {bound:.1}", down.elapsed());
 }
 
 /// A server that hangs (DEBUG SLEEP) costs a check one timeout, not one per
