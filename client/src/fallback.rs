@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 
 use quick_cache::sync::Cache;
 use rl_core::limits::{MAX_PERIOD_MS, MAX_TOKENS};
-use rl_core::{acquire, BucketParams, BucketState, Update};
+use rl_core::{acquire_in_place, BucketParams, BucketState};
 
 use crate::{lock, Subject, SubjectKey};
 
@@ -139,14 +139,7 @@ impl Fallback {
         }
         let Local { params, states, .. } = &mut *local;
         states.resize(params.len(), None);
-        let out = acquire(params, states, cost, cost, now_ms);
-        for (state, update) in states.iter_mut().zip(&out.updates) {
-            *state = match update {
-                Update::Store { state, .. } => Some(*state),
-                Update::Remove => None,
-            };
-        }
-        Ok(out.decision)
+        Ok(acquire_in_place(params, states, cost, cost, now_ms))
     }
 }
 

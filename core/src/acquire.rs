@@ -28,8 +28,9 @@ pub enum Update {
 pub struct Outcome {
     pub decision: Decision,
     pub updates: SmallVec<[Update; INLINE]>,
-    /// For each bucket, when its state as it is now (before this call)
+    /// After a refusal, for each bucket, when its state as it is now
     /// becomes the same as no key: a stored key must not expire earlier.
+    /// (Empty when tokens moved: the writes carry the expiries.)
     pub keep_until_ms: SmallVec<[u64; INLINE]>,
 }
 
@@ -59,14 +60,36 @@ fn standing(b: &BucketParams, level: i128, after: i128) -> Check {
     }
 }
 
-/// The check of taking `cost` tokens from a bucket at `level`.
-fn take_check(b: &BucketParams, level: i128, cost: u64) -> Check {
-    let need = b.units(cost);
-    Check {
-        admits: level >= need,
-        wait_ms: if cost > b.capacity() { NEVER } else { b.wait_ms(need - level) as i64 },
-        ..standing(b, level, level - need)
-    }
+/// Each bucket's check of taking `cost` tokens. Divisions are most of a
+/// decision's cost, so only the fields `decide` reads are computed: the
+/// standing after the take when every bucket admits it, the standing now
+/// and the waits when one refuses.
+fn take_checks(buckets: &[BucketParams], levels: &[i128], cost: u64) -> SmallVec<[Check; INLINE]> {
+    let all_admit = buckets.iter().zip(levels).all(|(b, &l)| l >= b.units(cost));
+    let remaining = |b: &BucketParams, l: i128| b.whole_tokens(l).max(0) as u64;
+    buckets
+        .iter()
+        .zip(levels)
+        .map(|(b, &level)| {
+            let need = b.units(cost);
+            let blank = Check { admits: level >= need, limit: b.capacity(), ..Check::default() };
+            if all_admit {
+                let after = level - need;
+                Check {
+                    remaining_after: remaining(b, after),
+                    reset_after_ms: b.wait_ms(b.full_units() - after),
+                    ..blank
+                }
+            } else {
+                Check {
+                    remaining_now: remaining(b, level),
+                    reset_now_ms: b.wait_ms(b.full_units() - level),
+                    wait_ms: if cost > b.capacity() { NEVER } else { b.wait_ms(need - level) as i64 },
+                    ..blank
+                }
+            }
+        })
+        .collect()
 }
 
 /// Takes as many tokens as every bucket can give, up to `want`, from every
@@ -79,20 +102,58 @@ pub fn acquire(
     min: u64,
     now_ms: u64,
 ) -> Outcome {
-    debug_assert!(!buckets.is_empty() && 1 <= min && min <= want);
     let levels = levels(buckets, states, now_ms);
-    let available = buckets.iter().zip(&levels).map(|(b, &l)| b.whole_tokens(l)).min().unwrap_or(0);
-    let granted = available.clamp(0, want as i128) as u64;
-    let cost = if granted >= min { granted } else { min };
-    let checks: SmallVec<[Check; INLINE]> =
-        buckets.iter().zip(&levels).map(|(b, &l)| take_check(b, l, cost)).collect();
-    let decision = decide(&checks, cost);
-    let keep_until_ms = keep_until(&checks, now_ms);
+    let (decision, checks) = take_decision(buckets, &levels, want, min);
     if !decision.allowed() {
-        return Outcome { decision, updates: SmallVec::new(), keep_until_ms };
+        return Outcome { decision, updates: SmallVec::new(), keep_until_ms: keep_until(&checks, now_ms) };
     }
-    let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(cost)).collect();
-    Outcome { decision, updates: updates(buckets, &after, now_ms), keep_until_ms }
+    let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(decision.granted)).collect();
+    Outcome { decision, updates: updates(buckets, &after, now_ms), keep_until_ms: SmallVec::new() }
+}
+
+/// `acquire` on states kept in memory (a gateway's local buckets): the
+/// states are updated in place, with no writes to describe.
+pub fn acquire_in_place(
+    buckets: &[BucketParams],
+    states: &mut [Option<BucketState>],
+    want: u64,
+    min: u64,
+    now_ms: u64,
+) -> Decision {
+    let levels = levels(buckets, states, now_ms);
+    let (decision, _) = take_decision(buckets, &levels, want, min);
+    if decision.allowed() {
+        for ((b, state), &level) in buckets.iter().zip(states.iter_mut()).zip(&levels) {
+            let after = level - b.units(decision.granted);
+            *state = (after < b.full_units()).then(|| BucketState::from_units(b, after, now_ms));
+        }
+    }
+    decision
+}
+
+/// The decision of taking up to `want` (at least `min`) from buckets at
+/// `levels`, and each bucket's check.
+fn take_decision(
+    buckets: &[BucketParams],
+    levels: &[i128],
+    want: u64,
+    min: u64,
+) -> (Decision, SmallVec<[Check; INLINE]>) {
+    debug_assert!(!buckets.is_empty() && 1 <= min && min <= want);
+    // A take (want = min) is all or nothing: no need to count what is there.
+    let cost = if want == min {
+        want
+    } else {
+        let available = buckets.iter().zip(levels).map(|(b, &l)| b.whole_tokens(l)).min().unwrap_or(0);
+        let granted = available.clamp(0, want as i128) as u64;
+        if granted >= min {
+            granted
+        } else {
+            min
+        }
+    };
+    let checks = take_checks(buckets, levels, cost);
+    (decide(&checks, cost), checks)
 }
 
 /// The decision `acquire` would make, without the writes.
@@ -131,7 +192,7 @@ fn apply(
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| to(b, l)).collect();
     let checks: SmallVec<[Check; INLINE]> =
         buckets.iter().zip(levels.iter().zip(&after)).map(|(b, (&l, &a))| standing(b, l, a)).collect();
-    Outcome { decision: decide(&checks, tokens), updates: updates(buckets, &after, now_ms), keep_until_ms: keep_until(&checks, now_ms) }
+    Outcome { decision: decide(&checks, tokens), updates: updates(buckets, &after, now_ms), keep_until_ms: SmallVec::new() }
 }
 
 /// The writes that record `levels` at `now_ms`.
@@ -272,6 +333,19 @@ mod tests {
         let d = peek(&b, &s, 1, 1, 0);
         assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 0, 4000, 13000));
         assert!(peek(&b, &s, 1, 1, 4000).allowed());
+    }
+
+    #[test]
+    fn in_place_matches_the_writes_of_acquire() {
+        let b = [p(10, 1, 1000), p(3, 1, 60_000)];
+        let mut written = [None, None];
+        let mut in_place = [None, None];
+        for (t, cost) in [(0, 1), (10, 2), (20, 1), (5_000, 1), (70_000, 3)] {
+            let out = acquire(&b, &written, cost, cost, t);
+            apply_updates(&mut written, &out);
+            assert_eq!(acquire_in_place(&b, &mut in_place, cost, cost, t), out.decision);
+            assert_eq!(in_place, written);
+        }
     }
 
     #[test]

@@ -33,8 +33,10 @@ impl Decision {
 /// Wait value meaning "never": the cost exceeds the limit's capacity.
 pub const NEVER: i64 = -1;
 
-/// One limit's view of one cost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One limit's view of one cost. `decide` reads the `_after` fields when
+/// every limit admits, the `_now` fields and `wait_ms` when one refuses: a
+/// limit may leave the other side at its default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Check {
     /// Whether this limit alone would admit the cost now.
     pub admits: bool,

@@ -14,6 +14,6 @@ pub mod limits;
 pub mod log;
 pub mod window;
 
-pub use acquire::{acquire, force, peek, refund, Outcome, Update};
+pub use acquire::{acquire, acquire_in_place, force, peek, refund, Outcome, Update};
 pub use combine::Decision;
 pub use bucket::{BucketParams, BucketState, ParamError};
