@@ -9,9 +9,9 @@ use std::fmt::Write;
 
 use rl_core::acquire::INLINE;
 use rl_core::gcra::{GcraError, GcraParams};
-use rl_core::limits::{MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
-use rl_core::window::{WindowError, WindowParams};
-use rl_core::{BucketParams, ParamError};
+use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
+use rl_core::window::WindowParams;
+use rl_core::{BucketParams, ParamError, WindowMode};
 use smallvec::SmallVec;
 
 /// A refusal of the arguments, worded for the client.
@@ -46,13 +46,13 @@ struct Groups<'a, T> {
 }
 
 /// Reads the groups of `names.len()` numbers. `make` builds one group's
-/// parameters or names the field (index) that is out of range, and its
-/// maximum. Anything not an integer reads as 0, which every field refuses,
-/// so the ranges live in one place: the constructors of rl-core.
+/// parameters or says which field is out of range. Anything not an integer
+/// reads as 0, which every field refuses, so the ranges live in one place:
+/// the constructors of rl-core.
 fn groups<'a, T, const N: usize>(
     argv: &'a [&'a [u8]],
     names: [&str; N],
-    make: impl Fn([u64; N]) -> Result<T, (usize, u64)>,
+    make: impl Fn([u64; N]) -> Result<T, ParamError>,
 ) -> Result<Groups<'a, T>, ArgError> {
     let numkeys = numkeys(argv)?;
     let keys = &argv[FIRST_KEY..FIRST_KEY + numkeys];
@@ -74,12 +74,14 @@ fn groups<'a, T, const N: usize>(
         }
         let (group, tail) = rest.split_at(N);
         let values: [u64; N] = std::array::from_fn(|f| int(group[f]).unwrap_or(0));
-        params.push(make(values).map_err(|(f, max)| {
+        params.push(make(values).map_err(|e| {
+            let f = names.iter().position(|&n| n == e.field).unwrap_or(0);
             ArgError(format!(
-                "ERR {} of key {} ('{}') must be an integer from 1 to {max}, got '{}'",
+                "ERR {} of key {} ('{}') must be an integer from 1 to {}, got '{}'",
                 names[f],
                 i + 1,
                 shown(key),
+                e.max,
                 shown(group[f])
             ))
         })?);
@@ -149,13 +151,7 @@ const BUCKET_GROUP: [&str; 3] = ["capacity", "refill", "period_ms"];
 const WINDOW_GROUP: [&str; 2] = ["limit", "window_ms"];
 
 fn bucket_groups<'a>(argv: &'a [&'a [u8]]) -> Result<Groups<'a, BucketParams>, ArgError> {
-    groups(argv, BUCKET_GROUP, |[c, r, p]| {
-        BucketParams::new(c, r, p).map_err(|e| match e {
-            ParamError::Capacity => (0, MAX_TOKENS),
-            ParamError::Refill => (1, MAX_TOKENS),
-            ParamError::Period => (2, MAX_PERIOD_MS),
-        })
-    })
+    groups(argv, BUCKET_GROUP, |[c, r, p]| BucketParams::new(c, r, p))
 }
 
 /// RL.TAKE and RL.PEEK: `... [COST n]`, and `[FORCE]` for RL.TAKE.
@@ -217,14 +213,6 @@ pub fn parse_refund(argv: &[&[u8]]) -> Result<RefundArgs, ArgError> {
     Ok(RefundArgs { numkeys: g.numkeys, buckets: g.params, tokens })
 }
 
-/// The counting rule of an RL.WINDOW call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowMode {
-    Sliding,
-    Exact,
-    Fixed,
-}
-
 /// RL.WINDOW and RL.WINDOWPEEK: `... [COST n] [SLIDING | EXACT | FIXED]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowArgs {
@@ -236,12 +224,7 @@ pub struct WindowArgs {
 
 /// `max_log` is the largest limit an EXACT window may have (module config).
 pub fn parse_window(argv: &[&[u8]], max_log: u64) -> Result<WindowArgs, ArgError> {
-    let g = groups(argv, WINDOW_GROUP, |[limit, window]| {
-        WindowParams::new(limit, window, MAX_WINDOW_LIMIT).map_err(|e| match e {
-            WindowError::Limit => (0, MAX_WINDOW_LIMIT),
-            WindowError::Window => (1, MAX_PERIOD_MS),
-        })
-    })?;
+    let g = groups(argv, WINDOW_GROUP, |[limit, window]| WindowParams::new(limit, window, MAX_WINDOW_LIMIT))?;
     let [cost, sliding, exact, fixed] = options(
         g.rest,
         [("COST", Some(MAX_WINDOW_LIMIT)), ("SLIDING", None), ("EXACT", None), ("FIXED", None)],

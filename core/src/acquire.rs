@@ -9,6 +9,65 @@ use smallvec::SmallVec;
 
 use crate::bucket::{BucketParams, BucketState};
 use crate::combine::{decide, Check, Decision, NEVER};
+use crate::limits::{in_range, ParamError, MAX_TOKENS};
+
+/// What a call does to its buckets: the one definition the module's
+/// commands, the client's calls and its Lua backend share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BucketOp {
+    /// RL.TAKE: `cost` from every bucket, all or nothing.
+    Take { cost: u64 },
+    /// RL.PEEK: the answer `Take` would give, changing nothing.
+    Peek { cost: u64 },
+    /// RL.TAKE ... FORCE: `cost` from every bucket even into debt.
+    Force { cost: u64 },
+    /// RL.LEASE: as many as every bucket can give up to `want`; nothing
+    /// below `min`.
+    Lease { want: u64, min: u64 },
+    /// RL.REFUND: `tokens` back to every bucket, never above capacity.
+    Refund { tokens: u64 },
+}
+
+impl BucketOp {
+    /// The operation if its amounts are in range (1 to MAX_TOKENS; a
+    /// lease's `min` from 1 to `want`).
+    pub fn validate(self) -> Result<Self, ParamError> {
+        match self {
+            BucketOp::Take { cost } | BucketOp::Peek { cost } | BucketOp::Force { cost } => {
+                in_range("cost", cost, 1, MAX_TOKENS)?;
+            }
+            BucketOp::Lease { want, min } => {
+                in_range("want", want, 1, MAX_TOKENS)?;
+                in_range("min", min, 1, want)?;
+            }
+            BucketOp::Refund { tokens } => {
+                in_range("tokens", tokens, 1, MAX_TOKENS)?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Whether the operation may change the buckets (all but Peek).
+    pub fn writes(self) -> bool {
+        !matches!(self, BucketOp::Peek { .. })
+    }
+
+    /// The decision at `now_ms` and the writes that carry it out (none for
+    /// Peek or a refusal). Amounts must have been validated.
+    pub fn run(self, buckets: &[BucketParams], states: &[Option<BucketState>], now_ms: u64) -> Outcome {
+        match self {
+            BucketOp::Take { cost } => acquire(buckets, states, cost, cost, now_ms),
+            BucketOp::Peek { cost } => Outcome {
+                decision: peek(buckets, states, cost, cost, now_ms),
+                updates: SmallVec::new(),
+                keep_until_ms: SmallVec::new(),
+            },
+            BucketOp::Force { cost } => force(buckets, states, cost, now_ms),
+            BucketOp::Lease { want, min } => acquire(buckets, states, want, min, now_ms),
+            BucketOp::Refund { tokens } => refund(buckets, states, tokens, now_ms),
+        }
+    }
+}
 
 /// Inline room for the common case; more buckets spill to the heap.
 pub const INLINE: usize = 4;
@@ -156,7 +215,7 @@ fn take_decision(
     (decide(&checks, cost), checks)
 }
 
-/// The decision `acquire` would make, without the writes.
+/// The decision `acquire` would make, without computing any write.
 pub fn peek(
     buckets: &[BucketParams],
     states: &[Option<BucketState>],
@@ -164,7 +223,7 @@ pub fn peek(
     min: u64,
     now_ms: u64,
 ) -> Decision {
-    acquire(buckets, states, want, min, now_ms).decision
+    take_decision(buckets, &levels(buckets, states, now_ms), want, min).0
 }
 
 /// Takes `cost` from every bucket whatever they hold: a bucket may go into
@@ -357,6 +416,27 @@ mod tests {
         let out = acquire(&b, &s, 10, 10, 0);
         assert!(!out.decision.allowed());
         assert_eq!(out.keep_until_ms[..], [10_000]);
+    }
+
+    #[test]
+    fn operations_check_their_amounts() {
+        assert_eq!(BucketOp::Take { cost: 0 }.validate().unwrap_err().field, "cost");
+        assert_eq!(BucketOp::Refund { tokens: MAX_TOKENS + 1 }.validate().unwrap_err().field, "tokens");
+        let e = BucketOp::Lease { want: 2, min: 3 }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "min must be an integer from 1 to 2, got 3");
+        assert!(BucketOp::Lease { want: MAX_TOKENS, min: MAX_TOKENS }.validate().is_ok());
+    }
+
+    #[test]
+    fn peek_decides_as_take_and_writes_nothing() {
+        let b = [p(3, 1, 1000)];
+        let s = [Some(BucketState { tokens: 1, fraction: 0, updated_ms: 0 })];
+        for cost in [1, 2, 4] {
+            let peeked = BucketOp::Peek { cost }.run(&b, &s, 500);
+            let taken = BucketOp::Take { cost }.run(&b, &s, 500);
+            assert_eq!(peeked.decision, taken.decision);
+            assert!(peeked.updates.is_empty() && peeked.keep_until_ms.is_empty());
+        }
     }
 
     #[test]

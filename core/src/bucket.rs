@@ -6,15 +6,7 @@
 //! exactly `refill` units. All arithmetic is on integers (i128 where products
 //! grow), so there is no drift however many calls are made.
 
-use crate::limits::{MAX_PERIOD_MS, MAX_TIME_MS, MAX_TOKENS, MAX_WAIT_MS};
-
-/// Why a bucket's parameters were refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParamError {
-    Capacity,
-    Refill,
-    Period,
-}
+use crate::limits::{in_range, ParamError, MAX_PERIOD_MS, MAX_TIME_MS, MAX_TOKENS, MAX_WAIT_MS};
 
 /// A validated bucket: holds at most `capacity` tokens and gains `refill`
 /// tokens every `period_ms` milliseconds, continuously.
@@ -27,16 +19,11 @@ pub struct BucketParams {
 
 impl BucketParams {
     pub fn new(capacity: u64, refill: u64, period_ms: u64) -> Result<Self, ParamError> {
-        if !(1..=MAX_TOKENS).contains(&capacity) {
-            return Err(ParamError::Capacity);
-        }
-        if !(1..=MAX_TOKENS).contains(&refill) {
-            return Err(ParamError::Refill);
-        }
-        if !(1..=MAX_PERIOD_MS).contains(&period_ms) {
-            return Err(ParamError::Period);
-        }
-        Ok(Self { capacity, refill, period_ms })
+        Ok(Self {
+            capacity: in_range("capacity", capacity, 1, MAX_TOKENS)?,
+            refill: in_range("refill", refill, 1, MAX_TOKENS)?,
+            period_ms: in_range("period_ms", period_ms, 1, MAX_PERIOD_MS)?,
+        })
     }
 
     pub fn capacity(&self) -> u64 {
@@ -170,11 +157,15 @@ mod tests {
 
     #[test]
     fn params_are_validated() {
-        assert_eq!(BucketParams::new(0, 1, 1), Err(ParamError::Capacity));
-        assert_eq!(BucketParams::new(MAX_TOKENS + 1, 1, 1), Err(ParamError::Capacity));
-        assert_eq!(BucketParams::new(1, 0, 1), Err(ParamError::Refill));
-        assert_eq!(BucketParams::new(1, 1, 0), Err(ParamError::Period));
-        assert_eq!(BucketParams::new(1, 1, MAX_PERIOD_MS + 1), Err(ParamError::Period));
+        let field = |r: Result<BucketParams, ParamError>| r.unwrap_err().field;
+        assert_eq!(field(BucketParams::new(0, 1, 1)), "capacity");
+        assert_eq!(field(BucketParams::new(MAX_TOKENS + 1, 1, 1)), "capacity");
+        assert_eq!(field(BucketParams::new(1, 0, 1)), "refill");
+        assert_eq!(field(BucketParams::new(1, 1, 0)), "period_ms");
+        assert_eq!(
+            BucketParams::new(1, 1, MAX_PERIOD_MS + 1).unwrap_err().to_string(),
+            format!("period_ms must be an integer from 1 to {MAX_PERIOD_MS}, got {}", MAX_PERIOD_MS + 1)
+        );
         assert!(BucketParams::new(MAX_TOKENS, MAX_TOKENS, MAX_PERIOD_MS).is_ok());
     }
 

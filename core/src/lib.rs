@@ -14,6 +14,8 @@ pub mod limits;
 pub mod log;
 pub mod window;
 
-pub use acquire::{acquire, acquire_in_place, force, peek, refund, Outcome, Update};
+pub use acquire::{acquire, acquire_in_place, force, peek, refund, BucketOp, Outcome, Update};
 pub use combine::Decision;
-pub use bucket::{BucketParams, BucketState, ParamError};
+pub use bucket::{BucketParams, BucketState};
+pub use limits::ParamError;
+pub use window::WindowMode;

@@ -33,3 +33,32 @@ pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 
 /// Default maximum limit of an EXACT log, changeable at module load.
 pub const DEFAULT_LOG_LIMIT: u64 = 10_000;
+
+/// A parameter out of its accepted range: which one, what was given and
+/// what is accepted. The module, the client and the rules all word their
+/// refusals from it, so a limit reads the same wherever it is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamError {
+    /// The parameter's name as users write it (`capacity`, `window_ms`, ...).
+    pub field: &'static str,
+    pub value: u64,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl std::fmt::Display for ParamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} must be an integer from {} to {}, got {}", self.field, self.min, self.max, self.value)
+    }
+}
+
+impl std::error::Error for ParamError {}
+
+/// `value` if it lies in `min..=max`, else the error naming `field`.
+pub fn in_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<u64, ParamError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ParamError { field, value, min, max })
+    }
+}

@@ -11,12 +11,47 @@
 //! the limit is exact arithmetic on the estimate.
 
 use crate::combine::{Check, NEVER};
-use crate::limits::{MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
+use crate::limits::{in_range, ParamError, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WindowError {
-    Limit,
-    Window,
+/// How a window counts: the one definition the module's parser, the
+/// client's calls and the rules all use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum WindowMode {
+    /// Two counters, the previous one weighted by how much of it still
+    /// overlaps the window: an estimate, 16 bytes a key.
+    #[default]
+    Sliding,
+    /// A log of admitted requests (`log.rs`): exact, 8 bytes per entry.
+    Exact,
+    /// One counter per epoch-aligned window: quotas.
+    Fixed,
+}
+
+impl WindowMode {
+    pub const ALL: [WindowMode; 3] = [WindowMode::Sliding, WindowMode::Exact, WindowMode::Fixed];
+
+    /// The mode's name in a command (`SLIDING`, `EXACT`, `FIXED`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WindowMode::Sliding => "SLIDING",
+            WindowMode::Exact => "EXACT",
+            WindowMode::Fixed => "FIXED",
+        }
+    }
+
+    /// The mode named `name`, in any case.
+    pub fn parse(name: &[u8]) -> Option<WindowMode> {
+        Self::ALL.into_iter().find(|m| name.eq_ignore_ascii_case(m.name().as_bytes()))
+    }
+
+    /// The largest limit (and cost) of a window of this mode. An EXACT
+    /// log's is the server's `max-log-limit` (itself at most MAX_LOG_LIMIT).
+    pub fn max_limit(self, max_log_limit: u64) -> u64 {
+        match self {
+            WindowMode::Exact => max_log_limit.min(MAX_LOG_LIMIT),
+            _ => MAX_WINDOW_LIMIT,
+        }
+    }
 }
 
 /// A validated window: at most `limit` requests per `window_ms`.
@@ -28,14 +63,11 @@ pub struct WindowParams {
 
 impl WindowParams {
     /// `max_limit` is the mode's ceiling (MAX_WINDOW_LIMIT, or the log maximum).
-    pub fn new(limit: u64, window_ms: u64, max_limit: u64) -> Result<Self, WindowError> {
-        if !(1..=max_limit.min(MAX_WINDOW_LIMIT)).contains(&limit) {
-            return Err(WindowError::Limit);
-        }
-        if !(1..=MAX_PERIOD_MS).contains(&window_ms) {
-            return Err(WindowError::Window);
-        }
-        Ok(Self { limit, window_ms })
+    pub fn new(limit: u64, window_ms: u64, max_limit: u64) -> Result<Self, ParamError> {
+        Ok(Self {
+            limit: in_range("limit", limit, 1, max_limit.min(MAX_WINDOW_LIMIT))?,
+            window_ms: in_range("window_ms", window_ms, 1, MAX_PERIOD_MS)?,
+        })
     }
 
     pub fn limit(&self) -> u64 {
@@ -50,13 +82,6 @@ impl WindowParams {
     fn start_of(&self, t: u64) -> u64 {
         t - t % self.window_ms
     }
-}
-
-/// Which counter rule a window call uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CounterMode {
-    Sliding,
-    Fixed,
 }
 
 /// What a window key stores.
@@ -92,7 +117,7 @@ impl WindowState {
 /// backward clock step never forgets requests). If window_ms changed, a saved
 /// window that started less than one new window ago counts as the previous
 /// one, once.
-fn rolled(p: &WindowParams, mode: CounterMode, state: Option<&WindowState>, now_ms: u64) -> WindowState {
+fn rolled(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, now_ms: u64) -> WindowState {
     let start = p.start_of(now_ms);
     let Some(s) = state else {
         return WindowState { start_ms: start, ..WindowState::default() };
@@ -100,13 +125,11 @@ fn rolled(p: &WindowParams, mode: CounterMode, state: Option<&WindowState>, now_
     if start <= s.start_ms {
         // FIXED counts the current window only (the key may have been
         // written by SLIDING).
-        let previous = if mode == CounterMode::Fixed { 0 } else { s.previous };
+        let previous = if mode == WindowMode::Fixed { 0 } else { s.previous };
         return WindowState { previous, ..*s };
     }
-    let previous = match mode {
-        CounterMode::Sliding if s.start_ms + p.window_ms >= start => s.current,
-        _ => 0,
-    };
+    let sliding = mode != WindowMode::Fixed;
+    let previous = if sliding && s.start_ms + p.window_ms >= start { s.current } else { 0 };
     WindowState { start_ms: start, previous, current: 0 }
 }
 
@@ -117,10 +140,12 @@ pub struct WindowCheck {
     pub expires_at_ms: u64,
 }
 
-/// Checks `cost` against one window at `now_ms`.
+/// Checks `cost` against one window at `now_ms`. FIXED counts the current
+/// window only; SLIDING (and EXACT, which is counted by `log.rs` and never
+/// comes here) also weighs the previous one.
 pub fn check(
     p: &WindowParams,
-    mode: CounterMode,
+    mode: WindowMode,
     state: Option<&WindowState>,
     cost: u64,
     now_ms: u64,
@@ -138,19 +163,21 @@ pub fn check(
     let wait_until = if cost > p.limit {
         None
     } else {
-        Some(match mode {
-            CounterMode::Fixed => end,
-            CounterMode::Sliding => sliding_admits_at(p, &s, cost, at),
-        })
+        Some(if mode == WindowMode::Fixed { end } else { sliding_admits_at(p, &s, cost, at) })
     };
     // Fully reset once both counters have left the window.
-    let reset_at = |st: &WindowState| match mode {
-        _ if st.current > 0 => end + if mode == CounterMode::Sliding { p.window_ms } else { 0 },
-        CounterMode::Sliding if st.previous > 0 => end,
-        _ => now_ms,
+    let sliding = mode != WindowMode::Fixed;
+    let reset_at = |st: &WindowState| {
+        if st.current > 0 {
+            end + if sliding { p.window_ms } else { 0 }
+        } else if sliding && st.previous > 0 {
+            end
+        } else {
+            now_ms
+        }
     };
     let wait = |until: u64| (until.saturating_sub(now_ms)).min(MAX_WAIT_MS);
-    let stored = WindowState { previous: if mode == CounterMode::Fixed { 0 } else { after.previous }, ..after };
+    let stored = WindowState { previous: if mode == WindowMode::Fixed { 0 } else { after.previous }, ..after };
     WindowCheck {
         check: Check {
             admits,
@@ -207,14 +234,14 @@ fn sliding_admits_at(p: &WindowParams, s: &WindowState, cost: u64, at: u64) -> u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use CounterMode::*;
+    use WindowMode::*;
 
     fn w(limit: u64, ms: u64) -> WindowParams {
         WindowParams::new(limit, ms, MAX_WINDOW_LIMIT).unwrap()
     }
 
     /// Runs calls of cost 1 at the given times; returns the decisions.
-    fn run(p: &WindowParams, mode: CounterMode, times: &[u64]) -> (Vec<bool>, Option<WindowState>) {
+    fn run(p: &WindowParams, mode: WindowMode, times: &[u64]) -> (Vec<bool>, Option<WindowState>) {
         let mut s = None;
         let out = times
             .iter()
@@ -231,10 +258,11 @@ mod tests {
 
     #[test]
     fn params() {
-        assert_eq!(WindowParams::new(0, 1, 10), Err(WindowError::Limit));
-        assert_eq!(WindowParams::new(11, 1, 10), Err(WindowError::Limit));
-        assert_eq!(WindowParams::new(1, 0, 10), Err(WindowError::Window));
-        assert_eq!(WindowParams::new(1, MAX_PERIOD_MS + 1, 10), Err(WindowError::Window));
+        let field = |r: Result<WindowParams, ParamError>| r.unwrap_err().field;
+        assert_eq!(field(WindowParams::new(0, 1, 10)), "limit");
+        assert_eq!(WindowParams::new(11, 1, 10).unwrap_err().max, 10);
+        assert_eq!(field(WindowParams::new(1, 0, 10)), "window_ms");
+        assert_eq!(field(WindowParams::new(1, MAX_PERIOD_MS + 1, 10)), "window_ms");
     }
 
     #[test]

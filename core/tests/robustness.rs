@@ -8,7 +8,7 @@ use rl_core::codec::{self, PackedBucket, PackedWindow, Stored};
 use rl_core::gcra::{self, GcraParams};
 use rl_core::limits::*;
 use rl_core::log::{self, Log};
-use rl_core::window::{self, CounterMode, WindowParams};
+use rl_core::window::{self, WindowMode, WindowParams};
 use rl_core::{BucketParams, Update};
 
 /// Values that stress arithmetic: the edges and a spread in between.
@@ -78,7 +78,7 @@ proptest! {
             Ok(Stored::Window(w)) => Some(w.unpack()),
             _ => None,
         };
-        let mode = if sliding { CounterMode::Sliding } else { CounterMode::Fixed };
+        let mode = if sliding { WindowMode::Sliding } else { WindowMode::Fixed };
         let c = window::check(&p, mode, state.as_ref(), cost.max(1), now);
         if c.check.admits {
             prop_assert_eq!(c.after.validate(), Ok(()));

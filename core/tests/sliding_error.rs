@@ -25,7 +25,7 @@
 
 use rl_core::limits::{MAX_LOG_LIMIT, MAX_WINDOW_LIMIT};
 use rl_core::log::{self, Log};
-use rl_core::window::{self, CounterMode, WindowParams, WindowState};
+use rl_core::window::{self, WindowMode, WindowParams, WindowState};
 
 const LIMIT: u64 = 100;
 const WINDOW_MS: u64 = 60_000;
@@ -146,7 +146,7 @@ fn limiter(exact_decides: bool, trace: &[u64]) -> Tally {
     for &t in trace {
         let now = 1_700_000_000_020 + t; // an epoch-aligned minute boundary + 20 ms
         let e = log::check(&logged, Some(&log), 1, now);
-        let s = window::check(&counter, CounterMode::Sliding, sliding.as_ref(), 1, now);
+        let s = window::check(&counter, WindowMode::Sliding, sliding.as_ref(), 1, now);
         tally.count(s.check.admits, e.check.admits);
         if (exact_decides && e.check.admits) || (!exact_decides && s.check.admits) {
             tally.admitted += 1;

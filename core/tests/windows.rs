@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use rl_core::limits::{MAX_LOG_LIMIT, MAX_WINDOW_LIMIT};
 use rl_core::log::{self, Log};
-use rl_core::window::{self, CounterMode, WindowParams, WindowState};
+use rl_core::window::{self, WindowMode, WindowParams, WindowState};
 
 /// Admitted (time, cost) pairs: the ground truth every model reads.
 type History = Vec<(u64, u64)>;
@@ -77,7 +77,7 @@ proptest! {
         let mut now = 10_000;
         for (step, cost) in calls {
             now += step;
-            let c = window::check(&p, CounterMode::Fixed, s.as_ref(), cost, now);
+            let c = window::check(&p, WindowMode::Fixed, s.as_ref(), cost, now);
             prop_assert_eq!(c.check.admits, fixed_admits(&h, limit, w, cost, now), "at {}", now);
             if c.check.admits {
                 s = Some(c.after);
@@ -97,7 +97,7 @@ proptest! {
         let mut now = 10_000;
         for (step, cost) in calls {
             now += step;
-            let c = window::check(&p, CounterMode::Sliding, s.as_ref(), cost, now);
+            let c = window::check(&p, WindowMode::Sliding, s.as_ref(), cost, now);
             prop_assert_eq!(c.check.admits, sliding_admits(&h, limit, w, cost, now), "at {}", now);
             if c.check.admits {
                 s = Some(c.after);

@@ -7,11 +7,11 @@ use rl_core::acquire::INLINE;
 use rl_core::codec::PackedWindow;
 use rl_core::combine::{decide, Check, Decision};
 use rl_core::log::{self, Log};
-use rl_core::window::{self, CounterMode};
+use rl_core::window::{self, WindowMode};
 use smallvec::SmallVec;
 
 use super::{arg_bytes, load, replicate, reply_decision, Effect};
-use crate::args::{self, WindowArgs, WindowMode, FIRST_KEY};
+use crate::args::{self, WindowArgs, FIRST_KEY};
 use crate::ffi::Ctx;
 use crate::stats::Verdict;
 use crate::{clock, config};
@@ -30,8 +30,7 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Verdict
     let names = &argv[FIRST_KEY..FIRST_KEY + a.numkeys];
     let d = match a.mode {
         WindowMode::Exact => exact(ctx, names, &a, write, now)?,
-        WindowMode::Sliding => counters(ctx, names, &a, CounterMode::Sliding, write, now)?,
-        WindowMode::Fixed => counters(ctx, names, &a, CounterMode::Fixed, write, now)?,
+        mode => counters(ctx, names, &a, mode, write, now)?,
     };
     reply_decision(ctx, &d, d.allowed() as i64);
     Ok(if d.allowed() { Verdict::Allowed } else { Verdict::Denied })
@@ -41,7 +40,7 @@ fn counters(
     ctx: Ctx,
     names: &[*mut RedisModuleString],
     a: &WindowArgs,
-    mode: CounterMode,
+    mode: WindowMode,
     write: bool,
     now: u64,
 ) -> Result<Decision, String> {
