@@ -85,7 +85,7 @@ impl Decision {
     }
 
     /// An rl-core decision (the local fallback's), as a `Decision`.
-    pub(crate) fn from_core(d: &rl_core::Decision, source: Source) -> Decision {
+    pub(crate) fn from_core(d: &rl_core::Reply, source: Source) -> Decision {
         Decision {
             allowed: d.allowed(),
             remaining: d.remaining,

@@ -118,7 +118,7 @@ impl Fallback {
         scale: &Scale,
         cost: u64,
         now_ms: u64,
-    ) -> Result<rl_core::Decision, usize> {
+    ) -> Result<rl_core::Reply, usize> {
         let entry = match self.map.get(key) {
             Some(entry) => entry,
             None => {

@@ -8,7 +8,7 @@
 use smallvec::SmallVec;
 
 use crate::bucket::{BucketParams, BucketState};
-use crate::combine::{decide, Check, Decision, NEVER};
+use crate::combine::{decide, Check, Reply, NEVER};
 use crate::limits::{in_range, ParamError, MAX_TOKENS};
 
 /// What a call does to its buckets: the one definition the module's
@@ -85,7 +85,7 @@ pub enum Update {
 /// bucket, in order). A refusal writes nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    pub decision: Decision,
+    pub decision: Reply,
     pub updates: SmallVec<[Update; INLINE]>,
     /// After a refusal, for each bucket, when its state as it is now
     /// becomes the same as no key: a stored key must not expire earlier.
@@ -178,7 +178,7 @@ pub fn acquire_in_place(
     want: u64,
     min: u64,
     now_ms: u64,
-) -> Decision {
+) -> Reply {
     let levels = levels(buckets, states, now_ms);
     let (decision, _) = take_decision(buckets, &levels, want, min);
     if decision.allowed() {
@@ -197,7 +197,7 @@ fn take_decision(
     levels: &[i128],
     want: u64,
     min: u64,
-) -> (Decision, SmallVec<[Check; INLINE]>) {
+) -> (Reply, SmallVec<[Check; INLINE]>) {
     debug_assert!(!buckets.is_empty() && 1 <= min && min <= want);
     // A take (want = min) is all or nothing: no need to count what is there.
     let cost = if want == min {
@@ -222,7 +222,7 @@ pub fn peek(
     want: u64,
     min: u64,
     now_ms: u64,
-) -> Decision {
+) -> Reply {
     take_decision(buckets, &levels(buckets, states, now_ms), want, min).0
 }
 
@@ -304,7 +304,7 @@ mod tests {
         let out = acquire(&b, &s, 1, 1, 0);
         assert_eq!(
             out.decision,
-            Decision {
+            Reply {
                 granted: 0,
                 remaining: 0,
                 retry_after_ms: 1000,

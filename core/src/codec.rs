@@ -115,7 +115,7 @@ fn words_blob(kind: u8, words: [u64; 2]) -> [u8; BUCKET_BLOB_LEN] {
 
 /// A decoded blob.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Stored {
+pub enum Decoded {
     Bucket(PackedBucket),
     Window(PackedWindow),
     Log(Log),
@@ -156,7 +156,7 @@ impl std::fmt::Display for BlobError {
 }
 
 /// Decodes and validates a blob written by this or an earlier version.
-pub fn decode(blob: &[u8]) -> Result<Stored, BlobError> {
+pub fn decode(blob: &[u8]) -> Result<Decoded, BlobError> {
     let [kind, version, payload @ ..] = blob else {
         return Err(BlobError::Length);
     };
@@ -169,12 +169,12 @@ pub fn decode(blob: &[u8]) -> Result<Stored, BlobError> {
         (KIND_BUCKET, VERSION_1) => {
             let packed = PackedBucket(words()?);
             packed.unpack().validate().map_err(BlobError::State)?;
-            Ok(Stored::Bucket(packed))
+            Ok(Decoded::Bucket(packed))
         }
         (KIND_WINDOW, VERSION_1) => {
             let packed = PackedWindow(words()?);
             packed.unpack().validate().map_err(BlobError::WindowState)?;
-            Ok(Stored::Window(packed))
+            Ok(Decoded::Window(packed))
         }
         (KIND_LOG, VERSION_1) => {
             if payload.len() % 8 != 0 {
@@ -186,7 +186,7 @@ pub fn decode(blob: &[u8]) -> Result<Stored, BlobError> {
             let entries = payload
                 .chunks_exact(8)
                 .map(|c| Entry::from_raw(u64::from_le_bytes(c.try_into().unwrap_or_default())));
-            Ok(Stored::Log(Log::from_entries(entries).map_err(BlobError::Log)?))
+            Ok(Decoded::Log(Log::from_entries(entries).map_err(BlobError::Log)?))
         }
         (KIND_BUCKET | KIND_WINDOW | KIND_LOG, _) => Err(BlobError::Version),
         _ => Err(BlobError::Kind),
@@ -220,7 +220,7 @@ mod tests {
     fn blob_round_trip_and_errors() {
         let s = BucketState { tokens: -42, fraction: 17, updated_ms: 1_700_000_000_000 };
         let blob = PackedBucket::pack(&s).to_blob();
-        assert_eq!(decode(&blob), Ok(Stored::Bucket(PackedBucket::pack(&s))));
+        assert_eq!(decode(&blob), Ok(Decoded::Bucket(PackedBucket::pack(&s))));
         assert_eq!(decode(&blob[..17]), Err(BlobError::Length));
         assert_eq!(decode(b""), Err(BlobError::Length));
         assert_eq!(decode(b"B"), Err(BlobError::Length));
@@ -257,7 +257,7 @@ mod tests {
         ) {
             let s = BucketState { tokens, fraction, updated_ms };
             let blob = PackedBucket::pack(&s).to_blob();
-            prop_assert_eq!(decode(&blob), Ok(Stored::Bucket(PackedBucket::pack(&s))));
+            prop_assert_eq!(decode(&blob), Ok(Decoded::Bucket(PackedBucket::pack(&s))));
             prop_assert_eq!(PackedBucket::pack(&s).unpack(), s);
         }
 
@@ -273,11 +273,11 @@ mod tests {
         let w = WindowState { start_ms: MAX_TIME_MS, previous: MAX_WINDOW_LIMIT, current: 7 };
         let packed = PackedWindow::pack(&w);
         assert_eq!(packed.unpack(), w);
-        assert_eq!(decode(&packed.to_blob()), Ok(Stored::Window(packed)));
+        assert_eq!(decode(&packed.to_blob()), Ok(Decoded::Window(packed)));
         let log = Log::from_entries([Entry::new(5, 1), Entry::new(9, 3)]).unwrap();
         let blob = log_blob(&log);
         assert_eq!(blob.len(), 2 + 16);
-        assert_eq!(decode(&blob), Ok(Stored::Log(log)));
+        assert_eq!(decode(&blob), Ok(Decoded::Log(log)));
         assert_eq!(decode(&blob[..5]), Err(BlobError::Length));
         let mut bad = blob.clone();
         bad[2..10].copy_from_slice(&Entry::new(99, 1).raw().to_le_bytes());

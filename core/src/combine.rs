@@ -1,12 +1,12 @@
 //! Several limits decided together: all of them admit, or none does.
 //!
 //! Every kind of limit (bucket, window, log) reports a `Check` for a cost;
-//! `decide` turns the checks of one call into the six-field `Decision`, the
+//! `decide` turns the checks of one call into the six-field `Reply`, the
 //! same way for every kind.
 
 /// The answer to a call, as the six-integer reply carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
+pub struct Reply {
     /// Units taken from every limit: 0 when refused.
     pub granted: u64,
     /// Whole units left in the binding limit (never negative).
@@ -24,7 +24,7 @@ pub struct Decision {
     pub binding: usize,
 }
 
-impl Decision {
+impl Reply {
     pub fn allowed(&self) -> bool {
         self.granted > 0
     }
@@ -53,7 +53,7 @@ pub struct Check {
 }
 
 /// The decision for `cost` given every limit's check.
-pub fn decide(checks: &[Check], cost: u64) -> Decision {
+pub fn decide(checks: &[Check], cost: u64) -> Reply {
     debug_assert!(!checks.is_empty());
     if checks.iter().all(|c| c.admits) {
         let mut binding = 0;
@@ -63,7 +63,7 @@ pub fn decide(checks: &[Check], cost: u64) -> Decision {
             }
         }
         let b = &checks[binding];
-        return Decision {
+        return Reply {
             granted: cost,
             remaining: b.remaining_after,
             retry_after_ms: 0,
@@ -79,7 +79,7 @@ pub fn decide(checks: &[Check], cost: u64) -> Decision {
         }
     }
     let b = &checks[binding];
-    Decision {
+    Reply {
         granted: 0,
         remaining: b.remaining_now,
         retry_after_ms: b.wait_ms,

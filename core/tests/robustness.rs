@@ -4,7 +4,7 @@
 //! pass the codec's validation.
 
 use proptest::prelude::*;
-use rl_core::codec::{self, PackedBucket, PackedWindow, Stored};
+use rl_core::codec::{self, PackedBucket, PackedWindow, Decoded};
 use rl_core::gcra::{self, GcraParams};
 use rl_core::limits::*;
 use rl_core::log::{self, Log};
@@ -42,7 +42,7 @@ proptest! {
             let mut blob = vec![b'B', 1];
             blob.extend_from_slice(&raw[i]);
             match codec::decode(&blob) {
-                Ok(Stored::Bucket(p)) if present[i] => Some(p.unpack()),
+                Ok(Decoded::Bucket(p)) if present[i] => Some(p.unpack()),
                 _ => None,
             }
         }).collect();
@@ -75,7 +75,7 @@ proptest! {
         let mut blob = vec![b'W', 1];
         blob.extend_from_slice(&raw);
         let state = match codec::decode(&blob) {
-            Ok(Stored::Window(w)) => Some(w.unpack()),
+            Ok(Decoded::Window(w)) => Some(w.unpack()),
             _ => None,
         };
         let mode = if sliding { WindowMode::Sliding } else { WindowMode::Fixed };
@@ -103,7 +103,7 @@ proptest! {
         if c.check.admits {
             l.apply(&c.append);
             let blob = codec::log_blob(&l);
-            prop_assert!(matches!(codec::decode(&blob), Ok(Stored::Log(_))));
+            prop_assert!(matches!(codec::decode(&blob), Ok(Decoded::Log(_))));
         }
     }
 

@@ -5,7 +5,7 @@
 use redis_module::raw::RedisModuleString;
 use rl_core::acquire::INLINE;
 use rl_core::codec::PackedBucket;
-use rl_core::{BucketParams, BucketState, Decision, Outcome, Update};
+use rl_core::{BucketParams, BucketState, Reply, Outcome, Update};
 use smallvec::SmallVec;
 
 use super::{arg_bytes, load, replicate, reply_decision, Effect};
@@ -43,7 +43,7 @@ pub fn refund(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, Stri
     decide(ctx, argv, a.numkeys, &a.buckets, true, &|b, s, now| rl_core::refund(b, s, a.tokens, now), allowed)
 }
 
-fn allowed(d: &Decision) -> i64 {
+fn allowed(d: &Reply) -> i64 {
     d.allowed() as i64
 }
 
@@ -56,7 +56,7 @@ fn decide(
     buckets: &[BucketParams],
     write: bool,
     op: Op,
-    first: fn(&Decision) -> i64,
+    first: fn(&Reply) -> i64,
 ) -> Result<Verdict, String> {
     let now = clock::now_ms()?;
     let names = &argv[FIRST_KEY..FIRST_KEY + numkeys];

@@ -11,7 +11,7 @@
 //!   entries older than `drop_before`, then logs `count` requests at `at`.
 
 use redis_module::raw::RedisModuleString;
-use rl_core::codec::{self, Stored};
+use rl_core::codec::{self, Decoded};
 use rl_core::limits::{MAX_LOG_LIMIT, MAX_TIME_MS};
 use rl_core::log::{Append, Log, LogError};
 use smallvec::SmallVec;
@@ -27,7 +27,7 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String>
     if bytes.len() < 4 || (bytes.len() - 1) % 3 != 0 {
         return Err("ERR wrong number of arguments for 'rl.set' command: expected key blob pxat triples".into());
     }
-    let mut writes: SmallVec<[(usize, Option<Stored>, u64); 4]> = SmallVec::new();
+    let mut writes: SmallVec<[(usize, Option<Decoded>, u64); 4]> = SmallVec::new();
     for (i, t) in bytes[1..].chunks_exact(3).enumerate() {
         let state = match t[1] {
             [] => None,
@@ -51,9 +51,9 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String>
                 key.delete();
                 continue;
             }
-            Some(Stored::Bucket(v)) => replace(key, v),
-            Some(Stored::Window(v)) => replace(key, v),
-            Some(Stored::Log(v)) => replace(key, v),
+            Some(Decoded::Bucket(v)) => replace(key, v),
+            Some(Decoded::Window(v)) => replace(key, v),
+            Some(Decoded::Log(v)) => replace(key, v),
         };
         if !stored {
             return Err("ERR could not store the state".into());

@@ -337,7 +337,7 @@ impl<T: Value> Loaded<T> {
 
 /// The six-integer reply: `[first, remaining, retry_after_ms, reset_after_ms,
 /// limit, binding]`, `first` being allowed (0/1) or the tokens granted.
-pub(crate) fn reply_decision(ctx: Ctx, d: &rl_core::Decision, first: i64) {
+pub(crate) fn reply_decision(ctx: Ctx, d: &rl_core::Reply, first: i64) {
     ctx.reply_array(6);
     ctx.reply_integer(first);
     ctx.reply_integer(d.remaining as i64);

@@ -5,7 +5,7 @@
 use redis_module::raw::RedisModuleString;
 use rl_core::acquire::INLINE;
 use rl_core::codec::PackedWindow;
-use rl_core::combine::{decide, Check, Decision};
+use rl_core::combine::{decide, Check, Reply};
 use rl_core::log::{self, Log};
 use rl_core::window::{self, WindowMode};
 use smallvec::SmallVec;
@@ -43,7 +43,7 @@ fn counters(
     mode: WindowMode,
     write: bool,
     now: u64,
-) -> Result<Decision, String> {
+) -> Result<Reply, String> {
     let mut loaded = load::<PackedWindow>(ctx, names, write)?;
     let views: SmallVec<[window::WindowCheck; INLINE]> = a
         .windows
@@ -71,7 +71,7 @@ fn counters(
     Ok(d)
 }
 
-fn exact(ctx: Ctx, names: &[*mut RedisModuleString], a: &WindowArgs, write: bool, now: u64) -> Result<Decision, String> {
+fn exact(ctx: Ctx, names: &[*mut RedisModuleString], a: &WindowArgs, write: bool, now: u64) -> Result<Reply, String> {
     let mut loaded = load::<Log>(ctx, names, write)?;
     let views: SmallVec<[log::LogCheck; INLINE]> =
         a.windows.iter().enumerate().map(|(i, p)| log::check(p, loaded.get(i), a.cost, now)).collect();

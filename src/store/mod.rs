@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_void};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
-use rl_core::codec::{self, PackedBucket, PackedWindow, Stored};
+use rl_core::codec::{self, PackedBucket, PackedWindow, Decoded};
 use rl_core::log::Log;
 use smallvec::SmallVec;
 
@@ -26,7 +26,7 @@ pub trait Value: Sized + Clone {
     /// The versioned blob of `rl_core::codec`.
     fn blob(&self) -> SmallVec<[u8; 32]>;
     /// The value of a decoded blob, if it is of this type.
-    fn from_stored(s: Stored) -> Option<Self>;
+    fn from_stored(s: Decoded) -> Option<Self>;
     /// Bytes this value holds, for MEMORY USAGE.
     fn bytes(&self) -> usize {
         std::mem::size_of::<Self>()
@@ -39,9 +39,9 @@ impl Value for PackedBucket {
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_slice(&self.to_blob())
     }
-    fn from_stored(s: Stored) -> Option<Self> {
+    fn from_stored(s: Decoded) -> Option<Self> {
         match s {
-            Stored::Bucket(p) => Some(p),
+            Decoded::Bucket(p) => Some(p),
             _ => None,
         }
     }
@@ -54,9 +54,9 @@ impl Value for PackedWindow {
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_slice(&self.to_blob())
     }
-    fn from_stored(s: Stored) -> Option<Self> {
+    fn from_stored(s: Decoded) -> Option<Self> {
         match s {
-            Stored::Window(p) => Some(p),
+            Decoded::Window(p) => Some(p),
             _ => None,
         }
     }
@@ -69,9 +69,9 @@ impl Value for Log {
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_vec(codec::log_blob(self))
     }
-    fn from_stored(s: Stored) -> Option<Self> {
+    fn from_stored(s: Decoded) -> Option<Self> {
         match s {
-            Stored::Log(l) => Some(l),
+            Decoded::Log(l) => Some(l),
             _ => None,
         }
     }
