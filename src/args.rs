@@ -7,11 +7,11 @@
 
 use std::fmt::Write;
 
-use rl_core::acquire::INLINE;
+use rl_core::INLINE;
 use rl_core::gcra::{GcraError, GcraParams};
 use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::window::WindowParams;
-use rl_core::{BucketParams, ParamError, WindowMode};
+use rl_core::{BucketOp, BucketParams, ParamError, WindowMode};
 use smallvec::SmallVec;
 
 /// A refusal of the arguments, worded for the client.
@@ -56,11 +56,7 @@ fn groups<'a, T, const N: usize>(
 ) -> Result<Groups<'a, T>, ArgError> {
     let numkeys = numkeys(argv)?;
     let keys = &argv[FIRST_KEY..FIRST_KEY + numkeys];
-    for (i, k) in keys.iter().enumerate() {
-        if keys[..i].contains(k) {
-            return Err(ArgError(format!("ERR key '{}' is named more than once", shown(k))));
-        }
-    }
+    crate::store::keys::distinct(keys.iter().copied()).map_err(ArgError)?;
     let mut rest = &argv[FIRST_KEY + numkeys..];
     let mut params = SmallVec::new();
     for (i, key) in keys.iter().enumerate() {
@@ -154,38 +150,33 @@ fn bucket_groups<'a>(argv: &'a [&'a [u8]]) -> Result<Groups<'a, BucketParams>, A
     groups(argv, BUCKET_GROUP, |[c, r, p]| BucketParams::new(c, r, p))
 }
 
-/// RL.TAKE and RL.PEEK: `... [COST n]`, and `[FORCE]` for RL.TAKE.
+/// RL.TAKE, RL.PEEK, RL.LEASE and RL.REFUND: buckets and what to do to them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TakeArgs {
+pub struct BucketArgs {
     /// The keys are `argv[FIRST_KEY..FIRST_KEY + numkeys]`.
     pub numkeys: usize,
     pub buckets: SmallVec<[BucketParams; INLINE]>,
-    pub cost: u64,
-    /// Take the cost even into debt.
-    pub force: bool,
+    pub op: BucketOp,
 }
 
-pub fn parse_take(argv: &[&[u8]], allow_force: bool) -> Result<TakeArgs, ArgError> {
+/// RL.TAKE: `... [COST n] [FORCE]`.
+pub fn parse_take(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
     let g = bucket_groups(argv)?;
-    let [cost, force] = if allow_force {
-        options(g.rest, [("COST", Some(MAX_TOKENS)), ("FORCE", None)], g.numkeys, &BUCKET_GROUP)?
-    } else {
-        let [cost] = options(g.rest, [("COST", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
-        [cost, None]
-    };
-    Ok(TakeArgs { numkeys: g.numkeys, buckets: g.params, cost: cost.unwrap_or(1), force: force.is_some() })
+    let [cost, force] = options(g.rest, [("COST", Some(MAX_TOKENS)), ("FORCE", None)], g.numkeys, &BUCKET_GROUP)?;
+    let cost = cost.unwrap_or(1);
+    let op = if force.is_some() { BucketOp::Force { cost } } else { BucketOp::Take { cost } };
+    Ok(BucketArgs { numkeys: g.numkeys, buckets: g.params, op })
+}
+
+/// RL.PEEK: `... [COST n]`.
+pub fn parse_peek(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
+    let g = bucket_groups(argv)?;
+    let [cost] = options(g.rest, [("COST", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
+    Ok(BucketArgs { numkeys: g.numkeys, buckets: g.params, op: BucketOp::Peek { cost: cost.unwrap_or(1) } })
 }
 
 /// RL.LEASE: `... WANT n [MIN m]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseArgs {
-    pub numkeys: usize,
-    pub buckets: SmallVec<[BucketParams; INLINE]>,
-    pub want: u64,
-    pub min: u64,
-}
-
-pub fn parse_lease(argv: &[&[u8]]) -> Result<LeaseArgs, ArgError> {
+pub fn parse_lease(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
     let g = bucket_groups(argv)?;
     let [want, min] =
         options(g.rest, [("WANT", Some(MAX_TOKENS)), ("MIN", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
@@ -194,23 +185,16 @@ pub fn parse_lease(argv: &[&[u8]]) -> Result<LeaseArgs, ArgError> {
     if min > want {
         return Err(ArgError(format!("ERR MIN ({min}) must not exceed WANT ({want})")));
     }
-    Ok(LeaseArgs { numkeys: g.numkeys, buckets: g.params, want, min })
+    Ok(BucketArgs { numkeys: g.numkeys, buckets: g.params, op: BucketOp::Lease { want, min } })
 }
 
 /// RL.REFUND: `... TOKENS n`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RefundArgs {
-    pub numkeys: usize,
-    pub buckets: SmallVec<[BucketParams; INLINE]>,
-    pub tokens: u64,
-}
-
-pub fn parse_refund(argv: &[&[u8]]) -> Result<RefundArgs, ArgError> {
+pub fn parse_refund(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
     let g = bucket_groups(argv)?;
     let [tokens] = options(g.rest, [("TOKENS", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
     let tokens =
         tokens.ok_or_else(|| ArgError("ERR RL.REFUND needs TOKENS n: how many tokens to give back".into()))?;
-    Ok(RefundArgs { numkeys: g.numkeys, buckets: g.params, tokens })
+    Ok(BucketArgs { numkeys: g.numkeys, buckets: g.params, op: BucketOp::Refund { tokens } })
 }
 
 /// RL.WINDOW and RL.WINDOWPEEK: `... [COST n] [SLIDING | EXACT | FIXED]`.
@@ -329,32 +313,32 @@ mod tests {
     }
 
     fn err(s: &str) -> String {
-        parse_take(&argv(s), true).unwrap_err().0
+        parse_take(&argv(s)).unwrap_err().0
     }
 
     #[test]
     fn one_key_default_cost() {
-        let a = parse_take(&argv("RL.TAKE 1 k 200 100 1000"), true).unwrap();
-        assert_eq!((a.numkeys, a.cost, a.force), (1, 1, false));
+        let a = parse_take(&argv("RL.TAKE 1 k 200 100 1000")).unwrap();
+        assert_eq!((a.numkeys, a.op), (1, BucketOp::Take { cost: 1 }));
         assert_eq!(a.buckets[0], BucketParams::new(200, 100, 1000).unwrap());
     }
 
     #[test]
     fn several_keys_options_any_case_and_order() {
-        let a = parse_take(&argv("RL.TAKE 3 a b c 1 2 3 4 5 6 7 8 9 force cost 2"), true).unwrap();
-        assert_eq!((a.numkeys, a.cost, a.force), (3, 2, true));
+        let a = parse_take(&argv("RL.TAKE 3 a b c 1 2 3 4 5 6 7 8 9 force cost 2")).unwrap();
+        assert_eq!((a.numkeys, a.op), (3, BucketOp::Force { cost: 2 }));
         assert_eq!(a.buckets[2], BucketParams::new(7, 8, 9).unwrap());
     }
 
     #[test]
     fn peek_takes_no_force() {
-        let e = parse_take(&argv("RL.PEEK 1 k 1 1 1 FORCE"), false).unwrap_err().0;
+        let e = parse_peek(&argv("RL.PEEK 1 k 1 1 1 FORCE")).unwrap_err().0;
         assert_eq!(e, "ERR unknown option 'FORCE' (options: COST n)");
     }
 
     #[test]
     fn numkeys_errors() {
-        assert_eq!(parse_take(&argv("RL.TAKE"), true).unwrap_err().0, "ERR numkeys is missing");
+        assert_eq!(parse_take(&argv("RL.TAKE")).unwrap_err().0, "ERR numkeys is missing");
         assert_eq!(err("RL.TAKE 0 k 1 1 1"), "ERR numkeys must be an integer from 1 to 32, got '0'");
         assert_eq!(err("RL.TAKE -1 k 1 1 1"), "ERR numkeys must be an integer from 1 to 32, got '-1'");
         assert_eq!(err("RL.TAKE 33 k"), "ERR numkeys must be an integer from 1 to 32, got '33'");
@@ -377,7 +361,7 @@ mod tests {
             "ERR capacity of key 2 ('b') must be an integer from 1 to 100000000000000, got 'COST'"
         );
         for bad in ["0", "-5", "1.5", "nan", "inf", "+5", " 5", "1e3", "", "18446744073709551616"] {
-            let msg = parse_take(&[b"RL.TAKE", b"1", b"k", b"10", bad.as_bytes(), b"1000"], true).unwrap_err().0;
+            let msg = parse_take(&[b"RL.TAKE", b"1", b"k", b"10", bad.as_bytes(), b"1000"]).unwrap_err().0;
             assert!(msg.starts_with("ERR refill of key 1 ('k') must be an integer from 1 to"), "{bad}: {msg}");
         }
         assert_eq!(
@@ -408,8 +392,8 @@ mod tests {
     #[test]
     fn lease() {
         let a = parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5 MIN 2")).unwrap();
-        assert_eq!((a.want, a.min), (5, 2));
-        assert_eq!(parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5")).unwrap().min, 1);
+        assert_eq!(a.op, BucketOp::Lease { want: 5, min: 2 });
+        assert_eq!(parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5")).unwrap().op, BucketOp::Lease { want: 5, min: 1 });
         assert_eq!(
             parse_lease(&argv("RL.LEASE 1 k 10 1 1000")).unwrap_err().0,
             "ERR RL.LEASE needs WANT n: how many tokens to lease"
@@ -422,7 +406,7 @@ mod tests {
 
     #[test]
     fn refund() {
-        assert_eq!(parse_refund(&argv("RL.REFUND 1 k 10 1 1000 TOKENS 4")).unwrap().tokens, 4);
+        assert_eq!(parse_refund(&argv("RL.REFUND 1 k 10 1 1000 TOKENS 4")).unwrap().op, BucketOp::Refund { tokens: 4 });
         assert!(parse_refund(&argv("RL.REFUND 1 k 10 1 1000")).unwrap_err().0.contains("needs TOKENS n"));
     }
 
@@ -514,23 +498,30 @@ mod tests {
                 let mut argv: Vec<&[u8]> = vec![b"CMD"];
                 argv.extend(args.iter().map(|a| a.as_slice()));
                 let mut errors = Vec::new();
-                for allow_force in [true, false] {
-                    match parse_take(&argv, allow_force) {
+                for (peek, parsed) in [(false, parse_take(&argv)), (true, parse_peek(&argv))] {
+                    match parsed {
                         Ok(a) => {
                             prop_assert!((1..=MAX_KEYS).contains(&a.numkeys));
                             prop_assert_eq!(a.buckets.len(), a.numkeys);
-                            prop_assert!((1..=MAX_TOKENS).contains(&a.cost));
-                            prop_assert!(allow_force || !a.force);
+                            prop_assert!(a.op.validate().is_ok());
+                            let is_peek = matches!(a.op, BucketOp::Peek { .. });
+                            prop_assert!(!peek || is_peek);
                         }
                         Err(e) => errors.push(e),
                     }
                 }
                 match parse_lease(&argv) {
-                    Ok(a) => prop_assert!(1 <= a.min && a.min <= a.want && a.want <= MAX_TOKENS),
+                    Ok(a) => {
+                        let ok = matches!(a.op, BucketOp::Lease { want, min } if 1 <= min && min <= want && want <= MAX_TOKENS);
+                        prop_assert!(ok);
+                    }
                     Err(e) => errors.push(e),
                 }
                 match parse_refund(&argv) {
-                    Ok(a) => prop_assert!((1..=MAX_TOKENS).contains(&a.tokens)),
+                    Ok(a) => {
+                        let ok = matches!(a.op, BucketOp::Refund { tokens } if (1..=MAX_TOKENS).contains(&tokens));
+                        prop_assert!(ok);
+                    }
                     Err(e) => errors.push(e),
                 }
                 match parse_window(&argv, max_log) {

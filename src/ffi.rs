@@ -1,9 +1,12 @@
-//! The few raw module API calls the commands make, each wrapped once.
+//! The raw module API calls the commands make, each wrapped once.
 //!
-//! The hot path talks to the raw API directly instead of through the crate's
-//! `Context`/`RedisKey` wrappers: those allocate a `Vec` of arguments and box
-//! every key, which is a third of a call's cost (see DESIGN.md). Everything
-//! unsafe about the module API lives in this file.
+//! The hot path talks to the raw API directly instead of through the
+//! redis-module crate's `Context`/`RedisKey` wrappers: those allocate a `Vec`
+//! of arguments and box every key, which measured a third of a call's cost.
+//! Most unsafe code is here; the rest stands next to the rule that makes it
+//! sound: the native types' callbacks in `store/mod.rs`, the values of open
+//! keys in `store/keys.rs`, registration in `commands/mod.rs` and `info.rs`,
+//! the clock pointers in `clock.rs` and the module options in `lib.rs`.
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};

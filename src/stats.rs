@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What one call ended as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Counted {
     Allowed,
     Denied,
     /// A command that does not decide (the internal effect commands).
@@ -33,12 +33,12 @@ impl CommandStats {
         }
     }
 
-    pub fn record(&self, outcome: Result<Verdict, ()>) {
+    pub fn record(&self, outcome: Result<Counted, ()>) {
         self.calls.fetch_add(1, Relaxed);
         match outcome {
-            Ok(Verdict::Allowed) => self.allowed.fetch_add(1, Relaxed),
-            Ok(Verdict::Denied) => self.denied.fetch_add(1, Relaxed),
-            Ok(Verdict::Done) => 0,
+            Ok(Counted::Allowed) => self.allowed.fetch_add(1, Relaxed),
+            Ok(Counted::Denied) => self.denied.fetch_add(1, Relaxed),
+            Ok(Counted::Done) => 0,
             Err(()) => self.errors.fetch_add(1, Relaxed),
         };
     }

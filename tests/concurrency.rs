@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_core::codec::{self, PackedBucket, Stored};
+use rl_core::codec::{self, PackedBucket, Decoded};
 use rl_core::BucketState;
 use testkit::{module_blob, server_ms, Server};
 
@@ -43,7 +43,7 @@ fn hammer(s: &Server, cmd: &str, args: &str) -> (u64, u64) {
 
 fn bucket_state(con: &mut redis::Connection, key: &str) -> BucketState {
     match codec::decode(&module_blob(con, key)) {
-        Ok(Stored::Bucket(p)) => p.unpack(),
+        Ok(Decoded::Bucket(p)) => p.unpack(),
         other => panic!("{key}: not a bucket: {other:?}"),
     }
 }

@@ -8,7 +8,7 @@
 use smallvec::SmallVec;
 
 use crate::bucket::{BucketParams, BucketState};
-use crate::combine::{decide, Check, Reply, NEVER};
+use crate::combine::{decide, keep_until, Check, Reply, INLINE, NEVER};
 use crate::limits::{in_range, ParamError, MAX_TOKENS};
 
 /// What a call does to its buckets: the one definition the module's
@@ -69,33 +69,10 @@ impl BucketOp {
     }
 }
 
-/// Inline room for the common case; more buckets spill to the heap.
-pub const INLINE: usize = 4;
-
+/// A bucket call's outcome: writes of whole states.
+pub type Outcome = crate::combine::Outcome<BucketState>;
 /// What to write back for one bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Update {
-    /// Save this state; the key expires when the bucket would be full.
-    Store { state: BucketState, expires_at_ms: u64 },
-    /// The bucket is full: a full bucket and a missing one are the same.
-    Remove,
-}
-
-/// A decision and, when tokens moved, the writes that carry it out (one per
-/// bucket, in order). A refusal writes nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    pub decision: Reply,
-    pub updates: SmallVec<[Update; INLINE]>,
-    /// After a refusal, for each bucket, when its state as it is now
-    /// becomes the same as no key: a stored key must not expire earlier.
-    /// (Empty when tokens moved: the writes carry the expiries.)
-    pub keep_until_ms: SmallVec<[u64; INLINE]>,
-}
-
-fn keep_until(checks: &[Check], now_ms: u64) -> SmallVec<[u64; INLINE]> {
-    checks.iter().map(|c| now_ms + c.reset_now_ms).collect()
-}
+pub type Update = crate::combine::Update<BucketState>;
 
 type Levels = SmallVec<[i128; INLINE]>;
 

@@ -4,6 +4,52 @@
 //! `decide` turns the checks of one call into the six-field `Reply`, the
 //! same way for every kind.
 
+use smallvec::SmallVec;
+
+/// Inline room for the common case; more limits spill to the heap.
+pub const INLINE: usize = 4;
+
+/// What to write back for one limit: its new state (or, for an EXACT log,
+/// the admission to apply) and when the key expires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Update<S> {
+    /// Save this; the key expires when its state is worth nothing.
+    Store { state: S, expires_at_ms: u64 },
+    /// The limit is back to "nothing stored" (a full bucket): no key.
+    Remove,
+}
+
+/// A decision and, when it was granted, the writes that carry it out (one
+/// per limit, in order). A refusal writes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome<S> {
+    pub decision: Reply,
+    pub updates: SmallVec<[Update<S>; INLINE]>,
+    /// After a refusal, for each limit, when its state as it is now becomes
+    /// the same as no key: a stored key must not expire earlier. (Empty
+    /// when granted: the writes carry the expiries.)
+    pub keep_until_ms: SmallVec<[u64; INLINE]>,
+}
+
+impl<S> Outcome<S> {
+    /// The outcome of `checks` for `cost`: `update(i)` gives limit i's write
+    /// when every limit admits it; a refusal keeps each key until its
+    /// current state resets.
+    pub fn of(checks: &[Check], cost: u64, now_ms: u64, update: impl FnMut(usize) -> Update<S>) -> Self {
+        let decision = decide(checks, cost);
+        if decision.allowed() {
+            Outcome { decision, updates: (0..checks.len()).map(update).collect(), keep_until_ms: SmallVec::new() }
+        } else {
+            Outcome { decision, updates: SmallVec::new(), keep_until_ms: keep_until(checks, now_ms) }
+        }
+    }
+}
+
+/// When each limit, as it is now, resets: how long a key must live.
+pub fn keep_until(checks: &[Check], now_ms: u64) -> SmallVec<[u64; INLINE]> {
+    checks.iter().map(|c| now_ms + c.reset_now_ms).collect()
+}
+
 /// The answer to a call, as the six-integer reply carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reply {

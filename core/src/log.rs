@@ -7,7 +7,9 @@
 
 use std::collections::VecDeque;
 
-use crate::combine::{Check, NEVER};
+use smallvec::SmallVec;
+
+use crate::combine::{Check, Outcome, Update, INLINE, NEVER};
 use crate::limits::{MAX_LOG_LIMIT, MAX_TIME_MS, MAX_WAIT_MS};
 use crate::window::WindowParams;
 
@@ -165,6 +167,15 @@ pub struct LogCheck {
     pub check: Check,
     pub append: Append,
     pub expires_at_ms: u64,
+}
+
+/// Several EXACT windows decided together at `now_ms`: all admit `cost`,
+/// or none logs it. A grant's updates are the appends to apply.
+pub fn decide(windows: &[WindowParams], logs: &[Option<&Log>], cost: u64, now_ms: u64) -> Outcome<Append> {
+    let views: SmallVec<[LogCheck; INLINE]> =
+        windows.iter().zip(logs).map(|(p, log)| check(p, *log, cost, now_ms)).collect();
+    let checks: SmallVec<[Check; INLINE]> = views.iter().map(|v| v.check).collect();
+    Outcome::of(&checks, cost, now_ms, |i| Update::Store { state: views[i].append, expires_at_ms: views[i].expires_at_ms })
 }
 
 /// Checks `cost` against one log at `now_ms`: admitted when the requests

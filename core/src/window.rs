@@ -10,7 +10,9 @@
 //! window. Multiplied by W everything is an integer, so the comparison with
 //! the limit is exact arithmetic on the estimate.
 
-use crate::combine::{Check, NEVER};
+use smallvec::SmallVec;
+
+use crate::combine::{Check, Outcome, Update, INLINE, NEVER};
 use crate::limits::{in_range, ParamError, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
 
 /// How a window counts: the one definition the module's parser, the
@@ -138,6 +140,21 @@ pub struct WindowCheck {
     pub check: Check,
     pub after: WindowState,
     pub expires_at_ms: u64,
+}
+
+/// Several windows decided together at `now_ms`: all admit `cost`, or none
+/// counts it.
+pub fn decide(
+    windows: &[WindowParams],
+    mode: WindowMode,
+    states: &[Option<WindowState>],
+    cost: u64,
+    now_ms: u64,
+) -> Outcome<WindowState> {
+    let views: SmallVec<[WindowCheck; INLINE]> =
+        windows.iter().zip(states).map(|(p, s)| check(p, mode, s.as_ref(), cost, now_ms)).collect();
+    let checks: SmallVec<[Check; INLINE]> = views.iter().map(|v| v.check).collect();
+    Outcome::of(&checks, cost, now_ms, |i| Update::Store { state: views[i].after, expires_at_ms: views[i].expires_at_ms })
 }
 
 /// Checks `cost` against one window at `now_ms`. FIXED counts the current

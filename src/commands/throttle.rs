@@ -6,13 +6,15 @@
 use redis_module::raw::RedisModuleString;
 use rl_core::gcra::{self, GcraError};
 
-use super::{arg_bytes, decimal, wrongtype};
+use super::arg_bytes;
+use super::replication::{decimal, replicate_at};
 use crate::args::{self, shown};
 use crate::clock;
 use crate::ffi::{Ctx, Key};
-use crate::stats::Verdict;
+use crate::stats::Counted;
+use crate::store::keys::wrongtype;
 
-pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String> {
+pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
     let bytes = arg_bytes(argv);
     let a = args::parse_throttle(&bytes).map_err(|e| e.0)?;
     let now = clock::now_ns()?;
@@ -36,12 +38,7 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, St
             return Err("ERR could not write the key".into());
         }
         key.set_expire_at(at);
-        let value = ctx.create_string(value);
-        let mut at_digits = [0u8; 20];
-        let at_string = ctx.create_string(decimal(at.max(0) as u64, &mut at_digits));
-        let pxat = ctx.create_string(b"PXAT");
-        ctx.replicate(c"SET", &[argv[1], value, pxat, at_string]);
-        [value, pxat, at_string].into_iter().for_each(|s| ctx.free_string(s));
+        replicate_at(ctx, c"SET", argv[1], &[value, b"PXAT"], at.max(0) as u64);
     }
     ctx.reply_array(5);
     ctx.reply_integer(r.limited as i64);
@@ -49,7 +46,7 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, St
     ctx.reply_integer(r.remaining);
     ctx.reply_integer(gcra::cell_seconds(r.retry_after_ns));
     ctx.reply_integer(gcra::cell_seconds(r.reset_after_ns));
-    Ok(if r.limited { Verdict::Denied } else { Verdict::Allowed })
+    Ok(if r.limited { Counted::Denied } else { Counted::Allowed })
 }
 
 /// A TAT as redis-cell writes it: a decimal i64 of nanoseconds.

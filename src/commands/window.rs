@@ -3,28 +3,29 @@
 //! on a log of admitted requests.
 
 use redis_module::raw::RedisModuleString;
-use rl_core::acquire::INLINE;
 use rl_core::codec::PackedWindow;
-use rl_core::combine::{decide, Check, Reply};
 use rl_core::log::{self, Log};
-use rl_core::window::{self, WindowMode};
+use rl_core::window::{self, WindowState};
+use rl_core::{Reply, WindowMode, INLINE};
 use smallvec::SmallVec;
 
-use super::{arg_bytes, load, replicate, reply_decision, Effect};
+use super::arg_bytes;
+use super::outcome::{carry_out, reply};
 use crate::args::{self, WindowArgs, FIRST_KEY};
 use crate::ffi::Ctx;
-use crate::stats::Verdict;
+use crate::stats::Counted;
+use crate::store::keys::load;
 use crate::{clock, config};
 
-pub fn window(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String> {
+pub fn window(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
     run(ctx, argv, true)
 }
 
-pub fn peek(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Verdict, String> {
+pub fn peek(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
     run(ctx, argv, false)
 }
 
-fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Verdict, String> {
+fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted, String> {
     let a = args::parse_window(&arg_bytes(argv), config::max_log_limit()).map_err(|e| e.0)?;
     let now = clock::now_ms()?;
     let names = &argv[FIRST_KEY..FIRST_KEY + a.numkeys];
@@ -32,8 +33,7 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Verdict
         WindowMode::Exact => exact(ctx, names, &a, write, now)?,
         mode => counters(ctx, names, &a, mode, write, now)?,
     };
-    reply_decision(ctx, &d, d.allowed() as i64);
-    Ok(if d.allowed() { Verdict::Allowed } else { Verdict::Denied })
+    Ok(reply(ctx, &d, d.allowed() as i64))
 }
 
 fn counters(
@@ -45,48 +45,23 @@ fn counters(
     now: u64,
 ) -> Result<Reply, String> {
     let mut loaded = load::<PackedWindow>(ctx, names, write)?;
-    let views: SmallVec<[window::WindowCheck; INLINE]> = a
-        .windows
-        .iter()
-        .enumerate()
-        .map(|(i, p)| window::check(p, mode, loaded.get(i).map(PackedWindow::unpack).as_ref(), a.cost, now))
-        .collect();
-    let checks: SmallVec<[Check; INLINE]> = views.iter().map(|v| v.check).collect();
-    let d = decide(&checks, a.cost);
-    if write && d.allowed() {
-        let mut effects: SmallVec<[Effect; INLINE]> = SmallVec::new();
-        for (i, v) in views.iter().enumerate() {
-            let packed = PackedWindow::pack(&v.after);
-            loaded.store(i, packed, v.expires_at_ms)?;
-            effects.push(Effect::Store {
-                key: names[i],
-                blob: SmallVec::from_slice(&packed.to_blob()),
-                expires_at_ms: v.expires_at_ms,
-            });
-        }
-        replicate(ctx, &effects);
-    } else if write {
-        loaded.keep_until(ctx, names, checks.iter().map(|c| now + c.reset_now_ms));
+    let states: SmallVec<[Option<WindowState>; INLINE]> =
+        (0..a.numkeys).map(|i| loaded.get(i).map(PackedWindow::unpack)).collect();
+    let outcome = window::decide(&a.windows, mode, &states, a.cost, now);
+    if write {
+        carry_out(ctx, names, &mut loaded, &outcome)?;
     }
-    Ok(d)
+    Ok(outcome.decision)
 }
 
 fn exact(ctx: Ctx, names: &[*mut RedisModuleString], a: &WindowArgs, write: bool, now: u64) -> Result<Reply, String> {
     let mut loaded = load::<Log>(ctx, names, write)?;
-    let views: SmallVec<[log::LogCheck; INLINE]> =
-        a.windows.iter().enumerate().map(|(i, p)| log::check(p, loaded.get(i), a.cost, now)).collect();
-    let checks: SmallVec<[Check; INLINE]> = views.iter().map(|v| v.check).collect();
-    let d = decide(&checks, a.cost);
-    if write && d.allowed() {
-        let mut effects: SmallVec<[Effect; INLINE]> = SmallVec::new();
-        for (i, v) in views.iter().enumerate() {
-            loaded.get_or_create(i, Log::default)?.apply(&v.append);
-            loaded.expire_at(i, v.expires_at_ms);
-            effects.push(Effect::LogAppend { key: names[i], append: v.append, expires_at_ms: v.expires_at_ms });
-        }
-        replicate(ctx, &effects);
-    } else if write {
-        loaded.keep_until(ctx, names, checks.iter().map(|c| now + c.reset_now_ms));
+    let outcome = {
+        let logs: SmallVec<[Option<&Log>; INLINE]> = (0..a.numkeys).map(|i| loaded.get(i)).collect();
+        log::decide(&a.windows, &logs, a.cost, now)
+    };
+    if write {
+        carry_out(ctx, names, &mut loaded, &outcome)?;
     }
-    Ok(d)
+    Ok(outcome.decision)
 }

@@ -17,6 +17,8 @@ use smallvec::SmallVec;
 
 use crate::ffi::api;
 
+pub mod keys;
+
 /// RDB encoding version of every type. The blob inside carries its own
 /// format version too; this one changes only if the RDB framing does.
 pub const ENCODING_VERSION: i32 = 1;

@@ -1,0 +1,128 @@
+//! The one path of every limiter command once the core has decided: write
+//! what a grant changed and replicate it, or, after a refusal, keep each
+//! key alive as long as its state still counts; then reply.
+
+use redis_module::raw::RedisModuleString;
+use rl_core::codec::{PackedBucket, PackedWindow};
+use rl_core::log::{Append, Log};
+use rl_core::window::WindowState;
+use rl_core::combine::{Outcome, Update};
+use rl_core::{BucketState, Reply, INLINE};
+use smallvec::SmallVec;
+
+use super::replication::{replicate, replicate_at, Effect};
+use crate::ffi::Ctx;
+use crate::stats::Counted;
+use crate::store::keys::Loaded;
+use crate::store::Value;
+
+/// A stored value the core's updates apply to.
+pub(crate) trait Updated: Value {
+    /// What the core hands back to write: a new state, or an admission.
+    type Change;
+    /// Writes `change` to key `i` and says how to replicate it.
+    fn write(
+        loaded: &mut Loaded<Self>,
+        i: usize,
+        key: *mut RedisModuleString,
+        change: &Self::Change,
+        expires_at_ms: u64,
+    ) -> Result<Effect, String>;
+}
+
+impl Updated for PackedBucket {
+    type Change = BucketState;
+    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, state: &BucketState, at: u64) -> Result<Effect, String> {
+        let packed = PackedBucket::pack(state);
+        loaded.store(i, packed, at)?;
+        Ok(Effect::Store { key, blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms: at })
+    }
+}
+
+impl Updated for PackedWindow {
+    type Change = WindowState;
+    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, state: &WindowState, at: u64) -> Result<Effect, String> {
+        let packed = PackedWindow::pack(state);
+        loaded.store(i, packed, at)?;
+        Ok(Effect::Store { key, blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms: at })
+    }
+}
+
+impl Updated for Log {
+    type Change = Append;
+    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, append: &Append, at: u64) -> Result<Effect, String> {
+        loaded.get_or_create(i, Log::default)?.apply(append);
+        loaded.expire_at(i, at);
+        Ok(Effect::LogAppend { key, append: *append, expires_at_ms: at })
+    }
+}
+
+/// Carries out `outcome` on the keys `names` (loaded for writing).
+pub(crate) fn carry_out<T: Updated>(
+    ctx: Ctx,
+    names: &[*mut RedisModuleString],
+    loaded: &mut Loaded<T>,
+    outcome: &Outcome<T::Change>,
+) -> Result<(), String> {
+    if !outcome.decision.allowed() {
+        keep_alive(ctx, names, loaded, &outcome.keep_until_ms);
+        return Ok(());
+    }
+    let mut effects: SmallVec<[Effect; INLINE]> = SmallVec::new();
+    let mut failed = Ok(());
+    for (i, update) in outcome.updates.iter().enumerate() {
+        match update {
+            Update::Store { state, expires_at_ms } => match T::write(loaded, i, names[i], state, *expires_at_ms) {
+                Ok(effect) => effects.push(effect),
+                // Cannot happen on a key opened for writing; still
+                // replicate what was written so far.
+                Err(e) => {
+                    failed = Err(e);
+                    break;
+                }
+            },
+            // Nothing stored: no key. Nothing to do if there was none.
+            Update::Remove if loaded.get(i).is_none() => {}
+            Update::Remove => {
+                loaded.remove(i);
+                effects.push(Effect::Remove { key: names[i] });
+            }
+        }
+    }
+    replicate(ctx, &effects);
+    failed
+}
+
+/// After a refusal: keeps every existing key until its state is worth
+/// nothing under the parameters of this call (`keep_until[i]`, ms).
+///
+/// A key's TTL was set for the parameters of its last write. If they
+/// changed since (a limit lowered live, a longer window), the key could
+/// expire while it still holds debits, and come back full. So a refusal
+/// moves such an expiry later, and replicates that; with unchanged
+/// parameters it never has to, and writes nothing.
+fn keep_alive<T: Value>(ctx: Ctx, names: &[*mut RedisModuleString], loaded: &Loaded<T>, keep_until: &[u64]) {
+    for (i, &until) in keep_until.iter().enumerate() {
+        if loaded.expires_at(i).is_some_and(|at| at < until) {
+            loaded.expire_at(i, until);
+            replicate_at(ctx, c"PEXPIREAT", names[i], &[], until);
+        }
+    }
+}
+
+/// The six-integer reply: `[first, remaining, retry_after_ms, reset_after_ms,
+/// limit, binding]`, `first` being allowed (0/1) or the tokens granted.
+pub(crate) fn reply(ctx: Ctx, d: &Reply, first: i64) -> Counted {
+    ctx.reply_array(6);
+    ctx.reply_integer(first);
+    ctx.reply_integer(d.remaining as i64);
+    ctx.reply_integer(d.retry_after_ms);
+    ctx.reply_integer(d.reset_after_ms as i64);
+    ctx.reply_integer(d.limit as i64);
+    ctx.reply_integer(d.binding as i64);
+    if d.allowed() {
+        Counted::Allowed
+    } else {
+        Counted::Denied
+    }
+}

@@ -1,0 +1,210 @@
+//! The replication format, both sides: what a primary sends for the writes
+//! of a call, and the internal commands that apply it on replicas and when
+//! the AOF is replayed. Values are absolute (states, times, expiries), so a
+//! replica never re-runs a decision on its own clock and ends with exactly
+//! the primary's keys.
+//!
+//! - `RL.SET key blob pxat [key blob pxat ...]`: the key now holds the
+//!   state `blob` (empty: no key, a full bucket) and expires at `pxat` (0:
+//!   no expiry, as AOF rewrite emits it before its PEXPIREAT).
+//! - `RL.LOGADD key drop_before at count pxat [...]`: an EXACT log drops its
+//!   entries older than `drop_before`, then logs `count` requests at `at`.
+//! - `PEXPIREAT key ms`: a refusal that keeps a key alive longer.
+//! - `SET key tat PXAT ms`: CL.THROTTLE's string.
+//!
+//! The internal commands check their arguments like any public command and
+//! write nothing unless all of them are valid.
+
+use redis_module::raw::RedisModuleString;
+use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
+use rl_core::limits::{MAX_LOG_LIMIT, MAX_TIME_MS};
+use rl_core::log::{Append, Log, LogError};
+use smallvec::SmallVec;
+
+use super::arg_bytes;
+use crate::args::{int, shown};
+use crate::ffi::{Ctx, Key};
+use crate::stats::Counted;
+use crate::store::keys::{distinct, load, wrongtype};
+use crate::store::{self, Value};
+
+/// A write to one key, as replicas and the AOF must see it.
+pub(crate) enum Effect {
+    /// The key now holds `blob` and expires at `expires_at_ms`.
+    Store { key: *mut RedisModuleString, blob: SmallVec<[u8; 32]>, expires_at_ms: u64 },
+    /// The key is gone (a full bucket).
+    Remove { key: *mut RedisModuleString },
+    /// An EXACT log took an admission.
+    LogAppend { key: *mut RedisModuleString, append: Append, expires_at_ms: u64 },
+}
+
+/// Replicates the writes of one call: stores and removals as one `RL.SET`,
+/// log appends as one `RL.LOGADD`. (A call makes one kind of write, so one
+/// command, without a MULTI/EXEC wrapper.)
+pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
+    // The hot path: one stored key.
+    if let [Effect::Store { key, blob, expires_at_ms }] = effects {
+        ctx.replicate_key_blob_at(c"RL.SET", *key, blob, *expires_at_ms as i64);
+        return;
+    }
+    let mut set: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
+    let mut logadd: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
+    let mut created: SmallVec<[*mut RedisModuleString; 16]> = SmallVec::new();
+    let mut new_string = |bytes: &[u8]| {
+        let s = ctx.create_string(bytes);
+        created.push(s);
+        s
+    };
+    let mut digits = [0u8; 20];
+    for e in effects {
+        match e {
+            Effect::Store { key, blob, expires_at_ms } => {
+                set.extend([*key, new_string(blob), new_string(decimal(*expires_at_ms, &mut digits))]);
+            }
+            Effect::Remove { key } => set.extend([*key, new_string(b""), new_string(b"0")]),
+            Effect::LogAppend { key, append, expires_at_ms } => {
+                logadd.push(*key);
+                for n in [append.drop_before_ms, append.at_ms, append.count, *expires_at_ms] {
+                    logadd.push(new_string(decimal(n, &mut digits)));
+                }
+            }
+        }
+    }
+    if !set.is_empty() {
+        ctx.replicate(c"RL.SET", &set);
+    }
+    if !logadd.is_empty() {
+        ctx.replicate(c"RL.LOGADD", &logadd);
+    }
+    created.into_iter().for_each(|s| ctx.free_string(s));
+}
+
+/// Replicates `cmd key value... ms` for a command whose last argument is an
+/// absolute time: `PEXPIREAT key ms`, or `SET key tat PXAT ms`.
+pub(crate) fn replicate_at(ctx: Ctx, cmd: &std::ffi::CStr, key: *mut RedisModuleString, values: &[&[u8]], at_ms: u64) {
+    let mut digits = [0u8; 20];
+    let mut args: SmallVec<[*mut RedisModuleString; 4]> = SmallVec::new();
+    args.push(key);
+    args.extend(values.iter().map(|v| ctx.create_string(v)));
+    args.push(ctx.create_string(decimal(at_ms, &mut digits)));
+    ctx.replicate(cmd, &args);
+    args[1..].iter().for_each(|&s| ctx.free_string(s));
+}
+
+/// `v` in decimal, written into `buf`.
+pub(crate) fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// `RL.SET key blob pxat [...]`.
+pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
+    let bytes = arg_bytes(argv);
+    if bytes.len() < 4 || (bytes.len() - 1) % 3 != 0 {
+        return Err("ERR wrong number of arguments for 'rl.set' command: expected key blob pxat triples".into());
+    }
+    let mut writes: SmallVec<[(usize, Option<Decoded>, u64); 4]> = SmallVec::new();
+    for (i, t) in bytes[1..].chunks_exact(3).enumerate() {
+        let state = match t[1] {
+            [] => None,
+            blob => Some(codec::decode(blob).map_err(|e| format!("ERR RL.SET key '{}': {e}", shown(t[0])))?),
+        };
+        writes.push((1 + 3 * i, state, pxat(t[2])?));
+    }
+    distinct(bytes[1..].iter().step_by(3).copied())?;
+    let ours = [store::handle::<PackedBucket>(), store::handle::<PackedWindow>(), store::handle::<Log>()];
+    let keys: SmallVec<[Key; 4]> = writes.iter().map(|&(pos, ..)| Key::open(ctx, argv[pos], true)).collect();
+    for key in &keys {
+        match key.module_type() {
+            Ok(None) => {}
+            Ok(Some(t)) if ours.contains(&t) => {}
+            _ => return Err(wrongtype()),
+        }
+    }
+    for (key, (_, state, at)) in keys.iter().zip(writes) {
+        let stored = match state {
+            None => {
+                key.delete();
+                continue;
+            }
+            Some(Decoded::Bucket(v)) => replace(key, v),
+            Some(Decoded::Window(v)) => replace(key, v),
+            Some(Decoded::Log(v)) => replace(key, v),
+        };
+        if !stored {
+            return Err("ERR could not store the state".into());
+        }
+        key.set_expire_at(if at == 0 { -1 } else { at as i64 });
+    }
+    ctx.replicate_verbatim();
+    ctx.reply_ok();
+    Ok(Counted::Done)
+}
+
+/// Replaces whatever the key holds with `v` (this clears the TTL).
+fn replace<T: Value>(key: &Key, v: T) -> bool {
+    key.set_value(store::handle::<T>(), Box::new(v))
+}
+
+/// `RL.LOGADD key drop_before at count pxat [...]`.
+pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
+    let bytes = arg_bytes(argv);
+    if bytes.len() < 6 || (bytes.len() - 1) % 5 != 0 {
+        return Err(
+            "ERR wrong number of arguments for 'rl.logadd' command: expected key drop_before at count pxat groups"
+                .into(),
+        );
+    }
+    let mut appends: SmallVec<[(Append, u64); 4]> = SmallVec::new();
+    for g in bytes[1..].chunks_exact(5) {
+        let time = |raw: &[u8], what: &str| {
+            int(raw).filter(|&t| t <= MAX_TIME_MS).ok_or_else(|| {
+                format!("ERR RL.LOGADD {what} must be a time in ms up to {MAX_TIME_MS}, got '{}'", shown(raw))
+            })
+        };
+        let append = Append {
+            drop_before_ms: time(g[1], "drop_before")?,
+            at_ms: time(g[2], "at")?,
+            count: int(g[3]).filter(|c| (1..=MAX_LOG_LIMIT).contains(c)).ok_or_else(|| {
+                format!("ERR RL.LOGADD count must be an integer from 1 to {MAX_LOG_LIMIT}, got '{}'", shown(g[3]))
+            })?,
+        };
+        appends.push((append, pxat(g[4])?));
+    }
+    distinct(bytes[1..].iter().step_by(5).copied())?;
+    let names: SmallVec<[*mut RedisModuleString; 4]> = (0..appends.len()).map(|i| argv[1 + 5 * i]).collect();
+    let mut loaded = load::<Log>(ctx, &names, true)?;
+    for (i, (a, _)) in appends.iter().enumerate() {
+        let empty = Log::default();
+        loaded.get(i).unwrap_or(&empty).accepts(a).map_err(|e| {
+            let why = match e {
+                LogError::Order => "at is older than the log's newest entry",
+                LogError::Length => "the log would exceed its largest size",
+                LogError::Entry => "count or at out of range",
+            };
+            format!("ERR RL.LOGADD key '{}': {why}", shown(bytes[1 + 5 * i]))
+        })?;
+    }
+    for (i, (a, at)) in appends.iter().enumerate() {
+        loaded.get_or_create(i, Log::default)?.apply(a);
+        // 0 = no expiry, as for RL.SET.
+        loaded.expire_at(i, if *at == 0 { u64::MAX } else { *at });
+    }
+    ctx.replicate_verbatim();
+    ctx.reply_ok();
+    Ok(Counted::Done)
+}
+
+/// An absolute expiry in ms since the Unix epoch (0: none).
+fn pxat(raw: &[u8]) -> Result<u64, String> {
+    int(raw)
+        .filter(|&v| v <= i64::MAX as u64)
+        .ok_or_else(|| format!("ERR pxat must be a non-negative integer, got '{}'", shown(raw)))
+}
