@@ -85,10 +85,23 @@ impl Ctx {
         unsafe { api!(RedisModule_IsKeysPositionRequest)(self.0) != 0 }
     }
 
+    /// True while the server loads its AOF or RDB (not for a client's call).
+    pub fn is_loading(&self) -> bool {
+        let flags = unsafe { api!(RedisModule_GetContextFlags)(self.0) };
+        flags as u32 & raw::REDISMODULE_CTX_FLAGS_LOADING != 0
+    }
+
     /// Declares `argv[pos]` a key; only in a keys position request, and only
     /// for a position below argc (the caller checks).
     pub fn key_at_pos(&self, pos: usize) {
         unsafe { api!(RedisModule_KeyAtPos)(self.0, pos as c_int) };
+    }
+
+    /// Fires a keyspace notification (`kind`: a REDISMODULE_NOTIFY_* class)
+    /// for a key this call wrote; the server drops it unless
+    /// notify-keyspace-events asks for that class.
+    pub fn notify(&self, kind: c_int, event: &CStr, key: *mut RedisModuleString) {
+        unsafe { api!(RedisModule_NotifyKeyspaceEvent)(self.0, kind, event.as_ptr(), key) };
     }
 
     /// Propagates `argv` as-is to replicas and the AOF (its arguments are

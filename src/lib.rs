@@ -37,7 +37,7 @@ macro_rules! allocator {
 /// MODULE LIST version: major * 10000 + minor * 100 + patch.
 const MODULE_VERSION: i32 = 100;
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // Read errors in rdb_load come back as errors, not a server panic (a
     // crafted RESTORE payload must not kill the server); keys are signalled
     // as modified only when written (a refusal must not break a WATCH).
@@ -50,7 +50,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             );
         }
     }
-    let result = info::missing_api()
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let result = config::apply_load_args(&args)
+        .and_then(|()| info::missing_api())
         .and_then(|()| commands::register(ctx.ctx))
         .and_then(|()| info::register(ctx.ctx));
     match result {
@@ -72,10 +74,10 @@ redis_module! {
         i64: [
             ["max-log-limit", &config::MAX_LOG_LIMIT, DEFAULT_LOG_LIMIT as i64, 1, MAX_LOG_LIMIT as i64, ConfigurationFlags::DEFAULT, None],
         ],
-        // The macro needs every kind listed to read options from module args.
         string: [],
         bool: [],
         enum: [],
-        module_args_as_configuration: true,
+        // Load arguments are read (and checked) by `config::apply_load_args`.
+        module_args_as_configuration: false,
     ]
 }

@@ -16,6 +16,9 @@ pub enum Counted {
 
 pub struct CommandStats {
     pub name: &'static str,
+    /// Whether its calls decide (allowed/denied); the internal effect
+    /// commands only count calls and errors.
+    decides: bool,
     calls: AtomicU64,
     allowed: AtomicU64,
     denied: AtomicU64,
@@ -24,8 +27,13 @@ pub struct CommandStats {
 
 impl CommandStats {
     pub const fn new(name: &'static str) -> Self {
+        Self::counting(name, true)
+    }
+
+    const fn counting(name: &'static str, decides: bool) -> Self {
         Self {
             name,
+            decides,
             calls: AtomicU64::new(0),
             allowed: AtomicU64::new(0),
             denied: AtomicU64::new(0),
@@ -43,14 +51,17 @@ impl CommandStats {
         };
     }
 
-    /// (field suffix, value) pairs for INFO.
-    pub fn fields(&self) -> [(&'static str, u64); 4] {
-        [
+    /// (field suffix, value) pairs for INFO: calls, allowed, denied,
+    /// errors; calls and errors only for a command that does not decide.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        let all = [
             ("calls", self.calls.load(Relaxed)),
             ("allowed", self.allowed.load(Relaxed)),
             ("denied", self.denied.load(Relaxed)),
             ("errors", self.errors.load(Relaxed)),
-        ]
+        ];
+        let decides = self.decides;
+        all.into_iter().filter(move |(what, _)| decides || matches!(*what, "calls" | "errors"))
     }
 }
 
@@ -61,8 +72,8 @@ pub static REFUND: CommandStats = CommandStats::new("refund");
 pub static WINDOW: CommandStats = CommandStats::new("window");
 pub static WINDOWPEEK: CommandStats = CommandStats::new("windowpeek");
 pub static THROTTLE: CommandStats = CommandStats::new("throttle");
-pub static SET: CommandStats = CommandStats::new("set");
-pub static LOGADD: CommandStats = CommandStats::new("logadd");
+pub static SET: CommandStats = CommandStats::counting("set", false);
+pub static LOGADD: CommandStats = CommandStats::counting("logadd", false);
 
 /// Every command's counters, in INFO order.
 pub static ALL: [&CommandStats; 9] = [&TAKE, &PEEK, &LEASE, &REFUND, &WINDOW, &WINDOWPEEK, &THROTTLE, &SET, &LOGADD];

@@ -171,10 +171,10 @@ fn internal_set_validates_its_arguments() {
     let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good, b"-5"]);
     assert!(e.contains("pxat"), "{e}");
     // One bad triple: nothing of the call is written.
-    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good, b"0", b"k2", b"junk", b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"k", &good, b"4000000000000", b"k2", b"junk", b"0"]);
     assert!(e.contains("unknown kind"), "{e}");
     redis::cmd("SET").arg("str").arg("v").query::<()>(&mut con).unwrap();
-    let e = testkit::call_err(&mut con, "RL.SET", &[b"str", &good, b"0"]);
+    let e = testkit::call_err(&mut con, "RL.SET", &[b"str", &good, b"4000000000000"]);
     assert!(e.starts_with("WRONGTYPE"), "{e}");
     let n: i64 = redis::cmd("EXISTS").arg(&["k", "k2"]).query(&mut con).unwrap();
     assert_eq!(n, 0);
@@ -202,7 +202,7 @@ fn internal_logadd_validates_its_arguments() {
         (&[b"log", b"0", b"5000", b"0", b"0"], "ERR RL.LOGADD count must be an integer from 1 to 1000000"),
         (&[b"log", b"0", b"x", b"1", b"0"], "ERR RL.LOGADD at must be a time"),
         (&[b"log", b"0", b"17592186044416", b"1", b"0"], "ERR RL.LOGADD at must be a time"),
-        (&[b"log", b"0", b"4000", b"1", b"0"], "at is older than the log's newest entry"),
+        (&[b"log", b"0", b"4000", b"1", b"4000000000000"], "at is older than the log's newest entry"),
         (&[b"log", b"0", b"6000", b"1", b"-1"], "ERR pxat must be a non-negative integer"),
     ];
     for (args, want) in cases {
@@ -210,7 +210,7 @@ fn internal_logadd_validates_its_arguments() {
         assert!(e.contains(want), "{args:?}: {e}");
     }
     redis::cmd("SET").arg("str").arg("v").query::<()>(&mut con).unwrap();
-    let e = testkit::call_err(&mut con, "RL.LOGADD", &[b"str", b"0", b"1", b"1", b"0"]);
+    let e = testkit::call_err(&mut con, "RL.LOGADD", &[b"str", b"0", b"1", b"1", b"4000000000000"]);
     assert!(e.starts_with("WRONGTYPE"), "{e}");
     // The log holds 3 requests at 5000; dropping before 5001 empties it.
     let blob: Vec<u8> = redis::cmd("DUMP").arg("log").query(&mut con).unwrap();
@@ -220,7 +220,7 @@ fn internal_logadd_validates_its_arguments() {
     // RL.SET of an EXACT blob and of a window blob replaces the state.
     let mut log_blob = vec![b'L', 1];
     log_blob.extend_from_slice(&(7000u64 | 3 << 44).to_le_bytes());
-    redis::cmd("RL.SET").arg("log").arg(&log_blob).arg(0).query::<()>(&mut con).unwrap();
+    redis::cmd("RL.SET").arg("log").arg(&log_blob).arg(4_000_000_000_000i64).query::<()>(&mut con).unwrap();
     assert_eq!(redis::cmd("TYPE").arg("log").query::<String>(&mut con).unwrap(), "rl-winlog");
     let mut bad = log_blob.clone();
     bad.push(1);

@@ -141,6 +141,13 @@ pub fn acquire(
     let levels = levels(buckets, states, now_ms);
     let (decision, checks) = take_decision(buckets, &levels, want, min);
     if !decision.allowed() {
+        if states.iter().flatten().any(|s| s.updated_ms > now_ms) {
+            // Stamped ahead of the clock (it stepped back, or the state came
+            // from a server whose clock ran ahead): no time would pass until
+            // the clock caught up, freezing the limit. Re-stamp at now, the
+            // level unchanged, so refill resumes from now; nothing minted.
+            return Outcome { decision, updates: updates(buckets, &levels, now_ms), keep_until_ms: SmallVec::new() };
+        }
         return Outcome { decision, updates: SmallVec::new(), keep_until_ms: keep_until(&checks, now_ms) };
     }
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(decision.granted)).collect();
@@ -414,6 +421,26 @@ mod tests {
             assert_eq!(peeked.decision, taken.decision);
             assert!(peeked.updates.is_empty() && peeked.keep_until_ms.is_empty());
         }
+    }
+
+    #[test]
+    fn a_refusal_re_stamps_a_state_from_the_future() {
+        let b = [p(10, 1, 1000)];
+        // Empty, stamped an hour ahead of the clock.
+        let s = [Some(BucketState { tokens: 0, fraction: 0, updated_ms: 3_600_000 })];
+        let out = acquire(&b, &s, 1, 1, 0);
+        assert!(!out.decision.allowed());
+        assert_eq!(out.decision.retry_after_ms, 1000, "the wait counts from now, not from the stamp");
+        match out.updates[..] {
+            [Update::Store { state, expires_at_ms }] => {
+                assert_eq!((state.tokens, state.fraction, state.updated_ms), (0, 0, 0), "level kept");
+                assert_eq!(expires_at_ms, 10_000);
+            }
+            _ => panic!("a re-stamp is one store per bucket: {:?}", out.updates),
+        }
+        // A state stamped in the past is refused without a write.
+        let s = [Some(BucketState { tokens: 0, fraction: 0, updated_ms: 0 })];
+        assert!(acquire(&b, &s, 1, 1, 500).updates.is_empty());
     }
 
     #[test]

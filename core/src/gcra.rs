@@ -101,7 +101,9 @@ pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64)
     let diff = now - allow_at;
     let (limited, retry_after_ns, ttl) = if diff < 0 {
         let retry = if increment <= tolerance { -diff } else { -(NS_PER_S as i128) };
-        (true, retry, tat - now)
+        // A TAT in the past is a full bucket: nothing to reset. (redis-cell
+        // reports the negative difference, and a remaining above the limit.)
+        (true, retry, tat.max(now) - now)
     } else {
         (false, -(NS_PER_S as i128), new_tat - now)
     };
@@ -115,7 +117,7 @@ pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64)
     Ok(Throttle {
         limited,
         limit: p.limit,
-        remaining,
+        remaining: remaining.min(p.limit),
         retry_after_ns: clamp(retry_after_ns),
         reset_after_ns: clamp(ttl),
         new_tat_ns: (!limited && quantity > 0).then_some(new_tat as i64),
@@ -219,11 +221,33 @@ mod tests {
         assert_eq!(throttle(&p, None, 0, i64::MAX), Err(GcraError::Quantity));
         // Any stored i64 is read without overflow.
         let r = throttle(&p, Some(i64::MIN), i64::MAX / 2, 5).unwrap();
-        assert!(r.limited && r.reset_after_ns == i64::MIN);
+        assert!(r.limited && r.reset_after_ns == 0 && r.remaining == r.limit);
         assert!(throttle(&p, Some(i64::MAX), 0, 0).unwrap().limited);
         assert_eq!(throttle(&p, Some(i64::MAX - 10), 0, 1), Err(GcraError::Overflow));
         // -1 is redis-cell's "no value".
         assert_eq!(throttle(&p, Some(-1), S, 1), throttle(&p, None, S, 1));
+    }
+
+    /// `SET oldtat 1000000000; CL.THROTTLE oldtat 0 1 1 5` answered
+    /// remaining 1796053136 and reset -1796053135 (as redis-cell does).
+    #[test]
+    fn a_stale_stored_time_reads_as_a_full_bucket() {
+        let now = 1_796_053_136 * S;
+        let p = GcraParams::new(0, 1, 1).unwrap();
+        let r = throttle(&p, Some(1_000_000_000), now, 5).unwrap();
+        assert_eq!((r.limited, r.limit, r.remaining, r.retry_after_ns, r.reset_after_ns), (true, 1, 1, -S, 0));
+        // Whatever is stored, whatever the rate: remaining within the limit,
+        // times never negative (-1 s is the "allowed"/"never" marker).
+        for tat in [i64::MIN, -5, 0, 1, now - 10 * S, now - 1, now, now + S, now + 1_000 * S] {
+            for (burst, count, period) in [(0, 1, 1), (4, 1, 1), (15, 30, 60), (1_000, 1_000_000, 1)] {
+                let p = GcraParams::new(burst, count, period).unwrap();
+                for q in [0, 1, 3, 5, 2_000] {
+                    let Ok(r) = throttle(&p, Some(tat), now, q) else { continue };
+                    assert!((0..=r.limit).contains(&r.remaining), "{tat} {burst} {q}: {r:?}");
+                    assert!(r.reset_after_ns >= 0 && r.retry_after_ns >= -S, "{tat} {burst} {q}: {r:?}");
+                }
+            }
+        }
     }
 
     #[test]

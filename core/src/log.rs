@@ -22,8 +22,11 @@ const _: () = assert!(TIME_BITS + COUNT_BITS == 64 && MAX_LOG_LIMIT < 1 << COUNT
 pub struct Entry(u64);
 
 impl Entry {
+    /// Panics on a time or count its bits cannot hold: callers check first
+    /// (`Log::accepts`), so this only stops a bug from wrapping silently.
     pub fn new(at_ms: u64, count: u64) -> Entry {
-        Entry(at_ms & ((1 << TIME_BITS) - 1) | count << TIME_BITS)
+        assert!(at_ms < 1 << TIME_BITS && count < 1 << COUNT_BITS, "log entry ({at_ms} ms, {count}) out of range");
+        Entry(at_ms | count << TIME_BITS)
     }
     pub fn at_ms(self) -> u64 {
         self.0 & ((1 << TIME_BITS) - 1)
@@ -56,6 +59,16 @@ pub enum LogError {
     Entry,
     /// Entries out of time order.
     Order,
+}
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogError::Order => "at is older than the log's newest entry",
+            LogError::Length => "the log would exceed its largest size",
+            LogError::Entry => "count or at out of range",
+        })
+    }
 }
 
 /// The effect of one admission on a log, deterministic given the log it is
@@ -140,9 +153,10 @@ impl Log {
         Ok(())
     }
 
-    /// Applies an admission (or its replicated effect, once `accepts` said
-    /// yes).
-    pub fn apply(&mut self, a: &Append) {
+    /// Applies an admission (or its replicated effect) if `accepts` says
+    /// yes; otherwise changes nothing.
+    pub fn apply(&mut self, a: &Append) -> Result<(), LogError> {
+        self.accepts(a)?;
         for _ in 0..self.dead(a.drop_before_ms) {
             if let Some(e) = self.entries.pop_front() {
                 self.total -= e.count();
@@ -159,6 +173,7 @@ impl Log {
             }
             _ => self.entries.push_back(Entry::new(a.at_ms, a.count)),
         }
+        Ok(())
     }
 }
 
@@ -238,7 +253,7 @@ mod tests {
     fn call(p: &WindowParams, log: &mut Log, cost: u64, now: u64) -> Check {
         let c = check(p, Some(log), cost, now);
         if c.check.admits {
-            log.apply(&c.append);
+            log.apply(&c.append).unwrap();
         }
         c.check
     }

@@ -27,13 +27,13 @@ impl LeakyBucket {
             (true, left / self.emission_ns, None, drained + increment)
         } else {
             let retry = (increment <= self.tolerance_ns).then_some(drained + increment - self.tolerance_ns);
-            // redis-cell reports a refusal's backlog unclamped: when the
-            // schedule is in the past (only a quantity above the limit is
-            // refused then), "reset" is negative and "remaining" can exceed
-            // the limit. CL.THROTTLE keeps that answer.
-            let left = self.tolerance_ns - backlog;
+            // A schedule in the past is an empty backlog: nothing to reset,
+            // the whole limit remaining. (redis-cell reports the backlog
+            // unclamped there: a negative reset, a remaining above the
+            // limit. CL.THROTTLE does not.)
+            let left = self.tolerance_ns - drained;
             let remaining = if left > -self.emission_ns { left / self.emission_ns } else { 0 };
-            (false, remaining, retry, backlog)
+            (false, remaining, retry, drained)
         }
     }
 }

@@ -101,7 +101,7 @@ proptest! {
         let mut l = Log::from_entries(sorted.into_iter().map(|(t, c)| log::Entry::new(t, c))).unwrap();
         let c = log::check(&p, Some(&l), cost.max(1), now);
         if c.check.admits {
-            l.apply(&c.append);
+            l.apply(&c.append).unwrap();
             let blob = codec::log_blob(&l);
             prop_assert!(matches!(codec::decode(&blob), Ok(Decoded::Log(_))));
         }

@@ -150,7 +150,7 @@ fn limiter(exact_decides: bool, trace: &[u64]) -> Tally {
         tally.count(s.check.admits, e.check.admits);
         if (exact_decides && e.check.admits) || (!exact_decides && s.check.admits) {
             tally.admitted += 1;
-            log.apply(&e.append);
+            log.apply(&e.append).unwrap();
             sliding = Some(s.after);
         }
     }

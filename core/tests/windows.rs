@@ -57,7 +57,7 @@ proptest! {
             let c = log::check(&p, Some(&log), cost, now);
             prop_assert_eq!(c.check.admits, exact_admits(&h, limit, w, cost, now), "at {}", now);
             if c.check.admits {
-                log.apply(&c.append);
+                log.apply(&c.append).unwrap();
                 h.push((now, cost));
                 prop_assert!(log.len() as u64 <= limit);
             } else if c.check.wait_ms >= 0 {

@@ -45,7 +45,12 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], parse: Parse) -> Result<Counte
         (0..a.numkeys).map(|i| loaded.get(i).map(PackedBucket::unpack)).collect();
     let outcome = a.op.run(&a.buckets, &states, now);
     if write {
-        carry_out(ctx, names, &mut loaded, &outcome)?;
+        let event = match a.op {
+            BucketOp::Lease { .. } => c"rl.lease",
+            BucketOp::Refund { .. } => c"rl.refund",
+            _ => c"rl.take",
+        };
+        carry_out(ctx, event, names, &mut loaded, &outcome)?;
     }
     let d = &outcome.decision;
     let first = if let BucketOp::Lease { .. } = a.op { d.granted as i64 } else { d.allowed() as i64 };

@@ -4,7 +4,7 @@
 //! own files; `outcome.rs` is the path they share once the core has
 //! decided, `replication.rs` the format their writes travel in.
 
-use std::ffi::{c_int, CStr};
+use std::ffi::{c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
@@ -87,8 +87,11 @@ struct Command {
     flags: &'static CStr,
     /// Legacy key positions; (0, 0, 0) with `getkeys-api` for numkeys commands.
     keys: (c_int, c_int, c_int),
-    /// In the `@ratelimit` ACL category (the internal commands are not: a
-    /// gateway's user should not be able to write raw state).
+    /// ACL categories, on servers that let modules set them (7.2+, Valkey):
+    /// `write`/`read` and `fast` as for built-in commands; the internal
+    /// commands are `dangerous` too (they write raw state). The public ones
+    /// are also in `ratelimit` where modules may add a category (7.4+).
+    acl: &'static str,
     public: bool,
     doc: Doc,
 }
@@ -111,6 +114,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_take,
         flags: WRITE,
         keys: (0, 0, 0),
+        acl: "write fast",
         public: true,
         doc: doc(c"Takes tokens from several token buckets, all or none.", PER_KEY, Keys::Numkeys, Access::Update),
     },
@@ -119,6 +123,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_peek,
         flags: READ,
         keys: (0, 0, 0),
+        acl: "read fast",
         public: true,
         doc: doc(c"Answers as RL.TAKE would, taking nothing.", PER_KEY, Keys::Numkeys, Access::Read),
     },
@@ -127,6 +132,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_lease,
         flags: WRITE,
         keys: (0, 0, 0),
+        acl: "write fast",
         public: true,
         doc: doc(c"Takes up to n tokens from several buckets, for a gateway to spend.", PER_KEY, Keys::Numkeys, Access::Update),
     },
@@ -135,6 +141,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_refund,
         flags: WRITE,
         keys: (0, 0, 0),
+        acl: "write fast",
         public: true,
         doc: doc(c"Gives unused tokens back to several buckets.", PER_KEY, Keys::Numkeys, Access::Update),
     },
@@ -143,6 +150,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_window,
         flags: WRITE,
         keys: (0, 0, 0),
+        acl: "write fast",
         public: true,
         doc: doc(
             c"Counts a request in several sliding, exact or fixed windows, all or none.",
@@ -156,6 +164,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_windowpeek,
         flags: READ,
         keys: (0, 0, 0),
+        acl: "read fast",
         public: true,
         doc: doc(c"Answers as RL.WINDOW would, counting nothing.", PER_KEY, Keys::Numkeys, Access::Read),
     },
@@ -164,6 +173,7 @@ const COMMANDS: &[Command] = &[
         handler: cl_throttle,
         flags: c"write deny-oom fast",
         keys: (1, 1, 1),
+        acl: "write fast",
         public: true,
         doc: doc(c"redis-cell's GCRA rate limit, on the server's clock.", c"O(1)", Keys::One, Access::Update),
     },
@@ -173,6 +183,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_set,
         flags: c"write deny-oom fast",
         keys: (1, -1, 3),
+        acl: "write fast dangerous",
         public: false,
         doc: doc(c"Internal: sets limiter states and expiries (replication, AOF).", PER_KEY, Keys::Every(3), Access::Overwrite),
     },
@@ -181,6 +192,7 @@ const COMMANDS: &[Command] = &[
         handler: rl_logadd,
         flags: c"write deny-oom fast",
         keys: (1, -1, 5),
+        acl: "write fast dangerous",
         public: false,
         doc: doc(c"Internal: logs an admission in EXACT logs (replication, AOF).", PER_KEY, Keys::Every(5), Access::Update),
     },
@@ -191,8 +203,11 @@ const ACL_CATEGORY: &CStr = c"ratelimit";
 
 pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     // SAFETY: function pointers the server filled before OnLoad.
-    let acl = unsafe { raw::RedisModule_AddACLCategory.zip(raw::RedisModule_SetCommandACLCategories) };
-    if let Some((add, _)) = acl {
+    // Redis 7.0 has neither (the README gives an ACL recipe for it); 7.2
+    // can set categories but not add one.
+    let (add_category, set_categories) =
+        unsafe { (raw::RedisModule_AddACLCategory, raw::RedisModule_SetCommandACLCategories) };
+    if let Some(add) = add_category {
         if unsafe { add(ctx, ACL_CATEGORY.as_ptr()) } != raw::REDISMODULE_OK as c_int {
             return Err("could not add the ACL category ratelimit".into());
         }
@@ -219,9 +234,11 @@ pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
         if !docs::set(cmd, &c.doc) {
             raw::redis_log(ctx, &format!("rl: no COMMAND DOCS for {}", c.name.to_string_lossy()));
         }
-        if let (Some((_, set_categories)), true) = (acl, c.public) {
-            if unsafe { set_categories(cmd, ACL_CATEGORY.as_ptr()) } != raw::REDISMODULE_OK as c_int {
-                return Err(format!("could not set the ACL category of {}", c.name.to_string_lossy()));
+        if let Some(set_categories) = set_categories {
+            let ours = if c.public && add_category.is_some() { " ratelimit" } else { "" };
+            let categories = CString::new(format!("{}{ours}", c.acl)).unwrap_or_default();
+            if unsafe { set_categories(cmd, categories.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+                return Err(format!("could not set the ACL categories of {}", c.name.to_string_lossy()));
             }
         }
     }

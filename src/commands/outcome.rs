@@ -1,8 +1,11 @@
 //! The one path of every limiter command once the core has decided: write
-//! what a grant changed and replicate it, or, after a refusal, keep each
-//! key alive as long as its state still counts; then reply.
+//! what the core asks to write (a grant's changes, or a state re-stamped
+//! after the clock stepped back) and replicate it, or else keep each key
+//! alive as long as its state still counts; then reply.
 
-use redis_module::raw::RedisModuleString;
+use std::ffi::CStr;
+
+use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE};
 use rl_core::codec::{PackedBucket, PackedWindow};
 use rl_core::log::{Append, Log};
 use rl_core::window::WindowState;
@@ -51,20 +54,23 @@ impl Updated for PackedWindow {
 impl Updated for Log {
     type Change = Append;
     fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, append: &Append, at: u64) -> Result<Effect, String> {
-        loaded.get_or_create(i, Log::default)?.apply(append);
+        loaded.get_or_create(i, Log::default)?.apply(append).map_err(|e| format!("ERR the EXACT log cannot take this admission: {e}"))?;
         loaded.expire_at(i, at);
         Ok(Effect::LogAppend { key, append: *append, expires_at_ms: at })
     }
 }
 
-/// Carries out `outcome` on the keys `names` (loaded for writing).
+/// Carries out `outcome` on the keys `names` (loaded for writing). Each
+/// written key fires the keyspace event `event` (class `d`, module types),
+/// a removed one `del` and an expiry moved later `expire` (class `g`).
 pub(crate) fn carry_out<T: Updated>(
     ctx: Ctx,
+    event: &CStr,
     names: &[*mut RedisModuleString],
     loaded: &mut Loaded<T>,
     outcome: &Outcome<T::Change>,
 ) -> Result<(), String> {
-    if !outcome.decision.allowed() {
+    if outcome.updates.is_empty() {
         keep_alive(ctx, names, loaded, &outcome.keep_until_ms);
         return Ok(());
     }
@@ -90,6 +96,12 @@ pub(crate) fn carry_out<T: Updated>(
         }
     }
     replicate(ctx, &effects);
+    for effect in &effects {
+        match *effect {
+            Effect::Remove { key } => ctx.notify(NOTIFY_GENERIC, c"del", key),
+            Effect::Store { key, .. } | Effect::LogAppend { key, .. } => ctx.notify(NOTIFY_MODULE, event, key),
+        }
+    }
     failed
 }
 
@@ -106,6 +118,7 @@ fn keep_alive<T: Value>(ctx: Ctx, names: &[*mut RedisModuleString], loaded: &Loa
         if loaded.expires_at(i).is_some_and(|at| at < until) {
             loaded.expire_at(i, until);
             replicate_at(ctx, c"PEXPIREAT", names[i], &[], until);
+            ctx.notify(NOTIFY_GENERIC, c"expire", names[i]);
         }
     }
 }

@@ -15,10 +15,10 @@
 //! The internal commands check their arguments like any public command and
 //! write nothing unless all of them are valid.
 
-use redis_module::raw::RedisModuleString;
+use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE};
 use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
-use rl_core::limits::{MAX_LOG_LIMIT, MAX_TIME_MS};
-use rl_core::log::{Append, Log, LogError};
+use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_TIME_MS};
+use rl_core::log::{Append, Log};
 use smallvec::SmallVec;
 
 use super::arg_bytes;
@@ -110,13 +110,14 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
     if bytes.len() < 4 || (bytes.len() - 1) % 3 != 0 {
         return Err("ERR wrong number of arguments for 'rl.set' command: expected key blob pxat triples".into());
     }
+    at_most_max_keys("RL.SET", "key blob pxat triples", (bytes.len() - 1) / 3)?;
     let mut writes: SmallVec<[(usize, Option<Decoded>, u64); 4]> = SmallVec::new();
     for (i, t) in bytes[1..].chunks_exact(3).enumerate() {
         let state = match t[1] {
             [] => None,
             blob => Some(codec::decode(blob).map_err(|e| format!("ERR RL.SET key '{}': {e}", shown(t[0])))?),
         };
-        writes.push((1 + 3 * i, state, pxat(t[2])?));
+        writes.push((1 + 3 * i, state, pxat(ctx, t[2], !t[1].is_empty())?));
     }
     distinct(bytes[1..].iter().step_by(3).copied())?;
     let ours = [store::handle::<PackedBucket>(), store::handle::<PackedWindow>(), store::handle::<Log>()];
@@ -128,10 +129,11 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
             _ => return Err(wrongtype()),
         }
     }
-    for (key, (_, state, at)) in keys.iter().zip(writes) {
+    for (key, (pos, state, at)) in keys.iter().zip(writes) {
         let stored = match state {
             None => {
                 key.delete();
+                ctx.notify(NOTIFY_GENERIC, c"del", argv[pos]);
                 continue;
             }
             Some(Decoded::Bucket(v)) => replace(key, v),
@@ -142,6 +144,7 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
             return Err("ERR could not store the state".into());
         }
         key.set_expire_at(if at == 0 { -1 } else { at as i64 });
+        ctx.notify(NOTIFY_MODULE, c"rl.set", argv[pos]);
     }
     ctx.replicate_verbatim();
     ctx.reply_ok();
@@ -162,6 +165,7 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
                 .into(),
         );
     }
+    at_most_max_keys("RL.LOGADD", "key drop_before at count pxat groups", (bytes.len() - 1) / 5)?;
     let mut appends: SmallVec<[(Append, u64); 4]> = SmallVec::new();
     for g in bytes[1..].chunks_exact(5) {
         let time = |raw: &[u8], what: &str| {
@@ -176,35 +180,47 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
                 format!("ERR RL.LOGADD count must be an integer from 1 to {MAX_LOG_LIMIT}, got '{}'", shown(g[3]))
             })?,
         };
-        appends.push((append, pxat(g[4])?));
+        appends.push((append, pxat(ctx, g[4], true)?));
     }
     distinct(bytes[1..].iter().step_by(5).copied())?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..appends.len()).map(|i| argv[1 + 5 * i]).collect();
     let mut loaded = load::<Log>(ctx, &names, true)?;
     for (i, (a, _)) in appends.iter().enumerate() {
         let empty = Log::default();
-        loaded.get(i).unwrap_or(&empty).accepts(a).map_err(|e| {
-            let why = match e {
-                LogError::Order => "at is older than the log's newest entry",
-                LogError::Length => "the log would exceed its largest size",
-                LogError::Entry => "count or at out of range",
-            };
-            format!("ERR RL.LOGADD key '{}': {why}", shown(bytes[1 + 5 * i]))
-        })?;
+        let key = shown(bytes[1 + 5 * i]);
+        loaded.get(i).unwrap_or(&empty).accepts(a).map_err(|e| format!("ERR RL.LOGADD key '{key}': {e}"))?;
     }
     for (i, (a, at)) in appends.iter().enumerate() {
-        loaded.get_or_create(i, Log::default)?.apply(a);
+        // Accepted above: this cannot fail.
+        loaded.get_or_create(i, Log::default)?.apply(a).map_err(|e| format!("ERR RL.LOGADD: {e}"))?;
         // 0 = no expiry, as for RL.SET.
         loaded.expire_at(i, if *at == 0 { u64::MAX } else { *at });
+        ctx.notify(NOTIFY_MODULE, c"rl.logadd", names[i]);
     }
     ctx.replicate_verbatim();
     ctx.reply_ok();
     Ok(Counted::Done)
 }
 
-/// An absolute expiry in ms since the Unix epoch (0: none).
-fn pxat(raw: &[u8]) -> Result<u64, String> {
-    int(raw)
+/// The module never sends more groups than a call has keys: a longer
+/// command is refused before any work that grows with it.
+fn at_most_max_keys(cmd: &str, what: &str, groups: usize) -> Result<(), String> {
+    if groups > MAX_KEYS {
+        return Err(format!("ERR {cmd} takes at most {MAX_KEYS} {what}, got {groups}"));
+    }
+    Ok(())
+}
+
+/// An absolute expiry in ms since the Unix epoch. 0 is "none": AOF rewrite
+/// emits it before the key's own PEXPIREAT, so it is taken while the server
+/// loads its AOF, and refused otherwise for a key that is `stored`: a key
+/// without a TTL could never expire nor be evicted by volatile-ttl.
+fn pxat(ctx: Ctx, raw: &[u8], stored: bool) -> Result<u64, String> {
+    let at = int(raw)
         .filter(|&v| v <= i64::MAX as u64)
-        .ok_or_else(|| format!("ERR pxat must be a non-negative integer, got '{}'", shown(raw)))
+        .ok_or_else(|| format!("ERR pxat must be a non-negative integer, got '{}'", shown(raw)))?;
+    if at == 0 && stored && !ctx.is_loading() {
+        return Err("ERR pxat 0 (no expiry) is only accepted while loading the AOF: every limiter key has a TTL".into());
+    }
+    Ok(at)
 }

@@ -3,7 +3,7 @@
 //! by redis-cell keep working. Unlike redis-cell it reads the server's clock
 //! and replicates the effect (`SET key tat PXAT ms`), so replicas never drift.
 
-use redis_module::raw::RedisModuleString;
+use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC, REDISMODULE_NOTIFY_STRING};
 use rl_core::gcra::{self, GcraError};
 
 use super::arg_bytes;
@@ -39,6 +39,8 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, St
         }
         key.set_expire_at(at);
         replicate_at(ctx, c"SET", argv[1], &[value, b"PXAT"], at.max(0) as u64);
+        ctx.notify(REDISMODULE_NOTIFY_STRING, c"set", argv[1]);
+        ctx.notify(REDISMODULE_NOTIFY_GENERIC, c"expire", argv[1]);
     }
     ctx.reply_array(5);
     ctx.reply_integer(r.limited as i64);

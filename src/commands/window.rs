@@ -49,7 +49,7 @@ fn counters(
         (0..a.numkeys).map(|i| loaded.get(i).map(PackedWindow::unpack)).collect();
     let outcome = window::decide(&a.windows, mode, &states, a.cost, now);
     if write {
-        carry_out(ctx, names, &mut loaded, &outcome)?;
+        carry_out(ctx, c"rl.window", names, &mut loaded, &outcome)?;
     }
     Ok(outcome.decision)
 }
@@ -61,7 +61,7 @@ fn exact(ctx: Ctx, names: &[*mut RedisModuleString], a: &WindowArgs, write: bool
         log::decide(&a.windows, &logs, a.cost, now)
     };
     if write {
-        carry_out(ctx, names, &mut loaded, &outcome)?;
+        carry_out(ctx, c"rl.window", names, &mut loaded, &outcome)?;
     }
     Ok(outcome.decision)
 }

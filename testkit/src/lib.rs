@@ -184,6 +184,20 @@ impl Server {
         }
     }
 
+    /// Starts a server that must refuse to start (a module that will not
+    /// load, a file it cannot read) and returns its log once it has exited.
+    pub fn refused(extra: &[&str]) -> String {
+        let mut s = Server {
+            child: None,
+            port: free_port(),
+            dir: tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir"),
+            binary: server_binary(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        assert!(!s.spawn(), "the server started with {extra:?}");
+        s.log()
+    }
+
     /// Starts the stopped server again on the same port and dir (its RDB
     /// and AOF files), with the same arguments.
     pub fn restart(&mut self) {
