@@ -236,6 +236,19 @@ fn no_client_can_write_a_key_without_expiry() {
 }
 
 #[test]
+fn a_window_key_switched_between_sliding_and_fixed_counts_by_the_new_mode() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // A one-day window: the calls below all fall in its current window.
+    assert_eq!(call(&mut con, "RL.WINDOW", "1 w 10 86400000 SLIDING COST 4")[..2], [1, 6]);
+    assert_eq!(call(&mut con, "RL.WINDOW", "1 w 10 86400000 FIXED COST 3")[..2], [1, 3]);
+    let pttl: i64 = redis::cmd("PTTL").arg("w").query(&mut con).unwrap();
+    assert!(pttl <= 86_400_000, "FIXED expires at the window's end: {pttl}");
+    // 7 counted in the current window: a peek of 1 more leaves 2.
+    assert_eq!(call(&mut con, "RL.WINDOWPEEK", "1 w 10 86400000 SLIDING")[..2], [1, 2]);
+}
+
+#[test]
 fn info_shows_decisions_only_for_commands_that_decide() {
     let s = Server::start(&[]);
     let text: String = redis::cmd("INFO").arg("rl").query(&mut s.con()).unwrap();
