@@ -11,6 +11,7 @@ use rl_core::INLINE;
 use rl_core::gcra::{GcraError, GcraParams};
 use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::window::WindowParams;
+use rl_core::inflight::{valid_id, InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
 use rl_core::{BucketOp, BucketParams, ParamError, WindowMode};
 use smallvec::SmallVec;
 
@@ -234,6 +235,75 @@ pub fn parse_window(argv: &[&[u8]], max_log: u64) -> Result<WindowArgs, ArgError
         }
     }
     Ok(WindowArgs { numkeys: g.numkeys, windows: g.params, cost: cost.unwrap_or(1), mode })
+}
+
+/// RL.ACQUIRE and RL.INFLIGHT: in-flight limits, the id and the cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    pub numkeys: usize,
+    pub limits: SmallVec<[InflightParams; INLINE]>,
+    /// None: the module makes one.
+    pub id: Option<&'a [u8]>,
+    pub cost: u64,
+}
+
+const INFLIGHT_GROUP: [&str; 2] = ["limit", "timeout_ms"];
+
+/// `... limit timeout_ms [...] [ID id] [COST n]`; `max_limit` is the
+/// module option max-inflight-limit.
+pub fn parse_acquire<'a>(argv: &'a [&'a [u8]], max_limit: u64) -> Result<AcquireArgs<'a>, ArgError> {
+    let g = groups(argv, INFLIGHT_GROUP, |[limit, timeout]| InflightParams::new(limit, timeout, MAX_INFLIGHT_LIMIT))?;
+    let (id, rest) = split_id(g.rest)?;
+    let [cost] = options(&rest, [("COST", Some(MAX_INFLIGHT_LIMIT))], g.numkeys, &INFLIGHT_GROUP)?;
+    let keys = &argv[FIRST_KEY..FIRST_KEY + g.numkeys];
+    if let Some((i, p)) = g.params.iter().enumerate().find(|(_, p)| p.limit() > max_limit) {
+        return Err(ArgError(format!(
+            "ERR limit of key {} ('{}') is {}, above the in-flight maximum of {max_limit} (a key keeps one slot \
+             per request in flight; raise it with the module option max-inflight-limit)",
+            i + 1,
+            shown(keys[i]),
+            p.limit()
+        )));
+    }
+    Ok(AcquireArgs { numkeys: g.numkeys, limits: g.params, id, cost: cost.unwrap_or(1) })
+}
+
+/// RL.RELEASE: `numkeys key [key ...] ID id`.
+pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<(usize, &'a [u8]), ArgError> {
+    let numkeys = numkeys(argv)?;
+    crate::store::keys::distinct(argv[FIRST_KEY..FIRST_KEY + numkeys].iter().copied()).map_err(ArgError)?;
+    match split_id(&argv[FIRST_KEY + numkeys..])? {
+        (Some(id), rest) if rest.is_empty() => Ok((numkeys, id)),
+        (_, rest) => Err(ArgError(match rest.first() {
+            Some(extra) => format!(
+                "ERR RL.RELEASE takes numkeys key [key ...] ID id; found '{}' after {numkeys} key(s): check numkeys",
+                shown(extra)
+            ),
+            None => "ERR RL.RELEASE needs ID id after its keys: the id RL.ACQUIRE answered".into(),
+        })),
+    }
+}
+
+/// Takes `ID id` out of the options (it is the one option whose value is
+/// not a number).
+fn split_id<'a>(rest: &'a [&'a [u8]]) -> Result<(Option<&'a [u8]>, SmallVec<[&'a [u8]; 8]>), ArgError> {
+    let mut id = None;
+    let mut others = SmallVec::new();
+    let mut tokens = rest.iter();
+    while let Some(&t) = tokens.next() {
+        if !t.eq_ignore_ascii_case(b"ID") {
+            others.push(t);
+            continue;
+        }
+        let value = tokens.next().ok_or_else(|| ArgError("ERR option ID needs a value".into()))?;
+        if id.replace(*value).is_some() {
+            return Err(ArgError("ERR option ID is given more than once".into()));
+        }
+        if !valid_id(value) {
+            return Err(ArgError(format!("ERR ID must be 1 to {MAX_ID_LEN} bytes, got {} bytes", value.len())));
+        }
+    }
+    Ok((id, others))
 }
 
 /// CL.THROTTLE: `key max_burst count_per_period period [quantity]`.

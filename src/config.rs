@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use rl_core::inflight::{DEFAULT_INFLIGHT_LIMIT, MAX_INFLIGHT_LIMIT as INFLIGHT_CEILING};
 use rl_core::limits::{in_range, DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT as LOG_CEILING};
 
 use crate::args::{int, shown};
@@ -15,11 +16,22 @@ use crate::args::{int, shown};
 /// entry per admitted millisecond, so this bounds a key's memory.
 pub static MAX_LOG_LIMIT: AtomicI64 = AtomicI64::new(DEFAULT_LOG_LIMIT as i64);
 
+/// The largest limit of an in-flight key: it keeps one slot per request in
+/// flight (about 70 bytes with a 32-byte id), so this bounds its memory.
+pub static MAX_INFLIGHT_LIMIT: AtomicI64 = AtomicI64::new(DEFAULT_INFLIGHT_LIMIT as i64);
+
 /// Every option: its name, its range and where it is kept.
-const OPTIONS: [(&str, u64, u64, &AtomicI64); 1] = [("max-log-limit", 1, LOG_CEILING, &MAX_LOG_LIMIT)];
+pub const OPTIONS: [(&str, u64, u64, &AtomicI64); 2] = [
+    ("max-log-limit", 1, LOG_CEILING, &MAX_LOG_LIMIT),
+    ("max-inflight-limit", 1, INFLIGHT_CEILING, &MAX_INFLIGHT_LIMIT),
+];
 
 pub fn max_log_limit() -> u64 {
     (MAX_LOG_LIMIT.load(Ordering::Relaxed).max(1) as u64).min(LOG_CEILING)
+}
+
+pub fn max_inflight_limit() -> u64 {
+    (MAX_INFLIGHT_LIMIT.load(Ordering::Relaxed).max(1) as u64).min(INFLIGHT_CEILING)
 }
 
 /// Applies the `loadmodule` arguments: `option value` pairs, each checked
@@ -58,8 +70,12 @@ mod tests {
         for bad in ["0", "-3", "9223372036854775807", "1e3", "abc"] {
             assert!(apply(&format!("max-log-limit {bad}")).unwrap_err().starts_with("max-log-limit must be"), "{bad}");
         }
-        assert_eq!(apply("max-log-limt 50").unwrap_err(), "unknown module option 'max-log-limt' (options: max-log-limit)");
-        assert_eq!(apply("max-log-limit").unwrap_err(), "module option 'max-log-limit' has no value (options: max-log-limit)");
+        let options = "(options: max-log-limit, max-inflight-limit)";
+        assert_eq!(apply("max-log-limt 50").unwrap_err(), format!("unknown module option 'max-log-limt' {options}"));
+        assert_eq!(apply("max-log-limit").unwrap_err(), format!("module option 'max-log-limit' has no value {options}"));
+        assert_eq!(apply("max-inflight-limit 100001").unwrap_err(), "max-inflight-limit must be an integer from 1 to 100000, got 100001");
+        assert_eq!(apply("max-inflight-limit 20 max-log-limit 7"), Ok(()));
+        assert_eq!((max_inflight_limit(), max_log_limit()), (20, 7));
         assert_eq!(apply("MAX-LOG-LIMIT 50000"), Ok(()));
         assert_eq!(max_log_limit(), 50_000);
         assert_eq!(apply(""), Ok(()));

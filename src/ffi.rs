@@ -76,6 +76,10 @@ impl Ctx {
         unsafe { api!(RedisModule_ReplyWithLongLong)(self.0, v) };
     }
 
+    pub fn reply_bulk(&self, bytes: &[u8]) {
+        unsafe { api!(RedisModule_ReplyWithStringBuffer)(self.0, bytes.as_ptr().cast(), bytes.len()) };
+    }
+
     pub fn reply_ok(&self) {
         unsafe { api!(RedisModule_ReplyWithSimpleString)(self.0, c"OK".as_ptr()) };
     }
@@ -83,6 +87,12 @@ impl Ctx {
     /// True when the server only asks which arguments are keys (`getkeys-api`).
     pub fn is_keys_position_request(&self) -> bool {
         unsafe { api!(RedisModule_IsKeysPositionRequest)(self.0) != 0 }
+    }
+
+    /// Fills `buf` with random hex characters from the server's generator
+    /// (seeded from /dev/urandom): ids a client cannot guess.
+    pub fn random_hex(&self, buf: &mut [u8]) {
+        unsafe { api!(RedisModule_GetRandomHexChars)(buf.as_mut_ptr().cast(), buf.len()) };
     }
 
     /// True while the server loads its AOF or RDB (not for a client's call).

@@ -45,7 +45,8 @@ pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     Ok(())
 }
 
-/// Section `rl`: `rl_<command>_<calls|allowed|denied|errors>` per command.
+/// Section `rl`: `rl_<command>_<calls|allowed|denied|errors>` per command,
+/// then `rl_release_unknown` and `rl_inflight_healed`.
 unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
     api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr().cast_mut());
     for s in stats::ALL {
@@ -53,5 +54,9 @@ unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int
             let Ok(name) = CString::new(format!("{}_{what}", s.name)) else { continue };
             api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr().cast_mut(), value);
         }
+    }
+    for c in stats::COUNTERS {
+        let Ok(name) = CString::new(c.name) else { continue };
+        api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr().cast_mut(), c.get());
     }
 }

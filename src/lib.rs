@@ -16,8 +16,9 @@ mod info;
 mod stats;
 mod store;
 
+use rl_core::inflight::{DEFAULT_INFLIGHT_LIMIT, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_LOG_LIMIT};
-use store::{BUCKET_TYPE, LOG_TYPE, WINDOW_TYPE};
+use store::{BUCKET_TYPE, INFLIGHT_TYPE, LOG_TYPE, WINDOW_TYPE};
 
 /// Redis's allocator in the server (so `used_memory` counts us); the system
 /// allocator in unit tests, which run without a server.
@@ -68,11 +69,12 @@ redis_module! {
     name: "rl",
     version: MODULE_VERSION,
     allocator: (allocator!(), allocator!()),
-    data_types: [BUCKET_TYPE, WINDOW_TYPE, LOG_TYPE],
+    data_types: [BUCKET_TYPE, WINDOW_TYPE, LOG_TYPE, INFLIGHT_TYPE],
     init: init,
     configurations: [
         i64: [
             ["max-log-limit", &config::MAX_LOG_LIMIT, DEFAULT_LOG_LIMIT as i64, 1, MAX_LOG_LIMIT as i64, ConfigurationFlags::DEFAULT, None],
+            ["max-inflight-limit", &config::MAX_INFLIGHT_LIMIT, DEFAULT_INFLIGHT_LIMIT as i64, 1, MAX_INFLIGHT_LIMIT as i64, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

@@ -72,8 +72,43 @@ pub static REFUND: CommandStats = CommandStats::new("refund");
 pub static WINDOW: CommandStats = CommandStats::new("window");
 pub static WINDOWPEEK: CommandStats = CommandStats::new("windowpeek");
 pub static THROTTLE: CommandStats = CommandStats::new("throttle");
+pub static ACQUIRE: CommandStats = CommandStats::new("acquire");
+pub static RELEASE: CommandStats = CommandStats::counting("release", false);
+pub static INFLIGHT: CommandStats = CommandStats::new("inflight");
 pub static SET: CommandStats = CommandStats::counting("set", false);
 pub static LOGADD: CommandStats = CommandStats::counting("logadd", false);
+pub static SLOT: CommandStats = CommandStats::counting("slot", false);
 
 /// Every command's counters, in INFO order.
-pub static ALL: [&CommandStats; 9] = [&TAKE, &PEEK, &LEASE, &REFUND, &WINDOW, &WINDOWPEEK, &THROTTLE, &SET, &LOGADD];
+pub static ALL: [&CommandStats; 13] = [
+    &TAKE, &PEEK, &LEASE, &REFUND, &WINDOW, &WINDOWPEEK, &THROTTLE, &ACQUIRE, &RELEASE, &INFLIGHT, &SET, &LOGADD, &SLOT,
+];
+
+/// A count of something other than calls.
+pub struct Counter {
+    pub name: &'static str,
+    value: AtomicU64,
+}
+
+impl Counter {
+    pub const fn new(name: &'static str) -> Self {
+        Self { name, value: AtomicU64::new(0) }
+    }
+
+    pub fn add(&self, n: u64) {
+        self.value.fetch_add(n, Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Relaxed)
+    }
+}
+
+/// RL.RELEASE of an id that held nothing (unknown, released, or expired).
+pub static RELEASE_UNKNOWN: Counter = Counter::new("release_unknown");
+/// In-flight slots dropped at their deadline, never released: the lost
+/// releases (a holder that crashed or timed out) an operator alarms on.
+pub static INFLIGHT_HEALED: Counter = Counter::new("inflight_healed");
+
+/// The other counters, in INFO order.
+pub static COUNTERS: [&Counter; 2] = [&RELEASE_UNKNOWN, &INFLIGHT_HEALED];

@@ -7,6 +7,7 @@
 //! keeps decoding this one, so today's RDB and AOF files keep loading.
 
 use crate::bucket::{BucketState, StateError};
+use crate::inflight::{Slot, Slots, SlotsError, MAX_INFLIGHT_LIMIT, MAX_ID_LEN};
 use crate::log::{Entry, Log, LogError};
 use crate::window::{WindowState, WindowStateError};
 
@@ -16,6 +17,8 @@ pub const KIND_BUCKET: u8 = b'B';
 pub const KIND_WINDOW: u8 = b'W';
 /// Kind byte of an EXACT log blob.
 pub const KIND_LOG: u8 = b'L';
+/// Kind byte of an in-flight set blob.
+pub const KIND_INFLIGHT: u8 = b'I';
 /// Current format version of each kind.
 pub const VERSION_1: u8 = 1;
 
@@ -104,6 +107,43 @@ pub fn log_blob(log: &Log) -> Vec<u8> {
     blob
 }
 
+/// The blob of an in-flight set: kind, version, then each slot as its id's
+/// length (1 byte), the id, the deadline (8 bytes) and the count (4 bytes).
+pub fn inflight_blob(set: &Slots) -> Vec<u8> {
+    let mut blob = Vec::with_capacity(2 + set.slots().iter().map(|s| 13 + s.id.len()).sum::<usize>());
+    blob.extend_from_slice(&[KIND_INFLIGHT, VERSION_1]);
+    for s in set.slots() {
+        blob.push(s.id.len() as u8);
+        blob.extend_from_slice(&s.id);
+        blob.extend_from_slice(&s.deadline_ms.to_le_bytes());
+        blob.extend_from_slice(&(s.count as u32).to_le_bytes());
+    }
+    blob
+}
+
+fn inflight_slots(mut payload: &[u8]) -> Result<Slots, BlobError> {
+    let mut slots = Vec::new();
+    while let [len, rest @ ..] = payload {
+        let len = *len as usize;
+        if slots.len() as u64 >= MAX_INFLIGHT_LIMIT {
+            return Err(BlobError::Inflight(SlotsError::Length));
+        }
+        if len == 0 || len > MAX_ID_LEN || rest.len() < len + 12 {
+            return Err(BlobError::Length);
+        }
+        let (id, rest) = rest.split_at(len);
+        let (deadline, rest) = rest.split_at(8);
+        let (count, rest) = rest.split_at(4);
+        slots.push(Slot {
+            id: id.into(),
+            deadline_ms: u64::from_le_bytes(deadline.try_into().unwrap_or_default()),
+            count: u32::from_le_bytes(count.try_into().unwrap_or_default()) as u64,
+        });
+        payload = rest;
+    }
+    Slots::from_slots(slots).map_err(BlobError::Inflight)
+}
+
 fn words_blob(kind: u8, words: [u64; 2]) -> [u8; BUCKET_BLOB_LEN] {
     let mut blob = [0u8; BUCKET_BLOB_LEN];
     blob[0] = kind;
@@ -119,6 +159,7 @@ pub enum Decoded {
     Bucket(PackedBucket),
     Window(PackedWindow),
     Log(Log),
+    Inflight(Slots),
 }
 
 /// Why a blob was refused.
@@ -134,6 +175,7 @@ pub enum BlobError {
     State(StateError),
     WindowState(WindowStateError),
     Log(LogError),
+    Inflight(SlotsError),
 }
 
 impl std::fmt::Display for BlobError {
@@ -151,6 +193,7 @@ impl std::fmt::Display for BlobError {
             BlobError::Log(LogError::Length) => f.write_str("state blob log is longer than any log may be"),
             BlobError::Log(LogError::Entry) => f.write_str("state blob log entry out of range"),
             BlobError::Log(LogError::Order) => f.write_str("state blob log entries out of time order"),
+            BlobError::Inflight(e) => write!(f, "state blob: {e}"),
         }
     }
 }
@@ -188,7 +231,8 @@ pub fn decode(blob: &[u8]) -> Result<Decoded, BlobError> {
                 .map(|c| Entry::from_raw(u64::from_le_bytes(c.try_into().unwrap_or_default())));
             Ok(Decoded::Log(Log::from_entries(entries).map_err(BlobError::Log)?))
         }
-        (KIND_BUCKET | KIND_WINDOW | KIND_LOG, _) => Err(BlobError::Version),
+        (KIND_INFLIGHT, VERSION_1) => Ok(Decoded::Inflight(inflight_slots(payload)?)),
+        (KIND_BUCKET | KIND_WINDOW | KIND_LOG | KIND_INFLIGHT, _) => Err(BlobError::Version),
         _ => Err(BlobError::Kind),
     }
 }
@@ -264,6 +308,9 @@ mod tests {
         #[test]
         fn decode_never_panics(blob in proptest::collection::vec(any::<u8>(), 0..40)) {
             let _ = decode(&blob);
+            let mut inflight = vec![KIND_INFLIGHT, VERSION_1];
+            inflight.extend_from_slice(&blob);
+            let _ = decode(&inflight);
         }
     }
 
@@ -285,5 +332,29 @@ mod tests {
         let mut too_big = PackedWindow::pack(&w).to_blob();
         too_big[10..].fill(0xff);
         assert_eq!(decode(&too_big), Err(BlobError::WindowState(WindowStateError::Count)));
+    }
+
+    #[test]
+    fn inflight_blobs_round_trip_and_are_checked() {
+        let slot = |id: &[u8], d: u64, n: u64| Slot { id: id.into(), deadline_ms: d, count: n };
+        let set = Slots::from_slots(vec![slot(b"req-1", 1_000, 1), slot(&[0xff; MAX_ID_LEN], MAX_TIME_MS, 7)]).unwrap();
+        let blob = inflight_blob(&set);
+        assert_eq!(blob.len(), 2 + (1 + 5 + 12) + (1 + MAX_ID_LEN + 12));
+        assert_eq!(decode(&blob), Ok(Decoded::Inflight(set)));
+        assert_eq!(decode(&[KIND_INFLIGHT, VERSION_1]), Ok(Decoded::Inflight(Slots::default())));
+        assert_eq!(decode(&blob[..blob.len() - 1]), Err(BlobError::Length));
+        let mut zero_len = blob.clone();
+        zero_len[2] = 0;
+        assert_eq!(decode(&zero_len), Err(BlobError::Length));
+        let twice = [&blob[..], &blob[2..20]].concat();
+        assert_eq!(decode(&twice), Err(BlobError::Inflight(SlotsError::Repeated)));
+        let mut no_count = blob.clone();
+        no_count[16..20].fill(0);
+        assert_eq!(decode(&no_count), Err(BlobError::Inflight(SlotsError::Slot)));
+        // Version 1, pinned.
+        assert_eq!(
+            inflight_blob(&Slots::from_slots(vec![slot(b"a", 258, 3)]).unwrap()),
+            [b'I', 1, 1, b'a', 2, 1, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]
+        );
     }
 }

@@ -10,6 +10,7 @@ pub mod bucket;
 pub mod codec;
 pub mod combine;
 pub mod gcra;
+pub mod inflight;
 pub mod limits;
 pub mod log;
 pub mod window;

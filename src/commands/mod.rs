@@ -17,6 +17,7 @@ use crate::stats::{self, CommandStats, Counted};
 
 mod bucket;
 mod docs;
+mod inflight;
 mod outcome;
 mod replication;
 mod throttle;
@@ -78,7 +79,11 @@ entry!(rl_refund, stats::REFUND, bucket::refund);
 entry!(rl_window, stats::WINDOW, window::window);
 entry!(rl_windowpeek, stats::WINDOWPEEK, window::peek);
 entry!(cl_throttle, stats::THROTTLE, throttle::throttle);
+entry!(rl_acquire, stats::ACQUIRE, inflight::acquire);
+entry!(rl_release, stats::RELEASE, inflight::release);
+entry!(rl_inflight, stats::INFLIGHT, inflight::peek);
 entry!(rl_set, stats::SET, replication::set);
+entry!(rl_slot, stats::SLOT, replication::slot);
 entry!(rl_logadd, stats::LOGADD, replication::logadd);
 
 struct Command {
@@ -105,6 +110,7 @@ const fn doc(summary: &'static CStr, complexity: &'static CStr, keys: Keys, acce
 }
 
 const PER_KEY: &CStr = c"O(N) where N is the number of keys";
+const PER_KEY_SLOTS: &CStr = c"O(N*M) where N is the number of keys and M the slots a key holds";
 
 /// `numkeys` commands declare their keys through `getkeys-api`: the only way
 /// Redis Cluster checks their slots (a key spec alone is ignored for routing).
@@ -177,6 +183,35 @@ const COMMANDS: &[Command] = &[
         public: true,
         doc: doc(c"redis-cell's GCRA rate limit, on the server's clock.", c"O(1)", Keys::One, Access::Update),
     },
+    Command {
+        name: c"rl.acquire",
+        handler: rl_acquire,
+        flags: WRITE,
+        keys: (0, 0, 0),
+        acl: "write fast",
+        public: true,
+        doc: doc(c"Takes a slot in several in-flight limits, all or none.", PER_KEY_SLOTS, Keys::Numkeys, Access::Update),
+    },
+    Command {
+        name: c"rl.release",
+        handler: rl_release,
+        // Not deny-oom: a release frees memory, and must not wait for the
+        // deadline because the server is full.
+        flags: c"write fast getkeys-api",
+        keys: (0, 0, 0),
+        acl: "write fast",
+        public: true,
+        doc: doc(c"Gives back the slots an id holds in several in-flight limits.", PER_KEY_SLOTS, Keys::Numkeys, Access::Update),
+    },
+    Command {
+        name: c"rl.inflight",
+        handler: rl_inflight,
+        flags: READ,
+        keys: (0, 0, 0),
+        acl: "read fast",
+        public: true,
+        doc: doc(c"Answers as RL.ACQUIRE would, taking nothing.", PER_KEY_SLOTS, Keys::Numkeys, Access::Read),
+    },
     // Internal: the effects of writes, replicated and in the AOF.
     Command {
         name: c"rl.set",
@@ -195,6 +230,15 @@ const COMMANDS: &[Command] = &[
         acl: "write fast dangerous",
         public: false,
         doc: doc(c"Internal: logs an admission in EXACT logs (replication, AOF).", PER_KEY, Keys::Every(5), Access::Update),
+    },
+    Command {
+        name: c"rl.slot",
+        handler: rl_slot,
+        flags: c"write deny-oom fast",
+        keys: (1, -1, 6),
+        acl: "write fast dangerous",
+        public: false,
+        doc: doc(c"Internal: changes the slots of in-flight keys (replication, AOF).", PER_KEY, Keys::Every(6), Access::Update),
     },
 ];
 

@@ -7,6 +7,7 @@ use std::ffi::CStr;
 
 use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE};
 use rl_core::codec::{PackedBucket, PackedWindow};
+use rl_core::inflight::{Change, Slots};
 use rl_core::log::{Append, Log};
 use rl_core::window::WindowState;
 use rl_core::combine::{Outcome, Update};
@@ -15,7 +16,7 @@ use smallvec::SmallVec;
 
 use super::replication::{replicate, replicate_at, Effect};
 use crate::ffi::Ctx;
-use crate::stats::Counted;
+use crate::stats::{self, Counted};
 use crate::store::keys::Loaded;
 use crate::store::Value;
 
@@ -60,6 +61,16 @@ impl Updated for Log {
     }
 }
 
+impl Updated for Slots {
+    type Change = Change;
+    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, change: &Change, at: u64) -> Result<Effect, String> {
+        let healed = loaded.get_or_create(i, Slots::default)?.apply(change).map_err(|e| format!("ERR in-flight key: {e}"))?;
+        stats::INFLIGHT_HEALED.add(healed);
+        loaded.expire_at(i, at);
+        Ok(Effect::Slot { key, change: change.clone(), expires_at_ms: at })
+    }
+}
+
 /// Carries out `outcome` on the keys `names` (loaded for writing). Each
 /// written key fires the keyspace event `event` (class `d`, module types),
 /// a removed one `del` and an expiry moved later `expire` (class `g`).
@@ -74,9 +85,24 @@ pub(crate) fn carry_out<T: Updated>(
         keep_alive(ctx, names, loaded, &outcome.keep_until_ms);
         return Ok(());
     }
+    write(ctx, event, names, loaded, outcome.updates.iter().enumerate())
+}
+
+/// Writes `updates` (key index, update) to the loaded keys, replicates them
+/// as one command and fires their keyspace events.
+pub(crate) fn write<'a, T: Updated>(
+    ctx: Ctx,
+    event: &CStr,
+    names: &[*mut RedisModuleString],
+    loaded: &mut Loaded<T>,
+    updates: impl Iterator<Item = (usize, &'a Update<T::Change>)>,
+) -> Result<(), String>
+where
+    T::Change: 'a,
+{
     let mut effects: SmallVec<[Effect; INLINE]> = SmallVec::new();
     let mut failed = Ok(());
-    for (i, update) in outcome.updates.iter().enumerate() {
+    for (i, update) in updates {
         match update {
             Update::Store { state, expires_at_ms } => match T::write(loaded, i, names[i], state, *expires_at_ms) {
                 Ok(effect) => effects.push(effect),
@@ -99,7 +125,9 @@ pub(crate) fn carry_out<T: Updated>(
     for effect in &effects {
         match *effect {
             Effect::Remove { key } => ctx.notify(NOTIFY_GENERIC, c"del", key),
-            Effect::Store { key, .. } | Effect::LogAppend { key, .. } => ctx.notify(NOTIFY_MODULE, event, key),
+            Effect::Store { key, .. } | Effect::LogAppend { key, .. } | Effect::Slot { key, .. } => {
+                ctx.notify(NOTIFY_MODULE, event, key)
+            }
         }
     }
     failed

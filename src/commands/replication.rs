@@ -9,6 +9,9 @@
 //!   no expiry, as AOF rewrite emits it before its PEXPIREAT).
 //! - `RL.LOGADD key drop_before at count pxat [...]`: an EXACT log drops its
 //!   entries older than `drop_before`, then logs `count` requests at `at`.
+//! - `RL.SLOT key expired_at id deadline count pxat [...]`: an in-flight key
+//!   leaves out the slots past `expired_at`, then gives `id` a slot of
+//!   `count` until `deadline` (count 0: releases it).
 //! - `PEXPIREAT key ms`: a refusal that keeps a key alive longer.
 //! - `SET key tat PXAT ms`: CL.THROTTLE's string.
 //!
@@ -18,6 +21,7 @@
 use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE};
 use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
 use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_TIME_MS};
+use rl_core::inflight::{Change, Slots};
 use rl_core::log::{Append, Log};
 use smallvec::SmallVec;
 
@@ -36,6 +40,8 @@ pub(crate) enum Effect {
     Remove { key: *mut RedisModuleString },
     /// An EXACT log took an admission.
     LogAppend { key: *mut RedisModuleString, append: Append, expires_at_ms: u64 },
+    /// An in-flight key's slots changed.
+    Slot { key: *mut RedisModuleString, change: Change, expires_at_ms: u64 },
 }
 
 /// Replicates the writes of one call: stores and removals as one `RL.SET`,
@@ -49,6 +55,7 @@ pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
     }
     let mut set: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut logadd: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
+    let mut slot: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut created: SmallVec<[*mut RedisModuleString; 16]> = SmallVec::new();
     let mut new_string = |bytes: &[u8]| {
         let s = ctx.create_string(bytes);
@@ -68,6 +75,12 @@ pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
                     logadd.push(new_string(decimal(n, &mut digits)));
                 }
             }
+            Effect::Slot { key, change, expires_at_ms } => {
+                slot.extend([*key, new_string(decimal(change.expired_at_ms, &mut digits)), new_string(&change.id)]);
+                for n in [change.deadline_ms, change.count, *expires_at_ms] {
+                    slot.push(new_string(decimal(n, &mut digits)));
+                }
+            }
         }
     }
     if !set.is_empty() {
@@ -75,6 +88,9 @@ pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
     }
     if !logadd.is_empty() {
         ctx.replicate(c"RL.LOGADD", &logadd);
+    }
+    if !slot.is_empty() {
+        ctx.replicate(c"RL.SLOT", &slot);
     }
     created.into_iter().for_each(|s| ctx.free_string(s));
 }
@@ -120,7 +136,12 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
         writes.push((1 + 3 * i, state, pxat(ctx, t[2], !t[1].is_empty())?));
     }
     distinct(bytes[1..].iter().step_by(3).copied())?;
-    let ours = [store::handle::<PackedBucket>(), store::handle::<PackedWindow>(), store::handle::<Log>()];
+    let ours = [
+        store::handle::<PackedBucket>(),
+        store::handle::<PackedWindow>(),
+        store::handle::<Log>(),
+        store::handle::<Slots>(),
+    ];
     let keys: SmallVec<[Key; 4]> = writes.iter().map(|&(pos, ..)| Key::open(ctx, argv[pos], true)).collect();
     for key in &keys {
         match key.module_type() {
@@ -139,6 +160,7 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
             Some(Decoded::Bucket(v)) => replace(key, v),
             Some(Decoded::Window(v)) => replace(key, v),
             Some(Decoded::Log(v)) => replace(key, v),
+            Some(Decoded::Inflight(v)) => replace(key, v),
         };
         if !stored {
             return Err("ERR could not store the state".into());
@@ -196,6 +218,55 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
         // 0 = no expiry, as for RL.SET.
         loaded.expire_at(i, if *at == 0 { u64::MAX } else { *at });
         ctx.notify(NOTIFY_MODULE, c"rl.logadd", names[i]);
+    }
+    ctx.replicate_verbatim();
+    ctx.reply_ok();
+    Ok(Counted::Done)
+}
+
+/// `RL.SLOT key expired_at id deadline count pxat [...]`: in-flight keys
+/// leave out their slots with a deadline at or before `expired_at`, then
+/// give `id` a slot of `count` until `deadline` (count 0: release it).
+pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
+    let bytes = arg_bytes(argv);
+    if bytes.len() < 7 || (bytes.len() - 1) % 6 != 0 {
+        return Err(
+            "ERR wrong number of arguments for 'rl.slot' command: expected key expired_at id deadline count pxat groups"
+                .into(),
+        );
+    }
+    at_most_max_keys("RL.SLOT", "key expired_at id deadline count pxat groups", (bytes.len() - 1) / 6)?;
+    let mut changes: SmallVec<[(Change, u64); 4]> = SmallVec::new();
+    for g in bytes[1..].chunks_exact(6) {
+        let number = |raw: &[u8], what: &str| {
+            int(raw).ok_or_else(|| format!("ERR RL.SLOT {what} must be a non-negative integer, got '{}'", shown(raw)))
+        };
+        let change = Change {
+            expired_at_ms: number(g[1], "expired_at")?,
+            id: g[2].into(),
+            deadline_ms: number(g[3], "deadline")?,
+            count: number(g[4], "count")?,
+        };
+        let at = pxat(ctx, g[5], true)?;
+        changes.push((change, at));
+    }
+    distinct(bytes[1..].iter().step_by(6).copied())?;
+    let names: SmallVec<[*mut RedisModuleString; 4]> = (0..changes.len()).map(|i| argv[1 + 6 * i]).collect();
+    let mut loaded = load::<Slots>(ctx, &names, true)?;
+    for (i, (c, _)) in changes.iter().enumerate() {
+        let key = shown(bytes[1 + 6 * i]);
+        loaded.get(i).unwrap_or(&Slots::default()).accepts(c).map_err(|e| format!("ERR RL.SLOT key '{key}': {e}"))?;
+    }
+    for (i, (c, at)) in changes.iter().enumerate() {
+        let slots = loaded.get_or_create(i, Slots::default)?;
+        slots.apply(c).map_err(|e| format!("ERR RL.SLOT: {e}"))?;
+        if slots.is_empty() {
+            loaded.remove(i);
+            ctx.notify(NOTIFY_GENERIC, c"del", names[i]);
+            continue;
+        }
+        loaded.expire_at(i, if *at == 0 { u64::MAX } else { *at });
+        ctx.notify(NOTIFY_MODULE, c"rl.slot", names[i]);
     }
     ctx.replicate_verbatim();
     ctx.reply_ok();

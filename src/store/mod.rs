@@ -1,6 +1,6 @@
 //! The native data types that hold limiter state in the keyspace:
-//! `rl-bucket` (a token bucket), `rl-window` (SLIDING and FIXED counters)
-//! and `rl-winlog` (an EXACT log).
+//! `rl-bucket` (a token bucket), `rl-window` (SLIDING and FIXED counters),
+//! `rl-winlog` (an EXACT log) and `rl-flight` (requests in flight).
 //!
 //! Every way a value leaves memory (RDB, AOF rewrite, DUMP/MIGRATE, the
 //! digest) goes through the one versioned blob of `rl_core::codec`, the same
@@ -12,6 +12,7 @@ use std::ffi::{c_int, c_void};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
 use rl_core::codec::{self, PackedBucket, PackedWindow, Decoded};
+use rl_core::inflight::Slots;
 use rl_core::log::Log;
 use smallvec::SmallVec;
 
@@ -35,6 +36,8 @@ pub trait Value: Sized + Clone {
     }
     /// The native type that holds this value.
     fn native_type() -> &'static RedisType;
+    /// Called when the server frees the value.
+    fn freed(&self) {}
 }
 
 impl Value for PackedBucket {
@@ -85,9 +88,35 @@ impl Value for Log {
     }
 }
 
+impl Value for Slots {
+    fn blob(&self) -> SmallVec<[u8; 32]> {
+        SmallVec::from_vec(codec::inflight_blob(self))
+    }
+    fn from_stored(s: Decoded) -> Option<Self> {
+        match s {
+            Decoded::Inflight(v) => Some(v),
+            _ => None,
+        }
+    }
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.heap_bytes()
+    }
+    fn native_type() -> &'static RedisType {
+        &INFLIGHT_TYPE
+    }
+    fn freed(&self) {
+        // Slots still held when the key goes (it expired at its latest
+        // deadline, or was deleted) and past their deadline: releases that
+        // never came.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        crate::stats::INFLIGHT_HEALED.add(self.expired(now));
+    }
+}
+
 pub static BUCKET_TYPE: RedisType = RedisType::new("rl-bucket", ENCODING_VERSION, methods::<PackedBucket>());
 pub static WINDOW_TYPE: RedisType = RedisType::new("rl-window", ENCODING_VERSION, methods::<PackedWindow>());
 pub static LOG_TYPE: RedisType = RedisType::new("rl-winlog", ENCODING_VERSION, methods::<Log>());
+pub static INFLIGHT_TYPE: RedisType = RedisType::new("rl-flight", ENCODING_VERSION, methods::<Slots>());
 
 /// The server's handle of `T`'s type, set when the module loaded.
 pub fn handle<T: Value>() -> *mut RedisModuleType {
@@ -159,7 +188,9 @@ unsafe extern "C" fn digest<T: Value>(md: *mut RedisModuleDigest, v: *mut c_void
 }
 
 unsafe extern "C" fn free<T: Value>(v: *mut c_void) {
-    drop(Box::from_raw(v.cast::<T>()));
+    let v = Box::from_raw(v.cast::<T>());
+    v.freed();
+    drop(v);
 }
 
 unsafe extern "C" fn copy<T: Value>(
