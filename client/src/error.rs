@@ -77,6 +77,13 @@ impl std::error::Error for Error {
     }
 }
 
+/// A parameter out of range is bad input, worded by the core.
+impl From<rl_core::ParamError> for Error {
+    fn from(e: rl_core::ParamError) -> Self {
+        Error::Invalid(e.to_string())
+    }
+}
+
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         Error::Redis(e)

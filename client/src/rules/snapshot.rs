@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
+use rl_core::limits::{MAX_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 
 #[cfg(test)]
 use super::spec::MatchSpec;
 use super::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
-use crate::client::WindowMode;
+use rl_core::WindowMode;
 use crate::config::Backend;
 use crate::error::{Error, Result};
 use crate::policy::{check_name, period_ms, subject_fault, Policy, Rule};
@@ -608,7 +608,7 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
         kind => {
             let (word, mode, max) = match kind {
                 LimitKind::Window => ("window", WindowMode::Sliding, MAX_WINDOW_LIMIT),
-                LimitKind::Exact => ("exact window", WindowMode::Exact, DEFAULT_LOG_LIMIT),
+                LimitKind::Exact => ("exact window", WindowMode::Exact, MAX_LOG_LIMIT),
                 _ => ("quota", WindowMode::Fixed, MAX_WINDOW_LIMIT),
             };
             let Some(n) = limit.limit else {

@@ -132,7 +132,7 @@ pub enum LimitKind {
     Bucket,
     /// Sliding-window counter (`limit`, `per`): RL.WINDOW SLIDING.
     Window,
-    /// Exact sliding log (`limit` up to 10,000): RL.WINDOW EXACT.
+    /// Exact sliding log (`limit` up to the server's `max-log-limit`): RL.WINDOW EXACT.
     Exact,
     /// Fixed window aligned to the Unix epoch (`limit`, `per`; a day
     /// resets at UTC midnight): RL.WINDOW FIXED.
