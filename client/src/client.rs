@@ -4,11 +4,11 @@
 //! [`Limiter`](crate::Limiter) adds leases, the deny cache, the breaker and
 //! the fallback on top of them.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
-use rl_core::limits::{in_range, MAX_KEYS, MAX_WINDOW_LIMIT};
+use rl_core::limits::{in_range, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
 use rl_core::{BucketOp, BucketParams, WindowMode};
 
 use crate::config::{Backend, Config};
@@ -18,8 +18,21 @@ use crate::error::{Error, Result};
 use crate::policy::{bucket_params, period_ms, LUA_MAX_UNITS};
 use crate::slot::slot_of;
 
-/// The Lua backend's script (its SHA1 names it in EVALSHA).
-const LUA_SCRIPT: &str = include_str!("bucket.lua");
+/// The Lua backend's script (its SHA1 names it in EVALSHA), with the
+/// core's limits written into it.
+static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
+
+/// `template` with each `{{NAME}}` replaced by that limit of rl-core.
+fn lua_script(template: &str) -> String {
+    let limits = [
+        ("MAX_TOKENS", MAX_TOKENS as u128),
+        ("MAX_PERIOD_MS", MAX_PERIOD_MS as u128),
+        ("MAX_WAIT_MS", MAX_WAIT_MS as u128),
+        ("MAX_KEYS", MAX_KEYS as u128),
+        ("LUA_MAX_UNITS", LUA_MAX_UNITS),
+    ];
+    limits.iter().fold(template.to_owned(), |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+}
 
 /// One token bucket for a raw call: its key and parameters, checked when made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,7 +157,7 @@ impl Client {
             conn: Connection::open(&config.target, config.timeout, config.connect_timeout)?,
             backend: config.backend,
             timeout: config.timeout,
-            script: Arc::new(redis::Script::new(LUA_SCRIPT)),
+            script: Arc::new(redis::Script::new(&LUA_SCRIPT)),
         })
     }
 
@@ -320,7 +333,7 @@ impl Client {
         match self.conn.query(cmd, slot).await {
             Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(LUA_SCRIPT);
+                load.arg("LOAD").arg(LUA_SCRIPT.as_str());
                 self.conn.query(&load, slot).await?;
                 integers(self.conn.query(cmd, slot).await?)
             }
@@ -372,7 +385,20 @@ fn check_keys<K: AsRef<str>>(keys: &[K]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rl_core::limits::MAX_TOKENS;
+
+    #[test]
+    fn the_lua_script_holds_the_core_limits() {
+        let number = |name: &str| -> u128 {
+            let line = LUA_SCRIPT.lines().find_map(|l| l.strip_prefix(&format!("local {name} = "))).unwrap();
+            line.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        assert!(!LUA_SCRIPT.contains("{{"), "a placeholder is left");
+        assert_eq!(number("MAX_TOKENS"), MAX_TOKENS as u128);
+        assert_eq!(number("MAX_PERIOD"), MAX_PERIOD_MS as u128);
+        assert_eq!(number("MAX_WAIT"), MAX_WAIT_MS as u128);
+        assert_eq!(number("MAX_KEYS"), MAX_KEYS as u128);
+        assert_eq!(number("EXACT"), LUA_MAX_UNITS);
+    }
 
     #[test]
     fn raw_arguments_are_checked_before_sending() {
