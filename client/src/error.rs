@@ -49,7 +49,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(text: impl Into<String>) -> Error {
+    /// [`Error::Invalid`] with `text`.
+    pub fn invalid(text: impl Into<String>) -> Error {
         Error::Invalid(text.into())
     }
 }

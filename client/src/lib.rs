@@ -17,7 +17,6 @@ mod lease;
 mod limiter;
 mod metrics;
 mod policy;
-pub mod rules;
 mod shards;
 mod slot;
 
@@ -37,7 +36,7 @@ pub use error::{Error, Result};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
-pub use policy::{FailMode, Policy, PolicyBuilder, Rule};
+pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, Rule};
 pub use rl_core::WindowMode;
 
 /// What local state is kept per: (policy group id, shadow group?, subject).

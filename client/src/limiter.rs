@@ -278,14 +278,14 @@ impl Limiter {
     /// Which shadow rule of `policy` (an index into its rules) would refuse
     /// this request, evaluating its shadow rules only and recording nothing:
     /// live rules run a shadow rule set beside the enforced one.
-    pub(crate) async fn shadow_refusal(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Option<usize>> {
+    pub async fn shadow_refusal(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Option<usize>> {
         self.check_input(policy, subject, BucketOp::Take { cost })?;
         let d = self.evaluate_groups(policy, &policy.shadow, true, subject, cost, self.inner.now_ms()).await;
         Ok(d.filter(|d| !d.allowed).map(|d| d.rule))
     }
 
     /// Counts an event decided outside the limiter (live rules' shadow refusals).
-    pub(crate) fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+    pub fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
         self.inner.record(event, policy, rule);
     }
 

@@ -180,7 +180,7 @@ pub(crate) fn bucket_params(capacity: u64, refill: u64, period: Duration) -> std
 }
 
 /// A period in whole milliseconds within the module's range.
-pub(crate) fn period_ms(period: Duration) -> std::result::Result<u64, String> {
+pub fn period_ms(period: Duration) -> std::result::Result<u64, String> {
     let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
     match in_range("period_ms", ms, 1, MAX_PERIOD_MS) {
         Ok(ms) if period.subsec_nanos() % 1_000_000 == 0 => Ok(ms),
@@ -190,7 +190,7 @@ pub(crate) fn period_ms(period: Duration) -> std::result::Result<u64, String> {
 
 /// Rule names (and rule ids) go into keys and into HTTP headers: keep them
 /// plain.
-pub(crate) fn check_name(name: &str) -> std::result::Result<(), &'static str> {
+pub fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters");
     }
@@ -373,13 +373,20 @@ impl Policy {
 
     /// Whether every rule fits the Lua backend's exact range
     /// (capacity x period_ms <= 2^52).
-    pub(crate) fn fits_lua(&self) -> bool {
+    pub fn fits_lua(&self) -> bool {
         self.lua_fits
     }
 
     /// Whether a rule is a window (RL.WINDOW: module only).
-    pub(crate) fn has_windows(&self) -> bool {
+    pub fn has_windows(&self) -> bool {
         self.rules.iter().any(|r| r.window.is_some())
+    }
+
+    /// Whether the two share local state (leases, deny cache, fallback):
+    /// true for clones of one built policy, false for policies built apart,
+    /// even from the same rules.
+    pub fn shares_state_with(&self, other: &Policy) -> bool {
+        self.buckets.id == other.buckets.id
     }
 
     /// The keys of a group's rules for a subject already checked.
@@ -405,8 +412,8 @@ pub(crate) fn check_subject(subject: &str) -> Result<()> {
 }
 
 /// Why `subject` cannot be one, if it cannot: the text of
-/// [`check_subject`]'s error, for rule files too.
-pub(crate) fn subject_fault(subject: &str) -> Option<String> {
+/// [`Policy::keys`]' error, for rule files too.
+pub fn subject_fault(subject: &str) -> Option<String> {
     (subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']))
         .then(|| format!("subject must be 1 to 512 bytes without '{{' or '}}', got {:?}", truncate(subject)))
 }

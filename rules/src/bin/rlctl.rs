@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use rl_client::rules::{
+use rl_rules::{
     override_id, remaining, Fail, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
     DEFAULT_KEY, MAX_OVERRIDE,
 };

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use rl_client::{Error, Result};
 
 /// The largest version: 2^53 - 1. Versions are compared in the rules
 /// store's Lua script, whose numbers are doubles, exact only up to there.
