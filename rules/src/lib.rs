@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod compile;
 mod live;
 mod snapshot;
 mod spec;

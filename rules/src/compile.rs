@@ -1,0 +1,380 @@
+//! Compiling a rule set: every rule and limit checked, with every fault
+//! named, and every rule's limits made a [`Policy`]. What comes out is a
+//! [`Snapshot`], indexed for matching (`snapshot.rs`).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use rl_client::{check_name, period_ms, subject_fault, Backend, Error, Policy, Result, Rule};
+use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
+use rl_core::WindowMode;
+
+use crate::snapshot::{CompiledRule, Index, Scope, Snapshot};
+#[cfg(test)]
+use crate::spec::MatchSpec;
+use crate::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
+
+/// The defaults of a rule set's optional settings.
+const DEFAULT_KEY_PREFIX: &str = "rl";
+const DEFAULT_IPV4_PREFIX: u8 = 32;
+const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+impl Snapshot {
+    /// Checks `spec` and `overrides` together, as a gateway on the module
+    /// backend would load them as `version`; every fault is named, one per
+    /// line, in the error.
+    pub fn compile(spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64) -> Result<Snapshot> {
+        Snapshot::compile_for(spec, overrides, version, Backend::Module)
+    }
+
+    /// Like [`Snapshot::compile`], as a gateway on `backend` would load it:
+    /// the Lua backend has no windows and counts buckets exactly only up to
+    /// burst x period_ms = 2^52.
+    pub fn compile_for(spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64, backend: Backend) -> Result<Snapshot> {
+        Snapshot::compile_with(spec, overrides, version, backend == Backend::Lua, None)
+    }
+
+    /// Compiles for a gateway: `lua` refuses what the Lua backend cannot
+    /// count; rules unchanged since `previous` keep their policy, so their
+    /// leases and deny-cache entries carry over.
+    pub(crate) fn compile_with(
+        spec: &RuleSetSpec,
+        overrides: &[RuleSpec],
+        version: u64,
+        lua: bool,
+        previous: Option<&Snapshot>,
+    ) -> Result<Snapshot> {
+        let mut errors = Vec::new();
+        if version > MAX_VERSION {
+            errors.push(format!("version {version} is above {MAX_VERSION} (2^53 - 1), the largest a version may be"));
+        }
+        let key_prefix = spec.key_prefix.as_deref().unwrap_or(DEFAULT_KEY_PREFIX);
+        if key_prefix.is_empty()
+            || key_prefix.len() > 64
+            || key_prefix.contains(['{', '}'])
+            || key_prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            errors.push(format!("key_prefix must be 1 to 64 characters without '{{', '}}' or spaces, got {key_prefix:?}"));
+        }
+        let ipv4_prefix = spec.ipv4_prefix.unwrap_or(DEFAULT_IPV4_PREFIX);
+        let ipv6_prefix = spec.ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
+        if !(1..=32).contains(&ipv4_prefix) {
+            errors.push(format!("ipv4_prefix must be from 1 to 32, got {ipv4_prefix}"));
+        }
+        if !(1..=128).contains(&ipv6_prefix) {
+            errors.push(format!("ipv6_prefix must be from 1 to 128, got {ipv6_prefix}"));
+        }
+        let set = SetContext { key_prefix, ipv4_prefix, ipv6_prefix, lua, previous };
+        let written = spec.rules.iter().enumerate().map(|(i, r)| (i, r, false));
+        let added = overrides.iter().enumerate().map(|(i, r)| (i, r, true));
+        let mut rules: Vec<Arc<CompiledRule>> = Vec::new();
+        for (i, spec, is_override) in written.chain(added) {
+            let label = match (spec.id.is_empty(), is_override) {
+                (true, false) => format!("rule {}", i + 1),
+                (true, true) => format!("override {}", i + 1),
+                (false, false) => format!("rule '{}'", spec.id),
+                (false, true) => format!("override '{}'", spec.id),
+            };
+            let before = errors.len();
+            let rule = compile_rule(spec, is_override, &set, &label, &mut errors);
+            if let (Some(rule), true) = (rule, errors.len() == before) {
+                rules.push(Arc::new(rule));
+            }
+        }
+        if spec.rules.is_empty() {
+            errors.push("the rule set has no rules".to_owned());
+        }
+        let index = Index::build(&rules, &mut errors);
+        if !errors.is_empty() {
+            return Err(Error::Rules(errors.join("\n")));
+        }
+        Ok(Snapshot { version, rules, index, ipv4_prefix, ipv6_prefix })
+    }
+}
+
+struct SetContext<'a> {
+    key_prefix: &'a str,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+    lua: bool,
+    previous: Option<&'a Snapshot>,
+}
+
+/// Checks one rule, pushing every fault found (named with `at`).
+fn compile_rule(spec: &RuleSpec, is_override: bool, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<CompiledRule> {
+    let before = errors.len();
+    if let Err(why) = check_name(&spec.id) {
+        errors.push(format!("{at}: id {why}"));
+    }
+    if spec.reason.trim().is_empty() {
+        errors.push(format!("{at}: reason is required: why the rule exists (a ticket, an incident)"));
+    }
+    let scope = scope_of(spec, set, at, errors);
+    let expires = match &spec.expires {
+        None => None,
+        Some(text) => match humantime::parse_rfc3339(text) {
+            Ok(at) => Some(at),
+            Err(_) => {
+                errors.push(format!("{at}: expires {text:?} is not a UTC time like \"2026-10-28T09:00:00Z\""));
+                None
+            }
+        },
+    };
+    if is_override {
+        if !matches!(scope, Some(Scope::Subject(_) | Scope::Ip(_))) {
+            errors.push(format!("{at}: an override matches one subject or one ip"));
+        }
+        if spec.expires.is_none() {
+            errors.push(format!("{at}: an override needs expires, so a forgotten one stops by itself"));
+        }
+        if spec.mode == Mode::Shadow {
+            errors.push(format!("{at}: an override is enforced at once; shadow rules belong in the rule file"));
+        }
+    }
+    if scope == Some(Scope::Default) && spec.mode == Mode::Enforce && spec.expires.is_some() {
+        errors.push(format!("{at}: the enforced default rule cannot expire: every request must find a rule"));
+    }
+    if spec.limits.is_empty() || spec.limits.len() > MAX_KEYS {
+        errors.push(format!("{at}: limits: a rule has 1 to {MAX_KEYS} limits, got {}", spec.limits.len()));
+    }
+    let mut limits = Vec::with_capacity(spec.limits.len());
+    for (j, limit) in spec.limits.iter().enumerate() {
+        let lat = if limit.name.is_empty() { format!("{at} limit {}", j + 1) } else { format!("{at} limit '{}'", limit.name) };
+        if spec.limits[..j].iter().any(|other| other.name == limit.name) {
+            errors.push(format!("{lat}: the name is used twice in the rule"));
+        }
+        if let Some(mut rule) = compile_limit(limit, &lat, errors) {
+            if spec.fail == Fail::Closed {
+                rule = rule.fail_closed();
+            }
+            if spec.mode == Mode::Shadow {
+                rule = rule.shadow();
+            }
+            limits.push(rule);
+        }
+    }
+    let scope = scope?;
+    if errors.len() > before {
+        return None;
+    }
+    let prefix = format!("{}:{}", set.key_prefix, spec.id);
+    let reused = set
+        .previous
+        .and_then(|p| p.rule(&spec.id))
+        .filter(|p| p.policy.prefix() == prefix && p.policy.rules() == limits.as_slice())
+        .map(|p| p.policy.clone());
+    let policy = match reused {
+        Some(policy) => policy,
+        None => {
+            let built = limits.into_iter().fold(Policy::builder(prefix), |b, r| b.rule(r)).build();
+            match built {
+                Ok(policy) => policy,
+                Err(e) => {
+                    errors.push(format!("{at}: {e}"));
+                    return None;
+                }
+            }
+        }
+    };
+    if set.lua && policy.has_windows() {
+        errors.push(format!("{at}: window and quota limits need the module (RL.WINDOW); this gateway runs the Lua backend"));
+    }
+    if set.lua && !policy.fits_lua() {
+        errors.push(format!("{at}: a limit's burst x period in ms is above 2^52: the Lua backend cannot count it exactly"));
+    }
+    Some(CompiledRule {
+        id: spec.id.clone(),
+        scope,
+        mode: spec.mode,
+        shared: spec.shared,
+        expires,
+        reason: spec.reason.clone(),
+        is_override,
+        policy,
+    })
+}
+
+fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<Scope> {
+    let m = &spec.scope;
+    let named = |what: &str, value: &Option<String>, errors: &mut Vec<String>| -> Option<String> {
+        let v = value.as_ref()?;
+        if v.is_empty() || v.len() > 512 || v.chars().any(char::is_control) {
+            errors.push(format!("{at}: match.{what} must be 1 to 512 characters without control characters, got {v:?}"));
+        }
+        Some(v.clone())
+    };
+    match (&m.subject, &m.ip, &m.plan, &m.endpoint) {
+        (None, None, None, None) => Some(Scope::Default),
+        (Some(s), None, None, None) => {
+            if let Some(why) = subject_fault(s) {
+                errors.push(format!("{at}: match.{why}"));
+                return None;
+            }
+            Some(Scope::Subject(s.clone()))
+        }
+        (None, Some(ip), None, None) => ip_scope(ip, set, at, errors).map(Scope::Ip),
+        (None, None, plan, endpoint) => {
+            let plan = named("plan", plan, errors);
+            let endpoint = named("endpoint", endpoint, errors);
+            Some(match (plan, endpoint) {
+                (Some(plan), Some(endpoint)) => Scope::PlanEndpoint { plan, endpoint },
+                (Some(plan), None) => Scope::Plan(plan),
+                (None, Some(endpoint)) => Scope::Endpoint(endpoint),
+                (None, None) => Scope::Default,
+            })
+        }
+        _ => {
+            errors.push(format!(
+                "{at}: match.subject and match.ip stand alone: a rule matches one subject, one network, or a plan and/or an endpoint"
+            ));
+            None
+        }
+    }
+}
+
+fn ip_scope(text: &str, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<IpNet> {
+    let parsed = text.parse::<IpNet>().or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
+    let Ok(net) = parsed else {
+        errors.push(format!("{at}: match.ip {text:?} is not an address or a network like \"203.0.113.0/24\" or \"2001:db8::/48\""));
+        return None;
+    };
+    if net != net.trunc() {
+        errors.push(format!("{at}: match.ip {text} has host bits set: the network is {}", net.trunc()));
+        return None;
+    }
+    let (group, family) = match net {
+        IpNet::V4(_) => (set.ipv4_prefix, "ipv4_prefix"),
+        IpNet::V6(_) => (set.ipv6_prefix, "ipv6_prefix"),
+    };
+    if net.prefix_len() > group {
+        errors.push(format!(
+            "{at}: match.ip {net} is narrower than {family} /{group}: the addresses of one /{group} are one client"
+        ));
+        return None;
+    }
+    Some(net)
+}
+
+fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Option<Rule> {
+    if let Err(why) = check_name(&limit.name) {
+        errors.push(format!("{at}: name {why}"));
+    }
+    let per = match humantime::parse_duration(&limit.per) {
+        Ok(per) if period_ms(per).is_ok() => Some(per),
+        Ok(_) => {
+            let days = MAX_PERIOD_MS / 86_400_000;
+            errors.push(format!("{at}: per must be whole milliseconds from 1ms to {days}d, got {:?}", limit.per));
+            None
+        }
+        Err(e) => {
+            errors.push(format!("{at}: per {:?} is not a duration like \"1s\", \"15m\", \"1d\" ({e})", limit.per));
+            None
+        }
+    };
+    let count = |what: &str, value: u64, max: u64, errors: &mut Vec<String>| {
+        if !(1..=max).contains(&value) {
+            errors.push(format!("{at}: {what} must be from 1 to {max}, got {value}"));
+        }
+    };
+    let rule = match limit.kind {
+        LimitKind::Bucket => {
+            let Some(rate) = limit.rate else {
+                errors.push(format!("{at}: a bucket needs rate (tokens every per), and takes burst; not limit"));
+                return None;
+            };
+            if limit.limit.is_some() {
+                errors.push(format!("{at}: a bucket takes rate and burst, not limit"));
+            }
+            count("rate", rate, MAX_TOKENS, errors);
+            // Without its own burst, a bad rate is reported once.
+            if let Some(burst) = limit.burst {
+                count("burst", burst, MAX_TOKENS, errors);
+            }
+            let burst = limit.burst.unwrap_or(rate);
+            Rule::new(limit.name.clone(), burst, rate, per?)
+        }
+        kind => {
+            let (word, mode, max) = match kind {
+                LimitKind::Window => ("window", WindowMode::Sliding, MAX_WINDOW_LIMIT),
+                LimitKind::Exact => ("exact window", WindowMode::Exact, MAX_LOG_LIMIT),
+                _ => ("quota", WindowMode::Fixed, MAX_WINDOW_LIMIT),
+            };
+            let Some(n) = limit.limit else {
+                errors.push(format!("{at}: a {word} needs limit (requests every per); not rate"));
+                return None;
+            };
+            if limit.rate.is_some() || limit.burst.is_some() {
+                errors.push(format!("{at}: a {word} takes limit, not rate or burst"));
+            }
+            count("limit", n, max, errors);
+            Rule::window(limit.name.clone(), n, per?, mode)
+        }
+    };
+    Some(rule)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(toml: &str) -> RuleSetSpec {
+        RuleSetSpec::from_toml(toml).unwrap()
+    }
+
+    const BASE: &str = r#"
+        [[rules]]
+        id = "default"
+        reason = "r"
+        limits = [{ name = "s", rate = 10, per = "1s" }]
+        [[rules]]
+        id = "pro"
+        match = { plan = "pro" }
+        reason = "r"
+        limits = [{ name = "s", rate = 20, per = "1s" }]
+    "#;
+
+    #[test]
+    fn unchanged_rules_keep_their_local_state_across_versions() {
+        let v1 = Snapshot::compile(&set(BASE), &[], 1).unwrap();
+        let changed = BASE.replace("rate = 20", "rate = 30");
+        let v2 = Snapshot::compile_with(&set(&changed), &[], 2, false, Some(&v1)).unwrap();
+        let same = |id: &str| v1.rule(id).unwrap().policy().shares_state_with(v2.rule(id).unwrap().policy());
+        assert!(same("default"), "same limits: same leases and deny cache");
+        assert!(!same("pro"), "new limits start fresh");
+    }
+
+    #[test]
+    fn set_wide_faults_are_named() {
+        let e = |toml: &str, overrides: &[RuleSpec]| Snapshot::compile(&set(toml), overrides, 1).unwrap_err().to_string();
+        let no_default = BASE.replacen("id = \"default\"", "id = \"d\"\nmatch = { plan = \"free\" }", 1);
+        assert!(e(&no_default, &[]).contains("needs a default rule (no match) in enforce mode"));
+        let twice = format!("{BASE}\n[[rules]]\nid = \"pro2\"\nmatch = {{ plan = \"pro\" }}\nreason = \"r\"\nlimits = [{{ name = \"s\", rate = 1, per = \"1s\" }}]");
+        assert!(e(&twice, &[]).contains("rules 'pro' and 'pro2' both match plan \"pro\" in enforce mode"));
+        let shadow_beside = twice.replace("id = \"pro2\"", "id = \"pro2\"\nmode = \"shadow\"");
+        assert!(Snapshot::compile(&set(&shadow_beside), &[], 1).is_ok(), "one shadow rule beside the enforced one");
+        let mixed = BASE.replace("match = { plan = \"pro\" }", "match = { plan = \"pro\", subject = \"k\" }");
+        assert!(e(&mixed, &[]).contains("rule 'pro': match.subject and match.ip stand alone"));
+        let narrow = BASE.replace("match = { plan = \"pro\" }", "match = { ip = \"2001:db8::/80\" }");
+        assert!(e(&narrow, &[]).contains("narrower than ipv6_prefix /64"));
+        let expiring_default = BASE.replacen("reason = \"r\"", "reason = \"r\"\nexpires = \"2030-01-01T00:00:00Z\"", 1);
+        assert!(e(&expiring_default, &[]).contains("rule 'default': the enforced default rule cannot expire"));
+        let plan_override = RuleSpec {
+            id: "o".into(),
+            scope: MatchSpec { plan: Some("pro".into()), ..MatchSpec::default() },
+            limits: set(BASE).rules[0].limits.clone(),
+            reason: "r".into(),
+            ..RuleSpec::default()
+        };
+        let text = e(BASE, &[plan_override]);
+        assert!(text.contains("override 'o': an override matches one subject or one ip"), "{text}");
+        assert!(text.contains("override 'o': an override needs expires"), "{text}");
+    }
+
+    #[test]
+    fn the_lua_backend_refuses_windows_at_load() {
+        let quota = BASE.replace("{ name = \"s\", rate = 20, per = \"1s\" }", "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }");
+        assert!(Snapshot::compile(&set(&quota), &[], 1).is_ok());
+        let e = Snapshot::compile_for(&set(&quota), &[], 1, Backend::Lua).unwrap_err().to_string();
+        assert!(e.contains("rule 'pro': window and quota limits need the module"), "{e}");
+    }
+}
