@@ -6,13 +6,17 @@ use std::time::Duration;
 
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{BucketParams, WindowMode};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// What a rule does when Redis cannot answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// What a rule does when Redis cannot answer. In rule files (rl-rules):
+/// `open` or `closed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FailMode {
     /// Limit locally, at this gateway's share of the limit (the default).
+    #[default]
     Open,
     /// Refuse: for rules that are the security control itself (logins,
     /// one-time passwords, SMS sends), where an outage must not open a

@@ -6,14 +6,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use rl_client::{check_name, period_ms, subject_fault, Backend, Error, Policy, Result, Rule};
-use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
-use rl_core::WindowMode;
+use rl_client::{check_name, period_ms, subject_fault, Backend, Error, FailMode, Policy, Result, Rule};
+use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
+use rl_core::ParamError;
 
 use crate::snapshot::{CompiledRule, Index, Scope, Snapshot};
 #[cfg(test)]
 use crate::spec::MatchSpec;
-use crate::spec::{Fail, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
+use crate::spec::{LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
 
 /// The defaults of a rule set's optional settings.
 const DEFAULT_KEY_PREFIX: &str = "rl";
@@ -59,11 +59,10 @@ impl Snapshot {
         }
         let ipv4_prefix = spec.ipv4_prefix.unwrap_or(DEFAULT_IPV4_PREFIX);
         let ipv6_prefix = spec.ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
-        if !(1..=32).contains(&ipv4_prefix) {
-            errors.push(format!("ipv4_prefix must be from 1 to 32, got {ipv4_prefix}"));
-        }
-        if !(1..=128).contains(&ipv6_prefix) {
-            errors.push(format!("ipv6_prefix must be from 1 to 128, got {ipv6_prefix}"));
+        for (field, value, max) in [("ipv4_prefix", ipv4_prefix, 32), ("ipv6_prefix", ipv6_prefix, 128)] {
+            if let Err(e) = in_range(field, value.into(), 1, max) {
+                errors.push(out_of_range(e));
+            }
         }
         let set = SetContext { key_prefix, ipv4_prefix, ipv6_prefix, lua, previous };
         let written = spec.rules.iter().enumerate().map(|(i, r)| (i, r, false));
@@ -145,7 +144,7 @@ fn compile_rule(spec: &RuleSpec, is_override: bool, set: &SetContext<'_>, at: &s
             errors.push(format!("{lat}: the name is used twice in the rule"));
         }
         if let Some(mut rule) = compile_limit(limit, &lat, errors) {
-            if spec.fail == Fail::Closed {
+            if spec.fail == FailMode::Closed {
                 rule = rule.fail_closed();
             }
             if spec.mode == Mode::Shadow {
@@ -272,13 +271,13 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
             None
         }
     };
-    let count = |what: &str, value: u64, max: u64, errors: &mut Vec<String>| {
-        if !(1..=max).contains(&value) {
-            errors.push(format!("{at}: {what} must be from 1 to {max}, got {value}"));
+    let count = |what: &'static str, value: u64, max: u64, errors: &mut Vec<String>| {
+        if let Err(e) = in_range(what, value, 1, max) {
+            errors.push(format!("{at}: {}", out_of_range(e)));
         }
     };
-    let rule = match limit.kind {
-        LimitKind::Bucket => {
+    let rule = match limit.kind.window_mode() {
+        None => {
             let Some(rate) = limit.rate else {
                 errors.push(format!("{at}: a bucket needs rate (tokens every per), and takes burst; not limit"));
                 return None;
@@ -294,11 +293,11 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
             let burst = limit.burst.unwrap_or(rate);
             Rule::new(limit.name.clone(), burst, rate, per?)
         }
-        kind => {
-            let (word, mode, max) = match kind {
-                LimitKind::Window => ("window", WindowMode::Sliding, MAX_WINDOW_LIMIT),
-                LimitKind::Exact => ("exact window", WindowMode::Exact, MAX_LOG_LIMIT),
-                _ => ("quota", WindowMode::Fixed, MAX_WINDOW_LIMIT),
+        Some(mode) => {
+            let word = match limit.kind {
+                LimitKind::Exact => "exact window",
+                LimitKind::Quota => "quota",
+                _ => "window",
             };
             let Some(n) = limit.limit else {
                 errors.push(format!("{at}: a {word} needs limit (requests every per); not rate"));
@@ -307,12 +306,19 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
             if limit.rate.is_some() || limit.burst.is_some() {
                 errors.push(format!("{at}: a {word} takes limit, not rate or burst"));
             }
-            count("limit", n, max, errors);
+            // An EXACT limit above the server's max-log-limit is the
+            // server's to refuse.
+            count("limit", n, mode.max_limit(MAX_LOG_LIMIT), errors);
             Rule::window(limit.name.clone(), n, per?, mode)
         }
     };
     Some(rule)
 }
+/// A count out of range, in the words rule files have always used.
+fn out_of_range(e: ParamError) -> String {
+    format!("{} must be from {} to {}, got {}", e.field, e.min, e.max, e.value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,6 @@ mod watch;
 
 pub use live::{Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
-pub use spec::{Fail, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
+pub use spec::{LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
 pub use store::{override_id, RulesStore, Stored, DEFAULT_KEY, MAX_OVERRIDE};
 pub use watch::{RedisSource, Watcher};
