@@ -80,16 +80,23 @@ impl Window {
     }
 }
 
-/// The module command of `op`: its name, its amount option and value, and
-/// what follows them.
-fn module_cmd(op: BucketOp) -> (&'static str, &'static str, u64, Tail) {
+/// The module command carrying out `op` on `keys`.
+fn module_cmd(op: BucketOp, keys: &[String], params: &[BucketParams]) -> Cmd {
+    let mut cmd = redis::cmd(match op {
+        BucketOp::Take { .. } | BucketOp::Force { .. } => "RL.TAKE",
+        BucketOp::Peek { .. } => "RL.PEEK",
+        BucketOp::Lease { .. } => "RL.LEASE",
+        BucketOp::Refund { .. } => "RL.REFUND",
+    });
+    cmd.arg(keys.len()).arg(keys);
+    push_params(&mut cmd, params);
     match op {
-        BucketOp::Take { cost } => ("RL.TAKE", "COST", cost, Tail::None),
-        BucketOp::Peek { cost } => ("RL.PEEK", "COST", cost, Tail::None),
-        BucketOp::Force { cost } => ("RL.TAKE", "COST", cost, Tail::Force),
-        BucketOp::Lease { want, min } => ("RL.LEASE", "WANT", want, Tail::Min(min)),
-        BucketOp::Refund { tokens } => ("RL.REFUND", "TOKENS", tokens, Tail::None),
-    }
+        BucketOp::Take { cost } | BucketOp::Peek { cost } => cmd.arg("COST").arg(cost),
+        BucketOp::Force { cost } => cmd.arg("COST").arg(cost).arg("FORCE"),
+        BucketOp::Lease { want, min } => cmd.arg("WANT").arg(want).arg("MIN").arg(min),
+        BucketOp::Refund { tokens } => cmd.arg("TOKENS").arg(tokens),
+    };
+    cmd
 }
 
 /// The Lua script's arguments for `op`: its name, the amount and the
@@ -102,16 +109,6 @@ fn lua_args(op: BucketOp) -> (&'static str, u64, u64) {
         BucketOp::Lease { want, min } => ("lease", want, min),
         BucketOp::Refund { tokens } => ("refund", tokens, tokens),
     }
-}
-
-/// The options of a module bucket command after its amount.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tail {
-    None,
-    /// `FORCE`: taken even into debt.
-    Force,
-    /// `MIN m`: a lease grants nothing below `m`.
-    Min(u64),
 }
 
 /// Typed calls to the module (or the Lua backend), each with the
@@ -294,23 +291,7 @@ impl Client {
         check_keys(keys)?;
         let slot = slot_of(&keys[0]);
         match self.backend {
-            Backend::Module => {
-                let (name, amount_word, amount, tail) = module_cmd(op);
-                let mut cmd = redis::cmd(name);
-                cmd.arg(keys.len()).arg(keys);
-                push_params(&mut cmd, params);
-                cmd.arg(amount_word).arg(amount);
-                match tail {
-                    Tail::Force => {
-                        cmd.arg("FORCE");
-                    }
-                    Tail::Min(min) => {
-                        cmd.arg("MIN").arg(min);
-                    }
-                    Tail::None => {}
-                }
-                self.integers(&cmd, slot).await
-            }
+            Backend::Module => self.integers(&module_cmd(op, keys, params), slot).await,
             Backend::Lua => {
                 if let Some(i) = params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS) {
                     return Err(Error::invalid(format!(
