@@ -15,11 +15,15 @@
 -- at 2^52 units (the module floors it at 10^14 tokens): every level then
 -- stays within +-2^52 and every sum or difference below 2^53. A bucket's
 -- state is the string "tokens fraction updated_ms".
+--
+-- The limits below are placeholders for rl_core::limits, filled in when the client
+-- builds the script (client.rs, lua_script).
 
-local MAX_TOKENS = 100000000000000
-local MAX_PERIOD = 63072000000
-local MAX_WAIT = 1000000000000000
-local EXACT = 4503599627370496 -- 2^52
+local MAX_TOKENS = {{MAX_TOKENS}}
+local MAX_PERIOD = {{MAX_PERIOD_MS}}
+local MAX_WAIT = {{MAX_WAIT_MS}}
+local MAX_KEYS = {{MAX_KEYS}}
+local EXACT = {{LUA_MAX_UNITS}} -- 2^52
 
 local function fail(msg)
   error({ err = 'ERR ' .. msg })
@@ -51,7 +55,7 @@ if op ~= 'take' and op ~= 'peek' and op ~= 'force' and op ~= 'lease' and op ~= '
   fail("unknown op '" .. tostring(op) .. "'")
 end
 local nkeys = #KEYS
-if nkeys < 1 or nkeys > 32 then fail('numkeys must be from 1 to 32') end
+if nkeys < 1 or nkeys > MAX_KEYS then fail('numkeys must be from 1 to ' .. MAX_KEYS) end
 if #ARGV ~= 3 + 3 * nkeys then fail('each key needs capacity refill period_ms') end
 local n = int_arg(2, 'n', 1, MAX_TOKENS)
 local min = n

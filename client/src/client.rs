@@ -4,12 +4,12 @@
 //! [`Limiter`](crate::Limiter) adds leases, the deny cache, the breaker and
 //! the fallback on top of them.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
-use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
-use rl_core::BucketParams;
+use rl_core::limits::{in_range, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
+use rl_core::{BucketOp, BucketParams, WindowMode};
 
 use crate::config::{Backend, Config};
 use crate::connection::Connection;
@@ -18,8 +18,21 @@ use crate::error::{Error, Result};
 use crate::policy::{bucket_params, period_ms, LUA_MAX_UNITS};
 use crate::slot::slot_of;
 
-/// The Lua backend's script (its SHA1 names it in EVALSHA).
-const LUA_SCRIPT: &str = include_str!("bucket.lua");
+/// The Lua backend's script (its SHA1 names it in EVALSHA), with the
+/// core's limits written into it.
+static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
+
+/// `template` with each `{{NAME}}` replaced by that limit of rl-core.
+fn lua_script(template: &str) -> String {
+    let limits = [
+        ("MAX_TOKENS", MAX_TOKENS as u128),
+        ("MAX_PERIOD_MS", MAX_PERIOD_MS as u128),
+        ("MAX_WAIT_MS", MAX_WAIT_MS as u128),
+        ("MAX_KEYS", MAX_KEYS as u128),
+        ("LUA_MAX_UNITS", LUA_MAX_UNITS),
+    ];
+    limits.iter().fold(template.to_owned(), |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+}
 
 /// One token bucket for a raw call: its key and parameters, checked when made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,27 +56,6 @@ impl Bucket {
     }
 }
 
-/// How RL.WINDOW counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WindowMode {
-    /// Sliding-window counter: two counters, the previous one weighted.
-    Sliding,
-    /// Exact sliding log of every admitted request.
-    Exact,
-    /// Fixed calendar windows (quotas with a known reset time).
-    Fixed,
-}
-
-impl WindowMode {
-    fn word(self) -> &'static str {
-        match self {
-            WindowMode::Sliding => "SLIDING",
-            WindowMode::Exact => "EXACT",
-            WindowMode::Fixed => "FIXED",
-        }
-    }
-}
-
 /// One window limit for RL.WINDOW: at most `limit` in any `window`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Window {
@@ -76,13 +68,9 @@ impl Window {
     /// At most `limit` (1 to 10^12) in any `window` (whole ms, up to two years).
     pub fn new(key: impl Into<String>, limit: u64, window: Duration) -> Result<Window> {
         let key = key.into();
-        if !(1..=MAX_WINDOW_LIMIT).contains(&limit) {
-            return Err(Error::invalid(format!(
-                "window '{key}': limit must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {limit}"
-            )));
-        }
-        let window_ms = period_ms(window)
-            .map_err(|why| Error::invalid(format!("window '{key}': {}", why.replacen("period", "window", 1))))?;
+        let bad = |why: String| Error::invalid(format!("window '{key}': {why}"));
+        in_range("limit", limit, 1, MAX_WINDOW_LIMIT).map_err(|e| bad(e.to_string()))?;
+        let window_ms = period_ms(window).map_err(|why| bad(why.replacen("period", "window", 1)))?;
         Ok(Window { key, limit, window_ms })
     }
 
@@ -92,71 +80,35 @@ impl Window {
     }
 }
 
-/// The bucket commands, as the module spells them. The Lua script takes
-/// the same operations by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BucketOp {
-    Take(u64),
-    Peek(u64),
-    /// RL.TAKE ... FORCE: taken even into debt.
-    Force(u64),
-    Lease { want: u64, min: u64 },
-    Refund(u64),
+/// The module command carrying out `op` on `keys`.
+fn module_cmd(op: BucketOp, keys: &[String], params: &[BucketParams]) -> Cmd {
+    let mut cmd = redis::cmd(match op {
+        BucketOp::Take { .. } | BucketOp::Force { .. } => "RL.TAKE",
+        BucketOp::Peek { .. } => "RL.PEEK",
+        BucketOp::Lease { .. } => "RL.LEASE",
+        BucketOp::Refund { .. } => "RL.REFUND",
+    });
+    cmd.arg(keys.len()).arg(keys);
+    push_params(&mut cmd, params);
+    match op {
+        BucketOp::Take { cost } | BucketOp::Peek { cost } => cmd.arg("COST").arg(cost),
+        BucketOp::Force { cost } => cmd.arg("COST").arg(cost).arg("FORCE"),
+        BucketOp::Lease { want, min } => cmd.arg("WANT").arg(want).arg("MIN").arg(min),
+        BucketOp::Refund { tokens } => cmd.arg("TOKENS").arg(tokens),
+    };
+    cmd
 }
 
-impl BucketOp {
-    pub(crate) fn check(self) -> Result<()> {
-        let amount = |what: &str, n: u64| {
-            if (1..=MAX_TOKENS).contains(&n) {
-                Ok(())
-            } else {
-                Err(Error::invalid(format!("{what} must be an integer from 1 to {MAX_TOKENS}, got {n}")))
-            }
-        };
-        match self {
-            BucketOp::Take(n) | BucketOp::Peek(n) | BucketOp::Force(n) => amount("cost", n),
-            BucketOp::Refund(n) => amount("tokens", n),
-            BucketOp::Lease { want, min } => {
-                amount("want", want)?;
-                if !(1..=want).contains(&min) {
-                    return Err(Error::invalid(format!("min must be from 1 to want ({want}), got {min}")));
-                }
-                Ok(())
-            }
-        }
+/// The Lua script's arguments for `op`: its name, the amount and the
+/// lease's minimum (the amount again for the others).
+fn lua_args(op: BucketOp) -> (&'static str, u64, u64) {
+    match op {
+        BucketOp::Take { cost } => ("take", cost, cost),
+        BucketOp::Peek { cost } => ("peek", cost, cost),
+        BucketOp::Force { cost } => ("force", cost, cost),
+        BucketOp::Lease { want, min } => ("lease", want, min),
+        BucketOp::Refund { tokens } => ("refund", tokens, tokens),
     }
-
-    /// The module command: its name, its amount option and value, and
-    /// what follows them.
-    fn module_cmd(self) -> (&'static str, &'static str, u64, Tail) {
-        match self {
-            BucketOp::Take(n) => ("RL.TAKE", "COST", n, Tail::None),
-            BucketOp::Peek(n) => ("RL.PEEK", "COST", n, Tail::None),
-            BucketOp::Force(n) => ("RL.TAKE", "COST", n, Tail::Force),
-            BucketOp::Lease { want, min } => ("RL.LEASE", "WANT", want, Tail::Min(min)),
-            BucketOp::Refund(n) => ("RL.REFUND", "TOKENS", n, Tail::None),
-        }
-    }
-
-    fn lua_args(self) -> (&'static str, u64, u64) {
-        match self {
-            BucketOp::Take(n) => ("take", n, n),
-            BucketOp::Peek(n) => ("peek", n, n),
-            BucketOp::Force(n) => ("force", n, n),
-            BucketOp::Lease { want, min } => ("lease", want, min),
-            BucketOp::Refund(n) => ("refund", n, n),
-        }
-    }
-}
-
-/// The options of a module bucket command after its amount.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tail {
-    None,
-    /// `FORCE`: taken even into debt.
-    Force,
-    /// `MIN m`: a lease grants nothing below `m`.
-    Min(u64),
 }
 
 /// Typed calls to the module (or the Lua backend), each with the
@@ -202,7 +154,7 @@ impl Client {
             conn: Connection::open(&config.target, config.timeout, config.connect_timeout)?,
             backend: config.backend,
             timeout: config.timeout,
-            script: Arc::new(redis::Script::new(LUA_SCRIPT)),
+            script: Arc::new(redis::Script::new(&LUA_SCRIPT)),
         })
     }
 
@@ -214,20 +166,20 @@ impl Client {
     /// RL.TAKE: takes `cost` tokens from every bucket, or from none.
     pub async fn take(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
         let (keys, params) = split(buckets)?;
-        self.decide(BucketOp::Take(cost), &keys, &params).await
+        self.run(BucketOp::Take { cost }, &keys, &params).await
     }
 
     /// RL.PEEK: what RL.TAKE would answer now, writing nothing.
     pub async fn peek(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
         let (keys, params) = split(buckets)?;
-        self.decide(BucketOp::Peek(cost), &keys, &params).await
+        self.run(BucketOp::Peek { cost }, &keys, &params).await
     }
 
     /// RL.TAKE ... FORCE: takes `cost` even into debt (always allowed), for
     /// a cost settled higher after the response was sent.
     pub async fn take_forced(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
         let (keys, params) = split(buckets)?;
-        self.decide(BucketOp::Force(cost), &keys, &params).await
+        self.run(BucketOp::Force { cost }, &keys, &params).await
     }
 
     /// RL.LEASE: takes as many tokens as every bucket can give, up to
@@ -241,7 +193,7 @@ impl Client {
     /// above capacity.
     pub async fn refund(&self, buckets: &[Bucket], tokens: u64) -> Result<Decision> {
         let (keys, params) = split(buckets)?;
-        self.decide(BucketOp::Refund(tokens), &keys, &params).await
+        self.run(BucketOp::Refund { tokens }, &keys, &params).await
     }
 
     /// RL.WINDOW: counts `cost` in every window, or in none. Module only.
@@ -285,7 +237,7 @@ impl Client {
 
     /// RL.WINDOW for a policy's window rules, each given as its bucket
     /// stand-in (`limit` per `window_ms`, checked when the policy was built).
-    pub(crate) async fn window_decide(&self, mode: WindowMode, keys: &[String], params: &[BucketParams], cost: u64) -> Result<Decision> {
+    pub(crate) async fn run_windows(&self, mode: WindowMode, keys: &[String], params: &[BucketParams], cost: u64) -> Result<Decision> {
         if keys.len() != params.len() {
             return Err(Error::invalid("one parameter set per key"));
         }
@@ -305,9 +257,7 @@ impl Client {
             return Err(Error::Unsupported("RL.WINDOW"));
         }
         check_keys(keys)?;
-        if !(1..=MAX_WINDOW_LIMIT).contains(&cost) {
-            return Err(Error::invalid(format!("cost must be an integer from 1 to {MAX_WINDOW_LIMIT}, got {cost}")));
-        }
+        in_range("cost", cost, 1, MAX_WINDOW_LIMIT)?;
         let mut cmd = redis::cmd(name);
         cmd.arg(keys.len());
         for k in keys {
@@ -316,13 +266,13 @@ impl Client {
         for (limit, window_ms) in limits {
             cmd.arg(limit).arg(window_ms);
         }
-        cmd.arg("COST").arg(cost).arg(mode.word());
+        cmd.arg("COST").arg(cost).arg(mode.name());
         let reply = self.integers(&cmd, slot_of(keys[0].as_ref())).await?;
         Decision::from_reply(&reply, keys.len())
     }
 
-    /// A bucket command that answers a decision.
-    pub(crate) async fn decide(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Decision> {
+    /// Runs a bucket operation on the backend: its decision.
+    pub(crate) async fn run(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Decision> {
         let reply = self.bucket_call(op, keys, params).await?;
         Decision::from_reply(&reply, keys.len())
     }
@@ -334,30 +284,14 @@ impl Client {
     }
 
     async fn bucket_call(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Vec<i64>> {
-        op.check()?;
+        op.validate()?;
         if keys.len() != params.len() {
             return Err(Error::invalid("one parameter set per key"));
         }
         check_keys(keys)?;
         let slot = slot_of(&keys[0]);
         match self.backend {
-            Backend::Module => {
-                let (name, amount_word, amount, tail) = op.module_cmd();
-                let mut cmd = redis::cmd(name);
-                cmd.arg(keys.len()).arg(keys);
-                push_params(&mut cmd, params);
-                cmd.arg(amount_word).arg(amount);
-                match tail {
-                    Tail::Force => {
-                        cmd.arg("FORCE");
-                    }
-                    Tail::Min(min) => {
-                        cmd.arg("MIN").arg(min);
-                    }
-                    Tail::None => {}
-                }
-                self.integers(&cmd, slot).await
-            }
+            Backend::Module => self.integers(&module_cmd(op, keys, params), slot).await,
             Backend::Lua => {
                 if let Some(i) = params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS) {
                     return Err(Error::invalid(format!(
@@ -365,7 +299,7 @@ impl Client {
                         keys[i]
                     )));
                 }
-                let (name, n, min) = op.lua_args();
+                let (name, n, min) = lua_args(op);
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(self.script.get_hash()).arg(keys.len()).arg(keys).arg(name).arg(n).arg(min);
                 push_params(&mut cmd, params);
@@ -380,7 +314,7 @@ impl Client {
         match self.conn.query(cmd, slot).await {
             Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(LUA_SCRIPT);
+                load.arg("LOAD").arg(LUA_SCRIPT.as_str());
                 self.conn.query(&load, slot).await?;
                 integers(self.conn.query(cmd, slot).await?)
             }
@@ -434,6 +368,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_lua_script_holds_the_core_limits() {
+        let number = |name: &str| -> u128 {
+            let line = LUA_SCRIPT.lines().find_map(|l| l.strip_prefix(&format!("local {name} = "))).unwrap();
+            line.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        assert!(!LUA_SCRIPT.contains("{{"), "a placeholder is left");
+        assert_eq!(number("MAX_TOKENS"), MAX_TOKENS as u128);
+        assert_eq!(number("MAX_PERIOD"), MAX_PERIOD_MS as u128);
+        assert_eq!(number("MAX_WAIT"), MAX_WAIT_MS as u128);
+        assert_eq!(number("MAX_KEYS"), MAX_KEYS as u128);
+        assert_eq!(number("EXACT"), LUA_MAX_UNITS);
+    }
+
+    #[test]
     fn raw_arguments_are_checked_before_sending() {
         let s = Duration::from_secs(1);
         assert!(Bucket::new("k", 0, 1, s).unwrap_err().to_string().contains("bucket 'k': capacity must be"));
@@ -441,9 +389,9 @@ mod tests {
         assert!(Window::new("w", 1, Duration::ZERO).unwrap_err().to_string().contains("window must be"));
         assert!(check_keys(&["a", "b", "a"]).unwrap_err().to_string().contains("'a' is named more than once"));
         assert!(check_keys::<&str>(&[]).is_err());
-        assert!(BucketOp::Take(0).check().is_err());
-        assert!(BucketOp::Lease { want: 5, min: 6 }.check().unwrap_err().to_string().contains("min must be"));
-        assert!(BucketOp::Refund(MAX_TOKENS + 1).check().is_err());
-        assert!(BucketOp::Lease { want: 5, min: 5 }.check().is_ok());
+        assert!(BucketOp::Take { cost: 0 }.validate().is_err());
+        assert!(BucketOp::Lease { want: 5, min: 6 }.validate().unwrap_err().to_string().contains("min must be"));
+        assert!(BucketOp::Refund { tokens: MAX_TOKENS + 1 }.validate().is_err());
+        assert!(BucketOp::Lease { want: 5, min: 5 }.validate().is_ok());
     }
 }

@@ -49,7 +49,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(text: impl Into<String>) -> Error {
+    /// [`Error::Invalid`] with `text`.
+    pub fn invalid(text: impl Into<String>) -> Error {
         Error::Invalid(text.into())
     }
 }
@@ -74,6 +75,13 @@ impl std::error::Error for Error {
             Error::Redis(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// A parameter out of range is bad input, worded by the core.
+impl From<rl_core::ParamError> for Error {
+    fn from(e: rl_core::ParamError) -> Self {
+        Error::Invalid(e.to_string())
     }
 }
 

@@ -17,7 +17,6 @@ mod lease;
 mod limiter;
 mod metrics;
 mod policy;
-pub mod rules;
 mod shards;
 mod slot;
 
@@ -28,7 +27,7 @@ use std::time::Duration;
 use quick_cache::Equivalent;
 
 pub use backoff::Backoff;
-pub use client::{Bucket, Client, Window, WindowMode};
+pub use client::{Bucket, Client, Window};
 pub use config::{Backend, Config};
 pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
@@ -37,7 +36,8 @@ pub use error::{Error, Result};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
-pub use policy::{FailMode, Policy, PolicyBuilder, Rule};
+pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, Rule};
+pub use rl_core::WindowMode;
 
 /// What local state is kept per: (policy group id, shadow group?, subject).
 pub(crate) type SubjectKey = (u64, bool, Box<str>);

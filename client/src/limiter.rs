@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_core::limits::{MAX_TOKENS, MAX_WINDOW_LIMIT};
-use rl_core::BucketParams;
+use rl_core::{BucketOp, BucketParams};
 
 use crate::breaker::{Breaker, Ticket};
-use crate::client::{BucketOp, Client};
+use crate::client::Client;
 use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
@@ -186,7 +186,7 @@ impl Limiter {
     /// errors are bad input (an empty subject or one with braces, a cost
     /// out of range, a policy beyond the Lua backend's range).
     pub async fn check_cost(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Decision> {
-        self.check_input(policy, subject, BucketOp::Take(cost))?;
+        self.check_input(policy, subject, BucketOp::Take { cost })?;
         // The clock, read once for the decisions made from memory.
         let now = self.inner.now_ms();
         self.refresh_topology(now);
@@ -220,13 +220,13 @@ impl Limiter {
     /// (RL.TAKE ... FORCE). `None` when Redis could not be reached (the
     /// debit is then lost: under-counted, counted as an error).
     pub async fn settle(&self, policy: &Policy, subject: &str, extra: u64) -> Result<Option<Decision>> {
-        self.adjust(policy, subject, BucketOp::Force(extra)).await
+        self.adjust(policy, subject, BucketOp::Force { cost: extra }).await
     }
 
     /// Gives `tokens` back to every rule of the subject, never above
     /// capacity: for a cost found lower than was taken (RL.REFUND).
     pub async fn refund(&self, policy: &Policy, subject: &str, tokens: u64) -> Result<Option<Decision>> {
-        self.adjust(policy, subject, BucketOp::Refund(tokens)).await
+        self.adjust(policy, subject, BucketOp::Refund { tokens }).await
     }
 
     async fn adjust(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<Option<Decision>> {
@@ -242,14 +242,14 @@ impl Limiter {
             return Ok(None);
         };
         let keys = t.keys();
-        let call = self.inner.client.decide(op, &keys, &t.group.params);
+        let call = self.inner.client.run(op, &keys, &t.group.params);
         Ok(self.guarded(t.prefix(), admitted, call).await.ok().map(|d| t.mapped(d)))
     }
 
     /// Bad input is the caller's error, never a decision.
     fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
         check_subject(subject)?;
-        op.check()?;
+        op.validate()?;
         let lua = self.inner.client.backend() == Backend::Lua;
         if lua && !policy.fits_lua() {
             return Err(Error::invalid(format!(
@@ -264,7 +264,7 @@ impl Limiter {
                     policy.prefix()
                 )));
             }
-            if let BucketOp::Take(cost) = op {
+            if let BucketOp::Take { cost } = op {
                 if cost > MAX_WINDOW_LIMIT {
                     return Err(Error::invalid(format!(
                         "cost must be at most {MAX_WINDOW_LIMIT} on a policy with window rules, got {cost}"
@@ -278,14 +278,14 @@ impl Limiter {
     /// Which shadow rule of `policy` (an index into its rules) would refuse
     /// this request, evaluating its shadow rules only and recording nothing:
     /// live rules run a shadow rule set beside the enforced one.
-    pub(crate) async fn shadow_refusal(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Option<usize>> {
-        self.check_input(policy, subject, BucketOp::Take(cost))?;
+    pub async fn shadow_refusal(&self, policy: &Policy, subject: &str, cost: u64) -> Result<Option<usize>> {
+        self.check_input(policy, subject, BucketOp::Take { cost })?;
         let d = self.evaluate_groups(policy, &policy.shadow, true, subject, cost, self.inner.now_ms()).await;
         Ok(d.filter(|d| !d.allowed).map(|d| d.rule))
     }
 
     /// Counts an event decided outside the limiter (live rules' shadow refusals).
-    pub(crate) fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+    pub fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
         self.inner.record(event, policy, rule);
     }
 
@@ -389,11 +389,11 @@ impl Limiter {
         // Boxed: see `leased`.
         let answer = match t.group.window {
             None => {
-                let call = Box::pin(i.client.decide(BucketOp::Take(cost), &keys, params));
+                let call = Box::pin(i.client.run(BucketOp::Take { cost }, &keys, params));
                 self.guarded(t.prefix(), admitted, call).await
             }
             Some(mode) => {
-                let call = Box::pin(i.client.window_decide(mode, &keys, params, cost));
+                let call = Box::pin(i.client.run_windows(mode, &keys, params, cost));
                 self.guarded(t.prefix(), admitted, call).await
             }
         };

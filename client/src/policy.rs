@@ -4,16 +4,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_core::limits::{DEFAULT_LOG_LIMIT, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
-use rl_core::BucketParams;
+use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
+use rl_core::{BucketParams, WindowMode};
+use serde::{Deserialize, Serialize};
 
-use crate::client::WindowMode;
 use crate::error::{Error, Result};
 
-/// What a rule does when Redis cannot answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// What a rule does when Redis cannot answer. In rule files (rl-rules):
+/// `open` or `closed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FailMode {
     /// Limit locally, at this gateway's share of the limit (the default).
+    #[default]
     Open,
     /// Refuse: for rules that are the security control itself (logins,
     /// one-time passwords, SMS sends), where an outage must not open a
@@ -64,8 +67,10 @@ impl Rule {
     /// backend only; no leases (every request asks Redis, unless the deny
     /// cache refuses it); while Redis cannot answer, a fail-open window is
     /// replaced by a local bucket that admits at most this gateway's share
-    /// of `limit x slack` in any `window`. An EXACT limit is at most 10,000 (the module's default
-    /// `max-log-limit`); SLIDING and FIXED go to 10^12.
+    /// of `limit x slack` in any `window`. An EXACT limit is checked here
+    /// against the hard ceiling, 10^6; the server refuses a limit above its
+    /// `max-log-limit` (10,000 unless configured) on every call. SLIDING and
+    /// FIXED go to 10^12.
     pub fn window(name: impl Into<String>, limit: u64, window: Duration, mode: WindowMode) -> Rule {
         Rule { window: Some(mode), ..Rule::new(name, limit, limit, window) }
     }
@@ -163,45 +168,33 @@ fn window_params(limit: u64, refill: u64, window: Duration, mode: WindowMode) ->
     if refill != limit {
         return Err(format!("a window has no burst: its limit is {refill}, the burst set is {limit}"));
     }
-    // Above the module's default max-log-limit RL.WINDOW EXACT answers an
-    // error on every call: refused here, where the rule is loaded.
-    let max = if mode == WindowMode::Exact { DEFAULT_LOG_LIMIT } else { MAX_WINDOW_LIMIT };
-    if !(1..=max).contains(&limit) {
-        return Err(format!("{mode:?} window limit must be an integer from 1 to {max}, got {limit}"));
-    }
+    // An EXACT limit above the server's max-log-limit (a module option
+    // up to this ceiling) is the server's to refuse: it answers so on
+    // every call.
+    in_range("limit", limit, 1, mode.max_limit(MAX_LOG_LIMIT)).map_err(|e| format!("{mode:?} window {e}"))?;
     let ms = period_ms(window).map_err(|why| why.replacen("period", "window", 1))?;
-    BucketParams::new(limit, limit, ms).map_err(|e| format!("{e:?} out of range"))
+    BucketParams::new(limit, limit, ms).map_err(|e| e.to_string())
 }
 
 /// Checks a bucket against the module's limits; the text names the field.
 pub(crate) fn bucket_params(capacity: u64, refill: u64, period: Duration) -> std::result::Result<BucketParams, String> {
-    let tokens = |what: &str, value: u64| {
-        if (1..=MAX_TOKENS).contains(&value) {
-            Ok(())
-        } else {
-            Err(format!("{what} must be an integer from 1 to {MAX_TOKENS}, got {value}"))
-        }
-    };
-    tokens("capacity", capacity)?;
-    tokens("refill", refill)?;
-    let ms = period_ms(period)?;
-    BucketParams::new(capacity, refill, ms).map_err(|e| format!("{e:?} out of range"))
+    // Capacity and refill are named before the period, as the module names them.
+    in_range("capacity", capacity, 1, MAX_TOKENS).and(in_range("refill", refill, 1, MAX_TOKENS)).map_err(|e| e.to_string())?;
+    BucketParams::new(capacity, refill, period_ms(period)?).map_err(|e| e.to_string())
 }
 
 /// A period in whole milliseconds within the module's range.
-pub(crate) fn period_ms(period: Duration) -> std::result::Result<u64, String> {
-    let ms = period.as_millis();
-    if period.subsec_nanos() % 1_000_000 != 0 || !(1..=MAX_PERIOD_MS as u128).contains(&ms) {
-        return Err(format!(
-            "period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}"
-        ));
+pub fn period_ms(period: Duration) -> std::result::Result<u64, String> {
+    let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+    match in_range("period_ms", ms, 1, MAX_PERIOD_MS) {
+        Ok(ms) if period.subsec_nanos() % 1_000_000 == 0 => Ok(ms),
+        _ => Err(format!("period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}")),
     }
-    Ok(ms as u64)
 }
 
 /// Rule names (and rule ids) go into keys and into HTTP headers: keep them
 /// plain.
-pub(crate) fn check_name(name: &str) -> std::result::Result<(), &'static str> {
+pub fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters");
     }
@@ -384,13 +377,20 @@ impl Policy {
 
     /// Whether every rule fits the Lua backend's exact range
     /// (capacity x period_ms <= 2^52).
-    pub(crate) fn fits_lua(&self) -> bool {
+    pub fn fits_lua(&self) -> bool {
         self.lua_fits
     }
 
     /// Whether a rule is a window (RL.WINDOW: module only).
-    pub(crate) fn has_windows(&self) -> bool {
+    pub fn has_windows(&self) -> bool {
         self.rules.iter().any(|r| r.window.is_some())
+    }
+
+    /// Whether the two share local state (leases, deny cache, fallback):
+    /// true for clones of one built policy, false for policies built apart,
+    /// even from the same rules.
+    pub fn shares_state_with(&self, other: &Policy) -> bool {
+        self.buckets.id == other.buckets.id
     }
 
     /// The keys of a group's rules for a subject already checked.
@@ -416,8 +416,8 @@ pub(crate) fn check_subject(subject: &str) -> Result<()> {
 }
 
 /// Why `subject` cannot be one, if it cannot: the text of
-/// [`check_subject`]'s error, for rule files too.
-pub(crate) fn subject_fault(subject: &str) -> Option<String> {
+/// [`Policy::keys`]' error, for rule files too.
+pub fn subject_fault(subject: &str) -> Option<String> {
     (subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']))
         .then(|| format!("subject must be 1 to 512 bytes without '{{' or '}}', got {:?}", truncate(subject)))
 }
@@ -486,8 +486,11 @@ mod tests {
         let hour = Duration::from_secs(3600);
         let e = err(b().rule(Rule::window("w", 0, hour, WindowMode::Sliding)));
         assert!(e.contains("rule 'w': Sliding window limit must be an integer from 1 to 1000000000000, got 0"), "{e}");
-        let e = err(b().rule(Rule::window("w", 10_001, hour, WindowMode::Exact)));
-        assert!(e.contains("Exact window limit must be an integer from 1 to 10000"), "{e}");
+        // The server refuses an EXACT limit above its max-log-limit; here
+        // only the hard ceiling is checked.
+        assert!(b().rule(Rule::window("w", 10_001, hour, WindowMode::Exact)).build().is_ok());
+        let e = err(b().rule(Rule::window("w", 1_000_001, hour, WindowMode::Exact)));
+        assert!(e.contains("Exact window limit must be an integer from 1 to 1000000"), "{e}");
         let e = err(b().rule(Rule::window("w", 5, Duration::ZERO, WindowMode::Fixed)));
         assert!(e.contains("rule 'w': window must be a whole number of milliseconds"), "{e}");
         let e = err(b().rule(Rule::window("w", 5, hour, WindowMode::Fixed).burst(9)));

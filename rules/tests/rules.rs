@@ -2,6 +2,7 @@
 //! override expiry, refused rule sets, publication through Redis to several
 //! gateways, shadow rules, refresh failures, file reloads.
 
+#[path = "../../client/tests/common/mod.rs"]
 mod common;
 
 use std::net::IpAddr;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::config;
-use rl_client::rules::{
+use rl_rules::{
     Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY,
 };
 use rl_client::{Backend, Event, Limiter, Source};
@@ -99,7 +100,7 @@ fn clamp(id: &str, subject: &str, burst: u64, expires: SystemTime) -> RuleSpec {
     RuleSpec {
         id: id.to_owned(),
         scope: MatchSpec { subject: Some(subject.to_owned()), ..MatchSpec::default() },
-        limits: vec![rl_client::rules::LimitSpec::parse_short(&format!("s=1/1h,burst={burst}")).unwrap()],
+        limits: vec![rl_rules::LimitSpec::parse_short(&format!("s=1/1h,burst={burst}")).unwrap()],
         expires: Some(humantime::format_rfc3339_millis(expires).to_string()),
         reason: "INC-1: retry storm".to_owned(),
         ..RuleSpec::default()

@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use rl_client::rules::{
-    override_id, remaining, Fail, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
+use rl_rules::{
+    override_id, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
     DEFAULT_KEY, MAX_OVERRIDE,
 };
-use rl_client::{Backend, Error};
+use rl_client::{Backend, Error, FailMode};
 
 #[derive(Parser)]
 #[command(name = "rlctl", version, about = "Live rate-limit rules: validate, publish, inspect, override")]
@@ -203,7 +203,7 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         scope,
         limits,
         mode: Mode::Enforce,
-        fail: if add.fail_closed { Fail::Closed } else { Fail::Open },
+        fail: if add.fail_closed { FailMode::Closed } else { FailMode::Open },
         shared: add.shared,
         expires: Some(expiry(&add.expires, SystemTime::now())?),
         reason: add.reason.clone(),

@@ -1,6 +1,7 @@
 //! rlctl end to end: the built binary against a real server, and a gateway
 //! watching what it publishes.
 
+#[path = "../../client/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_client::rules::{LiveRules, RedisSource, Request, RuleSetSpec};
+use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
 use rl_client::{Backend, Limiter};
 use testkit::Server;
 

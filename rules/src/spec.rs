@@ -6,7 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use rl_client::{Error, FailMode, Result};
+use rl_core::WindowMode;
 
 /// The largest version: 2^53 - 1. Versions are compared in the rules
 /// store's Lua script, whose numbers are doubles, exact only up to there.
@@ -63,7 +64,7 @@ pub struct RuleSpec {
     pub mode: Mode,
     /// `open` (default): limit locally while Redis cannot answer; `closed`: refuse.
     #[serde(default, skip_serializing_if = "is_default")]
-    pub fail: Fail,
+    pub fail: FailMode,
     /// True: every request the rule matches shares one set of buckets
     /// (a whole IP block, an endpoint's total); false (default): each
     /// subject has its own.
@@ -123,7 +124,7 @@ pub struct LimitSpec {
     pub per: String,
 }
 
-/// How a limit counts.
+/// How a limit counts: a token bucket, or a window of one mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitKind {
@@ -132,11 +133,36 @@ pub enum LimitKind {
     Bucket,
     /// Sliding-window counter (`limit`, `per`): RL.WINDOW SLIDING.
     Window,
-    /// Exact sliding log (`limit` up to 10,000): RL.WINDOW EXACT.
+    /// Exact sliding log (`limit` up to the server's `max-log-limit`): RL.WINDOW EXACT.
     Exact,
     /// Fixed window aligned to the Unix epoch (`limit`, `per`; a day
     /// resets at UTC midnight): RL.WINDOW FIXED.
     Quota,
+}
+
+impl LimitKind {
+    /// Every kind.
+    pub const ALL: [LimitKind; 4] = [LimitKind::Bucket, LimitKind::Window, LimitKind::Exact, LimitKind::Quota];
+
+    /// The kind's name in rule files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitKind::Bucket => "bucket",
+            LimitKind::Window => "window",
+            LimitKind::Exact => "exact",
+            LimitKind::Quota => "quota",
+        }
+    }
+
+    /// How RL.WINDOW counts a limit of this kind; `None` for a bucket.
+    pub fn window_mode(self) -> Option<WindowMode> {
+        match self {
+            LimitKind::Bucket => None,
+            LimitKind::Window => Some(WindowMode::Sliding),
+            LimitKind::Exact => Some(WindowMode::Exact),
+            LimitKind::Quota => Some(WindowMode::Fixed),
+        }
+    }
 }
 
 /// Whether a rule is enforced.
@@ -149,17 +175,6 @@ pub enum Mode {
     /// Evaluated and reported (which subject it would have refused, how
     /// often), never enforced.
     Shadow,
-}
-
-/// What a rule does while Redis cannot answer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Fail {
-    /// Limits locally at this gateway's share.
-    #[default]
-    Open,
-    /// Refuses: logins, one-time passwords, SMS sends.
-    Closed,
 }
 
 /// A rule file's text; an error names the file.
@@ -234,15 +249,11 @@ impl LimitSpec {
         let count: u64 = count.trim().parse().map_err(|_| bad("the count is not a whole number"))?;
         let mut spec = LimitSpec { name: name.trim().to_owned(), per: per.trim().to_owned(), ..LimitSpec::default() };
         for option in parts.map(str::trim) {
-            match option {
-                "window" => spec.kind = LimitKind::Window,
-                "exact" => spec.kind = LimitKind::Exact,
-                "quota" => spec.kind = LimitKind::Quota,
-                "bucket" => spec.kind = LimitKind::Bucket,
-                _ => {
-                    let burst = option.strip_prefix("burst=").ok_or_else(|| bad(&format!("unknown option {option:?}")))?;
-                    spec.burst = Some(burst.trim().parse().map_err(|_| bad("burst is not a whole number"))?);
-                }
+            if let Some(kind) = LimitKind::ALL.into_iter().find(|k| k.name() == option) {
+                spec.kind = kind;
+            } else {
+                let burst = option.strip_prefix("burst=").ok_or_else(|| bad(&format!("unknown option {option:?}")))?;
+                spec.burst = Some(burst.trim().parse().map_err(|_| bad("burst is not a whole number"))?);
             }
         }
         if spec.kind == LimitKind::Bucket {
@@ -259,14 +270,10 @@ impl std::fmt::Display for LimitSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let count = self.rate.or(self.limit).unwrap_or(0);
         write!(f, "{}={count}/{}", self.name, self.per)?;
-        match self.kind {
-            LimitKind::Bucket => match self.burst {
-                Some(burst) => write!(f, ",burst={burst}"),
-                None => Ok(()),
-            },
-            LimitKind::Window => f.write_str(",window"),
-            LimitKind::Exact => f.write_str(",exact"),
-            LimitKind::Quota => f.write_str(",quota"),
+        match (self.kind, self.burst) {
+            (LimitKind::Bucket, Some(burst)) => write!(f, ",burst={burst}"),
+            (LimitKind::Bucket, None) => Ok(()),
+            (kind, _) => write!(f, ",{}", kind.name()),
         }
     }
 }
@@ -303,7 +310,7 @@ mod tests {
         assert_eq!(spec.ipv6_prefix, Some(56));
         assert_eq!(spec.rules[0].limits[1].kind, LimitKind::Quota);
         assert_eq!(spec.rules[1].scope.endpoint.as_deref(), Some("GET /search"));
-        assert_eq!((spec.rules[1].mode, spec.rules[1].fail), (Mode::Shadow, Fail::Closed));
+        assert_eq!((spec.rules[1].mode, spec.rules[1].fail), (Mode::Shadow, FailMode::Closed));
         let json = spec.to_json();
         assert!(!json.contains("\"mode\":\"enforce\""), "defaults are left out: {json}");
         assert_eq!(RuleSetSpec::from_json(&json).unwrap(), spec);

@@ -21,9 +21,10 @@ use std::time::{Duration, SystemTime};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::snapshot::Snapshot;
-use super::spec::{RuleSetSpec, RuleSpec, MAX_VERSION};
-use crate::error::{Error, Result};
+use rl_client::{Error, Result};
+
+use crate::snapshot::Snapshot;
+use crate::spec::{RuleSetSpec, RuleSpec, MAX_VERSION};
 
 /// The hash (and pub/sub channel) used unless told otherwise.
 pub const DEFAULT_KEY: &str = "rl:rules";

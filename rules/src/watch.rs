@@ -14,10 +14,11 @@ use redis::aio::PubSubStream;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
-use super::live::{Installed, LiveRules};
-use super::spec::{read, RuleSetSpec};
-use super::store::{RulesStore, Stored, DEFAULT_KEY};
-use crate::error::{Error, Result};
+use rl_client::{Error, Result};
+
+use crate::live::{Installed, LiveRules};
+use crate::spec::{read, RuleSetSpec};
+use crate::store::{RulesStore, Stored, DEFAULT_KEY};
 
 /// Where and how often to look for rules in Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,21 +8,17 @@
 //! stays.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use http::HeaderMap;
 use quick_cache::sync::Cache;
 
-use super::snapshot::{CompiledRule, Request, Snapshot};
-use super::spec::{RuleSetSpec, RuleSpec};
-use crate::config::Backend;
-use crate::decision::Decision;
-use crate::error::{Error, Result};
-use crate::limiter::Limiter;
-use crate::metrics::Event;
-use crate::{headers, lock};
+use rl_client::{headers, Backend, Decision, Error, Event, Limiter, Result};
+
+use crate::snapshot::{CompiledRule, Request, Snapshot};
+use crate::spec::{RuleSetSpec, RuleSpec};
 
 /// The rule a shadow rule would have enforced, had it been enforced.
 #[derive(Clone, Debug)]
@@ -101,7 +97,7 @@ pub enum Installed {
 ///
 /// ```no_run
 /// use std::net::IpAddr;
-/// use rl_client::rules::{LiveRules, RedisSource, Request, RuleSetSpec};
+/// use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
 /// use rl_client::{Config, Limiter};
 ///
 /// # async fn run() -> Result<(), rl_client::Error> {
@@ -142,6 +138,14 @@ struct State {
     last_error: Option<String>,
     /// The newest version refused, so a watcher does not fetch it again.
     rejected_version: Option<u64>,
+}
+
+impl Inner {
+    /// The install bookkeeping. A poisoned lock (a panic elsewhere while
+    /// held) still holds consistent plain data, so it is used as is.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// Subjects the shadow log remembers; the least seen go first.
@@ -269,7 +273,7 @@ impl LiveRules {
         source: &str,
         named: bool,
     ) -> Result<Installed> {
-        let mut state = lock(&self.inner.state);
+        let mut state = self.inner.state();
         let current = self.inner.current.load();
         if version <= current.version() {
             return Ok(Installed::NotNewer);
@@ -299,7 +303,7 @@ impl LiveRules {
     /// force is remembered, so a watcher does not fetch it again; a set
     /// that names no version (a file that does not parse) marks none.
     pub(crate) fn rejected(&self, version: Option<u64>, source: &str, error: &Error) {
-        let mut state = lock(&self.inner.state);
+        let mut state = self.inner.state();
         state.rejected += 1;
         let current = self.inner.current.load().version();
         if let Some(newer) = version.filter(|&v| v > current) {
@@ -315,7 +319,7 @@ impl LiveRules {
 
     /// Where the rules in force stand: version, source, age, refusals.
     pub fn status(&self) -> RulesStatus {
-        let state = lock(&self.inner.state);
+        let state = self.inner.state();
         RulesStatus {
             version: self.inner.current.load().version(),
             source: state.source.clone(),
@@ -329,7 +333,7 @@ impl LiveRules {
 
     /// The source was read and holds nothing newer: the snapshot is current.
     pub(crate) fn confirmed(&self) {
-        let mut state = lock(&self.inner.state);
+        let mut state = self.inner.state();
         state.confirmed = Instant::now();
         let current = self.inner.current.load().version();
         if !matches!(state.rejected_version, Some(r) if r > current) {
@@ -339,7 +343,7 @@ impl LiveRules {
 
     /// The source could not be read; the snapshot in force stays.
     pub(crate) fn refresh_failed(&self, source: &str, error: &Error) {
-        let mut state = lock(&self.inner.state);
+        let mut state = self.inner.state();
         state.refresh_failures += 1;
         let text = format!("cannot refresh rules from {source}: {error}");
         // Logged when the failing starts, not on every poll.
@@ -351,6 +355,6 @@ impl LiveRules {
 
     /// Whether `version` was already refused: a watcher skips fetching it again.
     pub(crate) fn was_rejected(&self, version: u64) -> bool {
-        lock(&self.inner.state).rejected_version == Some(version)
+        self.inner.state().rejected_version == Some(version)
     }
 }
