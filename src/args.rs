@@ -284,9 +284,11 @@ pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<(usize, &'a [u8]), ArgE
     }
 }
 
+type Tokens<'a> = SmallVec<[&'a [u8]; 8]>;
+
 /// Takes `ID id` out of the options (it is the one option whose value is
 /// not a number).
-fn split_id<'a>(rest: &'a [&'a [u8]]) -> Result<(Option<&'a [u8]>, SmallVec<[&'a [u8]; 8]>), ArgError> {
+fn split_id<'a>(rest: &'a [&'a [u8]]) -> Result<(Option<&'a [u8]>, Tokens<'a>), ArgError> {
     let mut id = None;
     let mut others = SmallVec::new();
     let mut tokens = rest.iter();
