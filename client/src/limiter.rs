@@ -16,13 +16,14 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rl_core::limits::{MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::BucketParams;
 
 use crate::breaker::{Breaker, Ticket};
 use crate::client::{BucketOp, Client};
+use crate::clock::{millis, Clock};
 use crate::config::{Backend, Config};
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
@@ -32,7 +33,7 @@ use crate::lease::{self, InFlight, Leases, Spend};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy, GROUP_KINDS};
 use crate::shards::Shards;
-use crate::{lock, millis, Subject, SubjectKey, SubjectRef};
+use crate::{lock, Subject, SubjectKey, SubjectRef};
 
 /// Decides requests against [`Policy`] rules. Cheap to clone; clones share
 /// everything (connection, caches, breakers, counters).
@@ -63,7 +64,6 @@ struct Inner {
     client: Client,
     config: Config,
     gateways: AtomicU32,
-    epoch: Instant,
     shards: Shards,
     deny: DenyCache,
     leases: Leases,
@@ -163,7 +163,6 @@ impl Limiter {
             inner: Arc::new(Inner {
                 client,
                 gateways: AtomicU32::new(config.gateways),
-                epoch: Instant::now(),
                 shards,
                 deny: DenyCache::new(config.deny_cache_entries),
                 leases: Leases::new(config.lease_entries),
@@ -305,6 +304,11 @@ impl Limiter {
     /// map is read), or `standalone`.
     pub fn shards(&self) -> Vec<(String, bool)> {
         self.inner.shards.states(self.inner.now_ms())
+    }
+
+    /// The clock it decides from memory by ([`Config::clock`]).
+    pub fn clock(&self) -> &Clock {
+        &self.inner.config.clock
     }
 
     /// The typed, unguarded calls on the same connection.
@@ -596,9 +600,8 @@ impl Limiter {
 }
 
 impl Inner {
-    /// Milliseconds on a monotonic clock local to this limiter.
     fn now_ms(&self) -> u64 {
-        millis(self.epoch.elapsed())
+        self.config.clock.now_ms()
     }
 
     fn gateways(&self) -> u32 {
