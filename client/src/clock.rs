@@ -1,13 +1,9 @@
-//! The clock a [`Limiter`](crate::Limiter) decides from memory by: leases,
-//! the deny cache, breakers and the fallback all read it (in whole
-//! milliseconds on a monotonic count), and the tower layer's headers read
-//! its wall time. The calls to Redis keep their real timeouts, and Redis
-//! its own clock.
-//!
-//! [`Clock::System`] (the default) is the machine's monotonic clock. A
-//! [`ManualClock`] moves only when told: tests wait for a lease or a
-//! refusal to expire without sleeping, and a simulation hands every
-//! `Limiter` of a fleet one virtual clock.
+//! The clock a [`Limiter`](crate::Limiter) decides from memory by (leases,
+//! deny cache, breakers, fallback: whole milliseconds on a monotonic count)
+//! and the tower layer's headers read (wall time). Calls to Redis keep their
+//! real timeouts, and Redis its own clock. A [`ManualClock`] moves only when
+//! told: tests wait for expiry without sleeping, and a simulation hands
+//! every `Limiter` of a fleet one virtual clock.
 //!
 //! ```
 //! use std::time::Duration;
