@@ -1,7 +1,6 @@
 //! The report: its header, the Markdown tables and the check lines.
 
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::checks::{allowance_table, calls_summary, outage_table};
 use crate::phases::{Mode, Phase, AFTER_OUTAGE, BEFORE_OUTAGE};
@@ -87,19 +86,8 @@ pub fn thousands(n: u64) -> String {
 
 /// `YYYY-MM-DD HH:MM UTC` from the system clock.
 pub fn utc_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02} UTC", rest / 3600, rest % 3600 / 60)
+    let out = std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output();
+    out.map_or_else(|_| "unknown time".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 pub fn machine() -> String {
