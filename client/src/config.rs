@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::clock::Clock;
 use crate::connection::Target;
 use crate::error::{Error, Result};
 
@@ -73,6 +74,10 @@ pub struct Config {
     /// How often a cluster's slot map is read again to key breakers by
     /// shard. Default 10 s.
     pub topology_refresh: Duration,
+    /// The clock leases, the deny cache, breakers and the fallback read.
+    /// Default [`Clock::System`]; tests and simulations hand a limiter a
+    /// [`ManualClock`](crate::ManualClock).
+    pub clock: Clock,
 }
 
 impl Config {
@@ -102,6 +107,7 @@ impl Config {
             lease_entries: 10_000,
             fallback_entries: 100_000,
             topology_refresh: Duration::from_secs(10),
+            clock: Clock::System,
         }
     }
 

@@ -14,7 +14,8 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::decision::{Decision, Source};
-use crate::{millis, Subject, SubjectKey};
+use crate::clock::millis;
+use crate::{Subject, SubjectKey};
 
 #[derive(Clone, Copy, Debug)]
 struct Denial {

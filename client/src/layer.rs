@@ -33,7 +33,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -113,7 +112,7 @@ where
                 }
                 Err(e) => return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, format!("500 Internal Server Error: {e}\n"))),
             };
-            let now = SystemTime::now();
+            let now = limiter.clock().wall();
             if !decision.allowed {
                 let mut response = text(StatusCode::TOO_MANY_REQUESTS, refusal_body(&policy, &decision));
                 headers::insert(response.headers_mut(), &policy, &decision, now);

@@ -1,4 +1,6 @@
-//! Tokens this gateway leased from Redis for a busy subject, spent from memory.
+//! Tokens this gateway leased from Redis for a busy subject, spent from
+//! memory: the leases, and the limiter's path through them (spend, top up
+//! in the background, lead the one RL.LEASE in flight).
 //!
 //! A lease is taken with RL.LEASE before any of its tokens is spent, so the
 //! fleet can never admit more than the buckets hold: the error is under,
@@ -26,9 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
+use rl_core::BucketParams;
 
+use rl_core::BucketOp;
+use crate::clock::millis;
 use crate::decision::{Decision, Source};
-use crate::{lock, Subject, SubjectKey};
+use crate::limiter::{mapped, spawn, Evaluation};
+use crate::metrics::Event;
+use crate::policy::Group;
+use crate::{lock, Limiter, Subject, SubjectKey};
 
 /// One subject's lease.
 #[derive(Debug, Default)]
@@ -190,9 +198,9 @@ impl Leases {
 /// This gateway's share of `window_ms` of the slowest rule's rate: the
 /// tokens one RL.LEASE asks for. 1 means a quiet subject, checked call by
 /// call. Never more than the smallest capacity.
-pub(crate) fn batch(rules: &[rl_core::BucketParams], window_ms: u64, gateways: u32) -> u64 {
+pub(crate) fn batch(rules: &[BucketParams], window_ms: u64, gateways: u32) -> u64 {
     let gateways = u64::from(gateways.max(1));
-    let share = |p: &rl_core::BucketParams| {
+    let share = |p: &BucketParams| {
         // In u64 when it fits (nearly always, and a u128 division is several
         // times slower: this runs on every check), else in u128.
         let per_window = match (p.refill().checked_mul(window_ms), p.period_ms().checked_mul(gateways)) {
@@ -204,11 +212,143 @@ pub(crate) fn batch(rules: &[rl_core::BucketParams], window_ms: u64, gateways: u
     rules.iter().map(share).min().unwrap_or(1).max(1)
 }
 
+/// A group's lease call, owned, for a background top-up to carry.
+struct Refill {
+    key: SubjectKey,
+    keys: Vec<String>,
+    params: Vec<BucketParams>,
+    /// Group index -> policy rule index.
+    rules: Vec<usize>,
+    policy: Arc<str>,
+}
+
+impl Refill {
+    fn new(t: &Evaluation) -> Refill {
+        Refill {
+            key: t.key().owned(),
+            keys: t.keys(),
+            params: t.group.params.clone(),
+            rules: t.group.rules.clone(),
+            policy: t.policy.prefix_arc(),
+        }
+    }
+}
+
+/// The lease path of a [`Limiter`]: a busy subject's requests spend from
+/// memory, and at most one RL.LEASE per subject is on its way.
+impl Limiter {
+    /// The tokens one RL.LEASE asks for in `group`; 1 is a quiet subject,
+    /// asked call by call. Windows are never leased: RL.LEASE takes tokens
+    /// from buckets only.
+    pub(crate) fn batch(&self, group: &Group, gateways: u32) -> u64 {
+        match group.window {
+            Some(_) => 1,
+            None => batch(&group.params, millis(self.inner.config.lease_window), gateways),
+        }
+    }
+
+    /// A busy subject: spend from the lease, top it up in the background at
+    /// half empty, and lease synchronously only when it runs short.
+    pub(crate) async fn leased(&self, t: Evaluation<'_>, cost: u64, batch: u64, now: u64, shard_down: &mut bool) -> Decision {
+        let i = &self.inner;
+        let key = t.key();
+        let entry = i.leases.entry(&key);
+        // While the shard's breaker refuses, a top-up or a lease call would
+        // be refused: none is claimed.
+        let may_call = || !i.shards.refuses(t.subject, now);
+        let (reserved, lease) = match spend_with(&entry, cost, batch, now, may_call) {
+            Spend::Hit { decision, refill } => {
+                i.record(Event::LeaseHit, t.prefix(), None);
+                if let Some(call) = refill {
+                    self.refill(Refill::new(&t), call, batch);
+                }
+                return decision;
+            }
+            Spend::Short { reserved, lease } => (reserved, lease),
+        };
+        // Leased tokens are already paid for; only a short lease checks the
+        // deny cache.
+        let need = cost - reserved;
+        let put_back = |tokens: u64, now: u64| {
+            if tokens > 0 {
+                lock(&entry).put_back(tokens, now);
+            }
+        };
+        if let Some(d) = i.deny.check(&key, need, now) {
+            put_back(reserved, now);
+            i.record(Event::DenyCacheHit, t.prefix(), None);
+            return d;
+        }
+        let Some(admitted) = self.admit(&t, now, shard_down) else {
+            put_back(reserved, now);
+            return self.degraded(&t, cost, now);
+        };
+        // The one lease call in flight asks for a batch; requests that come
+        // while it is on its way ask for what they lack, nothing more.
+        let want = if lease.is_some() { batch.max(need) } else { need };
+        let keys = t.keys();
+        // Boxed: a call's future is kilobytes, and held inline it would make
+        // every check's future as big, moved on every check, even one
+        // answered from memory.
+        let call = Box::pin(i.client.grant(BucketOp::Lease { want, min: need }, &keys, &t.group.params));
+        let answer = self.guarded(t.prefix(), admitted, call).await;
+        let (after, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+        match answer {
+            Ok(g) if g.tokens >= need => {
+                let standing = t.mapped(g.decision);
+                match lease {
+                    Some(lease) => lease.done(|l| {
+                        l.add(g.tokens - need, &standing, after, ttl);
+                        Decision { source: Source::Redis, ..l.estimate(after) }
+                    }),
+                    None => standing,
+                }
+            }
+            Ok(g) => {
+                // RL.LEASE grants nothing below MIN; should it ever, keep what came.
+                put_back(reserved + g.tokens, after);
+                let d = t.mapped(g.decision);
+                i.deny.refused(&key, need, &d, now);
+                Decision { allowed: false, ..d }
+            }
+            Err(e) => {
+                *shard_down |= e.is_shard_failure();
+                put_back(reserved, after);
+                self.degraded(&t, cost, after)
+            }
+        }
+    }
+
+    /// Tops a lease up off the request path. `call` is the subject's one
+    /// lease call in flight: however this task ends (or if it never runs),
+    /// dropping it lets the next one go.
+    fn refill(&self, r: Refill, call: InFlight, batch: u64) {
+        let this = self.clone();
+        spawn(async move {
+            let i = &this.inner;
+            let now = i.now_ms();
+            // An open breaker: spend what is left; the request path and its
+            // fallback take over.
+            let Some(admitted) = i.shards.admit(&r.key.2, now) else { return };
+            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &r.keys, &r.params);
+            match this.guarded(&r.policy, admitted, grant).await {
+                Ok(g) if g.tokens > 0 => {
+                    let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+                    call.done(|l| l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl));
+                }
+                // Empty: requests spend what is left, then the deny cache refuses.
+                Ok(g) => i.deny.refused(&r.key, 1, &mapped(&r.rules, g.decision), now),
+                // Spend what is left; the request path and its fallback take over.
+                Err(_) => {}
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rl_core::limits::MAX_TOKENS;
-    use rl_core::BucketParams;
 
     fn standing(remaining: u64) -> Decision {
         Decision {

@@ -4,6 +4,7 @@
 mod backoff;
 mod breaker;
 mod client;
+mod clock;
 mod config;
 mod connection;
 mod decision;
@@ -22,12 +23,12 @@ mod slot;
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 use quick_cache::Equivalent;
 
 pub use backoff::Backoff;
 pub use client::{Bucket, Client, Window};
+pub use clock::{Clock, ManualClock};
 pub use config::{Backend, Config};
 pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
@@ -93,11 +94,6 @@ impl Subject for SubjectRef<'_> {
 /// holds consistent plain data here, so it is used as is.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Whole milliseconds of `d`, saturating (a `Duration` can hold more).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

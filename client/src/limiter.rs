@@ -16,23 +16,25 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rl_core::limits::{MAX_TOKENS, MAX_WINDOW_LIMIT};
-use rl_core::{BucketOp, BucketParams};
+use rl_core::BucketOp;
 
 use crate::breaker::{Breaker, Ticket};
 use crate::client::Client;
+use crate::clock::{millis, Clock};
 use crate::config::{Backend, Config};
+use crate::connection::Target;
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
 use crate::fallback::{Fallback, Scale};
-use crate::lease::{self, InFlight, Leases, Spend};
+use crate::lease::Leases;
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy, GROUP_KINDS};
 use crate::shards::Shards;
-use crate::{lock, millis, Subject, SubjectKey, SubjectRef};
+use crate::SubjectRef;
 
 /// Decides requests against [`Policy`] rules. Cheap to clone; clones share
 /// everything (connection, caches, breakers, counters).
@@ -56,86 +58,63 @@ use crate::{lock, millis, Subject, SubjectKey, SubjectRef};
 /// ```
 #[derive(Clone)]
 pub struct Limiter {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    config: Config,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: Config,
     gateways: AtomicU32,
-    epoch: Instant,
-    shards: Shards,
-    deny: DenyCache,
-    leases: Leases,
+    pub(crate) shards: Shards,
+    pub(crate) deny: DenyCache,
+    pub(crate) leases: Leases,
     fallback: Fallback,
     counters: Counters,
     sink: Option<Arc<dyn Metrics>>,
 }
 
-/// One group of a policy's rules for one subject, borrowed from the
-/// request: all a decision from memory needs. Nothing is allocated for it:
-/// the keys are built only for a call to Redis, and a [`Refill`] only for
-/// a background top-up.
+/// The evaluation of one group of a policy's rules for one subject,
+/// borrowed from the request: all a decision from memory needs. Nothing is
+/// allocated for it: the keys are built only for a call to Redis, and a
+/// lease's owned refill only for a background top-up.
 #[derive(Clone, Copy)]
-struct Target<'a> {
-    policy: &'a Policy,
-    group: &'a Group,
+pub(crate) struct Evaluation<'a> {
+    pub(crate) policy: &'a Policy,
+    pub(crate) group: &'a Group,
     shadow: bool,
-    subject: &'a str,
+    pub(crate) subject: &'a str,
 }
 
-impl<'a> Target<'a> {
+impl<'a> Evaluation<'a> {
     /// Its key in the local maps (leases, deny cache, fallback).
-    fn key(&self) -> SubjectRef<'a> {
+    pub(crate) fn key(&self) -> SubjectRef<'a> {
         SubjectRef(self.group.id, self.shadow, self.subject)
     }
 
     /// The group's bucket or window keys, for a call to Redis.
-    fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         self.policy.group_keys(self.group, self.subject)
     }
 
-    fn prefix(&self) -> &'a str {
+    pub(crate) fn prefix(&self) -> &'a str {
         self.policy.prefix()
     }
 
     /// `d` with its binding index turned from the group's into the policy's.
-    fn mapped(&self, d: Decision) -> Decision {
+    pub(crate) fn mapped(&self, d: Decision) -> Decision {
         mapped(&self.group.rules, d)
-    }
-}
-
-/// A group's lease call, owned, for a background top-up to carry.
-struct Refill {
-    key: SubjectKey,
-    keys: Vec<String>,
-    params: Vec<BucketParams>,
-    /// Group index -> policy rule index.
-    rules: Vec<usize>,
-    policy: Arc<str>,
-}
-
-impl Refill {
-    fn new(t: &Target) -> Refill {
-        Refill {
-            key: t.key().owned(),
-            keys: t.keys(),
-            params: t.group.params.clone(),
-            rules: t.group.rules.clone(),
-            policy: t.policy.prefix_arc(),
-        }
     }
 }
 
 /// `d` with its binding index turned from a group's (`rules`: group index
 /// -> policy rule index) into the policy's.
-fn mapped(rules: &[usize], d: Decision) -> Decision {
+pub(crate) fn mapped(rules: &[usize], d: Decision) -> Decision {
     Decision { rule: rules.get(d.rule).copied().unwrap_or(d.rule), ..d }
 }
 
 /// A call the shard's breaker admitted: the breaker, and the ticket to
 /// report the outcome with.
-type Admitted = (Arc<Breaker>, Ticket);
+pub(crate) type Admitted = (Arc<Breaker>, Ticket);
 
 impl Limiter {
     /// A limiter for `config`. Does not wait for Redis: it connects in the
@@ -152,7 +131,7 @@ impl Limiter {
 
     fn build(config: Config, sink: Option<Arc<dyn Metrics>>) -> Result<Limiter> {
         let client = Client::new(&config)?;
-        let cluster = matches!(config.target, crate::Target::Cluster(_));
+        let cluster = matches!(config.target, Target::Cluster(_));
         let shards = Shards::new(
             cluster,
             config.breaker_trip_after,
@@ -163,7 +142,6 @@ impl Limiter {
             inner: Arc::new(Inner {
                 client,
                 gateways: AtomicU32::new(config.gateways),
-                epoch: Instant::now(),
                 shards,
                 deny: DenyCache::new(config.deny_cache_entries),
                 leases: Leases::new(config.lease_entries),
@@ -237,7 +215,7 @@ impl Limiter {
                 policy.prefix()
             )));
         }
-        let t = Target { policy, group: &policy.buckets, shadow: false, subject };
+        let t = Evaluation { policy, group: &policy.buckets, shadow: false, subject };
         let Some(admitted) = self.inner.shards.admit(subject, self.inner.now_ms()) else {
             return Ok(None);
         };
@@ -307,6 +285,11 @@ impl Limiter {
         self.inner.shards.states(self.inner.now_ms())
     }
 
+    /// The clock it decides from memory by ([`Config::clock`]).
+    pub fn clock(&self) -> &Clock {
+        &self.inner.config.clock
+    }
+
     /// The typed, unguarded calls on the same connection.
     pub fn client(&self) -> &Client {
         &self.inner.client
@@ -331,14 +314,14 @@ impl Limiter {
         now: u64,
     ) -> Option<Decision> {
         let i = &self.inner;
-        let target = |group| Target { policy, group, shadow, subject };
+        let evaluation = |group| Evaluation { policy, group, shadow, subject };
         // A policy has at most one group of each kind of call.
         let gateways = i.gateways();
         let batches: [u64; GROUP_KINDS] = std::array::from_fn(|k| groups.get(k).map_or(1, |g| self.batch(g, gateways)));
         // A leased group checks its own entry when its lease runs short:
         // the tokens it holds are paid for.
         for (group, _) in groups.iter().zip(batches).filter(|(_, batch)| *batch == 1) {
-            if let Some(d) = i.deny.check(&target(group).key(), cost, now) {
+            if let Some(d) = i.deny.check(&evaluation(group).key(), cost, now) {
                 i.record(Event::DenyCacheHit, policy.prefix(), None);
                 return Some(d);
             }
@@ -346,7 +329,7 @@ impl Limiter {
         let mut shard_down = false;
         let mut allowed: Option<Decision> = None;
         for (group, batch) in groups.iter().zip(batches) {
-            let t = target(group);
+            let t = evaluation(group);
             let d = if batch > 1 {
                 self.leased(t, cost, batch, now, &mut shard_down).await
             } else {
@@ -367,20 +350,10 @@ impl Limiter {
         allowed
     }
 
-    /// The tokens one RL.LEASE asks for in `group`; 1 is a quiet subject,
-    /// asked call by call. Windows are never leased: RL.LEASE takes tokens
-    /// from buckets only.
-    fn batch(&self, group: &Group, gateways: u32) -> u64 {
-        match group.window {
-            Some(_) => 1,
-            None => lease::batch(&group.params, millis(self.inner.config.lease_window), gateways),
-        }
-    }
-
     /// A quiet subject's group: the request asks Redis (its deny-cache
     /// entry was looked at first), unless the shard already failed this
     /// check or its breaker is open.
-    async fn evaluate(&self, t: Target<'_>, cost: u64, now: u64, shard_down: &mut bool) -> Decision {
+    async fn evaluate(&self, t: Evaluation<'_>, cost: u64, now: u64, shard_down: &mut bool) -> Decision {
         let i = &self.inner;
         let Some(admitted) = self.admit(&t, now, shard_down) else {
             return self.degraded(&t, cost, now);
@@ -410,107 +383,10 @@ impl Limiter {
         }
     }
 
-    /// A busy subject: spend from the lease, top it up in the background at
-    /// half empty, and lease synchronously only when it runs short.
-    async fn leased(&self, t: Target<'_>, cost: u64, batch: u64, now: u64, shard_down: &mut bool) -> Decision {
-        let i = &self.inner;
-        let key = t.key();
-        let entry = i.leases.entry(&key);
-        // While the shard's breaker refuses, a top-up or a lease call would
-        // be refused: none is claimed.
-        let may_call = || !i.shards.refuses(t.subject, now);
-        let (reserved, lease) = match lease::spend_with(&entry, cost, batch, now, may_call) {
-            Spend::Hit { decision, refill } => {
-                i.record(Event::LeaseHit, t.prefix(), None);
-                if let Some(call) = refill {
-                    self.refill(Refill::new(&t), call, batch);
-                }
-                return decision;
-            }
-            Spend::Short { reserved, lease } => (reserved, lease),
-        };
-        // Leased tokens are already paid for; only a short lease checks the
-        // deny cache.
-        let need = cost - reserved;
-        let put_back = |tokens: u64, now: u64| {
-            if tokens > 0 {
-                lock(&entry).put_back(tokens, now);
-            }
-        };
-        if let Some(d) = i.deny.check(&key, need, now) {
-            put_back(reserved, now);
-            i.record(Event::DenyCacheHit, t.prefix(), None);
-            return d;
-        }
-        let Some(admitted) = self.admit(&t, now, shard_down) else {
-            put_back(reserved, now);
-            return self.degraded(&t, cost, now);
-        };
-        // The one lease call in flight asks for a batch; requests that come
-        // while it is on its way ask for what they lack, nothing more.
-        let want = if lease.is_some() { batch.max(need) } else { need };
-        let keys = t.keys();
-        // Boxed: a call's future is kilobytes, and held inline it would make
-        // every check's future as big, moved on every check, even one
-        // answered from memory.
-        let call = Box::pin(i.client.grant(BucketOp::Lease { want, min: need }, &keys, &t.group.params));
-        let answer = self.guarded(t.prefix(), admitted, call).await;
-        let (after, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-        match answer {
-            Ok(g) if g.tokens >= need => {
-                let standing = t.mapped(g.decision);
-                match lease {
-                    Some(lease) => lease.done(|l| {
-                        l.add(g.tokens - need, &standing, after, ttl);
-                        Decision { source: Source::Redis, ..l.estimate(after) }
-                    }),
-                    None => standing,
-                }
-            }
-            Ok(g) => {
-                // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                put_back(reserved + g.tokens, after);
-                let d = t.mapped(g.decision);
-                i.deny.refused(&key, need, &d, now);
-                Decision { allowed: false, ..d }
-            }
-            Err(e) => {
-                *shard_down |= e.is_shard_failure();
-                put_back(reserved, after);
-                self.degraded(&t, cost, after)
-            }
-        }
-    }
-
-    /// Tops a lease up off the request path. `call` is the subject's one
-    /// lease call in flight: however this task ends (or if it never runs),
-    /// dropping it lets the next one go.
-    fn refill(&self, r: Refill, call: InFlight, batch: u64) {
-        let this = self.clone();
-        spawn(async move {
-            let i = &this.inner;
-            let now = i.now_ms();
-            // An open breaker: spend what is left; the request path and its
-            // fallback take over.
-            let Some(admitted) = i.shards.admit(&r.key.2, now) else { return };
-            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &r.keys, &r.params);
-            match this.guarded(&r.policy, admitted, grant).await {
-                Ok(g) if g.tokens > 0 => {
-                    let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-                    call.done(|l| l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl));
-                }
-                // Empty: requests spend what is left, then the deny cache refuses.
-                Ok(g) => i.deny.refused(&r.key, 1, &mapped(&r.rules, g.decision), now),
-                // Spend what is left; the request path and its fallback take over.
-                Err(_) => {}
-            }
-        });
-    }
-
     /// Redis could not answer: fail-closed rules refuse, the others limit
     /// locally at this gateway's share of the limit times the slack (one
     /// token at least; a window whose share is below one token refuses).
-    fn degraded(&self, t: &Target, cost: u64, now: u64) -> Decision {
+    pub(crate) fn degraded(&self, t: &Evaluation, cost: u64, now: u64) -> Decision {
         let i = &self.inner;
         i.record(Event::Fallback, t.prefix(), None);
         let closed = |local: usize| {
@@ -548,7 +424,7 @@ impl Limiter {
     /// check failed there, nor while its breaker is open (which counts as a
     /// failure of the shard for the check's other groups). Asked before a
     /// call is built, so a refusal costs no keys and no command.
-    fn admit(&self, t: &Target, now: u64, shard_down: &mut bool) -> Option<Admitted> {
+    pub(crate) fn admit(&self, t: &Evaluation, now: u64, shard_down: &mut bool) -> Option<Admitted> {
         if *shard_down {
             return None;
         }
@@ -559,7 +435,7 @@ impl Limiter {
 
     /// Runs `call`, which the shard's breaker admitted, and tells the
     /// breaker how it went.
-    async fn guarded<T>(&self, policy: &str, admitted: Admitted, call: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn guarded<T>(&self, policy: &str, admitted: Admitted, call: impl Future<Output = Result<T>>) -> Result<T> {
         let i = &self.inner;
         let (breaker, ticket) = admitted;
         let result = call.await;
@@ -596,16 +472,15 @@ impl Limiter {
 }
 
 impl Inner {
-    /// Milliseconds on a monotonic clock local to this limiter.
-    fn now_ms(&self) -> u64 {
-        millis(self.epoch.elapsed())
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.config.clock.now_ms()
     }
 
-    fn gateways(&self) -> u32 {
+    pub(crate) fn gateways(&self) -> u32 {
         self.gateways.load(Ordering::Relaxed)
     }
 
-    fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+    pub(crate) fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
         self.counters.record(event, policy, rule);
         if let Some(sink) = &self.sink {
             sink.record(event, policy, rule);
@@ -615,7 +490,7 @@ impl Inner {
 
 /// Background work goes on the caller's runtime (there always is one: the
 /// request path is async on tokio); without one it is skipped.
-fn spawn(task: impl Future<Output = ()> + Send + 'static) {
+pub(crate) fn spawn(task: impl Future<Output = ()> + Send + 'static) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(task);
     }

@@ -4,10 +4,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::config;
-use rl_client::{Backend, Config, Event, Limiter, Policy, Rule, Source, WindowMode};
+use common::{config, on_manual_clock};
+use rl_client::{Backend, Clock, Config, Event, Limiter, ManualClock, Policy, Rule, Source, WindowMode};
 use testkit::Server;
 
 on_both_backends!(
@@ -22,23 +23,30 @@ fn policies() -> (Policy, Policy) {
     (api, login)
 }
 
-fn fault_config(url: String, backend: Backend) -> Config {
-    Config {
+const OPEN_FOR: Duration = Duration::from_millis(300);
+
+/// On a manual clock, shared by the clones of the config.
+fn fault_config(url: String, backend: Backend) -> (Config, Arc<ManualClock>) {
+    on_manual_clock(Config {
         breaker_trip_after: 3,
-        breaker_open_for: Duration::from_millis(300),
+        breaker_open_for: OPEN_FOR,
         fallback_slack: 2.0,
         gateways: 1,
         ..config(url, backend)
-    }
+    })
 }
 
-/// Checks until `subject` is decided by Redis again; false after 20 s.
+/// Checks until `subject` is decided by Redis again; false after 20 s. Each
+/// try moves the limiter's clock past the breaker's open time, so each is
+/// a probe; the real wait is for the restarted server to be reconnected.
 async fn until_redis_answers(l: &Limiter, p: &Policy, subject: &str) -> bool {
+    let Clock::Manual(clock) = l.clock() else { panic!("a fault test runs on a manual clock") };
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         if l.check(p, subject).await.unwrap().source == Source::Redis {
             return true;
         }
+        clock.advance(OPEN_FOR);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
@@ -46,7 +54,7 @@ async fn until_redis_answers(l: &Limiter, p: &Policy, subject: &str) -> bool {
 
 async fn an_outage_degrades_the_limits_not_the_api(backend: Backend) {
     let mut s = Server::start(&[]);
-    let l = Limiter::new(fault_config(s.url(), backend)).unwrap();
+    let l = Limiter::new(fault_config(s.url(), backend).0).unwrap();
     let (api, login) = policies();
     assert_eq!(l.check(&api, "u").await.unwrap().source, Source::Redis);
     assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::Redis);
@@ -87,7 +95,7 @@ async fn an_outage_degrades_the_limits_not_the_api(backend: Backend) {
 async fn a_limiter_starts_while_redis_is_down(backend: Backend) {
     let mut s = Server::start(&[]);
     s.kill();
-    let l = Limiter::new(fault_config(s.url(), backend)).unwrap();
+    let l = Limiter::new(fault_config(s.url(), backend).0).unwrap();
     let (api, login) = policies();
     let d = l.check(&api, "u").await.unwrap();
     assert_eq!((d.allowed, d.source), (true, Source::Fallback));
@@ -102,15 +110,15 @@ async fn a_share_below_one_token_admits_one_request_per_gateway(backend: Backend
     // tokens each: every gateway's local bucket holds one token and gains
     // 2 x 1 / 3 a second, one every 1.5 s. Fleet-wide at most
     // max(2 x 1, 3) = 3 at once, then 2 x 1 a second.
-    let fleet: Vec<Limiter> =
-        (0..3).map(|_| Limiter::new(Config { gateways: 3, ..fault_config(s.url(), backend) }).unwrap()).collect();
+    let (c, clock) = fault_config(s.url(), backend);
+    let fleet: Vec<Limiter> = (0..3).map(|_| Limiter::new(Config { gateways: 3, ..c.clone() }).unwrap()).collect();
     let api = Policy::builder("api").rule(Rule::per_second("s", 1)).rule(Rule::per_minute("m", 600)).build().unwrap();
     let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5).fail_closed()).build().unwrap();
     for g in &fleet {
         assert_eq!(g.check(&login, "ip").await.unwrap().source, Source::Redis);
     }
     s.kill();
-    let down = Instant::now();
+    let down = clock.now_ms();
     let mut admitted = 0u32;
     let mut wait = Duration::ZERO;
     for g in &fleet {
@@ -129,14 +137,15 @@ async fn a_share_below_one_token_admits_one_request_per_gateway(backend: Backend
         assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0), "{d:?}");
     }
     // Then each gateway's share of the rate: one more each 1.5 s later.
-    tokio::time::sleep(wait).await;
+    clock.advance(wait);
     for g in &fleet {
         let d = g.check(&api, "k").await.unwrap();
         assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
         admitted += 1;
     }
-    let bound = 3.0 + 2.0 * down.elapsed().as_secs_f64();
-    assert!(f64::from(admitted) <= bound, "{admitted} admitted in {:?}: at most {bound:.1}", down.elapsed());
+    let elapsed = Duration::from_millis(clock.now_ms() - down);
+    let bound = 3.0 + 2.0 * elapsed.as_secs_f64();
+    assert!(f64::from(admitted) <= bound, "{admitted} admitted in {elapsed:?}: at most {bound:.1}");
 }
 
 /// A server that hangs (DEBUG SLEEP) costs a check one timeout, not one per

@@ -6,7 +6,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{calls, config, limiter_calls, tokens};
+use common::{calls, config, limiter_calls, on_manual_clock, tokens};
 use rl_client::{Backend, Bucket, Config, Event, Limiter, Metrics, Policy, Rule, Source};
 use testkit::Server;
 
@@ -42,11 +42,11 @@ async fn quiet_subjects_ask_redis_on_every_request(backend: Backend) {
 
 async fn the_deny_cache_refuses_until_the_retry_time(backend: Backend) {
     let s = Server::start(&[]);
-    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    let (c, clock) = on_manual_clock(config(s.url(), backend));
+    let l = Limiter::new(c).unwrap();
     // One token, back after a second.
     let p = Policy::builder("api").rule(Rule::new("r", 1, 1, Duration::from_secs(1))).build().unwrap();
     assert!(l.check(&p, "u").await.unwrap().allowed);
-    let refused_at = Instant::now();
     let d = l.check(&p, "u").await.unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
     let mut from_memory = 0;
@@ -57,15 +57,15 @@ async fn the_deny_cache_refuses_until_the_retry_time(backend: Backend) {
             from_memory += 1;
         }
     }
-    // Fifty calls a few milliseconds apart: unless the machine stalled for a
-    // second, every one was refused from memory.
-    if refused_at.elapsed() < Duration::from_millis(900) {
-        assert_eq!(from_memory, 50);
-    }
+    // The limiter's clock stood still: every one was refused from memory.
+    assert_eq!(from_memory, 50);
     assert_eq!(limiter_calls(&s, backend), 2 + (50 - from_memory));
     assert_eq!(l.counters().get(Event::DenyCacheHit), from_memory);
-    // Once the retry time passes, Redis is asked again.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Once the retry time passes on the limiter's clock, Redis is asked
+    // again (its token handed back meanwhile: Redis's clock is real time).
+    l.refund(&p, "u", 1).await.unwrap();
+    assert_eq!(l.check(&p, "u").await.unwrap().source, Source::DenyCache, "not before the retry time");
+    clock.advance(Duration::from_millis(1100));
     let d = l.check(&p, "u").await.unwrap();
     assert_eq!((d.allowed, d.source), (true, Source::Redis));
 }
@@ -156,6 +156,7 @@ async fn concurrent_first_requests_take_one_batch(backend: Backend) {
 async fn expired_leases_are_dropped_never_refunded(backend: Backend) {
     let s = Server::start(&[]);
     let c = Config { lease_window: Duration::from_secs(360), lease_ttl: Duration::from_millis(200), ..config(s.url(), backend) };
+    let (c, clock) = on_manual_clock(c);
     let l = Limiter::new(c).unwrap();
     // 100 an hour, leases of 10.
     let p = Policy::builder("api").rule(Rule::per_hour("hourly", 100)).build().unwrap();
@@ -163,7 +164,7 @@ async fn expired_leases_are_dropped_never_refunded(backend: Backend) {
     let in_redis = || tokens(l.client(), &bucket[0]);
     assert!(l.check(&p, "u").await.unwrap().allowed);
     assert_eq!(in_redis().await, 90, "the lease left Redis before it was spent");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(Duration::from_millis(300));
     // The 9 unspent tokens expired: dropped, and a new lease taken. Handing
     // them back could admit more than the bucket allows over that time (the
     // bucket refilled meanwhile; the README has the arithmetic).

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{calls, config, tokens};
+use common::{calls, config, on_manual_clock, tokens};
 use rl_client::{Backend, Event, Limiter, Policy, Rule, Source, WindowMode};
 use testkit::Server;
 
@@ -119,24 +119,26 @@ async fn windows_are_refused_where_they_cannot_run() {
 async fn while_redis_is_down_a_window_admits_at_most_slack_times_its_limit() {
     let mut s = Server::start(&[]);
     let c = rl_client::Config { timeout: Duration::from_millis(200), ..config(s.url(), Backend::Module) };
+    let (c, clock) = on_manual_clock(c);
     let l = Limiter::new(c).unwrap();
     // 10 in any 2 s; one gateway, slack 2: at most 20 in any 2 s.
     let window = Duration::from_secs(2);
     let p = Policy::builder("open").rule(Rule::window("w", 10, window, WindowMode::Sliding)).build().unwrap();
     assert!(l.check(&p, "u").await.unwrap().allowed);
     s.kill();
-    // A request every 10 ms for a whole window.
-    let started = Instant::now();
+    // A request every 10 ms of the limiter's clock for a whole window.
+    let started = clock.now_ms();
+    let elapsed = || Duration::from_millis(clock.now_ms() - started);
     let mut allowed = 0u128;
-    while started.elapsed() < window {
+    while elapsed() < window {
         let d = l.check(&p, "u").await.unwrap();
         assert_eq!(d.source, Source::Fallback, "{d:?}");
         allowed += u128::from(d.allowed);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        clock.advance(Duration::from_millis(10));
     }
     // 10 at once, then 10 a window: never more than 20 over one window
     // (40 before: a full bucket of 20 and 20 more over the window).
-    let most = 10 + 10 * started.elapsed().as_millis() / window.as_millis();
-    assert!(allowed <= most, "{allowed} admitted in {:?}, at most {most}", started.elapsed());
+    let most = 10 + 10 * elapsed().as_millis() / window.as_millis();
+    assert!(allowed <= most, "{allowed} admitted in {:?}, at most {most}", elapsed());
     assert!(allowed >= 15, "{allowed} admitted: the fallback still admits about its share");
 }

@@ -1,9 +1,10 @@
 //! Helpers shared by the limiter's integration tests.
 #![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use rl_client::{Backend, Bucket, Client, Config};
+use rl_client::{Backend, Bucket, Client, Clock, Config, ManualClock};
 use testkit::Server;
 
 /// A configuration for tests: timeouts generous enough for a busy machine.
@@ -14,6 +15,14 @@ pub fn config(url: String, backend: Backend) -> Config {
         connect_timeout: Duration::from_secs(1),
         ..Config::standalone(url)
     }
+}
+
+/// `config` on a manual clock, and the clock: time passes for the
+/// limiter's leases, deny cache, breakers and fallback only when the test
+/// advances it (Redis keeps its own clock).
+pub fn on_manual_clock(config: Config) -> (Config, Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    (Config { clock: Clock::Manual(clock.clone()), ..config }, clock)
 }
 
 /// How often the server ran `command` (as INFO commandstats names it),
