@@ -7,11 +7,11 @@
 
 use std::fmt::Write;
 
-use rl_core::INLINE;
 use rl_core::gcra::{GcraError, GcraParams};
+use rl_core::inflight::{valid_id, InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::window::WindowParams;
-use rl_core::inflight::{valid_id, InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
+use rl_core::INLINE;
 use rl_core::{BucketOp, BucketParams, ParamError, WindowMode};
 use smallvec::SmallVec;
 
@@ -28,9 +28,10 @@ pub fn numkeys(argv: &[&[u8]]) -> Result<usize, ArgError> {
     let Some(raw) = argv.get(1) else {
         return Err(ArgError("ERR numkeys is missing".into()));
     };
-    let n = int(raw).filter(|n| (1..=MAX_KEYS as u64).contains(n)).ok_or_else(|| {
-        ArgError(format!("ERR numkeys must be an integer from 1 to {MAX_KEYS}, got '{}'", shown(raw)))
-    })? as usize;
+    let n = int(raw)
+        .filter(|n| (1..=MAX_KEYS as u64).contains(n))
+        .ok_or_else(|| ArgError(format!("ERR numkeys must be an integer from 1 to {MAX_KEYS}, got '{}'", shown(raw))))?
+        as usize;
     let after = argv.len() - FIRST_KEY;
     if after < n {
         let follow = if after == 1 { "argument follows" } else { "arguments follow" };
@@ -137,10 +138,8 @@ fn unknown_option(name: &[u8], specs: &[OptionSpec], numkeys: usize, group: &[&s
             shown(name)
         ));
     }
-    let list: Vec<String> = specs
-        .iter()
-        .map(|(n, max)| if max.is_some() { format!("{n} n") } else { n.to_string() })
-        .collect();
+    let list: Vec<String> =
+        specs.iter().map(|(n, max)| if max.is_some() { format!("{n} n") } else { n.to_string() }).collect();
     ArgError(format!("ERR unknown option '{}' (options: {})", shown(name), list.join(", ")))
 }
 
@@ -193,8 +192,7 @@ pub fn parse_lease(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
 pub fn parse_refund(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
     let g = bucket_groups(argv)?;
     let [tokens] = options(g.rest, [("TOKENS", Some(MAX_TOKENS))], g.numkeys, &BUCKET_GROUP)?;
-    let tokens =
-        tokens.ok_or_else(|| ArgError("ERR RL.REFUND needs TOKENS n: how many tokens to give back".into()))?;
+    let tokens = tokens.ok_or_else(|| ArgError("ERR RL.REFUND needs TOKENS n: how many tokens to give back".into()))?;
     Ok(BucketArgs { numkeys: g.numkeys, buckets: g.params, op: BucketOp::Refund { tokens } })
 }
 
@@ -323,9 +321,9 @@ pub fn parse_throttle(argv: &[&[u8]]) -> Result<ThrottleArgs, ArgError> {
         ));
     }
     let signed = |i: usize, name: &str| {
-        int(argv[i]).and_then(|v| i64::try_from(v).ok()).ok_or_else(|| {
-            ArgError(format!("ERR {name} must be a non-negative integer, got '{}'", shown(argv[i])))
-        })
+        int(argv[i])
+            .and_then(|v| i64::try_from(v).ok())
+            .ok_or_else(|| ArgError(format!("ERR {name} must be a non-negative integer, got '{}'", shown(argv[i]))))
     };
     let (burst, count, period) = (signed(2, "max_burst")?, signed(3, "count_per_period")?, signed(4, "period")?);
     let quantity = if argv.len() == 6 { signed(5, "quantity")? } else { 1 };
@@ -465,7 +463,10 @@ mod tests {
     fn lease() {
         let a = parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5 MIN 2")).unwrap();
         assert_eq!(a.op, BucketOp::Lease { want: 5, min: 2 });
-        assert_eq!(parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5")).unwrap().op, BucketOp::Lease { want: 5, min: 1 });
+        assert_eq!(
+            parse_lease(&argv("RL.LEASE 1 k 10 1 1000 WANT 5")).unwrap().op,
+            BucketOp::Lease { want: 5, min: 1 }
+        );
         assert_eq!(
             parse_lease(&argv("RL.LEASE 1 k 10 1 1000")).unwrap_err().0,
             "ERR RL.LEASE needs WANT n: how many tokens to lease"
@@ -535,7 +536,8 @@ mod tests {
         assert_eq!(int(b"0"), Some(0));
         assert_eq!(int(b"007"), Some(7));
         assert_eq!(int(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [&b""[..], b"-1", b"+1", b"1 ", b"0x10", b"1_000", b"18446744073709551616", b"123456789012345678901"] {
+        for bad in [&b""[..], b"-1", b"+1", b"1 ", b"0x10", b"1_000", b"18446744073709551616", b"123456789012345678901"]
+        {
             assert_eq!(int(bad), None, "{:?}", bad);
         }
     }
@@ -547,10 +549,42 @@ mod tests {
         /// Tokens that stress a parser, plus random bytes and huge strings.
         fn token() -> impl Strategy<Value = Vec<u8>> {
             let words: Vec<&'static str> = vec![
-                "0", "1", "2", "3", "32", "33", "-1", "+1", "007", "1.5", "1e3", "nan", "inf", "-inf", "", " ",
-                "18446744073709551615", "18446744073709551616", "9223372036854775807", "-9223372036854775808",
-                "100000000000000", "100000000000001", "63072000000", "63072000001", "1000000000000",
-                "COST", "cost", "FORCE", "WANT", "MIN", "TOKENS", "SLIDING", "EXACT", "FIXED", "k", "{u}k",
+                "0",
+                "1",
+                "2",
+                "3",
+                "32",
+                "33",
+                "-1",
+                "+1",
+                "007",
+                "1.5",
+                "1e3",
+                "nan",
+                "inf",
+                "-inf",
+                "",
+                " ",
+                "18446744073709551615",
+                "18446744073709551616",
+                "9223372036854775807",
+                "-9223372036854775808",
+                "100000000000000",
+                "100000000000001",
+                "63072000000",
+                "63072000001",
+                "1000000000000",
+                "COST",
+                "cost",
+                "FORCE",
+                "WANT",
+                "MIN",
+                "TOKENS",
+                "SLIDING",
+                "EXACT",
+                "FIXED",
+                "k",
+                "{u}k",
             ];
             prop_oneof![
                 4 => proptest::sample::select(words).prop_map(|w| w.as_bytes().to_vec()),

@@ -66,14 +66,23 @@ mod tests {
 
     #[test]
     fn load_arguments_are_checked_like_config_set() {
-        assert_eq!(apply("max-log-limit 5000000").unwrap_err(), "max-log-limit must be an integer from 1 to 1000000, got 5000000");
+        assert_eq!(
+            apply("max-log-limit 5000000").unwrap_err(),
+            "max-log-limit must be an integer from 1 to 1000000, got 5000000"
+        );
         for bad in ["0", "-3", "9223372036854775807", "1e3", "abc"] {
             assert!(apply(&format!("max-log-limit {bad}")).unwrap_err().starts_with("max-log-limit must be"), "{bad}");
         }
         let options = "(options: max-log-limit, max-inflight-limit)";
         assert_eq!(apply("max-log-limt 50").unwrap_err(), format!("unknown module option 'max-log-limt' {options}"));
-        assert_eq!(apply("max-log-limit").unwrap_err(), format!("module option 'max-log-limit' has no value {options}"));
-        assert_eq!(apply("max-inflight-limit 100001").unwrap_err(), "max-inflight-limit must be an integer from 1 to 100000, got 100001");
+        assert_eq!(
+            apply("max-log-limit").unwrap_err(),
+            format!("module option 'max-log-limit' has no value {options}")
+        );
+        assert_eq!(
+            apply("max-inflight-limit 100001").unwrap_err(),
+            "max-inflight-limit must be an integer from 1 to 100000, got 100001"
+        );
         assert_eq!(apply("max-inflight-limit 20 max-log-limit 7"), Ok(()));
         assert_eq!((max_inflight_limit(), max_log_limit()), (20, 7));
         assert_eq!(apply("MAX-LOG-LIMIT 50000"), Ok(()));

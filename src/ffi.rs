@@ -60,10 +60,7 @@ pub struct Ctx(pub *mut RedisModuleCtx);
 impl Ctx {
     pub fn reply_error(&self, msg: &str) {
         // NUL would end the C string early; newlines would break RESP.
-        let clean: String = msg
-            .chars()
-            .map(|c| if c == '\0' || c == '\r' || c == '\n' { ' ' } else { c })
-            .collect();
+        let clean: String = msg.chars().map(|c| if c == '\0' || c == '\r' || c == '\n' { ' ' } else { c }).collect();
         let msg = CString::new(clean).unwrap_or_default();
         unsafe { api!(RedisModule_ReplyWithError)(self.0, msg.as_ptr()) };
     }
@@ -123,15 +120,7 @@ impl Ctx {
     /// Propagates `cmd` with the given arguments as one command (no
     /// MULTI/EXEC wrapper) and marks the dataset dirty.
     pub fn replicate(&self, cmd: &CStr, args: &[*mut RedisModuleString]) {
-        unsafe {
-            api!(RedisModule_Replicate)(
-                self.0,
-                cmd.as_ptr(),
-                c"v".as_ptr(),
-                args.as_ptr(),
-                args.len(),
-            )
-        };
+        unsafe { api!(RedisModule_Replicate)(self.0, cmd.as_ptr(), c"v".as_ptr(), args.as_ptr(), args.len()) };
     }
 
     /// Propagates `cmd key blob at`: one key's state and expiry, the common
@@ -189,7 +178,9 @@ impl Key {
     /// The absolute expiry in ms, None if the key has none (or no key).
     pub fn expire_at(&self) -> Option<i64> {
         // Redis 8 dereferences the value: never ask about an empty key.
-        if self.ptr.is_null() || unsafe { api!(RedisModule_KeyType)(self.ptr) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+        if self.ptr.is_null()
+            || unsafe { api!(RedisModule_KeyType)(self.ptr) } == raw::REDISMODULE_KEYTYPE_EMPTY as c_int
+        {
             return None;
         }
         let at = unsafe { api!(RedisModule_GetAbsExpire)(self.ptr) };
@@ -223,7 +214,9 @@ impl Key {
             let kind = api!(RedisModule_KeyType)(self.ptr);
             match kind {
                 _ if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int => Held::Nothing,
-                _ if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int && api!(RedisModule_ModuleTypeGetType)(self.ptr) == ty => {
+                _ if kind == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                    && api!(RedisModule_ModuleTypeGetType)(self.ptr) == ty =>
+                {
                     match NonNull::new(api!(RedisModule_ModuleTypeGetValue)(self.ptr).cast::<T>()) {
                         Some(v) => Held::Ours(v),
                         None => Held::Other,

@@ -81,7 +81,19 @@ pub static SLOT: CommandStats = CommandStats::counting("slot", false);
 
 /// Every command's counters, in INFO order.
 pub static ALL: [&CommandStats; 13] = [
-    &TAKE, &PEEK, &LEASE, &REFUND, &WINDOW, &WINDOWPEEK, &THROTTLE, &ACQUIRE, &RELEASE, &INFLIGHT, &SET, &LOGADD, &SLOT,
+    &TAKE,
+    &PEEK,
+    &LEASE,
+    &REFUND,
+    &WINDOW,
+    &WINDOWPEEK,
+    &THROTTLE,
+    &ACQUIRE,
+    &RELEASE,
+    &INFLIGHT,
+    &SET,
+    &LOGADD,
+    &SLOT,
 ];
 
 /// A count of something other than calls.

@@ -29,7 +29,7 @@ fn load_options_are_checked_like_config_set() {
         assert!(log.contains("max-log-limit must be an integer from 1 to 1000000"), "{bad}: {log}");
     }
     let log = Server::refused(&["max-log-limt", "50"]);
-    assert!(log.contains("unknown module option 'max-log-limt' (options: max-log-limit)"), "{log}");
+    assert!(log.contains("unknown module option 'max-log-limt' (options: max-log-limit, max-inflight-limit)"), "{log}");
     let log = Server::refused(&["max-log-limit"]);
     assert!(log.contains("module option 'max-log-limit' has no value"), "{log}");
 
@@ -69,8 +69,10 @@ fn internal_commands_take_no_more_groups_than_a_call_has_keys() {
     repeated[93] = b"k0".to_vec();
     let args: Vec<&[u8]> = repeated.iter().map(|a| a.as_slice()).collect();
     assert_eq!(call_err(&mut con, "RL.SET", &args), "ERR key 'k0' is named more than once");
-    let groups: Vec<Vec<u8>> =
-        (0..33).flat_map(|i| [format!("l{i}"), "0".into(), "1".into(), "1".into(), "0".into()]).map(String::into_bytes).collect();
+    let groups: Vec<Vec<u8>> = (0..33)
+        .flat_map(|i| [format!("l{i}"), "0".into(), "1".into(), "1".into(), "0".into()])
+        .map(String::into_bytes)
+        .collect();
     let args: Vec<&[u8]> = groups.iter().map(|a| a.as_slice()).collect();
     let e = call_err(&mut con, "RL.LOGADD", &args);
     assert_eq!(e, "ERR RL.LOGADD takes at most 32 key drop_before at count pxat groups, got 33");
@@ -104,8 +106,10 @@ fn acl_users_get_what_their_categories_and_rules_say() {
         user("gateway", "-@all +rl.take +rl.peek +rl.lease +rl.refund +rl.window +rl.windowpeek +cl.throttle");
     assert_eq!(call(&mut gateway, "RL.TAKE", "1 v 10 1 1000")[0], 1);
     denied(&mut gateway, "RL.SET", "v x 0");
-    let mut reader =
-        user("reader", "+@all -@write -@dangerous -rl.take -rl.lease -rl.refund -rl.window -cl.throttle -rl.set -rl.logadd");
+    let mut reader = user(
+        "reader",
+        "+@all -@write -@dangerous -rl.take -rl.lease -rl.refund -rl.window -cl.throttle -rl.set -rl.logadd",
+    );
     denied(&mut reader, "RL.TAKE", "1 v 10 1 1000 FORCE COST 100000000000000");
     assert_eq!(call(&mut reader, "RL.PEEK", "1 v 10 1 1000")[0], 1);
 
@@ -165,7 +169,9 @@ fn a_bucket_stamped_in_the_future_refills_from_now() {
         let r = call(&mut con, "RL.TAKE", &format!("1 {key} 10 1 1000"));
         assert_eq!(r[0], 0, "{key}");
         assert!((1..=1000).contains(&r[2]), "{key}: retry {} ms", r[2]);
-        let Decoded::Bucket(b) = codec::decode(&module_blob(&mut con, key)).unwrap() else { panic!("{key}: not a bucket") };
+        let Decoded::Bucket(b) = codec::decode(&module_blob(&mut con, key)).unwrap() else {
+            panic!("{key}: not a bucket")
+        };
         let state = b.unpack();
         assert_eq!(state.tokens, 0, "{key}: the level is kept, nothing minted");
         assert!(state.updated_ms <= server_ms(&mut con), "{key}: re-stamped at the server's now");

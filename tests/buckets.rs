@@ -4,8 +4,8 @@
 //! Buckets here refill slowly (one token an hour) unless a test is about
 //! refill, so the live server clock cannot move a result between calls.
 
-use testkit::{call, call_err, Server};
 use redis::Value;
+use testkit::{call, call_err, Server};
 
 const HOUR: i64 = 3_600_000;
 
@@ -437,8 +437,16 @@ fn lease_and_refund_errors() {
     let cases: &[(&str, &[&[u8]], &str)] = &[
         ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000"], "ERR RL.LEASE needs WANT n"),
         ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"0"], "ERR WANT must be an integer from 1"),
-        ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"2", b"MIN", b"3"], "ERR MIN (3) must not exceed WANT (2)"),
-        ("RL.LEASE", &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"2", b"COST", b"1"], "ERR unknown option 'COST' (options: WANT n, MIN n)"),
+        (
+            "RL.LEASE",
+            &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"2", b"MIN", b"3"],
+            "ERR MIN (3) must not exceed WANT (2)",
+        ),
+        (
+            "RL.LEASE",
+            &[b"1", b"k", b"10", b"1", b"1000", b"WANT", b"2", b"COST", b"1"],
+            "ERR unknown option 'COST' (options: WANT n, MIN n)",
+        ),
         ("RL.REFUND", &[b"1", b"k", b"10", b"1", b"1000"], "ERR RL.REFUND needs TOKENS n"),
         ("RL.REFUND", &[b"1", b"k", b"10", b"1", b"1000", b"TOKENS", b"-1"], "ERR TOKENS must be an integer from 1"),
         ("RL.PEEK", &[b"1", b"k", b"10", b"1", b"1000", b"FORCE"], "ERR unknown option 'FORCE' (options: COST n)"),

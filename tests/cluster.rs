@@ -59,7 +59,13 @@ fn keys_survive_a_slot_migration() {
         .query::<()>(&mut src)
         .unwrap();
     for node in &c.nodes {
-        redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("NODE").arg(&target_id).query::<()>(&mut node.con()).unwrap();
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(&target_id)
+            .query::<()>(&mut node.con())
+            .unwrap();
     }
 
     for (k, (digest, at)) in keys.iter().zip(&before) {

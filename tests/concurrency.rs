@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_core::codec::{self, PackedBucket, Decoded};
+use rl_core::codec::{self, Decoded, PackedBucket};
 use rl_core::BucketState;
 use testkit::{module_blob, server_ms, Server};
 
@@ -68,7 +68,14 @@ fn one_bucket_without_refill_admits_exactly_its_capacity() {
 /// 1/period) is either admitted or still in it. Exact, to the unit. A
 /// `drained` bucket (the binding one, under saturating demand) also holds
 /// less than a token: the admitted count is the exact bound.
-fn check_conservation(con: &mut redis::Connection, key: &str, (c, r, p): (u64, u64, u64), t0: u64, admitted: u64, drained: bool) {
+fn check_conservation(
+    con: &mut redis::Connection,
+    key: &str,
+    (c, r, p): (u64, u64, u64),
+    t0: u64,
+    admitted: u64,
+    drained: bool,
+) {
     let s = bucket_state(con, key);
     let level = s.tokens as i128 * p as i128 + s.fraction as i128;
     let supplied = (c / 2 * p) as i128 + (r as i128) * (s.updated_ms - t0) as i128;

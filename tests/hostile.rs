@@ -12,7 +12,14 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use testkit::Server;
 
 const COMMANDS: &[&str] = &[
-    "RL.TAKE", "RL.PEEK", "RL.LEASE", "RL.REFUND", "RL.WINDOW", "RL.WINDOWPEEK", "CL.THROTTLE", "RL.SET",
+    "RL.TAKE",
+    "RL.PEEK",
+    "RL.LEASE",
+    "RL.REFUND",
+    "RL.WINDOW",
+    "RL.WINDOWPEEK",
+    "CL.THROTTLE",
+    "RL.SET",
     "RL.LOGADD",
 ];
 
@@ -23,10 +30,36 @@ const OTHERS: &[&str] = &["GET", "SET", "HSET", "INCR", "DUMP", "COPY", "RENAME"
 
 fn number() -> impl Strategy<Value = Vec<u8>> {
     let edges: Vec<&'static str> = vec![
-        "0", "1", "2", "3", "5", "32", "33", "-1", "+1", "007", "1.5", "1e3", "nan", "inf", "-inf", "0x10", " 1",
-        "18446744073709551615", "18446744073709551616", "9223372036854775807", "-9223372036854775808",
-        "100000000000000", "100000000000001", "63072000000", "63072000001", "1000000000000", "1000001",
-        "17592186044415", "17592186044416", "4000000000000",
+        "0",
+        "1",
+        "2",
+        "3",
+        "5",
+        "32",
+        "33",
+        "-1",
+        "+1",
+        "007",
+        "1.5",
+        "1e3",
+        "nan",
+        "inf",
+        "-inf",
+        "0x10",
+        " 1",
+        "18446744073709551615",
+        "18446744073709551616",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "100000000000000",
+        "100000000000001",
+        "63072000000",
+        "63072000001",
+        "1000000000000",
+        "1000001",
+        "17592186044415",
+        "17592186044416",
+        "4000000000000",
     ];
     prop_oneof![
         3 => proptest::sample::select(edges).prop_map(|w| w.as_bytes().to_vec()),
@@ -44,7 +77,11 @@ fn word() -> impl Strategy<Value = Vec<u8>> {
 
 /// A blob: a valid kind and version with random payload, or junk.
 fn blob() -> impl Strategy<Value = Vec<u8>> {
-    (prop_oneof![Just(b'B'), Just(b'W'), Just(b'L'), any::<u8>()], prop_oneof![Just(1u8), any::<u8>()], proptest::collection::vec(any::<u8>(), 0..40))
+    (
+        prop_oneof![Just(b'B'), Just(b'W'), Just(b'L'), any::<u8>()],
+        prop_oneof![Just(1u8), any::<u8>()],
+        proptest::collection::vec(any::<u8>(), 0..40),
+    )
         .prop_map(|(k, v, payload)| [vec![k, v], payload].concat())
 }
 
@@ -100,7 +137,12 @@ fn plausible(huge: bool) -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> 
 fn args(huge: bool) -> impl Strategy<Value = Vec<Vec<u8>>> {
     prop_oneof![
         proptest::collection::vec(token(huge), 0..40),
-        (0usize..6, proptest::collection::vec(word(), 0..6), proptest::collection::vec(number(), 0..20), proptest::collection::vec(token(huge), 0..4))
+        (
+            0usize..6,
+            proptest::collection::vec(word(), 0..6),
+            proptest::collection::vec(number(), 0..20),
+            proptest::collection::vec(token(huge), 0..4)
+        )
             .prop_map(|(n, keys, numbers, tail)| {
                 let mut v = vec![n.to_string().into_bytes()];
                 v.extend(keys);

@@ -39,7 +39,11 @@ fn volatile_ttl_evicts_the_soonest_full_limiters_first() {
     assert!(evicted > 500, "evicted only {evicted}");
     let soon_left = count(&mut con, "soon:*");
     let late_left = count(&mut con, "late:*");
-    eprintln!("evicted {evicted}: {} soon-expiring and {} late-expiring keys gone", 4_000 - soon_left, 4_000 - late_left);
+    eprintln!(
+        "evicted {evicted}: {} soon-expiring and {} late-expiring keys gone",
+        4_000 - soon_left,
+        4_000 - late_left
+    );
     // volatile-ttl samples keys, so a few late ones may go, but the soon
     // ones go first by far.
     assert!(4_000 - late_left < (4_000 - soon_left) / 10, "soon left {soon_left}, late left {late_left}");

@@ -1,8 +1,8 @@
 //! Buckets survive restarts from RDB and from AOF (with and without the RDB
 //! preamble, rewritten or replayed), state and expiry intact.
 
-use testkit::{call, Server};
 use std::time::{Duration, Instant};
+use testkit::{call, Server};
 
 /// Writes buckets of several shapes; returns each key with its digest and
 /// absolute expiry.
@@ -118,9 +118,18 @@ fn loads_the_version_1_rdb_fixture() {
     let mut con = s.con();
     let t = 1_764_489_600_000;
     let expected: [(&str, Vec<u8>); 4] = [
-        ("fixture:bucket", PackedBucket::pack(&BucketState { tokens: 5, fraction: 123, updated_ms: t }).to_blob().to_vec()),
-        ("fixture:debt", PackedBucket::pack(&BucketState { tokens: -42, fraction: 7, updated_ms: t }).to_blob().to_vec()),
-        ("fixture:sliding", PackedWindow::pack(&WindowState { start_ms: t, previous: 7, current: 3 }).to_blob().to_vec()),
+        (
+            "fixture:bucket",
+            PackedBucket::pack(&BucketState { tokens: 5, fraction: 123, updated_ms: t }).to_blob().to_vec(),
+        ),
+        (
+            "fixture:debt",
+            PackedBucket::pack(&BucketState { tokens: -42, fraction: 7, updated_ms: t }).to_blob().to_vec(),
+        ),
+        (
+            "fixture:sliding",
+            PackedWindow::pack(&WindowState { start_ms: t, previous: 7, current: 3 }).to_blob().to_vec(),
+        ),
         ("fixture:log", log_blob(&Log::from_entries([Entry::new(t, 2), Entry::new(t + 500, 1)]).unwrap())),
     ];
     for (key, blob) in &expected {

@@ -1,8 +1,8 @@
 //! Effects, not commands, are replicated: a replica holds exactly the
 //! primary's state and expiry, and a refused call propagates nothing.
 
-use testkit::{call, state, Server};
 use std::time::{Duration, Instant};
+use testkit::{call, state, Server};
 
 fn replica_of(primary: &Server) -> Server {
     let port = primary.port.to_string();

@@ -117,7 +117,11 @@ fn internal_commands_refuse_what_would_corrupt_state() {
     blob.extend_from_slice(&(5u64 << 16).to_le_bytes());
     let e = call_err(&mut con, "RL.SET", &[b"d", &blob, b"4000000000000", b"d", &blob, b"4000000000000"]);
     assert!(e.starts_with("ERR key 'd' is named more than once"), "{e}");
-    let e = call_err(&mut con, "RL.LOGADD", &[b"d", b"0", b"1", b"1", b"4000000000000", b"d", b"0", b"2", b"1", b"4000000000000"]);
+    let e = call_err(
+        &mut con,
+        "RL.LOGADD",
+        &[b"d", b"0", b"1", b"1", b"4000000000000", b"d", b"0", b"2", b"1", b"4000000000000"],
+    );
     assert!(e.starts_with("ERR key 'd' is named more than once"), "{e}");
     // 1,000,001 entries of 8 bytes: refused before anything is allocated.
     let mut huge = vec![b'L', 1];
@@ -136,9 +140,8 @@ fn throttle_keys_stay_raw_strings() {
     let s = Server::start(&[]);
     let mut con = s.con();
     call(&mut con, "CL.THROTTLE", "c 0 1 60");
-    let encoding = |con: &mut redis::Connection| -> String {
-        redis::cmd("OBJECT").arg("ENCODING").arg("c").query(con).unwrap()
-    };
+    let encoding =
+        |con: &mut redis::Connection| -> String { redis::cmd("OBJECT").arg("ENCODING").arg("c").query(con).unwrap() };
     assert_eq!(encoding(&mut con), "raw");
     let dirty = s.info("persistence", "rdb_changes_since_last_save");
     for q in ["1", "0"] {

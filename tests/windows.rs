@@ -165,10 +165,8 @@ fn modes_and_commands_keep_to_their_own_keys() {
         let e = call_err(&mut con, cmd, args);
         assert!(e.starts_with("WRONGTYPE"), "{cmd} {args:?}: {e}");
     }
-    let types: Vec<String> = ["counter", "log", "bucket"]
-        .iter()
-        .map(|k| redis::cmd("TYPE").arg(k).query(&mut con).unwrap())
-        .collect();
+    let types: Vec<String> =
+        ["counter", "log", "bucket"].iter().map(|k| redis::cmd("TYPE").arg(k).query(&mut con).unwrap()).collect();
     assert_eq!(types, ["rl-window", "rl-winlog", "rl-bucket"]);
 }
 
@@ -183,7 +181,10 @@ fn window_errors() {
         (&[b"1", b"w", b"10", b"1000", b"EXACT", b"FIXED"], "ERR choose one of SLIDING, EXACT and FIXED"),
         (&[b"1", b"w", b"10", b"1000", b"SLIDING", b"SLIDING"], "ERR option SLIDING is given more than once"),
         (&[b"1", b"w", b"10", b"1000", b"10"], "ERR too many numbers: 1 key takes 2 (limit window_ms per key)"),
-        (&[b"1", b"w", b"10", b"1000", b"BURST"], "ERR unknown option 'BURST' (options: COST n, SLIDING, EXACT, FIXED)"),
+        (
+            &[b"1", b"w", b"10", b"1000", b"BURST"],
+            "ERR unknown option 'BURST' (options: COST n, SLIDING, EXACT, FIXED)",
+        ),
         (&[], "ERR numkeys is missing"),
     ];
     for cmd in ["RL.WINDOW", "RL.WINDOWPEEK"] {

@@ -117,14 +117,18 @@ fn decisions(c: &mut Criterion) {
     let server = Server::start(&[]);
     let leasing = Limiter::new(Config { gateways: 100, ..config(&server) }).expect("limiter");
     let big = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
-    bench_path(c, &rt, Path {
-        name: "lease spend",
-        limiter: &leasing,
-        policy: &big,
-        subject: "customer-1",
-        expected: Event::LeaseHit,
-        server: Some(&server),
-    });
+    bench_path(
+        c,
+        &rt,
+        Path {
+            name: "lease spend",
+            limiter: &leasing,
+            policy: &big,
+            subject: "customer-1",
+            expected: Event::LeaseHit,
+            server: Some(&server),
+        },
+    );
 
     // Deny-cache hit: one request an hour, spent; Redis refused the next
     // and named a retry time about an hour away.
@@ -135,14 +139,18 @@ fn decisions(c: &mut Criterion) {
         let refused = denying.check(&hourly, "abuser").await.expect("check");
         assert!(!refused.allowed, "the second request of the hour is refused");
     });
-    bench_path(c, &rt, Path {
-        name: "deny-cache hit",
-        limiter: &denying,
-        policy: &hourly,
-        subject: "abuser",
-        expected: Event::DenyCacheHit,
-        server: Some(&server),
-    });
+    bench_path(
+        c,
+        &rt,
+        Path {
+            name: "deny-cache hit",
+            limiter: &denying,
+            policy: &hourly,
+            subject: "abuser",
+            expected: Event::DenyCacheHit,
+            server: Some(&server),
+        },
+    );
 
     // Local fallback: the server is gone and the breaker is open. It stays
     // open for the whole run here, so no probe call lands in the measurement.
@@ -156,14 +164,18 @@ fn decisions(c: &mut Criterion) {
             falling_back.check(&big, "customer-1").await.expect("check");
         }
     });
-    bench_path(c, &rt, Path {
-        name: "local fallback",
-        limiter: &falling_back,
-        policy: &big,
-        subject: "customer-1",
-        expected: Event::Fallback,
-        server: None,
-    });
+    bench_path(
+        c,
+        &rt,
+        Path {
+            name: "local fallback",
+            limiter: &falling_back,
+            policy: &big,
+            subject: "customer-1",
+            expected: Event::Fallback,
+            server: None,
+        },
+    );
 }
 
 criterion_group!(benches, decisions);

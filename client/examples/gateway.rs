@@ -45,10 +45,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The service behind the gateway: it knows nothing of rate limits.
     let upstream = TcpListener::bind(backend_addr).await?;
-    tokio::spawn(serve(upstream, service_fn(|req: Request<Incoming>| async move {
-        let body = format!("hello from the backend: {} {}\n", req.method(), req.uri().path());
-        Ok::<_, Infallible>(Response::new(Body::from(body)))
-    })));
+    tokio::spawn(serve(
+        upstream,
+        service_fn(|req: Request<Incoming>| async move {
+            let body = format!("hello from the backend: {} {}\n", req.method(), req.uri().path());
+            Ok::<_, Infallible>(Response::new(Body::from(body)))
+        }),
+    ));
 
     let config = Config {
         backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },

@@ -59,7 +59,8 @@ mod tests {
     fn delays_stay_under_a_doubling_ceiling_and_the_cap() {
         let b = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
         for attempt in 0..40 {
-            let ceiling = (Duration::from_millis(10) * 2u32.saturating_pow(attempt.min(20))).min(Duration::from_millis(500));
+            let ceiling =
+                (Duration::from_millis(10) * 2u32.saturating_pow(attempt.min(20))).min(Duration::from_millis(500));
             for _ in 0..50 {
                 assert!(b.delay(attempt) <= ceiling);
             }

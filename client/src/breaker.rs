@@ -86,7 +86,9 @@ impl Breaker {
         match b.state {
             State::Closed { .. } => {}
             State::Open { until_ms } if now_ms < until_ms => return None,
-            State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms.saturating_add(self.open_for_ms) => return None,
+            State::HalfOpen { probe_sent_ms } if now_ms < probe_sent_ms.saturating_add(self.open_for_ms) => {
+                return None
+            }
             // The probe: the only call of its epoch.
             State::Open { .. } | State::HalfOpen { .. } => self.set(&mut b, State::HalfOpen { probe_sent_ms: now_ms }),
         }

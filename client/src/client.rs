@@ -31,7 +31,9 @@ fn lua_script(template: &str) -> String {
         ("MAX_KEYS", MAX_KEYS as u128),
         ("LUA_MAX_UNITS", LUA_MAX_UNITS),
     ];
-    limits.iter().fold(template.to_owned(), |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+    limits
+        .iter()
+        .fold(template.to_owned(), |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
 }
 
 /// One token bucket for a raw call: its key and parameters, checked when made.
@@ -45,8 +47,8 @@ impl Bucket {
     /// `capacity` tokens at most, `refill` more every `period` (whole ms).
     pub fn new(key: impl Into<String>, capacity: u64, refill: u64, period: Duration) -> Result<Bucket> {
         let key = key.into();
-        let params = bucket_params(capacity, refill, period)
-            .map_err(|why| Error::invalid(format!("bucket '{key}': {why}")))?;
+        let params =
+            bucket_params(capacity, refill, period).map_err(|why| Error::invalid(format!("bucket '{key}': {why}")))?;
         Ok(Bucket { key, params })
     }
 
@@ -229,7 +231,13 @@ impl Client {
         Decision::from_throttle_reply(&reply)
     }
 
-    async fn window_call(&self, name: &'static str, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
+    async fn window_call(
+        &self,
+        name: &'static str,
+        windows: &[Window],
+        cost: u64,
+        mode: WindowMode,
+    ) -> Result<Decision> {
         let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
         let limits = windows.iter().map(|w| (w.limit, w.window_ms));
         self.window_cmd(name, &keys, limits, cost, mode).await
@@ -237,7 +245,13 @@ impl Client {
 
     /// RL.WINDOW for a policy's window rules, each given as its bucket
     /// stand-in (`limit` per `window_ms`, checked when the policy was built).
-    pub(crate) async fn run_windows(&self, mode: WindowMode, keys: &[String], params: &[BucketParams], cost: u64) -> Result<Decision> {
+    pub(crate) async fn run_windows(
+        &self,
+        mode: WindowMode,
+        keys: &[String],
+        params: &[BucketParams],
+        cost: u64,
+    ) -> Result<Decision> {
         if keys.len() != params.len() {
             return Err(Error::invalid("one parameter set per key"));
         }
@@ -293,7 +307,9 @@ impl Client {
         match self.backend {
             Backend::Module => self.integers(&module_cmd(op, keys, params), slot).await,
             Backend::Lua => {
-                if let Some(i) = params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS) {
+                if let Some(i) =
+                    params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS)
+                {
                     return Err(Error::invalid(format!(
                         "bucket '{}': capacity x period_ms must be at most 2^52 on the Lua backend",
                         keys[i]

@@ -156,7 +156,10 @@ mod tests {
         let c = Config::standalone("redis://127.0.0.1/");
         assert_eq!(c.timeout, Duration::from_millis(5));
         assert_eq!((c.breaker_trip_after, c.breaker_open_for), (5, Duration::from_secs(2)));
-        assert_eq!((c.lease_ttl, c.lease_window, c.fallback_slack), (Duration::from_secs(1), Duration::from_millis(100), 2.0));
+        assert_eq!(
+            (c.lease_ttl, c.lease_window, c.fallback_slack),
+            (Duration::from_secs(1), Duration::from_millis(100), 2.0)
+        );
         assert!(c.validate().is_ok());
     }
 

@@ -65,9 +65,7 @@ impl Connection {
                     .min_retry_wait(0)
                     .max_retry_wait(1)
                     .build()?;
-                let config = ClusterConfig::new()
-                    .set_connection_timeout(connect_timeout)
-                    .set_response_timeout(timeout);
+                let config = ClusterConfig::new().set_connection_timeout(connect_timeout).set_response_timeout(timeout);
                 Ok(Connection::Cluster(client.get_pending_async_connection_with_config(config)))
             }
         }
@@ -133,7 +131,11 @@ mod tests {
     #[test]
     fn reads_cluster_slots() {
         let reply = Value::Array(vec![
-            Value::Array(vec![Value::Int(0), Value::Int(5460), Value::Array(vec![bulk("127.0.0.1"), Value::Int(7000), bulk("id")])]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![bulk("127.0.0.1"), Value::Int(7000), bulk("id")]),
+            ]),
             Value::Array(vec![
                 Value::Int(5461),
                 Value::Int(16383),

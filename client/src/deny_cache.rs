@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use quick_cache::sync::Cache;
 
-use crate::decision::{Decision, Source};
 use crate::clock::millis;
+use crate::decision::{Decision, Source};
 use crate::{Subject, SubjectKey};
 
 #[derive(Clone, Copy, Debug)]

@@ -124,7 +124,13 @@ impl Fallback {
             None => {
                 let params = self.local(key, scale)?;
                 let states = vec![None; params.len()];
-                let fresh = || Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local { gateways: scale.gateways, params, states })));
+                let fresh = || {
+                    Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local {
+                        gateways: scale.gateways,
+                        params,
+                        states,
+                    })))
+                };
                 match self.map.get_or_insert_with(&key.owned(), fresh) {
                     Ok(entry) => entry,
                     Err(never) => match never {},
@@ -249,7 +255,10 @@ mod tests {
         let key: SubjectKey = (8, false, "u".into());
         let rules = [p(100, 100, 60_000)];
         let admitted = |from: u64, to: u64| {
-            (from..=to).step_by(10).filter(|&ms| f.take(&key, &scale(&rules, true, 1), 1, ms).unwrap().allowed()).count()
+            (from..=to)
+                .step_by(10)
+                .filter(|&ms| f.take(&key, &scale(&rules, true, 1), 1, ms).unwrap().allowed())
+                .count()
         };
         // Saturated for a whole window, then for the next one.
         assert_eq!(admitted(0, 60_000), 200, "100 at once, 100 more over the window");

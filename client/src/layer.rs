@@ -110,7 +110,9 @@ where
                 Err(e) if check_subject(&subject).is_err() => {
                     return Ok(text(StatusCode::BAD_REQUEST, format!("400 Bad Request: {e}\n")))
                 }
-                Err(e) => return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, format!("500 Internal Server Error: {e}\n"))),
+                Err(e) => {
+                    return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, format!("500 Internal Server Error: {e}\n")))
+                }
             };
             let now = limiter.clock().wall();
             if !decision.allowed {

@@ -30,13 +30,13 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 use rl_core::BucketParams;
 
-use rl_core::BucketOp;
 use crate::clock::millis;
 use crate::decision::{Decision, Source};
 use crate::limiter::{mapped, spawn, Evaluation};
 use crate::metrics::Event;
 use crate::policy::Group;
 use crate::{lock, Limiter, Subject, SubjectKey};
+use rl_core::BucketOp;
 
 /// One subject's lease.
 #[derive(Debug, Default)]
@@ -249,7 +249,14 @@ impl Limiter {
 
     /// A busy subject: spend from the lease, top it up in the background at
     /// half empty, and lease synchronously only when it runs short.
-    pub(crate) async fn leased(&self, t: Evaluation<'_>, cost: u64, batch: u64, now: u64, shard_down: &mut bool) -> Decision {
+    pub(crate) async fn leased(
+        &self,
+        t: Evaluation<'_>,
+        cost: u64,
+        batch: u64,
+        now: u64,
+        shard_down: &mut bool,
+    ) -> Decision {
         let i = &self.inner;
         let key = t.key();
         let entry = i.leases.entry(&key);

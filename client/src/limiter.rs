@@ -435,7 +435,12 @@ impl Limiter {
 
     /// Runs `call`, which the shard's breaker admitted, and tells the
     /// breaker how it went.
-    pub(crate) async fn guarded<T>(&self, policy: &str, admitted: Admitted, call: impl Future<Output = Result<T>>) -> Result<T> {
+    pub(crate) async fn guarded<T>(
+        &self,
+        policy: &str,
+        admitted: Admitted,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let i = &self.inner;
         let (breaker, ticket) = admitted;
         let result = call.await;

@@ -164,7 +164,12 @@ impl Rule {
 
 /// Checks a window against the module's limits. Its parameters as a bucket
 /// (`limit` per `window`) are what the outage fallback scales down locally.
-fn window_params(limit: u64, refill: u64, window: Duration, mode: WindowMode) -> std::result::Result<BucketParams, String> {
+fn window_params(
+    limit: u64,
+    refill: u64,
+    window: Duration,
+    mode: WindowMode,
+) -> std::result::Result<BucketParams, String> {
     if refill != limit {
         return Err(format!("a window has no burst: its limit is {refill}, the burst set is {limit}"));
     }
@@ -179,7 +184,9 @@ fn window_params(limit: u64, refill: u64, window: Duration, mode: WindowMode) ->
 /// Checks a bucket against the module's limits; the text names the field.
 pub(crate) fn bucket_params(capacity: u64, refill: u64, period: Duration) -> std::result::Result<BucketParams, String> {
     // Capacity and refill are named before the period, as the module names them.
-    in_range("capacity", capacity, 1, MAX_TOKENS).and(in_range("refill", refill, 1, MAX_TOKENS)).map_err(|e| e.to_string())?;
+    in_range("capacity", capacity, 1, MAX_TOKENS)
+        .and(in_range("refill", refill, 1, MAX_TOKENS))
+        .map_err(|e| e.to_string())?;
     BucketParams::new(capacity, refill, period_ms(period)?).map_err(|e| e.to_string())
 }
 
@@ -188,7 +195,9 @@ pub fn period_ms(period: Duration) -> std::result::Result<u64, String> {
     let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
     match in_range("period_ms", ms, 1, MAX_PERIOD_MS) {
         Ok(ms) if period.subsec_nanos() % 1_000_000 == 0 => Ok(ms),
-        _ => Err(format!("period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}")),
+        _ => Err(format!(
+            "period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}"
+        )),
     }
 }
 
@@ -232,7 +241,12 @@ const KINDS: [Option<WindowMode>; 4] =
 pub(crate) const GROUP_KINDS: usize = KINDS.len();
 
 impl Group {
-    fn new(rules: &[Rule], params: &[BucketParams], window: Option<WindowMode>, member: impl Fn(&Rule) -> bool) -> Group {
+    fn new(
+        rules: &[Rule],
+        params: &[BucketParams],
+        window: Option<WindowMode>,
+        member: impl Fn(&Rule) -> bool,
+    ) -> Group {
         let rules_in: Vec<usize> =
             (0..rules.len()).filter(|&i| rules[i].window == window && member(&rules[i])).collect();
         Group {
@@ -330,8 +344,7 @@ impl PolicyBuilder {
             }
             params.push(rule.validate(i)?);
         }
-        let lua_fits =
-            params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
+        let lua_fits = params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
         Ok(Policy {
             enforced: Group::split(&self.rules, &params, |r| !r.shadow),
             shadow: Group::split(&self.rules, &params, |r| r.shadow),
@@ -468,7 +481,11 @@ mod tests {
         let kinds: Vec<_> = p.enforced.iter().map(|g| (g.window, g.rules.clone(), g.fail_closed)).collect();
         assert_eq!(
             kinds,
-            [(None, vec![1], None), (Some(WindowMode::Sliding), vec![2], Some(0)), (Some(WindowMode::Fixed), vec![0], None)]
+            [
+                (None, vec![1], None),
+                (Some(WindowMode::Sliding), vec![2], Some(0)),
+                (Some(WindowMode::Fixed), vec![0], None)
+            ]
         );
         assert_eq!(p.shadow.iter().map(|g| g.rules.clone()).collect::<Vec<_>>(), [vec![3]]);
         assert_eq!(p.buckets.rules, [1], "only buckets are settled and refunded");
@@ -503,15 +520,19 @@ mod tests {
         assert!(err(b()).contains("needs 1 to 32 rules, got 0"));
         assert!(err(b().rule(Rule::per_second("a b", 1))).contains("rule 1: name may hold only"));
         assert!(err(b().rule(Rule::per_second("", 1))).contains("rule 1: name must be 1 to 64"));
-        assert!(err(b().rule(Rule::per_second("s", 1)).rule(Rule::per_minute("s", 1)))
-            .contains("names rule 's' twice"));
+        assert!(err(b().rule(Rule::per_second("s", 1)).rule(Rule::per_minute("s", 1))).contains("names rule 's' twice"));
         assert!(err(b().rule(Rule::per_second("s", 1).burst(0))).contains("rule 's': capacity must be"));
         assert!(err(b().rule(Rule::new("s", 1, 0, Duration::from_secs(1)))).contains("rule 's': refill must be"));
-        assert!(err(b().rule(Rule::new("s", MAX_TOKENS + 1, 1, Duration::from_secs(1))))
-            .contains("got 100000000000001"));
-        assert!(err(b().rule(Rule::new("s", 1, 1, Duration::from_micros(1500)))).contains("whole number of milliseconds"));
+        assert!(
+            err(b().rule(Rule::new("s", MAX_TOKENS + 1, 1, Duration::from_secs(1)))).contains("got 100000000000001")
+        );
+        assert!(
+            err(b().rule(Rule::new("s", 1, 1, Duration::from_micros(1500)))).contains("whole number of milliseconds")
+        );
         assert!(err(b().rule(Rule::new("s", 1, 1, Duration::ZERO))).contains("period must be"));
-        assert!(err(b().rule(Rule::new("s", 1, 1, Duration::from_millis(MAX_PERIOD_MS + 1)))).contains("period must be"));
+        assert!(
+            err(b().rule(Rule::new("s", 1, 1, Duration::from_millis(MAX_PERIOD_MS + 1)))).contains("period must be")
+        );
         let many = (0..33).fold(b(), |b, i| b.rule(Rule::per_second(format!("r{i}"), 1)));
         assert!(err(many).contains("got 33"));
         assert!(err(Policy::builder("a{b").rule(Rule::per_second("s", 1))).contains("prefix"));

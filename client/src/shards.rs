@@ -56,7 +56,11 @@ impl Shards {
     fn breaker(&self, slot: u16) -> Arc<Breaker> {
         let t = self.table.load();
         let i = t.slots.get(slot as usize).copied().unwrap_or(0) as usize;
-        t.breakers.get(i).or(t.breakers.first()).map(|(_, b)| b.clone()).unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
+        t.breakers
+            .get(i)
+            .or(t.breakers.first())
+            .map(|(_, b)| b.clone())
+            .unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
     }
 
     /// Whether the breaker of the shard serving hash tag `tag` refuses
@@ -115,7 +119,10 @@ impl Shards {
                 Some(i) => i,
                 None => {
                     let kept = old.breakers.iter().find(|(name, _)| name == primary).map(|(_, b)| b.clone());
-                    breakers.push((primary.clone(), kept.unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))));
+                    breakers.push((
+                        primary.clone(),
+                        kept.unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms))),
+                    ));
                     breakers.len() - 1
                 }
             };

@@ -48,12 +48,20 @@ async fn every_node_answers_its_own_subjects_on_both_backends() {
     let cluster = Cluster::start(3);
     for backend in [Backend::Module, Backend::Lua] {
         let l = Limiter::new(cluster_config(&cluster, backend)).unwrap();
-        let quiet = Policy::builder(format!("q{backend:?}")).rule(Rule::per_hour("h", 3)).rule(Rule::per_minute("m", 50)).build().unwrap();
+        let quiet = Policy::builder(format!("q{backend:?}"))
+            .rule(Rule::per_hour("h", 3))
+            .rule(Rule::per_minute("m", 50))
+            .build()
+            .unwrap();
         let busy = Policy::builder(format!("b{backend:?}")).rule(Rule::per_second("s", 1000)).build().unwrap();
         for subject in one_subject_per_node(&cluster, &quiet) {
             for left in (0..3).rev() {
                 let d = l.check(&quiet, &subject).await.unwrap();
-                assert_eq!((d.allowed, d.remaining, d.source, d.rule), (true, left, Source::Redis, 0), "{backend:?} {subject}");
+                assert_eq!(
+                    (d.allowed, d.remaining, d.source, d.rule),
+                    (true, left, Source::Redis, 0),
+                    "{backend:?} {subject}"
+                );
             }
             let d = l.check(&quiet, &subject).await.unwrap();
             assert_eq!((d.allowed, d.source), (false, Source::Redis));
@@ -81,7 +89,12 @@ async fn one_failing_shard_degrades_only_its_subjects() {
     let mut cluster = Cluster::start(3);
     // Let the other shards keep serving when one is gone.
     for node in &cluster.nodes {
-        redis::cmd("CONFIG").arg("SET").arg("cluster-require-full-coverage").arg("no").query::<()>(&mut node.con()).unwrap();
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query::<()>(&mut node.con())
+            .unwrap();
     }
     let l = Limiter::new(cluster_config(&cluster, Backend::Module)).unwrap();
     let p = Policy::builder("api").rule(Rule::per_hour("h", 1000)).build().unwrap();

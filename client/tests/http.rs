@@ -18,7 +18,10 @@ fn by_api_key(req: &Req) -> Option<String> {
     req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
-fn service(limiter: Limiter, policy: Policy) -> impl Service<Req, Response = Response<String>, Error = Infallible> + Clone {
+fn service(
+    limiter: Limiter,
+    policy: Policy,
+) -> impl Service<Req, Response = Response<String>, Error = Infallible> + Clone {
     let hello = service_fn(|_req: Req| async { Ok::<_, Infallible>(Response::new("hello".to_string())) });
     RateLimitLayer::new(limiter, Arc::new(policy), by_api_key).layer(hello)
 }
@@ -89,7 +92,8 @@ async fn a_policy_the_backend_cannot_run_is_a_500_not_the_clients_fault() {
     let s = Server::start(&[]);
     let limiter = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
     let day = std::time::Duration::from_secs(86_400);
-    let quota = Policy::builder("api").rule(Rule::window("daily", 10, day, rl_client::WindowMode::Fixed)).build().unwrap();
+    let quota =
+        Policy::builder("api").rule(Rule::window("daily", 10, day, rl_client::WindowMode::Fixed)).build().unwrap();
     let r = service(limiter, quota).oneshot(request(Some("k"))).await.unwrap();
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(r.body().contains("Lua backend has no RL.WINDOW"), "{}", r.body());

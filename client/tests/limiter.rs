@@ -155,7 +155,11 @@ async fn concurrent_first_requests_take_one_batch(backend: Backend) {
 
 async fn expired_leases_are_dropped_never_refunded(backend: Backend) {
     let s = Server::start(&[]);
-    let c = Config { lease_window: Duration::from_secs(360), lease_ttl: Duration::from_millis(200), ..config(s.url(), backend) };
+    let c = Config {
+        lease_window: Duration::from_secs(360),
+        lease_ttl: Duration::from_millis(200),
+        ..config(s.url(), backend)
+    };
     let (c, clock) = on_manual_clock(c);
     let l = Limiter::new(c).unwrap();
     // 100 an hour, leases of 10.

@@ -82,7 +82,10 @@ async fn while_redis_is_down_windows_fall_back_or_refuse() {
     let c = rl_client::Config { timeout: Duration::from_millis(200), ..config(s.url(), Backend::Module) };
     let l = Limiter::new(c).unwrap();
     let open = Policy::builder("open").rule(Rule::window("hourly", 4, HOUR, WindowMode::Sliding)).build().unwrap();
-    let closed = Policy::builder("closed").rule(Rule::window("logins", 4, HOUR, WindowMode::Exact).fail_closed()).build().unwrap();
+    let closed = Policy::builder("closed")
+        .rule(Rule::window("logins", 4, HOUR, WindowMode::Exact).fail_closed())
+        .build()
+        .unwrap();
     assert!(l.check(&open, "u").await.unwrap().allowed);
     s.kill();
     // One gateway, slack 2: at most 8 in any hour. The local stand-in holds

@@ -18,7 +18,10 @@ async fn windows_in_every_mode_are_all_or_nothing() {
     let s = Server::start(&[]);
     let c = client(&s, Backend::Module);
     for mode in [WindowMode::Sliding, WindowMode::Exact, WindowMode::Fixed] {
-        let w = [Window::new(format!("{{w}}:{mode:?}:a"), 10, HOUR).unwrap(), Window::new(format!("{{w}}:{mode:?}:b"), 2, HOUR).unwrap()];
+        let w = [
+            Window::new(format!("{{w}}:{mode:?}:a"), 10, HOUR).unwrap(),
+            Window::new(format!("{{w}}:{mode:?}:b"), 2, HOUR).unwrap(),
+        ];
         for left in [1, 0] {
             let d = c.window(&w, 1, mode).await.unwrap();
             assert_eq!((d.allowed, d.remaining, d.limit, d.rule), (true, left, 2, 1), "{mode:?}");
@@ -43,7 +46,10 @@ async fn cl_throttle_answers_as_redis_cell() {
     let minute = Duration::from_secs(60);
     // max_burst 15, 30 per 60 s: limit 16, one token every 2 s.
     let d = c.throttle("user123", 15, 30, minute, 1).await.unwrap();
-    assert_eq!((d.allowed, d.limit, d.remaining, d.retry_after, d.reset_after), (true, 16, 15, Some(Duration::ZERO), Duration::from_secs(2)));
+    assert_eq!(
+        (d.allowed, d.limit, d.remaining, d.retry_after, d.reset_after),
+        (true, 16, 15, Some(Duration::ZERO), Duration::from_secs(2))
+    );
     let d = c.throttle("user123", 15, 30, minute, 0).await.unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 15), "quantity 0 peeks");
     let d = c.throttle("user123", 15, 30, minute, 16).await.unwrap();

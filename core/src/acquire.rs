@@ -131,13 +131,7 @@ fn take_checks(buckets: &[BucketParams], levels: &[i128], cost: u64) -> SmallVec
 /// Takes as many tokens as every bucket can give, up to `want`, from every
 /// bucket; or nothing when fewer than `min` are available (1 <= min <= want).
 /// A refusal reports the wait for `min` tokens.
-pub fn acquire(
-    buckets: &[BucketParams],
-    states: &[Option<BucketState>],
-    want: u64,
-    min: u64,
-    now_ms: u64,
-) -> Outcome {
+pub fn acquire(buckets: &[BucketParams], states: &[Option<BucketState>], want: u64, min: u64, now_ms: u64) -> Outcome {
     let levels = levels(buckets, states, now_ms);
     let (decision, checks) = take_decision(buckets, &levels, want, min);
     if !decision.allowed() {
@@ -176,12 +170,7 @@ pub fn acquire_in_place(
 
 /// The decision of taking up to `want` (at least `min`) from buckets at
 /// `levels`, and each bucket's check.
-fn take_decision(
-    buckets: &[BucketParams],
-    levels: &[i128],
-    want: u64,
-    min: u64,
-) -> (Reply, SmallVec<[Check; INLINE]>) {
+fn take_decision(buckets: &[BucketParams], levels: &[i128], want: u64, min: u64) -> (Reply, SmallVec<[Check; INLINE]>) {
     debug_assert!(!buckets.is_empty() && 1 <= min && min <= want);
     // A take (want = min) is all or nothing: no need to count what is there.
     let cost = if want == min {
@@ -200,13 +189,7 @@ fn take_decision(
 }
 
 /// The decision `acquire` would make, without computing any write.
-pub fn peek(
-    buckets: &[BucketParams],
-    states: &[Option<BucketState>],
-    want: u64,
-    min: u64,
-    now_ms: u64,
-) -> Reply {
+pub fn peek(buckets: &[BucketParams], states: &[Option<BucketState>], want: u64, min: u64, now_ms: u64) -> Reply {
     take_decision(buckets, &levels(buckets, states, now_ms), want, min).0
 }
 
@@ -235,7 +218,11 @@ fn apply(
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| to(b, l)).collect();
     let checks: SmallVec<[Check; INLINE]> =
         buckets.iter().zip(levels.iter().zip(&after)).map(|(b, (&l, &a))| standing(b, l, a)).collect();
-    Outcome { decision: decide(&checks, tokens), updates: updates(buckets, &after, now_ms), keep_until_ms: SmallVec::new() }
+    Outcome {
+        decision: decide(&checks, tokens),
+        updates: updates(buckets, &after, now_ms),
+        keep_until_ms: SmallVec::new(),
+    }
 }
 
 /// The writes that record `levels` at `now_ms`.
@@ -288,14 +275,7 @@ mod tests {
         let out = acquire(&b, &s, 1, 1, 0);
         assert_eq!(
             out.decision,
-            Reply {
-                granted: 0,
-                remaining: 0,
-                retry_after_ms: 1000,
-                reset_after_ms: 3000,
-                limit: 3,
-                binding: 0
-            }
+            Reply { granted: 0, remaining: 0, retry_after_ms: 1000, reset_after_ms: 3000, limit: 3, binding: 0 }
         );
         assert!(out.updates.is_empty());
     }
@@ -466,7 +446,15 @@ mod tests {
     fn force_debt_has_a_floor() {
         let b = [p(10, 1, 1000)];
         let out = force(&b, &[None], crate::limits::MAX_TOKENS, 0);
-        let out2 = force(&b, &[match out.updates[0] { Update::Store { state, .. } => Some(state), _ => None }], crate::limits::MAX_TOKENS, 0);
+        let out2 = force(
+            &b,
+            &[match out.updates[0] {
+                Update::Store { state, .. } => Some(state),
+                _ => None,
+            }],
+            crate::limits::MAX_TOKENS,
+            0,
+        );
         match out2.updates[0] {
             Update::Store { state, .. } => assert_eq!(state.tokens, BucketState::MIN_TOKENS),
             Update::Remove => panic!(),

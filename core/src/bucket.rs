@@ -227,7 +227,9 @@ mod tests {
 
     #[test]
     fn floor_division_is_the_same_on_both_paths() {
-        for a in [i128::from(i64::MIN), -7, -1, 0, 1, 7, i128::from(i64::MAX), i128::from(i64::MAX) + 1, -(1i128 << 100)] {
+        for a in
+            [i128::from(i64::MIN), -7, -1, 0, 1, 7, i128::from(i64::MAX), i128::from(i64::MAX) + 1, -(1i128 << 100)]
+        {
             for b in [1i128, 3, 1000, i128::from(i64::MAX), 1i128 << 70] {
                 assert_eq!(div_floor(a, b), a.div_euclid(b), "{a} / {b}");
             }

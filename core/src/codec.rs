@@ -7,7 +7,7 @@
 //! keeps decoding this one, so today's RDB and AOF files keep loading.
 
 use crate::bucket::{BucketState, StateError};
-use crate::inflight::{Slot, Slots, SlotsError, MAX_INFLIGHT_LIMIT, MAX_ID_LEN};
+use crate::inflight::{Slot, Slots, SlotsError, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
 use crate::log::{Entry, Log, LogError};
 use crate::window::{WindowState, WindowStateError};
 
@@ -206,7 +206,10 @@ pub fn decode(blob: &[u8]) -> Result<Decoded, BlobError> {
     let words = || -> Result<[u64; 2], BlobError> {
         let bytes: &[u8; 16] = payload.try_into().map_err(|_| BlobError::Length)?;
         let (lo, hi) = bytes.split_at(8);
-        Ok([u64::from_le_bytes(lo.try_into().unwrap_or_default()), u64::from_le_bytes(hi.try_into().unwrap_or_default())])
+        Ok([
+            u64::from_le_bytes(lo.try_into().unwrap_or_default()),
+            u64::from_le_bytes(hi.try_into().unwrap_or_default()),
+        ])
     };
     match (*kind, *version) {
         (KIND_BUCKET, VERSION_1) => {
@@ -226,9 +229,8 @@ pub fn decode(blob: &[u8]) -> Result<Decoded, BlobError> {
             if (payload.len() / 8) as u64 > crate::limits::MAX_LOG_LIMIT {
                 return Err(BlobError::Log(LogError::Length));
             }
-            let entries = payload
-                .chunks_exact(8)
-                .map(|c| Entry::from_raw(u64::from_le_bytes(c.try_into().unwrap_or_default())));
+            let entries =
+                payload.chunks_exact(8).map(|c| Entry::from_raw(u64::from_le_bytes(c.try_into().unwrap_or_default())));
             Ok(Decoded::Log(Log::from_entries(entries).map_err(BlobError::Log)?))
         }
         (KIND_INFLIGHT, VERSION_1) => Ok(Decoded::Inflight(inflight_slots(payload)?)),
@@ -286,10 +288,7 @@ mod tests {
     fn version_1_bytes_are_frozen() {
         let s = BucketState { tokens: 5, fraction: 3, updated_ms: 1_000 };
         let blob = PackedBucket::pack(&s).to_blob();
-        assert_eq!(
-            blob,
-            [b'B', 1, 0xe8, 0x03, 0, 0, 0, 0x30, 0, 0, 0, 0, 0x05, 0, 0, 0, 0, 0]
-        );
+        assert_eq!(blob, [b'B', 1, 0xe8, 0x03, 0, 0, 0, 0x30, 0, 0, 0, 0, 0x05, 0, 0, 0, 0, 0]);
     }
 
     proptest! {

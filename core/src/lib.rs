@@ -16,7 +16,7 @@ pub mod log;
 pub mod window;
 
 pub use acquire::{acquire, acquire_in_place, force, peek, refund, BucketOp, Outcome, Update};
-pub use combine::{Reply, INLINE};
 pub use bucket::{BucketParams, BucketState};
+pub use combine::{Reply, INLINE};
 pub use limits::ParamError;
 pub use window::WindowMode;

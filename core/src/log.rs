@@ -190,7 +190,10 @@ pub fn decide(windows: &[WindowParams], logs: &[Option<&Log>], cost: u64, now_ms
     let views: SmallVec<[LogCheck; INLINE]> =
         windows.iter().zip(logs).map(|(p, log)| check(p, *log, cost, now_ms)).collect();
     let checks: SmallVec<[Check; INLINE]> = views.iter().map(|v| v.check).collect();
-    Outcome::of(&checks, cost, now_ms, |i| Update::Store { state: views[i].append, expires_at_ms: views[i].expires_at_ms })
+    Outcome::of(&checks, cost, now_ms, |i| Update::Store {
+        state: views[i].append,
+        expires_at_ms: views[i].expires_at_ms,
+    })
 }
 
 /// Checks `cost` against one log at `now_ms`: admitted when the requests

@@ -154,19 +154,16 @@ pub fn decide(
     let views: SmallVec<[WindowCheck; INLINE]> =
         windows.iter().zip(states).map(|(p, s)| check(p, mode, s.as_ref(), cost, now_ms)).collect();
     let checks: SmallVec<[Check; INLINE]> = views.iter().map(|v| v.check).collect();
-    Outcome::of(&checks, cost, now_ms, |i| Update::Store { state: views[i].after, expires_at_ms: views[i].expires_at_ms })
+    Outcome::of(&checks, cost, now_ms, |i| Update::Store {
+        state: views[i].after,
+        expires_at_ms: views[i].expires_at_ms,
+    })
 }
 
 /// Checks `cost` against one window at `now_ms`. FIXED counts the current
 /// window only; SLIDING (and EXACT, which is counted by `log.rs` and never
 /// comes here) also weighs the previous one.
-pub fn check(
-    p: &WindowParams,
-    mode: WindowMode,
-    state: Option<&WindowState>,
-    cost: u64,
-    now_ms: u64,
-) -> WindowCheck {
+pub fn check(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, cost: u64, now_ms: u64) -> WindowCheck {
     let s = rolled(p, mode, state, now_ms);
     let w = p.window_ms as u128;
     // Time into the current window; 0 if the clock reads before it.
@@ -306,7 +303,7 @@ mod tests {
         assert_eq!(c.after, WindowState { start_ms: 1_000, previous: 10, current: 1 });
         assert_eq!(c.check.remaining_now, 2); // floor(10 - 7.5)
         assert_eq!(c.check.remaining_after, 1); // floor(10 - 8.5)
-        // Two windows on, nothing is left.
+                                                // Two windows on, nothing is left.
         assert_eq!(check(&p, Sliding, Some(&s), 10, 2_000).check.remaining_now, 10);
     }
 

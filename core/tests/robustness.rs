@@ -4,7 +4,7 @@
 //! pass the codec's validation.
 
 use proptest::prelude::*;
-use rl_core::codec::{self, PackedBucket, PackedWindow, Decoded};
+use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
 use rl_core::gcra::{self, GcraParams};
 use rl_core::limits::*;
 use rl_core::log::{self, Log};

@@ -55,7 +55,9 @@ impl Snapshot {
             || key_prefix.contains(['{', '}'])
             || key_prefix.chars().any(|c| c.is_whitespace() || c.is_control())
         {
-            errors.push(format!("key_prefix must be 1 to 64 characters without '{{', '}}' or spaces, got {key_prefix:?}"));
+            errors.push(format!(
+                "key_prefix must be 1 to 64 characters without '{{', '}}' or spaces, got {key_prefix:?}"
+            ));
         }
         let ipv4_prefix = spec.ipv4_prefix.unwrap_or(DEFAULT_IPV4_PREFIX);
         let ipv6_prefix = spec.ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
@@ -101,7 +103,13 @@ struct SetContext<'a> {
 }
 
 /// Checks one rule, pushing every fault found (named with `at`).
-fn compile_rule(spec: &RuleSpec, is_override: bool, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<CompiledRule> {
+fn compile_rule(
+    spec: &RuleSpec,
+    is_override: bool,
+    set: &SetContext<'_>,
+    at: &str,
+    errors: &mut Vec<String>,
+) -> Option<CompiledRule> {
     let before = errors.len();
     if let Err(why) = check_name(&spec.id) {
         errors.push(format!("{at}: id {why}"));
@@ -139,7 +147,11 @@ fn compile_rule(spec: &RuleSpec, is_override: bool, set: &SetContext<'_>, at: &s
     }
     let mut limits = Vec::with_capacity(spec.limits.len());
     for (j, limit) in spec.limits.iter().enumerate() {
-        let lat = if limit.name.is_empty() { format!("{at} limit {}", j + 1) } else { format!("{at} limit '{}'", limit.name) };
+        let lat = if limit.name.is_empty() {
+            format!("{at} limit {}", j + 1)
+        } else {
+            format!("{at} limit '{}'", limit.name)
+        };
         if spec.limits[..j].iter().any(|other| other.name == limit.name) {
             errors.push(format!("{lat}: the name is used twice in the rule"));
         }
@@ -177,10 +189,14 @@ fn compile_rule(spec: &RuleSpec, is_override: bool, set: &SetContext<'_>, at: &s
         }
     };
     if set.lua && policy.has_windows() {
-        errors.push(format!("{at}: window and quota limits need the module (RL.WINDOW); this gateway runs the Lua backend"));
+        errors.push(format!(
+            "{at}: window and quota limits need the module (RL.WINDOW); this gateway runs the Lua backend"
+        ));
     }
     if set.lua && !policy.fits_lua() {
-        errors.push(format!("{at}: a limit's burst x period in ms is above 2^52: the Lua backend cannot count it exactly"));
+        errors.push(format!(
+            "{at}: a limit's burst x period in ms is above 2^52: the Lua backend cannot count it exactly"
+        ));
     }
     Some(CompiledRule {
         id: spec.id.clone(),
@@ -199,7 +215,8 @@ fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<St
     let named = |what: &str, value: &Option<String>, errors: &mut Vec<String>| -> Option<String> {
         let v = value.as_ref()?;
         if v.is_empty() || v.len() > 512 || v.chars().any(char::is_control) {
-            errors.push(format!("{at}: match.{what} must be 1 to 512 characters without control characters, got {v:?}"));
+            errors
+                .push(format!("{at}: match.{what} must be 1 to 512 characters without control characters, got {v:?}"));
         }
         Some(v.clone())
     };
@@ -235,7 +252,9 @@ fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<St
 fn ip_scope(text: &str, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<IpNet> {
     let parsed = text.parse::<IpNet>().or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
     let Ok(net) = parsed else {
-        errors.push(format!("{at}: match.ip {text:?} is not an address or a network like \"203.0.113.0/24\" or \"2001:db8::/48\""));
+        errors.push(format!(
+            "{at}: match.ip {text:?} is not an address or a network like \"203.0.113.0/24\" or \"2001:db8::/48\""
+        ));
         return None;
     };
     if net != net.trunc() {
@@ -351,7 +370,8 @@ mod tests {
 
     #[test]
     fn set_wide_faults_are_named() {
-        let e = |toml: &str, overrides: &[RuleSpec]| Snapshot::compile(&set(toml), overrides, 1).unwrap_err().to_string();
+        let e =
+            |toml: &str, overrides: &[RuleSpec]| Snapshot::compile(&set(toml), overrides, 1).unwrap_err().to_string();
         let no_default = BASE.replacen("id = \"default\"", "id = \"d\"\nmatch = { plan = \"free\" }", 1);
         assert!(e(&no_default, &[]).contains("needs a default rule (no match) in enforce mode"));
         let twice = format!("{BASE}\n[[rules]]\nid = \"pro2\"\nmatch = {{ plan = \"pro\" }}\nreason = \"r\"\nlimits = [{{ name = \"s\", rate = 1, per = \"1s\" }}]");
@@ -378,7 +398,10 @@ mod tests {
 
     #[test]
     fn the_lua_backend_refuses_windows_at_load() {
-        let quota = BASE.replace("{ name = \"s\", rate = 20, per = \"1s\" }", "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }");
+        let quota = BASE.replace(
+            "{ name = \"s\", rate = 20, per = \"1s\" }",
+            "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }",
+        );
         assert!(Snapshot::compile(&set(&quota), &[], 1).is_ok());
         let e = Snapshot::compile_for(&set(&quota), &[], 1, Backend::Lua).unwrap_err().to_string();
         assert!(e.contains("rule 'pro': window and quota limits need the module"), "{e}");

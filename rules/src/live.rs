@@ -208,7 +208,8 @@ impl LiveRules {
                 _ => Ok(None),
             }
         };
-        let (decision, shadow) = tokio::join!(limiter.check_cost(matched.enforced.policy(), &subject, cost), shadow_check);
+        let (decision, shadow) =
+            tokio::join!(limiter.check_cost(matched.enforced.policy(), &subject, cost), shadow_check);
         let decision = decision?;
         // Only an allowed request is one the shadow rule would have changed.
         let shadow = match (shadow.unwrap_or(None), matched.shadow, shadow_subject) {

@@ -360,7 +360,10 @@ impl Index {
             }
         }
         if errors.is_empty() && index.default.enforce.is_none() {
-            errors.push("the rule set needs a default rule (no match) in enforce mode: every request must find a rule".to_owned());
+            errors.push(
+                "the rule set needs a default rule (no match) in enforce mode: every request must find a rule"
+                    .to_owned(),
+            );
         }
         index
     }

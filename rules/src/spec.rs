@@ -245,7 +245,8 @@ impl LimitSpec {
         };
         let (name, rest) = text.split_once('=').ok_or_else(|| bad("no '='"))?;
         let mut parts = rest.split(',');
-        let (count, per) = parts.next().unwrap_or("").split_once('/').ok_or_else(|| bad("no '/' between count and period"))?;
+        let (count, per) =
+            parts.next().unwrap_or("").split_once('/').ok_or_else(|| bad("no '/' between count and period"))?;
         let count: u64 = count.trim().parse().map_err(|_| bad("the count is not a whole number"))?;
         let mut spec = LimitSpec { name: name.trim().to_owned(), per: per.trim().to_owned(), ..LimitSpec::default() };
         for option in parts.map(str::trim) {
@@ -318,9 +319,11 @@ mod tests {
 
     #[test]
     fn typos_are_named_with_their_place() {
-        let e = RuleSetSpec::from_toml("[[rules]]\nid = \"a\"\nreason = \"r\"\nlimits = [{ name = \"s\", rate = 1, per = \"1s\", burts = 2 }]\n")
-            .unwrap_err()
-            .to_string();
+        let e = RuleSetSpec::from_toml(
+            "[[rules]]\nid = \"a\"\nreason = \"r\"\nlimits = [{ name = \"s\", rate = 1, per = \"1s\", burts = 2 }]\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("unknown field `burts`") && e.contains("line 4"), "{e}");
         let e = RuleSetSpec::from_json(r#"{"rules":[{"id":"a","reason":"r","limits":[],"mode":"shadows"}]}"#)
             .unwrap_err()
@@ -333,7 +336,10 @@ mod tests {
     #[test]
     fn short_limits_read_every_kind() {
         let s = LimitSpec::parse_short("per_second=10/1s,burst=20").unwrap();
-        assert_eq!((s.name.as_str(), s.rate, s.burst, s.per.as_str(), s.kind), ("per_second", Some(10), Some(20), "1s", LimitKind::Bucket));
+        assert_eq!(
+            (s.name.as_str(), s.rate, s.burst, s.per.as_str(), s.kind),
+            ("per_second", Some(10), Some(20), "1s", LimitKind::Bucket)
+        );
         let q = LimitSpec::parse_short("daily=1000/1d,quota").unwrap();
         assert_eq!((q.limit, q.rate, q.kind), (Some(1000), None, LimitKind::Quota));
         for short in ["per_second=10/1s,burst=20", "s=5/1m", "daily=1000/1d,quota", "w=3/1h,window", "e=3/15m,exact"] {

@@ -164,7 +164,8 @@ impl RulesStore {
 
     /// The version in force in the store: one HGET, what a gateway polls.
     pub async fn version(&self) -> Result<u64> {
-        let v: Option<String> = redis::cmd("HGET").arg(&self.key).arg("version").query_async(&mut self.con.clone()).await?;
+        let v: Option<String> =
+            redis::cmd("HGET").arg(&self.key).arg("version").query_async(&mut self.con.clone()).await?;
         parse_version(v.as_deref())
     }
 
@@ -208,7 +209,9 @@ impl RulesStore {
         let now = SystemTime::now();
         let expires = rule.expires.as_deref().map(humantime::parse_rfc3339);
         match expires {
-            Some(Ok(at)) if at <= now => return Err(Error::Rules(format!("override '{}': expires is in the past", rule.id))),
+            Some(Ok(at)) if at <= now => {
+                return Err(Error::Rules(format!("override '{}': expires is in the past", rule.id)))
+            }
             Some(Ok(at)) if at.duration_since(now).unwrap_or_default() > MAX_OVERRIDE => {
                 return Err(Error::Rules(format!(
                     "override '{}': expires must be within 30 days; lasting limits belong in the rule file",

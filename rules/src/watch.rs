@@ -36,7 +36,12 @@ pub struct RedisSource {
 impl RedisSource {
     /// The defaults, on the server at `url`.
     pub fn new(url: impl Into<String>) -> RedisSource {
-        RedisSource { url: url.into(), key: DEFAULT_KEY.to_owned(), poll_every: Duration::from_secs(5), timeout: Duration::from_secs(2) }
+        RedisSource {
+            url: url.into(),
+            key: DEFAULT_KEY.to_owned(),
+            poll_every: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+        }
     }
 }
 
@@ -76,7 +81,8 @@ impl LiveRules {
 }
 
 fn runtime() -> Result<tokio::runtime::Handle> {
-    tokio::runtime::Handle::try_current().map_err(|_| Error::invalid("a rules watcher must be started inside a tokio runtime"))
+    tokio::runtime::Handle::try_current()
+        .map_err(|_| Error::invalid("a rules watcher must be started inside a tokio runtime"))
 }
 
 async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client, source: RedisSource) {

@@ -9,8 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
 use rl_client::{Backend, Limiter};
+use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
 use testkit::Server;
 
 struct Run {
@@ -93,7 +93,11 @@ async fn publish_override_and_remove_reach_a_gateway() {
         async move {
             let deadline = Instant::now() + Duration::from_secs(10);
             while gateway.snapshot().version() != version {
-                assert!(Instant::now() < deadline, "version {version} did not reach the gateway: {:?}", gateway.status());
+                assert!(
+                    Instant::now() < deadline,
+                    "version {version} did not reach the gateway: {:?}",
+                    gateway.status()
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -101,7 +105,21 @@ async fn publish_override_and_remove_reach_a_gateway() {
 
     let active = rlctl(&["active", "--redis", &url]).await;
     assert_eq!((active.code, active.out.trim()), (0, "version 0: nothing published"));
-    let run = rlctl(&["override", "add", "--subject", "k", "--limit", "s=1/1h", "--expires", "15m", "--reason", "x", "--redis", &url]).await;
+    let run = rlctl(&[
+        "override",
+        "add",
+        "--subject",
+        "k",
+        "--limit",
+        "s=1/1h",
+        "--expires",
+        "15m",
+        "--reason",
+        "x",
+        "--redis",
+        &url,
+    ])
+    .await;
     assert_eq!(run.code, 1);
     assert!(run.err.contains("publish a rule file first"), "{}", run.err);
 
@@ -111,8 +129,20 @@ async fn publish_override_and_remove_reach_a_gateway() {
     reaches(1).await;
 
     let add = [
-        "override", "add", "--subject", "key_8f3", "--limit", "per_second=1/1h", "--limit", "daily=5/1d,quota",
-        "--expires", "15m", "--reason", "INC-4411: retry storm", "--redis", &url,
+        "override",
+        "add",
+        "--subject",
+        "key_8f3",
+        "--limit",
+        "per_second=1/1h",
+        "--limit",
+        "daily=5/1d,quota",
+        "--expires",
+        "15m",
+        "--reason",
+        "INC-4411: retry storm",
+        "--redis",
+        &url,
     ];
     let run = rlctl(&add).await;
     assert_eq!(run.code, 0, "{}", run.err);
@@ -149,8 +179,19 @@ async fn publish_override_and_remove_reach_a_gateway() {
     // A network override with --shared: the whole /48 shares its buckets
     // (without it, each /64 of the /48 would get the limit of its own).
     let net = [
-        "override", "add", "--ip", "2001:db8:bad::/48", "--shared", "--limit", "s=2/1h", "--expires", "2h", "--reason",
-        "INC-4412: scraper", "--redis", &url,
+        "override",
+        "add",
+        "--ip",
+        "2001:db8:bad::/48",
+        "--shared",
+        "--limit",
+        "s=2/1h",
+        "--expires",
+        "2h",
+        "--reason",
+        "INC-4412: scraper",
+        "--redis",
+        &url,
     ];
     let run = rlctl(&net).await;
     assert_eq!(run.code, 0, "{}", run.err);
@@ -165,7 +206,22 @@ async fn publish_override_and_remove_reach_a_gateway() {
     assert_eq!((first.rule.id(), first.decision.allowed), ("ovr-2001_db8_bad___48", true));
     assert!(from("2001:db8:bad:2::1").await.decision.allowed);
     assert!(!from("2001:db8:bad:3::1").await.decision.allowed, "a third /64 of the /48: the shared 2 are spent");
-    let run = rlctl(&["override", "add", "--subject", "k", "--shared", "--limit", "s=1/1h", "--expires", "1h", "--reason", "r", "--redis", &url]).await;
+    let run = rlctl(&[
+        "override",
+        "add",
+        "--subject",
+        "k",
+        "--shared",
+        "--limit",
+        "s=1/1h",
+        "--expires",
+        "1h",
+        "--reason",
+        "r",
+        "--redis",
+        &url,
+    ])
+    .await;
     assert_eq!(run.code, 1, "{}", run.out);
     assert!(run.err.contains("--shared is for an --ip override"), "{}", run.err);
 }
@@ -190,15 +246,35 @@ async fn mistakes_at_3am_are_refused_with_a_reason() {
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "100000y"][..], "within 30 days"),
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "400000000000y"][..], "within 30 days"),
         (&["--limit", "s=1/1s", "--reason", "r", "--expires", "2099-01-01T00:00:00Z"][..], "within 30 days"),
-        (&["--limit", "s=1/1s", "--reason", "r", "--expires", "soonish"][..], "--expires \"soonish\" is neither a duration"),
+        (
+            &["--limit", "s=1/1s", "--reason", "r", "--expires", "soonish"][..],
+            "--expires \"soonish\" is neither a duration",
+        ),
         (&["--limit", "s=ten/1s", "--reason", "r", "--expires", "1h"][..], "expected NAME=COUNT/PER"),
-        (&["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..], "override 'ovr-k' limit 's': rate must be from 1"),
+        (
+            &["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..],
+            "override 'ovr-k' limit 's': rate must be from 1",
+        ),
     ] {
         let run = rlctl(&with(extra)).await;
         assert_eq!(run.code, 1, "{extra:?}: {}", run.out);
         assert!(run.err.contains(says), "{extra:?}: {}", run.err);
     }
-    let run = rlctl(&["override", "add", "--ip", "10.0.0.0/8", "--limit", "s=1/1s", "--expires", "1h", "--reason", "r", "--redis", &url]).await;
+    let run = rlctl(&[
+        "override",
+        "add",
+        "--ip",
+        "10.0.0.0/8",
+        "--limit",
+        "s=1/1s",
+        "--expires",
+        "1h",
+        "--reason",
+        "r",
+        "--redis",
+        &url,
+    ])
+    .await;
     assert_eq!(run.code, 0, "{}", run.err);
     assert!(run.out.contains("override 'ovr-10.0.0.0_8'"), "{}", run.out);
     // Nothing refused was written: versions 1 (publish) and 2 (the ip override).

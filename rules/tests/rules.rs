@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::config;
-use rl_rules::{
-    Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY,
-};
 use rl_client::{Backend, Event, Limiter, Source};
+use rl_rules::{Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY};
 use testkit::Server;
 
 fn spec(toml: &str) -> RuleSetSpec {
@@ -383,7 +381,14 @@ async fn a_bad_rule_set_is_refused_whole_and_the_old_one_stays() {
     let _watcher = rules.watch_redis(RedisSource::new(s.url())).unwrap();
     eventually(Duration::from_secs(10), "the good version", || rules.snapshot().version() == good).await;
     let mut con = s.con();
-    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("rules").arg(spec(BAD).to_json()).arg("version").arg(good + 1).query(&mut con).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(DEFAULT_KEY)
+        .arg("rules")
+        .arg(spec(BAD).to_json())
+        .arg("version")
+        .arg(good + 1)
+        .query(&mut con)
+        .unwrap();
     let _: () = redis::cmd("PUBLISH").arg(DEFAULT_KEY).arg(good + 1).query(&mut con).unwrap();
     eventually(Duration::from_secs(10), "the bad version is refused", || rules.status().rejected == 2).await;
     let status = rules.status();

@@ -48,7 +48,9 @@ pub struct Doc {
 pub fn set(command: *mut RedisModuleCommand, doc: &Doc) -> bool {
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else { return false };
     let flags = match doc.access {
-        Access::Update => raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE,
+        Access::Update => {
+            raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE
+        }
         Access::Read => raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
         Access::Overwrite => raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE,
     } as u64;

@@ -75,7 +75,13 @@ pub fn release(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
         inflight::release(&sets, id, now)
     };
     let released = updates.iter().flatten().count();
-    write(ctx, c"rl.release", names, &mut loaded, updates.iter().enumerate().filter_map(|(i, u)| Some((i, u.as_ref()?))))?;
+    write(
+        ctx,
+        c"rl.release",
+        names,
+        &mut loaded,
+        updates.iter().enumerate().filter_map(|(i, u)| Some((i, u.as_ref()?))),
+    )?;
     if released == 0 {
         stats::RELEASE_UNKNOWN.add(1);
     }

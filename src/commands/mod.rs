@@ -11,9 +11,9 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use smallvec::SmallVec;
 
 use crate::args::{self, FIRST_KEY};
-use docs::{Access, Doc, Keys};
 use crate::ffi::{self, api, Ctx};
 use crate::stats::{self, CommandStats, Counted};
+use docs::{Access, Doc, Keys};
 
 mod bucket;
 mod docs;
@@ -140,7 +140,12 @@ const COMMANDS: &[Command] = &[
         keys: (0, 0, 0),
         acl: "write fast",
         public: true,
-        doc: doc(c"Takes up to n tokens from several buckets, for a gateway to spend.", PER_KEY, Keys::Numkeys, Access::Update),
+        doc: doc(
+            c"Takes up to n tokens from several buckets, for a gateway to spend.",
+            PER_KEY,
+            Keys::Numkeys,
+            Access::Update,
+        ),
     },
     Command {
         name: c"rl.refund",
@@ -190,7 +195,12 @@ const COMMANDS: &[Command] = &[
         keys: (0, 0, 0),
         acl: "write fast",
         public: true,
-        doc: doc(c"Takes a slot in several in-flight limits, all or none.", PER_KEY_SLOTS, Keys::Numkeys, Access::Update),
+        doc: doc(
+            c"Takes a slot in several in-flight limits, all or none.",
+            PER_KEY_SLOTS,
+            Keys::Numkeys,
+            Access::Update,
+        ),
     },
     Command {
         name: c"rl.release",
@@ -201,7 +211,12 @@ const COMMANDS: &[Command] = &[
         keys: (0, 0, 0),
         acl: "write fast",
         public: true,
-        doc: doc(c"Gives back the slots an id holds in several in-flight limits.", PER_KEY_SLOTS, Keys::Numkeys, Access::Update),
+        doc: doc(
+            c"Gives back the slots an id holds in several in-flight limits.",
+            PER_KEY_SLOTS,
+            Keys::Numkeys,
+            Access::Update,
+        ),
     },
     Command {
         name: c"rl.inflight",
@@ -220,7 +235,12 @@ const COMMANDS: &[Command] = &[
         keys: (1, -1, 3),
         acl: "write fast dangerous",
         public: false,
-        doc: doc(c"Internal: sets limiter states and expiries (replication, AOF).", PER_KEY, Keys::Every(3), Access::Overwrite),
+        doc: doc(
+            c"Internal: sets limiter states and expiries (replication, AOF).",
+            PER_KEY,
+            Keys::Every(3),
+            Access::Overwrite,
+        ),
     },
     Command {
         name: c"rl.logadd",
@@ -229,7 +249,12 @@ const COMMANDS: &[Command] = &[
         keys: (1, -1, 5),
         acl: "write fast dangerous",
         public: false,
-        doc: doc(c"Internal: logs an admission in EXACT logs (replication, AOF).", PER_KEY, Keys::Every(5), Access::Update),
+        doc: doc(
+            c"Internal: logs an admission in EXACT logs (replication, AOF).",
+            PER_KEY,
+            Keys::Every(5),
+            Access::Update,
+        ),
     },
     Command {
         name: c"rl.slot",
@@ -238,7 +263,12 @@ const COMMANDS: &[Command] = &[
         keys: (1, -1, 6),
         acl: "write fast dangerous",
         public: false,
-        doc: doc(c"Internal: changes the slots of in-flight keys (replication, AOF).", PER_KEY, Keys::Every(6), Access::Update),
+        doc: doc(
+            c"Internal: changes the slots of in-flight keys (replication, AOF).",
+            PER_KEY,
+            Keys::Every(6),
+            Access::Update,
+        ),
     },
 ];
 

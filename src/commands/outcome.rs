@@ -5,12 +5,14 @@
 
 use std::ffi::CStr;
 
-use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE};
+use redis_module::raw::{
+    RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE,
+};
 use rl_core::codec::{PackedBucket, PackedWindow};
+use rl_core::combine::{Outcome, Update};
 use rl_core::inflight::{Change, Slots};
 use rl_core::log::{Append, Log};
 use rl_core::window::WindowState;
-use rl_core::combine::{Outcome, Update};
 use rl_core::{BucketState, Reply, INLINE};
 use smallvec::SmallVec;
 
@@ -34,28 +36,42 @@ pub(crate) trait Updated: Value {
     ) -> Result<Effect, String>;
 }
 
-impl Updated for PackedBucket {
-    type Change = BucketState;
-    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, state: &BucketState, at: u64) -> Result<Effect, String> {
-        let packed = PackedBucket::pack(state);
-        loaded.store(i, packed, at)?;
-        Ok(Effect::Store { key, blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms: at })
-    }
+/// Buckets and window counters: the new state replaces the old one.
+macro_rules! replaced_by_state {
+    ($packed:ty, $state:ty) => {
+        impl Updated for $packed {
+            type Change = $state;
+            fn write(
+                loaded: &mut Loaded<Self>,
+                i: usize,
+                key: *mut RedisModuleString,
+                state: &$state,
+                at: u64,
+            ) -> Result<Effect, String> {
+                let packed = <$packed>::pack(state);
+                loaded.store(i, packed, at)?;
+                Ok(Effect::Store { key, blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms: at })
+            }
+        }
+    };
 }
 
-impl Updated for PackedWindow {
-    type Change = WindowState;
-    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, state: &WindowState, at: u64) -> Result<Effect, String> {
-        let packed = PackedWindow::pack(state);
-        loaded.store(i, packed, at)?;
-        Ok(Effect::Store { key, blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms: at })
-    }
-}
+replaced_by_state!(PackedBucket, BucketState);
+replaced_by_state!(PackedWindow, WindowState);
 
 impl Updated for Log {
     type Change = Append;
-    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, append: &Append, at: u64) -> Result<Effect, String> {
-        loaded.get_or_create(i, Log::default)?.apply(append).map_err(|e| format!("ERR the EXACT log cannot take this admission: {e}"))?;
+    fn write(
+        loaded: &mut Loaded<Self>,
+        i: usize,
+        key: *mut RedisModuleString,
+        append: &Append,
+        at: u64,
+    ) -> Result<Effect, String> {
+        loaded
+            .get_or_create(i, Log::default)?
+            .apply(append)
+            .map_err(|e| format!("ERR the EXACT log cannot take this admission: {e}"))?;
         loaded.expire_at(i, at);
         Ok(Effect::LogAppend { key, append: *append, expires_at_ms: at })
     }
@@ -63,8 +79,15 @@ impl Updated for Log {
 
 impl Updated for Slots {
     type Change = Change;
-    fn write(loaded: &mut Loaded<Self>, i: usize, key: *mut RedisModuleString, change: &Change, at: u64) -> Result<Effect, String> {
-        let healed = loaded.get_or_create(i, Slots::default)?.apply(change).map_err(|e| format!("ERR in-flight key: {e}"))?;
+    fn write(
+        loaded: &mut Loaded<Self>,
+        i: usize,
+        key: *mut RedisModuleString,
+        change: &Change,
+        at: u64,
+    ) -> Result<Effect, String> {
+        let healed =
+            loaded.get_or_create(i, Slots::default)?.apply(change).map_err(|e| format!("ERR in-flight key: {e}"))?;
         stats::INFLIGHT_HEALED.add(healed);
         loaded.expire_at(i, at);
         Ok(Effect::Slot { key, change: change.clone(), expires_at_ms: at })

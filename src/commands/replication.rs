@@ -18,10 +18,12 @@
 //! The internal commands check their arguments like any public command and
 //! write nothing unless all of them are valid.
 
-use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE};
+use redis_module::raw::{
+    RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE,
+};
 use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
-use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_TIME_MS};
 use rl_core::inflight::{Change, Slots};
+use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_TIME_MS};
 use rl_core::log::{Append, Log};
 use smallvec::SmallVec;
 

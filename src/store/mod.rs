@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_void};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
-use rl_core::codec::{self, PackedBucket, PackedWindow, Decoded};
+use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
 use rl_core::inflight::Slots;
 use rl_core::log::Log;
 use smallvec::SmallVec;
@@ -108,7 +108,8 @@ impl Value for Slots {
         // Slots still held when the key goes (it expired at its latest
         // deadline, or was deleted) and past their deadline: releases that
         // never came.
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         crate::stats::INFLIGHT_HEALED.add(self.expired(now));
     }
 }

@@ -11,9 +11,9 @@ use tempfile::TempDir;
 
 /// The module under test: `RL_MODULE`, or the release build `make test` makes.
 pub fn module_path() -> PathBuf {
-    let path = std::env::var_os("RL_MODULE").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_rl.so")
-    });
+    let path = std::env::var_os("RL_MODULE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_rl.so"));
     assert!(
         path.exists(),
         "module not found at {}: run `make test` (or `cargo build --release` first)",
@@ -257,7 +257,8 @@ impl Cluster {
     }
 
     pub fn start_binary(binary: &Path, n: usize) -> Cluster {
-        let args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
+        let args =
+            ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
         let nodes: Vec<Server> = (0..n).map(|_| Server::start_binary(binary, &args)).collect();
         let mut create = Command::new("redis-cli");
         create.args(["--cluster", "create"]);

@@ -58,7 +58,10 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
                 Mode::PerRequest => exact &= within,
             }
             let (checked_text, allowed_text) = if class == Class::Quiet {
-                (format!("{} (busiest: {})", thousands(by_redis), thousands(checked)), format!("{} each", thousands(allowed as u64)))
+                (
+                    format!("{} (busiest: {})", thousands(by_redis), thousands(checked)),
+                    format!("{} each", thousands(allowed as u64)),
+                )
             } else {
                 (thousands(checked), thousands(allowed as u64))
             };
@@ -82,7 +85,10 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
     vec![
         format!("per-request RL.TAKE never admits over the allowance: {}", pass(exact)),
         format!("leases and the deny cache never admit over the allowance: {}", pass(never_over)),
-        format!("  (the fallback decided {} requests of the steady leases phase, after failed calls)", thousands(fallbacks)),
+        format!(
+            "  (the fallback decided {} requests of the steady leases phase, after failed calls)",
+            thousands(fallbacks)
+        ),
     ]
 }
 
@@ -95,7 +101,10 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
     let (seconds_down, restarted) = p.down.expect("an outage phase");
     let gateways = settings.gateways as usize;
     let slack = Config::standalone("").fallback_slack;
-    let _ = writeln!(w, "\n### Outage: the server killed for {seconds_down:.1} s, then restarted (empty: no persistence)\n");
+    let _ = writeln!(
+        w,
+        "\n### Outage: the server killed for {seconds_down:.1} s, then restarted (empty: no persistence)\n"
+    );
     let _ = writeln!(
         w,
         "While the server is down a fail-open rule should admit at most max({slack} × capacity, {gateways}) + \
@@ -157,11 +166,19 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
                     let capacity = rule.capacity() as f64;
                     let bound = ((slack * capacity).max(gateways as f64) + slack * refill * seconds_down) * subjects;
                     if t.admitted as f64 > bound {
-                        over_bound.push(format!("{} {:.2}x the bound", traffic.label(class), t.admitted as f64 / bound));
+                        over_bound.push(format!(
+                            "{} {:.2}x the bound",
+                            traffic.label(class),
+                            t.admitted as f64 / bound
+                        ));
                     }
                     let twice = 2.0 * allowance(policy, seconds_down) * subjects;
                     if t.admitted as f64 > twice {
-                        over_twice.push(format!("{} {:.1}x its limit", traffic.label(class), 2.0 * t.admitted as f64 / twice));
+                        over_twice.push(format!(
+                            "{} {:.1}x its limit",
+                            traffic.label(class),
+                            2.0 * t.admitted as f64 / twice
+                        ));
                     }
                     if t.fallback_admitted as f64 > fallback_bound {
                         over_fallback.push(format!("{} over", traffic.label(class)));
@@ -174,9 +191,23 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
                     let ratio = format!("{:.3}", t.admitted as f64 / bound);
                     let twice = format!("{:.3}", t.admitted as f64 / twice);
                     let fallback_text = thousands(fallback_bound as u64);
-                    ("server down", thousands(bound as u64), ratio, twice, thousands(t.fallback_admitted), fallback_text)
+                    (
+                        "server down",
+                        thousands(bound as u64),
+                        ratio,
+                        twice,
+                        thousands(t.fallback_admitted),
+                        fallback_text,
+                    )
                 }
-                _ => ("after the restart", "-".into(), "-".into(), "-".into(), thousands(t.fallback_admitted), "-".into()),
+                _ => (
+                    "after the restart",
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    thousands(t.fallback_admitted),
+                    "-".into(),
+                ),
             };
             let _ = writeln!(
                 w,

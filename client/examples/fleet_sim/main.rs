@@ -137,7 +137,12 @@ async fn main() {
     let traffic = Arc::new(Traffic::new(&settings));
     let steady = Duration::from_secs_f64(settings.seconds);
     let outage = Duration::from_secs_f64(settings.outage);
-    eprintln!("{} gateways; phases of {:?}; the outage phase {:?}", settings.gateways, steady, BEFORE_OUTAGE + outage + AFTER_OUTAGE);
+    eprintln!(
+        "{} gateways; phases of {:?}; the outage phase {:?}",
+        settings.gateways,
+        steady,
+        BEFORE_OUTAGE + outage + AFTER_OUTAGE
+    );
     let mut phases = Vec::new();
     for (name, mode, length, down) in [
         ("per-request", Mode::PerRequest, steady, None),

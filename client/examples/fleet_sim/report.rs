@@ -57,7 +57,11 @@ pub fn calls_table(w: &mut String, settings: &Settings, phases: &[Phase]) {
         );
     }
     let behind: Vec<String> = phases.iter().map(|p| format!("{} {}", p.name, thousands(p.stats.behind))).collect();
-    let _ = writeln!(w, "\nRequests that fell due but were not sent before their phase ended (the machine could not keep up): {}.", behind.join(", "));
+    let _ = writeln!(
+        w,
+        "\nRequests that fell due but were not sent before their phase ended (the machine could not keep up): {}.",
+        behind.join(", ")
+    );
 }
 
 pub fn pass(ok: bool) -> &'static str {
@@ -92,7 +96,10 @@ pub fn utc_now() -> String {
 
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map_or("unknown CPU", |m| m.trim_start_matches([' ', '\t', ':']));
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map_or("unknown CPU", |m| m.trim_start_matches([' ', '\t', ':']));
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();

@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
+use rl_client::{Backend, Error, FailMode};
 use rl_rules::{
     override_id, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
     DEFAULT_KEY, MAX_OVERRIDE,
 };
-use rl_client::{Backend, Error, FailMode};
 
 #[derive(Parser)]
 #[command(name = "rlctl", version, about = "Live rate-limit rules: validate, publish, inspect, override")]
@@ -176,7 +176,9 @@ async fn run(command: Command) -> Result<String, Error> {
                 (Some(id), _, _) => id.clone(),
                 (None, Some(s), _) => override_id(s),
                 (None, None, Some(ip)) => override_id(ip),
-                (None, None, None) => return Err(Error::Rules("name the override: --subject, --ip or --id".to_owned())),
+                (None, None, None) => {
+                    return Err(Error::Rules("name the override: --subject, --ip or --id".to_owned()))
+                }
             };
             let version = store.remove_override(&id).await?;
             Ok(format!("override '{id}' removed in version {version}"))
@@ -195,7 +197,9 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         _ => return Err(Error::Rules("an override is for one --subject or one --ip".to_owned())),
     };
     if add.shared && add.matched.ip.is_none() {
-        return Err(Error::Rules("--shared is for an --ip override: a network whose clients share one set of buckets".to_owned()));
+        return Err(Error::Rules(
+            "--shared is for an --ip override: a network whose clients share one set of buckets".to_owned(),
+        ));
     }
     let limits = add.limits.iter().map(|l| LimitSpec::parse_short(l)).collect::<Result<Vec<_>, _>>()?;
     Ok(RuleSpec {
@@ -271,7 +275,11 @@ fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
     }
     let mut out = vec!["overrides:".to_owned()];
     for o in &stored.overrides {
-        let target = o.scope.subject.as_deref().map(|s| format!("subject {s:?}")).or(o.scope.ip.as_ref().map(|ip| format!("ip {ip}")));
+        let target = o.scope.subject.as_deref().map(|s| format!("subject {s:?}")).or(o
+            .scope
+            .ip
+            .as_ref()
+            .map(|ip| format!("ip {ip}")));
         let shared = if o.shared { ", shared" } else { "" };
         let until = o.expires.as_deref().and_then(|e| humantime::parse_rfc3339(e).ok());
         let left = match until {

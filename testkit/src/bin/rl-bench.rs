@@ -172,7 +172,8 @@ fn memory_per_key(server: &Server, write: impl Fn(usize) -> redis::Cmd, key: imp
     const KEYS: usize = 100_000;
     let mut con = server.con();
     run_cmd(&mut con, "FLUSHALL");
-    let clients = |con: &mut redis::Connection| field(&info(con, "clients"), "connected_clients").map(|v| v.trim().to_string());
+    let clients =
+        |con: &mut redis::Connection| field(&info(con, "clients"), "connected_clients").map(|v| v.trim().to_string());
     let open = clients(&mut con);
     let before = used_memory(&mut con);
     // Filled from another connection, closed before measuring, so its
@@ -206,7 +207,10 @@ fn used_memory(con: &mut redis::Connection) -> i64 {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     format!("{cpu}, {cores} cores")
@@ -240,15 +244,22 @@ fn main() {
         |i| redis::cmd("RL.TAKE").arg(1).arg(name(i)).arg(200).arg(1).arg(60_000).clone(),
         name,
     );
-    let (set_bytes, set_one) = memory_per_key(&server, |i| redis::cmd("SET").arg(name(i)).arg("v").arg("PX").arg(60_000).clone(), name);
+    let (set_bytes, set_one) =
+        memory_per_key(&server, |i| redis::cmd("SET").arg(name(i)).arg("v").arg("PX").arg(60_000).clone(), name);
     let (lua_bytes, lua_one) = memory_per_key(
         &server,
         |i| redis::cmd("EVALSHA").arg(&sha).arg(1).arg(name(i)).arg(1).arg(1).arg(200).clone(),
         name,
     );
-    let (window_bytes, window_one) = memory_per_key(&server, |i| redis::cmd("RL.WINDOW").arg(1).arg(name(i)).arg(100).arg(60_000).clone(), name);
+    let (window_bytes, window_one) =
+        memory_per_key(&server, |i| redis::cmd("RL.WINDOW").arg(1).arg(name(i)).arg(100).arg(60_000).clone(), name);
 
-    let report = render(&rows, &version, [(bucket_bytes, bucket_one), (set_bytes, set_one), (lua_bytes, lua_one), (window_bytes, window_one)], n);
+    let report = render(
+        &rows,
+        &version,
+        [(bucket_bytes, bucket_one), (set_bytes, set_one), (lua_bytes, lua_one), (window_bytes, window_one)],
+        n,
+    );
     std::fs::write(&out_path, &report).expect("write the report");
     println!("{report}");
     eprintln!("written to {out_path}");
@@ -259,7 +270,12 @@ fn render(rows: &[Row], version: &str, memory: [(f64, i64); 4], n: u64) -> Strin
     let incr = usec("INCR");
     let lua1 = usec("Lua script (EVALSHA), 1 key, allowed");
     let mut s = String::new();
-    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let _ = writeln!(s, "# Benchmarks\n");
     let _ = writeln!(s, "Measured by `make bench` on {date}: Redis {version}, {}.", machine());
     let _ = writeln!(
@@ -269,10 +285,20 @@ fn render(rows: &[Row], version: &str, memory: [(f64, i64); 4], n: u64) -> Strin
          the server share the cores, it is the figure to trust; throughput there is noisy.\n",
         n / 5
     );
-    let _ = writeln!(s, "| workload | server µs/call | x INCR | x Lua 1 key | req/s, pipeline 1 | req/s, pipeline 16 |");
+    let _ =
+        writeln!(s, "| workload | server µs/call | x INCR | x Lua 1 key | req/s, pipeline 1 | req/s, pipeline 16 |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
     for r in rows {
-        let _ = writeln!(s, "| {} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} |", r.name, r.usec, r.usec / incr, r.usec / lua1, r.rps_p1, r.rps_p16);
+        let _ = writeln!(
+            s,
+            "| {} | {:.2} | {:.1} | {:.2} | {:.0} | {:.0} |",
+            r.name,
+            r.usec,
+            r.usec / incr,
+            r.usec / lua1,
+            r.rps_p1,
+            r.rps_p16
+        );
     }
     let [(bucket, bucket_one), (set, set_one), (lua, lua_one), (window, window_one)] = memory;
     let _ = writeln!(s, "\n## Memory per key (100,000 keys named like `rl:{{user:000042}}:per_second`)\n");
@@ -291,9 +317,17 @@ fn render(rows: &[Row], version: &str, memory: [(f64, i64); 4], n: u64) -> Strin
     let mut target = |what: &str, measured: String, ok: bool| {
         let _ = writeln!(s, "| {what} | {measured} | {} |", check(ok));
     };
-    target("RL.TAKE 1 bucket allowed: at least 8x less server time than the Lua script", format!("{:.1}x less", lua1 / take1), lua1 / take1 >= 8.0);
+    target(
+        "RL.TAKE 1 bucket allowed: at least 8x less server time than the Lua script",
+        format!("{:.1}x less", lua1 / take1),
+        lua1 / take1 >= 8.0,
+    );
     target("... and at most about 1.3 µs", format!("{take1:.2} µs"), take1 <= 1.3);
-    target("... under 0.6x redis-cell's CL.THROTTLE (2.3 µs measured on this kind of machine)", format!("{:.2}x", take1 / 2.3), take1 / 2.3 < 0.6);
+    target(
+        "... under 0.6x redis-cell's CL.THROTTLE (2.3 µs measured on this kind of machine)",
+        format!("{:.2}x", take1 / 2.3),
+        take1 / 2.3 < 0.6,
+    );
     let refused = usec("RL.TAKE, 1 bucket, refused");
     target("A refused call: at most half an allowed one", format!("{:.2}x", refused / take1), refused <= take1 / 2.0);
     let take3 = usec("RL.TAKE, 3 buckets, allowed");
