@@ -103,14 +103,16 @@ fn acl_users_get_what_their_categories_and_rules_say() {
 
     // The recipe that works on every server, 7.0 included.
     let mut gateway =
-        user("gateway", "-@all +rl.take +rl.peek +rl.lease +rl.refund +rl.window +rl.windowpeek +cl.throttle");
+        user("gateway", "-@all +rl.take +rl.peek +rl.lease +rl.refund +rl.window +rl.windowpeek +cl.throttle +rl.acquire +rl.release +rl.inflight");
     assert_eq!(call(&mut gateway, "RL.TAKE", "1 v 10 1 1000")[0], 1);
     denied(&mut gateway, "RL.SET", "v x 0");
     let mut reader = user(
         "reader",
-        "+@all -@write -@dangerous -rl.take -rl.lease -rl.refund -rl.window -cl.throttle -rl.set -rl.logadd",
+        "+@all -@write -@dangerous -rl.take -rl.lease -rl.refund -rl.window -cl.throttle -rl.acquire -rl.release -rl.set -rl.logadd -rl.slot",
     );
     denied(&mut reader, "RL.TAKE", "1 v 10 1 1000 FORCE COST 100000000000000");
+    denied(&mut reader, "RL.ACQUIRE", "1 f 1 1000");
+    denied(&mut gateway, "RL.SLOT", "f 0 x 1 1 1");
     assert_eq!(call(&mut reader, "RL.PEEK", "1 v 10 1 1000")[0], 1);
 
     let info: redis::Value = redis::cmd("COMMAND").arg("INFO").arg("rl.take").arg("rl.set").query(&mut admin).unwrap();
@@ -127,6 +129,8 @@ fn acl_users_get_what_their_categories_and_rules_say() {
     denied(&mut ro, "RL.WINDOW", "1 w 10 1000");
     denied(&mut ro, "CL.THROTTLE", "t 1 1 1");
     denied(&mut ro, "RL.SET", "victim x 0");
+    denied(&mut ro, "RL.ACQUIRE", "1 f 1 1000");
+    denied(&mut ro, "RL.RELEASE", "1 f ID x");
     assert_eq!(call(&mut ro, "RL.PEEK", "1 victim 10 1 1000")[0], 1);
     assert_eq!(call(&mut ro, "RL.WINDOWPEEK", "1 w 10 1000")[0], 1);
     let mut safe = user("safe", "+@all -@dangerous");

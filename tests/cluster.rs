@@ -29,6 +29,10 @@ fn hash_tagged_calls_are_served_and_others_redirected() {
     assert!(e.starts_with("MOVED"), "{e}");
     let e = call_err(&mut con, "RL.TAKE", &[b"2", b"rl:{a}:s", b"rl:{b}:s", b"1", b"1", b"1", b"1", b"1", b"1"]);
     assert!(e.starts_with("CROSSSLOT"), "{e}");
+    let e = call_err(&mut con, "RL.ACQUIRE", &[b"2", b"rl:{a}:f", b"rl:{b}:f", b"1", b"1000", b"1", b"1000"]);
+    assert!(e.starts_with("CROSSSLOT"), "{e}");
+    let e = call_err(&mut other.con(), "RL.RELEASE", &[b"1", b"rl:{user42}:f", b"ID", b"x"]);
+    assert!(e.starts_with("MOVED"), "{e}");
 }
 
 #[test]
@@ -45,7 +49,13 @@ fn keys_survive_a_slot_migration() {
         std::thread::sleep(Duration::from_millis(2));
     }
     call(&mut src, "CL.THROTTLE", "{mig}:cell 10 1 60 4");
-    let keys = ["{mig}:bucket", "{mig}:sliding", "{mig}:fixed", "{mig}:exact", "{mig}:cell"];
+    for id in ["a", "b"] {
+        redis::cmd("RL.ACQUIRE")
+            .arg(&["1", "{mig}:flight", "5", "60000", "ID", id])
+            .query::<redis::Value>(&mut src)
+            .unwrap();
+    }
+    let keys = ["{mig}:bucket", "{mig}:sliding", "{mig}:fixed", "{mig}:exact", "{mig}:cell", "{mig}:flight"];
     let before: Vec<_> = keys.iter().map(|k| state(&mut src, k)).collect();
 
     let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg("{mig}").query(&mut src).unwrap();
@@ -77,6 +87,8 @@ fn keys_survive_a_slot_migration() {
     }
     assert_eq!(call(&mut dst, "RL.PEEK", "1 {mig}:bucket 100 1 60000")[1], 62);
     assert_eq!(call(&mut dst, "RL.WINDOWPEEK", "1 {mig}:exact 100 60000 EXACT")[1], 95);
+    let released: i64 = redis::cmd("RL.RELEASE").arg(&["1", "{mig}:flight", "ID", "a"]).query(&mut dst).unwrap();
+    assert_eq!(released, 1, "the slot moved with its key");
     let e = call_err(&mut src, "RL.PEEK", &[b"1", b"{mig}:bucket", b"100", b"1", b"60000"]);
     assert!(e.starts_with("MOVED"), "{e}");
 }
@@ -104,6 +116,8 @@ fn a_replica_in_the_cluster_takes_over_with_the_state() {
     for _ in 0..5 {
         call(&mut o, "RL.TAKE", "1 {fo}:k 5 1 3600000");
     }
+    let _: redis::Value =
+        redis::cmd("RL.ACQUIRE").arg(&["1", "{fo}:f", "1", "3600000", "ID", "held"]).query(&mut o).unwrap();
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut o).unwrap();
     assert_eq!(acked, 1);
     redis::cmd("CLUSTER").arg("FAILOVER").query::<()>(&mut r).unwrap();
@@ -115,4 +129,7 @@ fn a_replica_in_the_cluster_takes_over_with_the_state() {
     // The new primary continues from the replicated state: still empty.
     let r2 = call(&mut r, "RL.TAKE", "1 {fo}:k 5 1 3600000");
     assert_eq!((r2[0], r2[1]), (0, 0));
+    let f: (i64, i64, i64, i64, i64, String) =
+        redis::cmd("RL.ACQUIRE").arg(&["1", "{fo}:f", "1", "3600000", "ID", "other"]).query(&mut r).unwrap();
+    assert_eq!((f.0, f.1), (0, 1), "the slot held before the failover still counts");
 }

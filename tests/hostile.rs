@@ -19,8 +19,12 @@ const COMMANDS: &[&str] = &[
     "RL.WINDOW",
     "RL.WINDOWPEEK",
     "CL.THROTTLE",
+    "RL.ACQUIRE",
+    "RL.RELEASE",
+    "RL.INFLIGHT",
     "RL.SET",
     "RL.LOGADD",
+    "RL.SLOT",
 ];
 
 /// Commands of the server itself, aimed at limiter keys.
@@ -70,7 +74,7 @@ fn number() -> impl Strategy<Value = Vec<u8>> {
 fn word() -> impl Strategy<Value = Vec<u8>> {
     let words: Vec<&'static str> = vec![
         "COST", "cost", "FORCE", "WANT", "MIN", "TOKENS", "SLIDING", "EXACT", "FIXED", "PXAT", "k", "{u}a", "{u}b",
-        "bucket", "window", "log", "cell", "string",
+        "bucket", "window", "log", "cell", "string", "ID", "id",
     ];
     proptest::sample::select(words).prop_map(|w| w.as_bytes().to_vec())
 }
@@ -78,7 +82,7 @@ fn word() -> impl Strategy<Value = Vec<u8>> {
 /// A blob: a valid kind and version with random payload, or junk.
 fn blob() -> impl Strategy<Value = Vec<u8>> {
     (
-        prop_oneof![Just(b'B'), Just(b'W'), Just(b'L'), any::<u8>()],
+        prop_oneof![Just(b'B'), Just(b'W'), Just(b'L'), Just(b'I'), any::<u8>()],
         prop_oneof![Just(1u8), any::<u8>()],
         proptest::collection::vec(any::<u8>(), 0..40),
     )
@@ -113,6 +117,9 @@ fn plausible(huge: bool) -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> 
         ("RL.WINDOW", 2, &["FIXED"], "w"),
         ("RL.WINDOW", 2, &["EXACT", "COST", "2"], "e"),
         ("RL.WINDOWPEEK", 2, &["EXACT"], "e"),
+        ("RL.ACQUIRE", 2, &["ID", "req", "COST", "2"], "f"),
+        ("RL.ACQUIRE", 2, &[], "f"),
+        ("RL.INFLIGHT", 2, &["ID", "req"], "f"),
     ];
     (
         proptest::sample::select(shapes),
