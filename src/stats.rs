@@ -75,6 +75,7 @@ pub static THROTTLE: CommandStats = CommandStats::new("throttle");
 pub static ACQUIRE: CommandStats = CommandStats::new("acquire");
 pub static RELEASE: CommandStats = CommandStats::counting("release", false);
 pub static INFLIGHT: CommandStats = CommandStats::new("inflight");
+pub static INSPECT: CommandStats = CommandStats::counting("inspect", false);
 pub static SET: CommandStats = CommandStats::counting("set", false);
 pub static LOGADD: CommandStats = CommandStats::counting("logadd", false);
 pub static SLOT: CommandStats = CommandStats::counting("slot", false);

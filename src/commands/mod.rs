@@ -18,6 +18,7 @@ use docs::{Access, Doc, Keys};
 mod bucket;
 mod docs;
 mod inflight;
+mod inspect;
 mod outcome;
 mod replication;
 mod throttle;
@@ -82,6 +83,7 @@ entry!(cl_throttle, stats::THROTTLE, throttle::throttle);
 entry!(rl_acquire, stats::ACQUIRE, inflight::acquire);
 entry!(rl_release, stats::RELEASE, inflight::release);
 entry!(rl_inflight, stats::INFLIGHT, inflight::peek);
+entry!(rl_inspect, stats::INSPECT, inspect::inspect);
 entry!(rl_set, stats::SET, replication::set);
 entry!(rl_slot, stats::SLOT, replication::slot);
 entry!(rl_logadd, stats::LOGADD, replication::logadd);
@@ -226,6 +228,20 @@ const COMMANDS: &[Command] = &[
         acl: "read fast",
         public: true,
         doc: doc(c"Answers as RL.ACQUIRE would, taking nothing.", PER_KEY_SLOTS, Keys::Numkeys, Access::Read),
+    },
+    Command {
+        name: c"rl.inspect",
+        handler: rl_inspect,
+        flags: c"readonly fast",
+        keys: (1, 1, 1),
+        acl: "read fast",
+        public: false,
+        doc: doc(
+            c"Shows what a limiter key holds, decoded: for operators.",
+            c"O(1); O(M) for M slots or entries",
+            Keys::One,
+            Access::Read,
+        ),
     },
     // Internal: the effects of writes, replicated and in the AOF.
     Command {

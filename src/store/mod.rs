@@ -34,13 +34,15 @@ pub trait Value: Sized + Clone {
     fn bytes(&self) -> usize {
         std::mem::size_of::<Self>()
     }
-    /// The native type that holds this value.
+    /// The native type that holds this value, and its name.
     fn native_type() -> &'static RedisType;
+    const TYPE_NAME: &'static str;
     /// Called when the server frees the value.
     fn freed(&self) {}
 }
 
 impl Value for PackedBucket {
+    const TYPE_NAME: &'static str = "rl-bucket";
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_slice(&self.to_blob())
     }
@@ -56,6 +58,7 @@ impl Value for PackedBucket {
 }
 
 impl Value for PackedWindow {
+    const TYPE_NAME: &'static str = "rl-window";
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_slice(&self.to_blob())
     }
@@ -71,6 +74,7 @@ impl Value for PackedWindow {
 }
 
 impl Value for Log {
+    const TYPE_NAME: &'static str = "rl-winlog";
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_vec(codec::log_blob(self))
     }
@@ -89,6 +93,7 @@ impl Value for Log {
 }
 
 impl Value for Slots {
+    const TYPE_NAME: &'static str = "rl-flight";
     fn blob(&self) -> SmallVec<[u8; 32]> {
         SmallVec::from_vec(codec::inflight_blob(self))
     }
@@ -114,10 +119,12 @@ impl Value for Slots {
     }
 }
 
-pub static BUCKET_TYPE: RedisType = RedisType::new("rl-bucket", ENCODING_VERSION, methods::<PackedBucket>());
-pub static WINDOW_TYPE: RedisType = RedisType::new("rl-window", ENCODING_VERSION, methods::<PackedWindow>());
-pub static LOG_TYPE: RedisType = RedisType::new("rl-winlog", ENCODING_VERSION, methods::<Log>());
-pub static INFLIGHT_TYPE: RedisType = RedisType::new("rl-flight", ENCODING_VERSION, methods::<Slots>());
+pub static BUCKET_TYPE: RedisType =
+    RedisType::new(PackedBucket::TYPE_NAME, ENCODING_VERSION, methods::<PackedBucket>());
+pub static WINDOW_TYPE: RedisType =
+    RedisType::new(PackedWindow::TYPE_NAME, ENCODING_VERSION, methods::<PackedWindow>());
+pub static LOG_TYPE: RedisType = RedisType::new(Log::TYPE_NAME, ENCODING_VERSION, methods::<Log>());
+pub static INFLIGHT_TYPE: RedisType = RedisType::new(Slots::TYPE_NAME, ENCODING_VERSION, methods::<Slots>());
 
 /// The server's handle of `T`'s type, set when the module loaded.
 pub fn handle<T: Value>() -> *mut RedisModuleType {
@@ -155,15 +162,45 @@ fn value<'a, T>(v: *const c_void) -> &'a T {
 }
 
 unsafe extern "C" fn rdb_load<T: Value>(rdb: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
+    let type_name = T::TYPE_NAME;
     if encver > ENCODING_VERSION {
+        refused(rdb, &format!("{type_name} RDB encoding {encver} is newer than this module's {ENCODING_VERSION}"));
         return std::ptr::null_mut();
     }
     let Ok(buf) = raw::load_string_buffer(rdb) else {
+        refused(rdb, &format!("{type_name} value could not be read"));
         return std::ptr::null_mut();
     };
-    match codec::decode(buf.as_ref()).ok().and_then(T::from_stored) {
-        Some(v) => Box::into_raw(Box::new(v)).cast(),
-        None => std::ptr::null_mut(),
+    let blob = buf.as_ref();
+    match codec::decode(blob) {
+        Ok(decoded) => match T::from_stored(decoded) {
+            Some(v) => Box::into_raw(Box::new(v)).cast(),
+            None => {
+                refused(rdb, &format!("{type_name} holds a blob of another kind ('{}')", blob[0] as char));
+                std::ptr::null_mut()
+            }
+        },
+        Err(e) => {
+            let (kind, version) = (blob.first().copied().unwrap_or(0), blob.get(1).copied().unwrap_or(0));
+            let what = format!("{type_name} blob (kind '{}', version {version}): {e}", kind.escape_ascii());
+            refused(rdb, &what);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Logs, before the load is refused, which key could not be loaded and why:
+/// a server that stops on an RDB it cannot read must say what to fix
+/// (typically a newer module's encoding: roll the module forward again).
+unsafe fn refused(rdb: *mut RedisModuleIO, why: &str) {
+    let key = raw::RedisModule_GetKeyNameFromIO
+        .map(|f| f(rdb))
+        .filter(|k| !k.is_null())
+        .map(|k| crate::args::shown(crate::ffi::bytes(k)))
+        .unwrap_or_else(|| "?".into());
+    let Ok(line) = std::ffi::CString::new(format!("rl: cannot load key '{key}': {why}")) else { return };
+    if let Some(log) = raw::RedisModule_LogIOError {
+        log(rdb, c"warning".as_ptr(), c"%s".as_ptr(), line.as_ptr());
     }
 }
 
