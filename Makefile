@@ -13,7 +13,7 @@ SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 .PHONY: run test lint build bench sim deps servers unit clean libclang-found test-make
 
 run: deps build
-	redis-server ./redis.conf.example --port $(PORT)
+	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
 
 # Unit and property tests once; the module's integration tests on every
 # server of the matrix; the other crates' tests (client) on Redis 7.0.

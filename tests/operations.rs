@@ -126,3 +126,57 @@ fn a_value_the_module_cannot_load_is_named_in_the_log() {
         "{log}"
     );
 }
+
+#[test]
+fn what_the_upgrade_and_monitoring_runbooks_rely_on() {
+    let s = Server::start(&["--enable-module-command", "yes"]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "1 k 10 1 60000");
+    // The module exports data types: it cannot be unloaded (a restart is the
+    // rollback).
+    let e = call_err(&mut con, "MODULE", &[b"UNLOAD", b"rl"]);
+    assert!(e.contains("unload") || e.contains("data types"), "{e}");
+    // INFO rl is a modules section: not in plain INFO, in INFO rl, INFO
+    // modules and INFO everything.
+    let info = |section: &[&str]| -> String { redis::cmd("INFO").arg(section).query(&mut s.con()).unwrap() };
+    assert!(!info(&[]).contains("rl_take_calls"));
+    for section in [&["rl"][..], &["modules"], &["everything"]] {
+        assert!(info(section).contains("rl_take_calls:1"), "INFO {section:?}");
+    }
+    // CONFIG RESETSTAT resets the server's counters, not the module's (no
+    // server event tells a module): scrape them as monotonic counters.
+    let _: String = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut con).unwrap();
+    assert_eq!(s.info("rl", "rl_take_calls"), "1");
+    // Calls refused before the command runs (OOM) are in commandstats'
+    // rejected_calls, not in INFO rl.
+    let _: String = redis::cmd("CONFIG").arg(&["SET", "maxmemory-policy", "noeviction"]).query(&mut con).unwrap();
+    let _: String = redis::cmd("CONFIG").arg(&["SET", "maxmemory", "1"]).query(&mut con).unwrap();
+    let e = call_err(&mut con, "RL.TAKE", &[b"1", b"new", b"10", b"1", b"60000"]);
+    assert!(e.starts_with("OOM"), "{e}");
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+    let line = stats.lines().find(|l| l.starts_with("cmdstat_rl.take:")).unwrap();
+    assert!(line.contains("rejected_calls=1"), "{line}");
+    assert_eq!(s.info("rl", "rl_take_calls"), "1");
+}
+
+#[test]
+fn a_replica_with_smaller_options_still_applies_what_the_primary_admitted() {
+    let primary = Server::start(&["max-log-limit", "50000"]);
+    let port = primary.port.to_string();
+    // Default max-log-limit (10,000): the replicated effects are checked
+    // against the hard ceilings, not the options.
+    let replica = Server::start(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while replica.info("replication", "master_link_status") != "up" {
+        assert!(std::time::Instant::now() < deadline, "replica did not sync");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut p = primary.con();
+    assert_eq!(call(&mut p, "RL.WINDOW", "1 big 20000 60000 EXACT COST 15000")[0], 1);
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut p).unwrap();
+    let mut r = replica.con();
+    assert_eq!(testkit::state(&mut r, "big"), testkit::state(&mut p, "big"));
+    // But promoted, it would refuse that limit: options must match.
+    let e = call_err(&mut r, "RL.WINDOWPEEK", &[b"1", b"big", b"20000", b"60000", b"EXACT"]);
+    assert!(e.contains("above the EXACT maximum of 10000"), "{e}");
+}
