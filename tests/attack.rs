@@ -30,6 +30,10 @@ fn load_options_are_checked_like_config_set() {
     }
     let log = Server::refused(&["max-log-limt", "50"]);
     assert!(log.contains("unknown module option 'max-log-limt' (options: max-log-limit, max-inflight-limit)"), "{log}");
+    // The redis.conf line (here as a command-line option): the server's own
+    // check names the option and its range.
+    let log = Server::refused(&["--rl.max-log-limit", "5000000"]);
+    assert!(log.contains("rl.max-log-limit") && log.contains("1000000"), "{log}");
     let log = Server::refused(&["max-log-limit"]);
     assert!(log.contains("module option 'max-log-limit' has no value"), "{log}");
 
