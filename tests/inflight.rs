@@ -156,13 +156,7 @@ fn an_idle_set_expires_and_its_lost_releases_are_counted() {
 #[test]
 fn replicas_and_restarts_keep_the_slots() {
     let primary = Server::start(&["--appendonly", "yes", "--aof-use-rdb-preamble", "no"]);
-    let port = primary.port.to_string();
-    let replica = Server::start(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while replica.info("replication", "master_link_status") != "up" {
-        assert!(Instant::now() < deadline, "replica did not sync");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let replica = primary.replica(&[]);
     let mut p = primary.con();
     let mut keys = Vec::new();
     for i in 0..10 {

@@ -1,19 +1,8 @@
 //! Effects, not commands, are replicated: a replica holds exactly the
 //! primary's state and expiry, and a refused call propagates nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::{call, state, Server};
-
-fn replica_of(primary: &Server) -> Server {
-    let port = primary.port.to_string();
-    let r = Server::start(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while r.info("replication", "master_link_status") != "up" {
-        assert!(Instant::now() < deadline, "replica did not sync");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    r
-}
 
 fn wait_replicas(con: &mut redis::Connection) {
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(con).unwrap();
@@ -23,7 +12,7 @@ fn wait_replicas(con: &mut redis::Connection) {
 #[test]
 fn replica_holds_the_primary_state_and_expiry() {
     let primary = Server::start(&[]);
-    let replica = replica_of(&primary);
+    let replica = primary.replica(&[]);
     let mut p = primary.con();
     let mut keys = Vec::new();
     for i in 0..40 {
@@ -59,7 +48,7 @@ fn replica_holds_the_primary_state_and_expiry() {
 #[test]
 fn every_command_replicates_its_effect() {
     let primary = Server::start(&[]);
-    let replica = replica_of(&primary);
+    let replica = primary.replica(&[]);
     let mut p = primary.con();
     let mut keys = Vec::new();
     for i in 0..12 {
@@ -108,7 +97,7 @@ fn every_command_replicates_its_effect() {
 #[test]
 fn refused_calls_propagate_nothing() {
     let primary = Server::start(&[]);
-    let _replica = replica_of(&primary);
+    let _replica = primary.replica(&[]);
     let mut p = primary.con();
     call(&mut p, "RL.TAKE", "1 k 1 1 3600000");
     call(&mut p, "RL.WINDOW", "1 w 1 3600000");
@@ -134,7 +123,7 @@ fn refused_calls_propagate_nothing() {
 #[test]
 fn peek_runs_on_a_read_only_replica_and_take_does_not() {
     let primary = Server::start(&[]);
-    let replica = replica_of(&primary);
+    let replica = primary.replica(&[]);
     let mut p = primary.con();
     call(&mut p, "RL.TAKE", "1 k 5 1 3600000 COST 2");
     wait_replicas(&mut p);
@@ -231,7 +220,7 @@ fn internal_logadd_validates_its_arguments() {
 #[test]
 fn a_promoted_replica_continues_from_the_replicated_state() {
     let mut primary = Server::start(&[]);
-    let replica = replica_of(&primary);
+    let replica = primary.replica(&[]);
     let mut p = primary.con();
     for _ in 0..5 {
         call(&mut p, "RL.TAKE", "1 drained 5 1 3600000");

@@ -184,6 +184,20 @@ impl Server {
         }
     }
 
+    /// A replica of `self` (with `extra` arguments), once its link is up.
+    pub fn replica(&self, extra: &[&str]) -> Server {
+        let port = self.port.to_string();
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend_from_slice(extra);
+        let r = Server::start(&args);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while r.info("replication", "master_link_status") != "up" {
+            assert!(Instant::now() < deadline, "replica did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        r
+    }
+
     /// Starts a server that must refuse to start (a module that will not
     /// load, a file it cannot read) and returns its log once it has exited.
     pub fn refused(extra: &[&str]) -> String {
