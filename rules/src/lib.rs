@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod compile;
+pub mod exporter;
 mod live;
 mod snapshot;
 mod spec;

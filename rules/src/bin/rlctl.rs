@@ -13,7 +13,7 @@ use rl_rules::{
 };
 
 #[derive(Parser)]
-#[command(name = "rlctl", version, about = "Live rate-limit rules: validate, publish, inspect, override")]
+#[command(name = "rlctl", version, about = "Live rate-limit rules: validate, publish, inspect, override; metrics")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -52,6 +52,16 @@ enum Command {
     /// Emergency overrides: they always expire and carry a reason.
     #[command(subcommand)]
     Override(OverrideCommand),
+    /// Serve the limiter's counters (INFO rl, evictions, memory, refused
+    /// calls) as Prometheus metrics on GET /metrics, until stopped.
+    Metrics {
+        /// The Redis server to read INFO from (one exporter per server).
+        #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
+        redis: String,
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:9121", value_name = "ADDR")]
+        listen: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -159,6 +169,15 @@ async fn run(command: Command) -> Result<String, Error> {
             Ok(format!("published {file} as version {version} on {} {}", store.url(), store.key()))
         }
         Command::Active { store } => active(&open(&store)?.read().await?),
+        Command::Metrics { redis, listen } => {
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .map_err(|e| Error::invalid(format!("cannot listen on {listen}: {e}")))?;
+            let at = listener.local_addr().map_or(listen, |a| a.to_string());
+            eprintln!("rlctl: serving http://{at}/metrics for {redis}");
+            rl_rules::exporter::serve(&redis, listener).await.map_err(Error::invalid)?;
+            Ok(String::new())
+        }
         Command::Override(OverrideCommand::Add(add)) => {
             let store = open(&add.store)?;
             let rule = override_rule(&add)?;
