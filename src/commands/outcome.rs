@@ -48,6 +48,9 @@ macro_rules! replaced_by_state {
                 state: &$state,
                 at: u64,
             ) -> Result<Effect, String> {
+                // Packing keeps only the bits the stored form has: check the
+                // ranges first, so nothing can wrap silently.
+                state.validate().map_err(|e| format!("ERR state out of its stored range ({e:?})"))?;
                 let packed = <$packed>::pack(state);
                 loaded.store(i, packed, at)?;
                 Ok(Effect::Store { key, blob: SmallVec::from_slice(&packed.to_blob()), expires_at_ms: at })
