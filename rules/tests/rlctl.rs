@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::config;
 use rl_client::{Backend, Limiter};
-use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
+use rl_rules::{override_id, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec};
 use testkit::Server;
 
 struct Run {
@@ -31,6 +31,14 @@ async fn rlctl(args: &[&str]) -> Run {
         out: String::from_utf8_lossy(&output.stdout).into_owned(),
         err: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+fn subject_id(subject: &str) -> String {
+    override_id(&MatchSpec { subject: Some(subject.to_owned()), ..MatchSpec::default() })
+}
+
+fn ip_id(net: &str) -> String {
+    override_id(&MatchSpec { ip: Some(net.to_owned()), ..MatchSpec::default() })
 }
 
 fn example() -> PathBuf {
@@ -146,16 +154,17 @@ async fn publish_override_and_remove_reach_a_gateway() {
     ];
     let run = rlctl(&add).await;
     assert_eq!(run.code, 0, "{}", run.err);
-    assert!(run.out.contains("override 'ovr-key_8f3' in force from version 2"), "{}", run.out);
+    let key_id = subject_id("key_8f3");
+    assert!(run.out.contains(&format!("override '{key_id}' in force from version 2")), "{}", run.out);
     reaches(2).await;
     let req = Request::new().subject("key_8f3").plan("pro");
     let v = gateway.check(&req).await.unwrap();
-    assert_eq!((v.rule.id(), v.decision.allowed), ("ovr-key_8f3", true));
+    assert_eq!((v.rule.id(), v.decision.allowed), (key_id.as_str(), true));
     assert!(!gateway.check(&req).await.unwrap().decision.allowed, "clamped to one an hour");
 
     let list = rlctl(&["override", "list", "--redis", &url]).await;
     assert_eq!(list.code, 0, "{}", list.err);
-    assert!(list.out.contains("ovr-key_8f3: subject \"key_8f3\" (expires in 14m"), "{}", list.out);
+    assert!(list.out.contains(&format!("{key_id}: subject \"key_8f3\" (expires in 14m")), "{}", list.out);
     assert!(list.out.contains("reason: INC-4411: retry storm"), "{}", list.out);
     let active = rlctl(&["active", "--redis", &url]).await;
     assert!(active.out.starts_with("version 2 (changed "), "{}", active.out);
@@ -165,7 +174,7 @@ async fn publish_override_and_remove_reach_a_gateway() {
     let run = rlctl(&["publish", file, "--redis", &url]).await;
     assert!(run.out.contains("as version 3"), "{}", run.out);
     reaches(3).await;
-    assert_eq!(gateway.check(&req).await.unwrap().rule.id(), "ovr-key_8f3");
+    assert_eq!(gateway.check(&req).await.unwrap().rule.id(), key_id);
 
     let run = rlctl(&["override", "remove", "--subject", "key_8f3", "--redis", &url]).await;
     assert_eq!(run.code, 0, "{}", run.err);
@@ -174,7 +183,7 @@ async fn publish_override_and_remove_reach_a_gateway() {
     assert_eq!(gateway.check(&req).await.unwrap().rule.id(), "pro");
     let again = rlctl(&["override", "remove", "--subject", "key_8f3", "--redis", &url]).await;
     assert_eq!(again.code, 1);
-    assert!(again.err.contains("no override 'ovr-key_8f3'"), "{}", again.err);
+    assert!(again.err.contains("rlctl: no override for subject \"key_8f3\""), "{}", again.err);
 
     // A network override with --shared: the whole /48 shares its buckets
     // (without it, each /64 of the /48 would get the limit of its own).
@@ -197,13 +206,14 @@ async fn publish_override_and_remove_reach_a_gateway() {
     assert_eq!(run.code, 0, "{}", run.err);
     reaches(5).await;
     let list = rlctl(&["override", "list", "--redis", &url]).await;
-    assert!(list.out.contains("ovr-2001_db8_bad___48: ip 2001:db8:bad::/48, shared"), "{}", list.out);
+    let net_id = ip_id("2001:db8:bad::/48");
+    assert!(list.out.contains(&format!("{net_id}: ip 2001:db8:bad::/48, shared")), "{}", list.out);
     let from = |ip: &str| {
         let (gateway, ip) = (gateway.clone(), ip.parse().unwrap());
         async move { gateway.check(&Request::new().ip(ip)).await.unwrap() }
     };
     let first = from("2001:db8:bad:1::1").await;
-    assert_eq!((first.rule.id(), first.decision.allowed), ("ovr-2001_db8_bad___48", true));
+    assert_eq!((first.rule.id(), first.decision.allowed), (net_id.as_str(), true));
     assert!(from("2001:db8:bad:2::1").await.decision.allowed);
     assert!(!from("2001:db8:bad:3::1").await.decision.allowed, "a third /64 of the /48: the shared 2 are spent");
     let run = rlctl(&[
@@ -251,32 +261,35 @@ async fn mistakes_at_3am_are_refused_with_a_reason() {
             "--expires \"soonish\" is neither a duration",
         ),
         (&["--limit", "s=ten/1s", "--reason", "r", "--expires", "1h"][..], "expected NAME=COUNT/PER"),
-        (
-            &["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..],
-            "override 'ovr-k' limit 's': rate must be from 1",
-        ),
+        (&["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..], "rlctl: override rejected: override 'ovr-k-"),
+        (&["--limit", "s=0/1s", "--reason", "r", "--expires", "1h"][..], "limit 's': rate must be from 1"),
     ] {
         let run = rlctl(&with(extra)).await;
         assert_eq!(run.code, 1, "{extra:?}: {}", run.out);
         assert!(run.err.contains(says), "{extra:?}: {}", run.err);
     }
-    let run = rlctl(&[
-        "override",
-        "add",
-        "--ip",
-        "10.0.0.0/8",
-        "--limit",
-        "s=1/1s",
-        "--expires",
-        "1h",
-        "--reason",
-        "r",
-        "--redis",
-        &url,
-    ])
-    .await;
+    // A network broader than /16 (IPv4) or /32 (IPv6) outranks every rule
+    // for a great many clients: only with --broad.
+    let net = |net: &'static str, broad: bool| {
+        let url = url.clone();
+        async move {
+            let mut args = vec!["override", "add", "--ip", net, "--limit", "s=1/1s", "--expires", "1h"];
+            args.extend(["--reason", "r", "--redis", &url]);
+            if broad {
+                args.push("--broad");
+            }
+            rlctl(&args).await
+        }
+    };
+    for everything in ["0.0.0.0/0", "::/0", "10.0.0.0/8"] {
+        let run = net(everything, false).await;
+        assert_eq!(run.code, 1, "{everything}: {}", run.out);
+        assert!(run.err.contains(&format!("ip {everything} is broader than /")), "{}", run.err);
+        assert!(run.err.contains("(rlctl: --broad)"), "{}", run.err);
+    }
+    let run = net("10.0.0.0/8", true).await;
     assert_eq!(run.code, 0, "{}", run.err);
-    assert!(run.out.contains("override 'ovr-10.0.0.0_8'"), "{}", run.out);
+    assert!(run.out.contains(&format!("override '{}'", ip_id("10.0.0.0/8"))), "{}", run.out);
     // Nothing refused was written: versions 1 (publish) and 2 (the ip override).
     let active = rlctl(&["active", "--redis", &url]).await;
     assert!(active.out.starts_with("version 2 "), "{}", active.out);
