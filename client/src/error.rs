@@ -22,8 +22,10 @@ pub enum Error {
     /// The configured backend lacks this command (the Lua backend has no
     /// windows and no CL.THROTTLE).
     Unsupported(&'static str),
-    /// A rule set was refused whole when loaded; the text names each rule
-    /// and field at fault, one per line. The rules in force stay.
+    /// Live rules refused something: a rule set (refused whole, the rules
+    /// in force stay), an override, a store change. The text says which
+    /// ("rule set rejected: ...", "override rejected: ...") and names each
+    /// rule and field at fault, one per line.
     Rules(String),
 }
 
@@ -64,7 +66,7 @@ impl fmt::Display for Error {
             Error::Redis(e) => write!(f, "redis: {e}"),
             Error::Reply(text) => write!(f, "unexpected reply: {text}"),
             Error::Unsupported(what) => write!(f, "the backend does not support {what}"),
-            Error::Rules(text) => write!(f, "rule set rejected: {text}"),
+            Error::Rules(text) => f.write_str(text),
         }
     }
 }

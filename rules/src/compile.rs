@@ -4,8 +4,9 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::SystemTime;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 use rl_client::{check_name, period_ms, subject_fault, Backend, Error, FailMode, Policy, Result, Rule};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::ParamError;
@@ -13,24 +14,26 @@ use rl_core::ParamError;
 use crate::snapshot::{CompiledRule, Index, Scope, Snapshot};
 #[cfg(test)]
 use crate::spec::MatchSpec;
-use crate::spec::{LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
+use crate::spec::{FleetBackend, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION, MAX_WRITTEN_VERSION};
 
 /// The defaults of a rule set's optional settings.
 const DEFAULT_KEY_PREFIX: &str = "rl";
 const DEFAULT_IPV4_PREFIX: u8 = 32;
 const DEFAULT_IPV6_PREFIX: u8 = 64;
+const DEFAULT_BROAD_IPV4_PREFIX: u8 = 16;
+const DEFAULT_BROAD_IPV6_PREFIX: u8 = 32;
 
 impl Snapshot {
-    /// Checks `spec` and `overrides` together, as a gateway on the module
-    /// backend would load them as `version`; every fault is named, one per
-    /// line, in the error.
+    /// Checks `spec` and `overrides` together, as a gateway on the backend
+    /// the set declares (`backend`, default the module) would load them as
+    /// `version`; every fault is named, one per line, in the error.
     pub fn compile(spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64) -> Result<Snapshot> {
         Snapshot::compile_for(spec, overrides, version, Backend::Module)
     }
 
     /// Like [`Snapshot::compile`], as a gateway on `backend` would load it:
-    /// the Lua backend has no windows and counts buckets exactly only up to
-    /// burst x period_ms = 2^52.
+    /// the Lua backend (this one, or the one the set declares) has no
+    /// windows and counts buckets exactly only up to burst x period_ms = 2^52.
     pub fn compile_for(spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64, backend: Backend) -> Result<Snapshot> {
         Snapshot::compile_with(spec, overrides, version, backend == Backend::Lua, None)
     }
@@ -45,9 +48,26 @@ impl Snapshot {
         lua: bool,
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot> {
+        Snapshot::build(spec, overrides, version, lua, previous).map_err(|faults| refused("rule set", &faults))
+    }
+
+    /// Checks and compiles; the faults, one per entry, if any.
+    pub(crate) fn build(
+        spec: &RuleSetSpec,
+        overrides: &[RuleSpec],
+        version: u64,
+        lua: bool,
+        previous: Option<&Snapshot>,
+    ) -> std::result::Result<Snapshot, Vec<String>> {
         let mut errors = Vec::new();
+        let mut warnings = Vec::new();
         if version > MAX_VERSION {
             errors.push(format!("version {version} is above {MAX_VERSION} (2^53 - 1), the largest a version may be"));
+        }
+        if let Some(written) = spec.version.filter(|&v| v > MAX_WRITTEN_VERSION) {
+            errors.push(format!(
+                "version {written} leaves no room for later changes: a rule file names at most version {MAX_WRITTEN_VERSION} (2^52), and the store counts on to {MAX_VERSION}"
+            ));
         }
         let key_prefix = spec.key_prefix.as_deref().unwrap_or(DEFAULT_KEY_PREFIX);
         if key_prefix.is_empty()
@@ -61,12 +81,28 @@ impl Snapshot {
         }
         let ipv4_prefix = spec.ipv4_prefix.unwrap_or(DEFAULT_IPV4_PREFIX);
         let ipv6_prefix = spec.ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
-        for (field, value, max) in [("ipv4_prefix", ipv4_prefix, 32), ("ipv6_prefix", ipv6_prefix, 128)] {
-            if let Err(e) = in_range(field, value.into(), 1, max) {
+        let broad_ipv4 = spec.broad_ipv4_prefix.unwrap_or(DEFAULT_BROAD_IPV4_PREFIX);
+        let broad_ipv6 = spec.broad_ipv6_prefix.unwrap_or(DEFAULT_BROAD_IPV6_PREFIX);
+        for (field, value, min, max) in [
+            ("ipv4_prefix", ipv4_prefix, 1, 32),
+            ("ipv6_prefix", ipv6_prefix, 1, 128),
+            ("broad_ipv4_prefix", broad_ipv4, 0, 32),
+            ("broad_ipv6_prefix", broad_ipv6, 0, 128),
+        ] {
+            if let Err(e) = in_range(field, value.into(), min, max) {
                 errors.push(out_of_range(e));
             }
         }
-        let set = SetContext { key_prefix, ipv4_prefix, ipv6_prefix, lua, previous };
+        let declared = spec.backend.unwrap_or_default();
+        let lua = match (lua, declared) {
+            (_, FleetBackend::Lua) => Some("the rule set declares backend = \"lua\""),
+            (true, FleetBackend::Module) => Some(
+                "this gateway runs the Lua backend (declare backend = \"lua\" in the rule file, so publishing refuses this)",
+            ),
+            (false, FleetBackend::Module) => None,
+        };
+        let now = SystemTime::now();
+        let set = SetContext { key_prefix, ipv4_prefix, ipv6_prefix, broad_ipv4, broad_ipv6, lua, previous, now };
         let written = spec.rules.iter().enumerate().map(|(i, r)| (i, r, false));
         let added = overrides.iter().enumerate().map(|(i, r)| (i, r, true));
         let mut rules: Vec<Arc<CompiledRule>> = Vec::new();
@@ -78,7 +114,7 @@ impl Snapshot {
                 (false, true) => format!("override '{}'", spec.id),
             };
             let before = errors.len();
-            let rule = compile_rule(spec, is_override, &set, &label, &mut errors);
+            let rule = compile_rule(spec, is_override, &set, &label, &mut errors, &mut warnings);
             if let (Some(rule), true) = (rule, errors.len() == before) {
                 rules.push(Arc::new(rule));
             }
@@ -86,20 +122,44 @@ impl Snapshot {
         if spec.rules.is_empty() {
             errors.push("the rule set has no rules".to_owned());
         }
-        let index = Index::build(&rules, &mut errors);
+        let index = Index::build(&rules, now, &mut errors);
         if !errors.is_empty() {
-            return Err(Error::Rules(errors.join("\n")));
+            return Err(errors);
         }
-        Ok(Snapshot { version, rules, index, ipv4_prefix, ipv6_prefix })
+        Ok(Snapshot { version, rules, index, ipv4_prefix, ipv6_prefix, warnings })
     }
+}
+
+/// `what` (a rule set, an override) refused, with every fault on its own line.
+pub(crate) fn refused(what: &str, faults: &[String]) -> Error {
+    Error::Rules(format!("{what} rejected: {}", faults.join("\n")))
+}
+
+/// An address or a network as the rules mean it: an address is its /32 or
+/// /128, and an IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) is the
+/// IPv4 network it holds (`10.0.0.0/8`), as a dual-stack client's address
+/// is its IPv4 address. Host bits are kept, for the caller to refuse.
+pub fn parse_network(text: &str) -> Option<IpNet> {
+    let net = text.parse::<IpNet>().or_else(|_| text.parse::<IpAddr>().map(IpNet::from)).ok()?;
+    Some(match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => IpNet::V4(Ipv4Net::new(v4, v6.prefix_len() - 96).ok()?),
+            None => net,
+        },
+        _ => net,
+    })
 }
 
 struct SetContext<'a> {
     key_prefix: &'a str,
     ipv4_prefix: u8,
     ipv6_prefix: u8,
-    lua: bool,
+    broad_ipv4: u8,
+    broad_ipv6: u8,
+    /// Why the Lua backend's bounds apply, if they do.
+    lua: Option<&'static str>,
     previous: Option<&'a Snapshot>,
+    now: SystemTime,
 }
 
 /// Checks one rule, pushing every fault found (named with `at`).
@@ -109,6 +169,7 @@ fn compile_rule(
     set: &SetContext<'_>,
     at: &str,
     errors: &mut Vec<String>,
+    warnings: &mut Vec<String>,
 ) -> Option<CompiledRule> {
     let before = errors.len();
     if let Err(why) = check_name(&spec.id) {
@@ -117,11 +178,18 @@ fn compile_rule(
     if spec.reason.trim().is_empty() {
         errors.push(format!("{at}: reason is required: why the rule exists (a ticket, an incident)"));
     }
-    let scope = scope_of(spec, set, at, errors);
+    let scope = scope_of(spec, set, at, errors, warnings);
     let expires = match &spec.expires {
         None => None,
         Some(text) => match humantime::parse_rfc3339(text) {
-            Ok(at) => Some(at),
+            Ok(when) => {
+                // Not refused: a gateway restarting with a file must still
+                // load it after one of its rules expired.
+                if when <= set.now {
+                    warnings.push(format!("{at}: expired at {text}: it never applies; remove it"));
+                }
+                Some(when)
+            }
             Err(_) => {
                 errors.push(format!("{at}: expires {text:?} is not a UTC time like \"2026-10-28T09:00:00Z\""));
                 None
@@ -138,12 +206,27 @@ fn compile_rule(
         if spec.mode == Mode::Shadow {
             errors.push(format!("{at}: an override is enforced at once; shadow rules belong in the rule file"));
         }
+        if let Some(Scope::Ip(net)) = &scope {
+            let (broad, field) = match net {
+                IpNet::V4(_) => (set.broad_ipv4, "broad_ipv4_prefix"),
+                IpNet::V6(_) => (set.broad_ipv6, "broad_ipv6_prefix"),
+            };
+            if net.prefix_len() < broad && !spec.broad {
+                errors.push(format!(
+                    "{at}: ip {net} is broader than /{broad} ({field}): an override outranks every rule for every client in it; if that is meant, say so with broad = true (rlctl: --broad)"
+                ));
+            }
+        }
+    } else if spec.broad {
+        errors.push(format!("{at}: broad is for overrides: a rule file's networks are reviewed with the file"));
     }
     if scope == Some(Scope::Default) && spec.mode == Mode::Enforce && spec.expires.is_some() {
         errors.push(format!("{at}: the enforced default rule cannot expire: every request must find a rule"));
     }
     if spec.limits.is_empty() || spec.limits.len() > MAX_KEYS {
         errors.push(format!("{at}: limits: a rule has 1 to {MAX_KEYS} limits, got {}", spec.limits.len()));
+        // Not checked one by one: the duplicate check compares each with each.
+        return None;
     }
     let mut limits = Vec::with_capacity(spec.limits.len());
     for (j, limit) in spec.limits.iter().enumerate() {
@@ -188,15 +271,15 @@ fn compile_rule(
             }
         }
     };
-    if set.lua && policy.has_windows() {
-        errors.push(format!(
-            "{at}: window and quota limits need the module (RL.WINDOW); this gateway runs the Lua backend"
-        ));
-    }
-    if set.lua && !policy.fits_lua() {
-        errors.push(format!(
-            "{at}: a limit's burst x period in ms is above 2^52: the Lua backend cannot count it exactly"
-        ));
+    if let Some(why) = set.lua {
+        if policy.has_windows() {
+            errors.push(format!("{at}: window and quota limits need the module (RL.WINDOW); {why}"));
+        }
+        if !policy.fits_lua() {
+            errors.push(format!(
+                "{at}: a limit's burst x period in ms is above 2^52: the Lua backend cannot count it exactly; {why}"
+            ));
+        }
     }
     Some(CompiledRule {
         id: spec.id.clone(),
@@ -210,7 +293,13 @@ fn compile_rule(
     })
 }
 
-fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<Scope> {
+fn scope_of(
+    spec: &RuleSpec,
+    set: &SetContext<'_>,
+    at: &str,
+    errors: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Option<Scope> {
     let m = &spec.scope;
     let named = |what: &str, value: &Option<String>, errors: &mut Vec<String>| -> Option<String> {
         let v = value.as_ref()?;
@@ -229,7 +318,7 @@ fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<St
             }
             Some(Scope::Subject(s.clone()))
         }
-        (None, Some(ip), None, None) => ip_scope(ip, set, at, errors).map(Scope::Ip),
+        (None, Some(ip), None, None) => ip_scope(ip, set, at, errors, warnings).map(Scope::Ip),
         (None, None, plan, endpoint) => {
             let plan = named("plan", plan, errors);
             let endpoint = named("endpoint", endpoint, errors);
@@ -249,9 +338,14 @@ fn scope_of(spec: &RuleSpec, set: &SetContext<'_>, at: &str, errors: &mut Vec<St
     }
 }
 
-fn ip_scope(text: &str, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>) -> Option<IpNet> {
-    let parsed = text.parse::<IpNet>().or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
-    let Ok(net) = parsed else {
+fn ip_scope(
+    text: &str,
+    set: &SetContext<'_>,
+    at: &str,
+    errors: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Option<IpNet> {
+    let Some(net) = parse_network(text) else {
         errors.push(format!(
             "{at}: match.ip {text:?} is not an address or a network like \"203.0.113.0/24\" or \"2001:db8::/48\""
         ));
@@ -260,6 +354,9 @@ fn ip_scope(text: &str, set: &SetContext<'_>, at: &str, errors: &mut Vec<String>
     if net != net.trunc() {
         errors.push(format!("{at}: match.ip {text} has host bits set: the network is {}", net.trunc()));
         return None;
+    }
+    if matches!(net, IpNet::V4(_)) && text.contains(':') {
+        warnings.push(format!("{at}: match.ip {text} is IPv4-mapped: it matches the IPv4 network {net}"));
     }
     let (group, family) = match net {
         IpNet::V4(_) => (set.ipv4_prefix, "ipv4_prefix"),
@@ -405,5 +502,118 @@ mod tests {
         assert!(Snapshot::compile(&set(&quota), &[], 1).is_ok());
         let e = Snapshot::compile_for(&set(&quota), &[], 1, Backend::Lua).unwrap_err().to_string();
         assert!(e.contains("rule 'pro': window and quota limits need the module"), "{e}");
+    }
+
+    fn ip_override(net: &str, broad: bool) -> RuleSpec {
+        RuleSpec {
+            id: "o".into(),
+            scope: MatchSpec { ip: Some(net.into()), ..MatchSpec::default() },
+            limits: set(BASE).rules[0].limits.clone(),
+            expires: Some("2999-01-01T00:00:00Z".into()),
+            broad,
+            reason: "r".into(),
+            ..RuleSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_broad_network_override_needs_broad() {
+        for net in ["0.0.0.0/0", "10.0.0.0/15", "::/0", "2001:db8::/31"] {
+            let e = Snapshot::compile(&set(BASE), &[ip_override(net, false)], 1).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("override 'o': ip {net} is broader than /")) && e.contains("broad = true"),
+                "{e}"
+            );
+            assert!(Snapshot::compile(&set(BASE), &[ip_override(net, true)], 1).is_ok(), "{net} with broad");
+        }
+        for net in ["10.0.0.0/16", "2001:db8::/32"] {
+            assert!(Snapshot::compile(&set(BASE), &[ip_override(net, false)], 1).is_ok(), "{net}");
+        }
+        // The bound is the set's to configure.
+        let wide = format!("broad_ipv4_prefix = 8\n{BASE}");
+        assert!(Snapshot::compile(&set(&wide), &[ip_override("10.0.0.0/8", false)], 1).is_ok());
+        let file_rule = BASE.replace("match = { plan = \"pro\" }", "match = { ip = \"10.0.0.0/8\" }\nbroad = true");
+        let e = Snapshot::compile(&set(&file_rule), &[], 1).unwrap_err().to_string();
+        assert!(e.contains("rule 'pro': broad is for overrides"), "{e}");
+    }
+
+    #[test]
+    fn an_expired_rule_is_named_when_it_loads_and_when_it_blocks() {
+        let expired = BASE.replace(
+            "reason = \"r\"\n        limits = [{ name = \"s\", rate = 20",
+            "reason = \"r\"\n        expires = \"2020-01-01T00:00:00Z\"\n        limits = [{ name = \"s\", rate = 20",
+        );
+        let snapshot = Snapshot::compile(&set(&expired), &[], 1).unwrap();
+        assert_eq!(snapshot.warnings(), ["rule 'pro': expired at 2020-01-01T00:00:00Z: it never applies; remove it"]);
+        assert!(Snapshot::compile(&set(BASE), &[], 1).unwrap().warnings().is_empty());
+        let beside = format!("{expired}\n[[rules]]\nid = \"pro2\"\nmatch = {{ plan = \"pro\" }}\nreason = \"r\"\nlimits = [{{ name = \"s\", rate = 1, per = \"1s\" }}]");
+        let e = Snapshot::compile(&set(&beside), &[], 1).unwrap_err().to_string();
+        assert!(e.contains("rules 'pro' and 'pro2' both match plan \"pro\" in enforce mode: one rule of each mode per match; 'pro' expired at 2020-01-01T00:00:00Z: remove it"), "{e}");
+    }
+
+    #[test]
+    fn networks_are_compared_as_networks() {
+        // One network written two ways: one match, refused as a pair.
+        let two = BASE.replace("match = { plan = \"pro\" }", "match = { ip = \"10.1.2.3\" }")
+            + "\n[[rules]]\nid = \"b\"\nmatch = { ip = \"10.1.2.3/32\" }\nreason = \"r\"\nlimits = [{ name = \"s\", rate = 1, per = \"1s\" }]";
+        let e = Snapshot::compile(&set(&two), &[], 1).unwrap_err().to_string();
+        assert!(e.contains("rules 'pro' and 'b' both match ip 10.1.2.3/32"), "{e}");
+        // An IPv4-mapped network is the IPv4 network, whatever ipv6_prefix.
+        let mapped = format!(
+            "ipv6_prefix = 128\n{}",
+            BASE.replace("match = { plan = \"pro\" }", "match = { ip = \"::ffff:10.0.0.0/104\" }")
+        );
+        let snapshot = Snapshot::compile(&set(&mapped), &[], 1).unwrap();
+        assert_eq!(snapshot.rule("pro").unwrap().scope(), &Scope::Ip("10.0.0.0/8".parse().unwrap()));
+        assert!(snapshot.warnings()[0].contains("is IPv4-mapped: it matches the IPv4 network 10.0.0.0/8"));
+        let request = crate::Request::new().ip("10.9.9.9".parse().unwrap());
+        assert_eq!(snapshot.matching(&request, SystemTime::now()).enforced.id(), "pro");
+        let mapped_client = crate::Request::new().ip("::ffff:10.9.9.9".parse().unwrap());
+        assert_eq!(snapshot.matching(&mapped_client, SystemTime::now()).enforced.id(), "pro");
+        assert_eq!(parse_network("::ffff:10.1.2.3"), Some("10.1.2.3/32".parse().unwrap()));
+        assert_eq!(parse_network("::/0"), Some("::/0".parse().unwrap()), "not mapped: stays IPv6");
+    }
+
+    #[test]
+    fn a_written_version_leaves_room_for_changes() {
+        let at = |v: u64| RuleSetSpec { version: Some(v), ..set(BASE) };
+        assert!(Snapshot::compile(&at(MAX_WRITTEN_VERSION), &[], MAX_WRITTEN_VERSION).is_ok());
+        let e = Snapshot::compile(&at(MAX_VERSION), &[], MAX_VERSION).unwrap_err().to_string();
+        assert!(
+            e.contains("version 9007199254740991 leaves no room for later changes")
+                && e.contains("at most version 4503599627370496"),
+            "{e}"
+        );
+        // The store's own versions go on to the largest.
+        assert!(Snapshot::compile(&set(BASE), &[], MAX_VERSION).is_ok());
+    }
+
+    #[test]
+    fn a_set_declared_for_lua_is_checked_for_lua_everywhere() {
+        let lua = format!("backend = \"lua\"\n{BASE}");
+        let quota = RuleSpec {
+            id: "o".into(),
+            scope: MatchSpec { subject: Some("k".into()), ..MatchSpec::default() },
+            limits: vec![LimitSpec::parse_short("daily=1000/1d,quota").unwrap()],
+            expires: Some("2999-01-01T00:00:00Z".into()),
+            reason: "r".into(),
+            ..RuleSpec::default()
+        };
+        assert!(Snapshot::compile(&set(BASE), std::slice::from_ref(&quota), 1).is_ok(), "a module fleet");
+        let e = Snapshot::compile(&set(&lua), std::slice::from_ref(&quota), 1).unwrap_err().to_string();
+        assert!(e.starts_with("rule set rejected: override 'o': window and quota limits need the module (RL.WINDOW); the rule set declares backend = \"lua\""), "{e}");
+        // burst x period above 2^52 ms: 2^40 tokens a day.
+        let huge = lua.replace("rate = 20, per = \"1s\"", "rate = 1, burst = 1099511627776, per = \"1d\"");
+        let e = Snapshot::compile(&set(&huge), &[], 1).unwrap_err().to_string();
+        assert!(e.contains("rule 'pro': a limit's burst x period in ms is above 2^52"), "{e}");
+        // An undeclared set on a Lua gateway says how to catch it earlier.
+        let quota_rule = BASE.replace(
+            "{ name = \"s\", rate = 20, per = \"1s\" }",
+            "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }",
+        );
+        let e = Snapshot::compile_for(&set(&quota_rule), &[], 1, Backend::Lua).unwrap_err().to_string();
+        assert!(e.contains("declare backend = \"lua\" in the rule file"), "{e}");
+        let e = RuleSetSpec::from_toml("backend = \"redis\"").unwrap_err().to_string();
+        assert!(e.contains("unknown variant `redis`, expected `module` or `lua`"), "{e}");
     }
 }

@@ -9,8 +9,12 @@ mod spec;
 mod store;
 mod watch;
 
+pub use compile::parse_network;
 pub use live::{Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
-pub use spec::{LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION};
+pub use spec::{
+    FleetBackend, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION,
+    MAX_WRITTEN_VERSION,
+};
 pub use store::{override_id, RulesStore, Stored, DEFAULT_KEY, MAX_OVERRIDE};
 pub use watch::{RedisSource, Watcher};

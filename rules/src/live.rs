@@ -282,6 +282,9 @@ impl LiveRules {
         let lua = self.inner.limiter.client().backend() == Backend::Lua;
         match Snapshot::compile_with(spec, overrides, version, lua, Some(&current)) {
             Ok(snapshot) => {
+                for warning in snapshot.warnings() {
+                    log::warn!("rules version {version} from {source}: {warning}");
+                }
                 self.inner.current.store(Arc::new(snapshot));
                 state.source = source.to_owned();
                 state.installed_at = SystemTime::now();

@@ -229,9 +229,16 @@ pub struct Snapshot {
     pub(crate) index: Index,
     pub(crate) ipv4_prefix: u8,
     pub(crate) ipv6_prefix: u8,
+    pub(crate) warnings: Vec<String>,
 }
 
 impl Snapshot {
+    /// What was accepted but looks wrong: a rule that has already expired,
+    /// an IPv4-mapped network read as IPv4. One line each, naming the rule.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     /// The version this snapshot was loaded as.
     pub fn version(&self) -> u64 {
         self.version
@@ -322,7 +329,7 @@ fn canonical(ip: IpAddr) -> IpAddr {
 impl Index {
     /// Indexes rules by match, refusing two rules of one mode for one match,
     /// and a set without an enforced default rule.
-    pub(crate) fn build(rules: &[Arc<CompiledRule>], errors: &mut Vec<String>) -> Index {
+    pub(crate) fn build(rules: &[Arc<CompiledRule>], now: SystemTime, errors: &mut Vec<String>) -> Index {
         let mut index = Index::default();
         let mut ids: HashMap<&str, usize> = HashMap::new();
         for (i, rule) in rules.iter().enumerate() {
@@ -351,8 +358,22 @@ impl Index {
                 Some(other) => {
                     let kind = if rule.is_override { "overrides" } else { "rules" };
                     let mode = if rule.mode == Mode::Enforce { "enforce" } else { "shadow" };
+                    // An expired rule still holds its match: say so, or the
+                    // conflict makes no sense to whoever reads it.
+                    let expired: String = [&rules[*other], rule]
+                        .iter()
+                        .filter(|r| r.is_expired(now))
+                        .map(|r| {
+                            let at = r.expires.map(humantime::format_rfc3339_seconds);
+                            format!(
+                                "; '{}' expired at {}: remove it",
+                                r.id,
+                                at.map(|t| t.to_string()).unwrap_or_default()
+                            )
+                        })
+                        .collect();
                     errors.push(format!(
-                        "{kind} '{}' and '{}' both match {} in {mode} mode: one rule of each mode per match",
+                        "{kind} '{}' and '{}' both match {} in {mode} mode: one rule of each mode per match{expired}",
                         rules[*other].id, rule.id, rule.scope
                     ));
                 }

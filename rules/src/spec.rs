@@ -2,16 +2,27 @@
 //! and stored in Redis. Only the shape is checked here (unknown fields,
 //! types); what the values mean is checked when a snapshot is compiled.
 
+use std::io::Read;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use rl_client::{Error, FailMode, Result};
+use rl_client::{Backend, Error, FailMode, Result};
 use rl_core::WindowMode;
 
 /// The largest version: 2^53 - 1. Versions are compared in the rules
 /// store's Lua script, whose numbers are doubles, exact only up to there.
 pub const MAX_VERSION: u64 = (1 << 53) - 1;
+
+/// The largest version a rule file (or `install`) may name: 2^52. What the
+/// store assigns goes on to [`MAX_VERSION`], so a written version always
+/// leaves 2^52 - 1 changes after it and cannot freeze the rules.
+pub const MAX_WRITTEN_VERSION: u64 = 1 << 52;
+
+/// The largest rule file, and the largest stored set (the set and its
+/// overrides together): 1 MiB. Rule sets are written by people; a bigger
+/// one is a mistake, and every gateway would parse it on every version.
+pub const MAX_RULES_BYTES: usize = 1 << 20;
 
 /// A whole rule set as written: what `rlctl publish` sends and a gateway
 /// loads.
@@ -43,9 +54,43 @@ pub struct RuleSetSpec {
     /// host cannot dodge its limit by rotating addresses. Default 64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_prefix: Option<u8>,
+    /// The backend the fleet's gateways run: `module` (default) or `lua`.
+    /// With `lua`, publishing refuses what the Lua backend cannot count
+    /// (windows, quotas, a burst x period above 2^52), and so does adding
+    /// an override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<FleetBackend>,
+    /// An override on an IPv4 network shorter than this prefix is broad
+    /// and needs `broad = true` (rlctl: `--broad`). Default 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broad_ipv4_prefix: Option<u8>,
+    /// The same for IPv6. Default 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broad_ipv6_prefix: Option<u8>,
     /// The rules, in any order: the most specific match wins.
     #[serde(default)]
     pub rules: Vec<RuleSpec>,
+}
+
+/// The backend a rule set is published for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FleetBackend {
+    /// The redis-rl module: every kind of limit.
+    #[default]
+    Module,
+    /// The Lua script backend: buckets only, burst x period up to 2^52.
+    Lua,
+}
+
+impl FleetBackend {
+    /// The client's backend of the same name.
+    pub fn backend(self) -> Backend {
+        match self {
+            FleetBackend::Module => Backend::Module,
+            FleetBackend::Lua => Backend::Lua,
+        }
+    }
 }
 
 /// One rule as written.
@@ -73,6 +118,11 @@ pub struct RuleSpec {
     /// When the rule stops applying: a UTC time, `2026-10-28T09:00:00Z`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
+    /// An override only: true allows a network broader than the set's
+    /// `broad_ipv4_prefix` / `broad_ipv6_prefix` (`0.0.0.0/0` outranks
+    /// every rule for every IPv4 client).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub broad: bool,
     /// Why the rule exists (a ticket, an incident): required.
     pub reason: String,
 }
@@ -177,9 +227,21 @@ pub enum Mode {
     Shadow,
 }
 
-/// A rule file's text; an error names the file.
+/// A rule file's text, at most [`MAX_RULES_BYTES`]; an error names the file.
 pub(crate) fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::Rules(format!("cannot read {}: {e}", path.display())))
+    let cannot = |e: std::io::Error| Error::Rules(format!("cannot read {}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    // Read one byte past the bound: a file growing meanwhile is caught too.
+    let mut bytes = Vec::new();
+    file.take(MAX_RULES_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(cannot)?;
+    if bytes.len() > MAX_RULES_BYTES {
+        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(bytes.len() as u64);
+        return Err(Error::Rules(format!(
+            "{} is {size} bytes: a rule file is at most {MAX_RULES_BYTES} bytes (1 MiB)",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| Error::Rules(format!("cannot read {}: not UTF-8 ({e})", path.display())))
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {

@@ -23,8 +23,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use rl_client::{Error, Result};
 
+use crate::compile::{parse_network, refused};
 use crate::snapshot::Snapshot;
-use crate::spec::{RuleSetSpec, RuleSpec, MAX_VERSION};
+use crate::spec::{MatchSpec, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION};
 
 /// The hash (and pub/sub channel) used unless told otherwise.
 pub const DEFAULT_KEY: &str = "rl:rules";
@@ -78,33 +79,74 @@ pub struct Stored {
     pub version: u64,
     /// The rule set, once one was published.
     pub rules: Option<RuleSetSpec>,
-    /// Every override, expired ones included, by id.
+    /// Every override that parses, expired ones included, by id.
     pub overrides: Vec<RuleSpec>,
+    /// The override fields that do not parse (written past rlctl), each
+    /// named with why: a gateway refuses the version while one is there.
+    pub invalid: Vec<String>,
     /// When the last change was made.
     pub published_at: Option<SystemTime>,
 }
 
 impl Stored {
-    /// Reads the hash's fields; a field that does not parse is named.
+    /// Reads the hash's fields; the version, the rule set and the size
+    /// must be right, an override that does not parse is set apart in
+    /// `invalid`.
     pub(crate) fn from_fields(fields: &HashMap<String, String>) -> Result<Stored> {
         let version = parse_version(fields.get("version").map(String::as_str))?;
+        let size: usize =
+            fields.iter().filter(|(f, _)| *f == "rules" || f.starts_with(OVERRIDE_FIELD)).map(|(_, v)| v.len()).sum();
+        if size > MAX_RULES_BYTES {
+            return Err(Error::Rules(format!(
+                "the stored rules and overrides are {size} bytes: at most {MAX_RULES_BYTES} (1 MiB)"
+            )));
+        }
         let rules = match fields.get("rules") {
             Some(json) => Some(RuleSetSpec::from_json(json).map_err(|e| Error::Rules(format!("field 'rules': {e}")))?),
             None => None,
         };
-        let mut overrides = Vec::new();
+        let (mut overrides, mut invalid) = (Vec::new(), Vec::new());
         for (field, json) in fields {
-            if field.starts_with(OVERRIDE_FIELD) {
-                overrides.push(RuleSpec::from_json(json).map_err(|e| Error::Rules(format!("field '{field}': {e}")))?);
+            let Some(id) = field.strip_prefix(OVERRIDE_FIELD) else { continue };
+            match RuleSpec::from_json(json) {
+                Ok(rule) if rule.id == id => overrides.push(rule),
+                Ok(rule) => invalid.push(format!("field '{field}' holds override '{}', not '{id}'", rule.id)),
+                Err(e) => invalid.push(format!("field '{field}': {e}")),
             }
         }
         overrides.sort_by(|a, b| a.id.cmp(&b.id));
+        invalid.sort();
         let published_at = fields
             .get("published_at")
             .and_then(|ms| ms.parse::<u64>().ok())
             .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
-        Ok(Stored { version, rules, overrides, published_at })
+        Ok(Stored { version, rules, overrides, invalid, published_at })
     }
+
+    /// An error naming every override that does not parse, if any: what
+    /// a gateway refuses the version for, and what blocks a change.
+    pub(crate) fn check_overrides(&self) -> Result<()> {
+        if self.invalid.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Rules(format!(
+            "stored overrides rejected: {} (remove with rlctl override remove --id ID)",
+            self.invalid.join("; ")
+        )))
+    }
+}
+
+/// Refuses a stored set and overrides above [`MAX_RULES_BYTES`] together.
+fn check_size(rules_json: &str, overrides: &[RuleSpec]) -> Result<()> {
+    let of_overrides: usize = overrides.iter().map(|o| o.to_json().len()).sum();
+    let size = rules_json.len() + of_overrides;
+    if size > MAX_RULES_BYTES {
+        return Err(Error::Rules(format!(
+            "the rules would be {size} bytes stored (the set {}, the overrides {of_overrides}): at most {MAX_RULES_BYTES} (1 MiB)",
+            rules_json.len()
+        )));
+    }
+    Ok(())
 }
 
 fn parse_version(text: Option<&str>) -> Result<u64> {
@@ -183,60 +225,94 @@ impl RulesStore {
     /// overrides in force. Returns the version published.
     pub async fn publish(&self, rules: &RuleSetSpec) -> Result<u64> {
         self.retrying(|stored| {
+            stored.check_overrides()?;
             let version = match rules.version {
                 Some(v) if v > stored.version => v,
                 Some(v) => {
                     return Err(Error::Rules(format!(
-                        "version {v} is not above version {} in force: leave version out to take the next",
+                        "rule set rejected: version {v} is not above version {} in force: leave version out to take the next",
                         stored.version
                     )))
                 }
                 None => next_version(stored.version)?,
             };
+            // Checked for the backend the set declares.
             Snapshot::compile(rules, &stored.overrides, version)?;
             // The version lives in its own field: the stored set has none.
-            let body = RuleSetSpec { version: None, ..rules.clone() };
-            Ok((version, vec![Op::Set("rules".to_owned(), body.to_json())]))
+            let body = RuleSetSpec { version: None, ..rules.clone() }.to_json();
+            check_size(&body, &stored.overrides)?;
+            Ok((version, vec![Op::Set("rules".to_owned(), body)]))
         })
         .await
     }
 
     /// Adds (or replaces) an emergency override: a rule matching one
     /// subject or one ip, with a reason and an expiry within
-    /// [`MAX_OVERRIDE`]. An override for the same match under another id
-    /// is replaced. Returns the new version.
+    /// [`MAX_OVERRIDE`], checked with the rule set in force for the
+    /// backend it declares. An override for the same match (the exact
+    /// subject, or the same network however written) under another id is
+    /// replaced; an id already used for another match is refused. Returns
+    /// the new version.
     pub async fn set_override(&self, rule: &RuleSpec) -> Result<u64> {
         let now = SystemTime::now();
         let expires = rule.expires.as_deref().map(humantime::parse_rfc3339);
+        let rejected = |why: String| Error::Rules(format!("override rejected: override '{}': {why}", rule.id));
         match expires {
-            Some(Ok(at)) if at <= now => {
-                return Err(Error::Rules(format!("override '{}': expires is in the past", rule.id)))
-            }
+            Some(Ok(at)) if at <= now => return Err(rejected("expires is in the past".to_owned())),
             Some(Ok(at)) if at.duration_since(now).unwrap_or_default() > MAX_OVERRIDE => {
-                return Err(Error::Rules(format!(
-                    "override '{}': expires must be within 30 days; lasting limits belong in the rule file",
-                    rule.id
-                )))
+                return Err(rejected(
+                    "expires must be within 30 days; lasting limits belong in the rule file".to_owned(),
+                ))
             }
             // Missing or malformed: the snapshot's checks name it below.
             _ => {}
         }
+        let wanted = target(&rule.scope);
         self.retrying(|stored| {
             let Some(rules) = &stored.rules else {
                 return Err(Error::Rules("nothing is published yet: publish a rule file first".to_owned()));
             };
+            stored.check_overrides()?;
+            if let Some(other) = stored.overrides.iter().find(|o| o.id == rule.id && target(&o.scope) != wanted) {
+                return Err(rejected(format!(
+                    "the id is already the override of {}: remove that one, or give this one another --id",
+                    shown(&other.scope)
+                )));
+            }
             let replaced: Vec<&RuleSpec> =
-                stored.overrides.iter().filter(|o| o.id != rule.id && o.scope == rule.scope).collect();
+                stored.overrides.iter().filter(|o| o.id != rule.id && target(&o.scope) == wanted).collect();
             let mut overrides: Vec<RuleSpec> =
-                stored.overrides.iter().filter(|o| o.id != rule.id && o.scope != rule.scope).cloned().collect();
+                stored.overrides.iter().filter(|o| o.id != rule.id && target(&o.scope) != wanted).cloned().collect();
             overrides.push(rule.clone());
             let version = next_version(stored.version)?;
-            Snapshot::compile(rules, &overrides, version)?;
+            Snapshot::build(rules, &overrides, version, false, None).map_err(|f| refused("override", &f))?;
+            check_size(&rules.to_json(), &overrides)?;
             let mut ops: Vec<Op> = replaced.iter().map(|o| Op::Del(format!("{OVERRIDE_FIELD}{}", o.id))).collect();
             ops.push(Op::Set(format!("{OVERRIDE_FIELD}{}", rule.id), rule.to_json()));
             Ok((version, ops))
         })
         .await
+    }
+
+    /// Removes the override of exactly `scope` (a subject, or a network
+    /// however written), whatever its id (ids of older rlctl versions
+    /// too). Returns its id and the new version.
+    pub async fn remove_override_for(&self, scope: &MatchSpec) -> Result<(String, u64)> {
+        let wanted = target(scope);
+        for _ in 0..5 {
+            let stored = Stored::from_fields(&self.fields().await?)?;
+            let ids: Vec<&str> =
+                stored.overrides.iter().filter(|o| target(&o.scope) == wanted).map(|o| o.id.as_str()).collect();
+            if ids.is_empty() {
+                return Err(Error::Rules(format!("no override for {}", shown(scope))));
+            }
+            let ops: Vec<Op> = ids.iter().map(|id| Op::Del(format!("{OVERRIDE_FIELD}{id}"))).collect();
+            match self.commit(stored.version, next_version(stored.version)?, &ops).await {
+                Err(e) if is_changed(&e) => continue,
+                other => return Ok((ids.join(", "), other?)),
+            }
+        }
+        Err(Error::Rules("the rules kept changing; try again".to_owned()))
     }
 
     /// Removes the override `id`. Returns the new version.
@@ -297,15 +373,42 @@ fn is_changed(e: &Error) -> bool {
     matches!(e, Error::Redis(r) if r.code() == Some("CHANGED"))
 }
 
-/// An override id from what it matches: `ovr-` and the subject or network
-/// with anything but letters, digits, `_`, `-`, `.` made `_`.
-pub fn override_id(matched: &str) -> String {
-    let plain: String = matched
+/// What an override matches, exactly: `subject` or `ip`, a NUL, and the
+/// subject as written or the network as parsed (`10.1.2.3` and
+/// `10.1.2.3/32` are one network).
+fn target(scope: &MatchSpec) -> String {
+    match (&scope.subject, &scope.ip) {
+        (Some(subject), None) => format!("subject\0{subject}"),
+        (None, Some(ip)) => format!("ip\0{}", parse_network(ip).map_or_else(|| ip.clone(), |net| net.to_string())),
+        _ => format!("other\0{scope:?}"),
+    }
+}
+
+/// What an override matches, for messages.
+fn shown(scope: &MatchSpec) -> String {
+    let target = target(scope);
+    let (kind, what) = target.split_once('\0').unwrap_or_default();
+    match kind {
+        "subject" => format!("subject {what:?}"),
+        "ip" => format!("ip {what}"),
+        _ => what.to_owned(),
+    }
+}
+
+/// An override's id from what it matches: `ovr-`, the subject or network
+/// with anything but letters, digits, `_`, `-`, `.` made `_` (at most 40
+/// characters, to read), `-`, and 16 hex digits of the XXH3-64 hash of
+/// exactly what it matches (subject or network), so two subjects never
+/// share an id by their spelling. A hash collision is refused when added.
+pub fn override_id(scope: &MatchSpec) -> String {
+    let target = target(scope);
+    let what = target.split_once('\0').map_or("", |(_, what)| what);
+    let plain: String = what
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') { c } else { '_' })
-        .take(60)
+        .take(40)
         .collect();
-    format!("ovr-{plain}")
+    format!("ovr-{plain}-{:016x}", xxhash_rust::xxh3::xxh3_64(target.as_bytes()))
 }
 
 #[cfg(test)]
@@ -325,10 +428,17 @@ mod tests {
         assert_eq!(s.version, 7);
         assert_eq!(s.overrides.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(s.published_at, Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)));
+        // A broken override is set apart and named, not fatal to reading.
         fields.insert("override:c".to_owned(), "{".to_owned());
-        let e = Stored::from_fields(&fields).unwrap_err().to_string();
-        assert!(e.contains("field 'override:c'"), "{e}");
+        fields.insert("override:d".to_owned(), r#"{"id":"e","limits":[],"reason":"r"}"#.to_owned());
+        let s = Stored::from_fields(&fields).unwrap();
+        assert_eq!(s.overrides.len(), 2);
+        assert!(s.invalid[0].starts_with("field 'override:c': "), "{:?}", s.invalid);
+        assert_eq!(s.invalid[1], "field 'override:d' holds override 'e', not 'd'");
+        let e = s.check_overrides().unwrap_err().to_string();
+        assert!(e.starts_with("stored overrides rejected: field 'override:c'"), "{e}");
         fields.remove("override:c");
+        fields.remove("override:d");
         for bad in ["x", "-1", "9007199254740992", "18446744073709551615", "18446744073709551616"] {
             fields.insert("version".to_owned(), bad.to_owned());
             assert!(Stored::from_fields(&fields).unwrap_err().to_string().contains("field 'version'"), "{bad}");
@@ -345,10 +455,47 @@ mod tests {
         assert!(next_version(u64::MAX).is_err(), "no overflow");
     }
 
+    fn subject(s: &str) -> MatchSpec {
+        MatchSpec { subject: Some(s.to_owned()), ..MatchSpec::default() }
+    }
+
+    fn ip(text: &str) -> MatchSpec {
+        MatchSpec { ip: Some(text.to_owned()), ..MatchSpec::default() }
+    }
+
     #[test]
-    fn override_ids_are_plain() {
-        assert_eq!(override_id("key_8f3"), "ovr-key_8f3");
-        assert_eq!(override_id("2001:db8::/48"), "ovr-2001_db8___48");
-        assert_eq!(override_id(&"x".repeat(100)).len(), 64);
+    fn override_ids_are_readable_and_unique_per_exact_match() {
+        let id = override_id(&subject("key_8f3"));
+        assert!(id.starts_with("ovr-key_8f3-") && id.len() == "ovr-key_8f3-".len() + 16, "{id}");
+        // XXH3-64 of "subject\0key_8f3": the same on every build, so ids
+        // written today are found tomorrow.
+        assert_eq!(id, format!("ovr-key_8f3-{:016x}", xxhash_rust::xxh3::xxh3_64(b"subject\0key_8f3")));
+        // Spelled alike once made plain: distinct ids (the old ids collided).
+        assert_ne!(override_id(&subject("key:1")), override_id(&subject("key 1")));
+        let long = "x".repeat(60);
+        let (prod, staging) = (format!("{long}-prod"), format!("{long}-staging"));
+        assert_ne!(override_id(&subject(&prod)), override_id(&subject(&staging)));
+        assert!(override_id(&subject(&"x".repeat(600))).len() <= 64, "a valid rule id");
+        // One network however written; a subject spelled like a network is another match.
+        assert_eq!(override_id(&ip("10.1.2.3")), override_id(&ip("10.1.2.3/32")));
+        assert_eq!(override_id(&ip("::ffff:10.0.0.0/104")), override_id(&ip("10.0.0.0/8")));
+        assert!(override_id(&ip("2001:db8::/48")).starts_with("ovr-2001_db8___48-"));
+        assert_ne!(override_id(&ip("10.0.0.0/8")), override_id(&subject("10.0.0.0/8")));
+        assert_eq!(target(&ip("10.1.2.3")), target(&ip("10.1.2.3/32")));
+    }
+
+    #[test]
+    fn oversized_stores_are_refused_with_their_size() {
+        // A set that parses, of exactly the bound.
+        let big = format!(r#"{{"key_prefix":"{}"}}"#, "x".repeat(MAX_RULES_BYTES - 17));
+        assert_eq!(big.len(), MAX_RULES_BYTES);
+        let fields = HashMap::from([("rules".to_owned(), big.clone()), ("version".to_owned(), "1".to_owned())]);
+        assert!(Stored::from_fields(&fields).is_ok(), "exactly the bound");
+        let mut fields = fields;
+        fields.insert("override:a".to_owned(), "{}".to_owned());
+        let e = Stored::from_fields(&fields).unwrap_err().to_string();
+        assert!(e.contains(&format!("{} bytes: at most 1048576", MAX_RULES_BYTES + 2)), "{e}");
+        let e = check_size(&big, &[RuleSpec::default()]).unwrap_err().to_string();
+        assert!(e.contains("at most 1048576 (1 MiB)") && e.contains(&format!("the set {MAX_RULES_BYTES}")), "{e}");
     }
 }

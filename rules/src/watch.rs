@@ -163,7 +163,7 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
     let label = format!("{source} {}", store.key());
     // The hash may have moved on since its version was read: what is
     // installed, or refused, is the version the fields hold.
-    let stored = match Stored::from_fields(&fields) {
+    let stored = match Stored::from_fields(&fields).and_then(|s| s.check_overrides().map(|()| s)) {
         Ok(stored) => stored,
         Err(e) => return rules.rejected(Some(version), &label, &e),
     };

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::config;
 use rl_client::{Backend, Event, Limiter, Source};
-use rl_rules::{Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY};
+use rl_rules::{
+    Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY,
+    MAX_WRITTEN_VERSION,
+};
 use testkit::Server;
 
 fn spec(toml: &str) -> RuleSetSpec {
@@ -310,7 +313,14 @@ async fn versions_stop_at_2_pow_53_minus_1_without_wrapping_or_rounding() {
         assert!(e.contains("largest"), "{v}: {e}");
     }
     assert_eq!(store.version().await.unwrap(), 0);
-    assert_eq!(store.publish(&at(MAX)).await.unwrap(), MAX, "the largest is exact");
+    // A file naming the largest would freeze every later change: a written
+    // version stops at 2^52, and the store counts on from there.
+    let e = store.publish(&at(MAX)).await.unwrap_err().to_string();
+    assert!(e.contains("leaves no room for later changes"), "{e}");
+    assert_eq!(store.publish(&at(MAX_WRITTEN_VERSION)).await.unwrap(), MAX_WRITTEN_VERSION);
+    assert_eq!(store.publish(&spec(PRECEDENCE)).await.unwrap(), MAX_WRITTEN_VERSION + 1, "room after it");
+    // A store already at the largest (an older rlctl allowed it) is exact.
+    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("version").arg(MAX).query(&mut s.con()).unwrap();
     assert_eq!(store.version().await.unwrap(), MAX);
     // Nothing comes after it: an error, not a panic or a wrap to 0.
     let e = store.publish(&spec(PRECEDENCE)).await.unwrap_err().to_string();

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, Parser, Subcommand};
 use rl_client::{Backend, Error, FailMode};
 use rl_rules::{
-    override_id, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot, Stored,
-    DEFAULT_KEY, MAX_OVERRIDE,
+    override_id, parse_network, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot,
+    Stored, DEFAULT_KEY, MAX_OVERRIDE,
 };
 
 #[derive(Parser)]
@@ -111,7 +111,7 @@ struct Target {
 struct AddOverride {
     #[command(flatten)]
     matched: Matched,
-    /// The override's id (default: ovr- and the subject or network).
+    /// The override's id (default: ovr-, the subject or network, and a hash of it).
     #[arg(long)]
     id: Option<String>,
     /// A limit: NAME=COUNT/PER, then ,burst=N or ,window ,exact ,quota (repeatable).
@@ -130,6 +130,10 @@ struct AddOverride {
     /// (without it, each client of the network, an IPv6 /64 by default, has its own).
     #[arg(long)]
     shared: bool,
+    /// With --ip: allow a network broader than the set's broad_ipv4_prefix
+    /// (/16) or broad_ipv6_prefix (/32); 0.0.0.0/0 outranks every rule.
+    #[arg(long)]
+    broad: bool,
     #[command(flatten)]
     store: Store,
 }
@@ -141,9 +145,13 @@ fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start: {e}")),
     };
     match runtime.block_on(run(cli.command)) {
-        Ok(text) => {
+        Ok((text, None)) => {
             println!("{text}");
             ExitCode::SUCCESS
+        }
+        Ok((text, Some(problem))) => {
+            println!("{text}");
+            fail(&problem)
         }
         Err(e) => fail(&e.to_string()),
     }
@@ -154,19 +162,30 @@ fn fail(text: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn run(command: Command) -> Result<String, Error> {
+/// What to print, and a problem that makes the exit code 1 though
+/// something useful was printed.
+type Output = (String, Option<String>);
+
+async fn run(command: Command) -> Result<Output, Error> {
+    let done = |text: String| Ok((text, None));
     match command {
         Command::Validate { file, lua } => {
             let spec = RuleSetSpec::from_file(&file)?;
             let backend = if lua { Backend::Lua } else { Backend::Module };
             let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
-            Ok(format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot)))
+            let ok = format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot));
+            done(with_warnings(ok, &snapshot))
         }
         Command::Publish { file, store } => {
             let spec = RuleSetSpec::from_file(&file)?;
             let store = open(&store)?;
             let version = store.publish(&spec).await?;
-            Ok(format!("published {file} as version {version} on {} {}", store.url(), store.key()))
+            let published = format!("published {file} as version {version} on {} {}", store.url(), store.key());
+            // Checked by publish already: compiled again only for its warnings.
+            match Snapshot::compile(&spec, &[], version) {
+                Ok(snapshot) => done(with_warnings(published, &snapshot)),
+                Err(_) => done(published),
+            }
         }
         Command::Active { store } => active(&open(&store)?.read().await?),
         Command::Metrics { redis, listen } => {
@@ -176,33 +195,62 @@ async fn run(command: Command) -> Result<String, Error> {
             let at = listener.local_addr().map_or(listen, |a| a.to_string());
             eprintln!("rlctl: serving http://{at}/metrics for {redis}");
             rl_rules::exporter::serve(&redis, listener).await.map_err(Error::invalid)?;
-            Ok(String::new())
+            Ok((String::new(), None))
         }
         Command::Override(OverrideCommand::Add(add)) => {
             let store = open(&add.store)?;
             let rule = override_rule(&add)?;
             let version = store.set_override(&rule).await?;
             let expires = rule.expires.as_deref().unwrap_or("?");
-            Ok(format!("override '{}' in force from version {version}, until {expires}", rule.id))
+            done(format!("override '{}' in force from version {version}, until {expires}", rule.id))
         }
         Command::Override(OverrideCommand::List { store }) => {
             let stored = open(&store)?.read().await?;
-            Ok(overrides(&stored, SystemTime::now()).unwrap_or_else(|| "no overrides".to_owned()))
+            let list = overrides(&stored, SystemTime::now()).unwrap_or_else(|| "no overrides".to_owned());
+            Ok((list, invalid_problem(&stored)))
         }
         Command::Override(OverrideCommand::Remove { target, store }) => {
             let store = open(&store)?;
-            let id = match (&target.id, &target.subject, &target.ip) {
-                (Some(id), _, _) => id.clone(),
-                (None, Some(s), _) => override_id(s),
-                (None, None, Some(ip)) => override_id(ip),
+            let (id, version) = match (target.id, target.subject, target.ip) {
+                (Some(id), _, _) => {
+                    let version = store.remove_override(&id).await?;
+                    (id, version)
+                }
+                (None, Some(s), _) => store.remove_override_for(&subject_match(s)).await?,
+                (None, None, Some(ip)) => store.remove_override_for(&ip_match(&ip)).await?,
                 (None, None, None) => {
                     return Err(Error::Rules("name the override: --subject, --ip or --id".to_owned()))
                 }
             };
-            let version = store.remove_override(&id).await?;
-            Ok(format!("override '{id}' removed in version {version}"))
+            done(format!("override '{id}' removed in version {version}"))
         }
     }
+}
+
+fn with_warnings(text: String, snapshot: &Snapshot) -> String {
+    let warnings = snapshot.warnings().iter().map(|w| format!("warning: {w}"));
+    std::iter::once(text).chain(warnings).collect::<Vec<_>>().join("\n")
+}
+
+fn subject_match(subject: String) -> MatchSpec {
+    MatchSpec { subject: Some(subject), ..MatchSpec::default() }
+}
+
+/// A network as written, or as parsed when it parses: `10.1.2.3` is kept
+/// as `10.1.2.3/32`, `::ffff:10.0.0.0/104` as `10.0.0.0/8`.
+fn ip_match(ip: &str) -> MatchSpec {
+    let text = parse_network(ip).map_or_else(|| ip.to_owned(), |net| net.to_string());
+    MatchSpec { ip: Some(text), ..MatchSpec::default() }
+}
+
+/// The exit-code problem of a store with overrides that do not parse.
+fn invalid_problem(stored: &Stored) -> Option<String> {
+    (!stored.invalid.is_empty()).then(|| {
+        format!(
+            "{} stored override(s) are invalid (listed above): gateways refuse this version until they are removed",
+            stored.invalid.len()
+        )
+    })
 }
 
 fn open(store: &Store) -> Result<RulesStore, Error> {
@@ -210,9 +258,9 @@ fn open(store: &Store) -> Result<RulesStore, Error> {
 }
 
 fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
-    let (scope, matched) = match (&add.matched.subject, &add.matched.ip) {
-        (Some(s), None) => (MatchSpec { subject: Some(s.clone()), ..MatchSpec::default() }, s.as_str()),
-        (None, Some(ip)) => (MatchSpec { ip: Some(ip.clone()), ..MatchSpec::default() }, ip.as_str()),
+    let scope = match (&add.matched.subject, &add.matched.ip) {
+        (Some(s), None) => subject_match(s.clone()),
+        (None, Some(ip)) => ip_match(ip),
         _ => return Err(Error::Rules("an override is for one --subject or one --ip".to_owned())),
     };
     if add.shared && add.matched.ip.is_none() {
@@ -220,14 +268,18 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
             "--shared is for an --ip override: a network whose clients share one set of buckets".to_owned(),
         ));
     }
+    if add.broad && add.matched.ip.is_none() {
+        return Err(Error::Rules("--broad is for an --ip override: a network broader than /16 or /32".to_owned()));
+    }
     let limits = add.limits.iter().map(|l| LimitSpec::parse_short(l)).collect::<Result<Vec<_>, _>>()?;
     Ok(RuleSpec {
-        id: add.id.clone().unwrap_or_else(|| override_id(matched)),
+        id: add.id.clone().unwrap_or_else(|| override_id(&scope)),
         scope,
         limits,
         mode: Mode::Enforce,
         fail: if add.fail_closed { FailMode::Closed } else { FailMode::Open },
         shared: add.shared,
+        broad: add.broad,
         expires: Some(expiry(&add.expires, SystemTime::now())?),
         reason: add.reason.clone(),
     })
@@ -264,12 +316,33 @@ fn summary(snapshot: &Snapshot) -> String {
     format!("{} rules ({shadow} in shadow mode, {overrides} overrides)", rules.len())
 }
 
-fn active(stored: &Stored) -> Result<String, Error> {
+fn active(stored: &Stored) -> Result<Output, Error> {
     let Some(rules) = &stored.rules else {
-        return Ok(format!("version {}: nothing published", stored.version));
+        return Ok((format!("version {}: nothing published", stored.version), None));
     };
     let now = SystemTime::now();
-    let snapshot = Snapshot::compile(rules, &stored.overrides, stored.version)?;
+    // One bad override does not hide the rest: each is checked with the
+    // set alone, and the ones that pass are shown together.
+    let (snapshot, refused) = match Snapshot::compile(rules, &stored.overrides, stored.version) {
+        Ok(snapshot) => (snapshot, Vec::new()),
+        Err(whole) => {
+            let (good, bad): (Vec<&RuleSpec>, Vec<&RuleSpec>) = stored
+                .overrides
+                .iter()
+                .partition(|o| Snapshot::compile(rules, std::slice::from_ref(*o), stored.version).is_ok());
+            let good: Vec<RuleSpec> = good.into_iter().cloned().collect();
+            match Snapshot::compile(rules, &good, stored.version) {
+                Ok(snapshot) if !bad.is_empty() => {
+                    let why = |o: &RuleSpec| {
+                        let e = Snapshot::compile(rules, std::slice::from_ref(o), stored.version).err();
+                        e.map(|e| e.to_string()).unwrap_or_default()
+                    };
+                    (snapshot, bad.into_iter().map(|o| format!("override '{}': {}", o.id, why(o))).collect())
+                }
+                _ => return Err(whole),
+            }
+        }
+    };
     let when = stored.published_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_default();
     let mut out = vec![format!("version {} (changed {when}): {}", stored.version, summary(&snapshot))];
     for (rule, spec) in snapshot.rules().iter().zip(&rules.rules) {
@@ -285,11 +358,17 @@ fn active(stored: &Stored) -> Result<String, Error> {
     if let Some(list) = overrides(stored, now) {
         out.push(list);
     }
-    Ok(out.join("\n"))
+    let mut problem = invalid_problem(stored);
+    if !refused.is_empty() {
+        out.push("refused by every gateway (remove with rlctl override remove --id ID):".to_owned());
+        out.extend(refused.iter().map(|r| format!("  {r}")));
+        problem = Some(format!("{} override(s) make gateways refuse version {}", refused.len(), stored.version));
+    }
+    Ok((out.join("\n"), problem))
 }
 
 fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
-    if stored.overrides.is_empty() {
+    if stored.overrides.is_empty() && stored.invalid.is_empty() {
         return None;
     }
     let mut out = vec!["overrides:".to_owned()];
@@ -315,6 +394,7 @@ fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
             o.reason
         ));
     }
+    out.extend(stored.invalid.iter().map(|i| format!("  invalid: {i}")));
     Some(out.join("\n"))
 }
 
