@@ -12,6 +12,7 @@ mod deny_cache;
 mod error;
 mod fallback;
 pub mod headers;
+mod inflight;
 #[cfg(feature = "tower")]
 mod layer;
 mod lease;
@@ -33,6 +34,7 @@ pub use config::{Backend, Config};
 pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
+pub use inflight::{Acquired, Inflight};
 #[cfg(feature = "tower")]
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
