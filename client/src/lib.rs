@@ -17,7 +17,9 @@ mod inflight;
 mod layer;
 mod lease;
 mod limiter;
+mod local_inflight;
 mod metrics;
+mod permit;
 mod policy;
 mod shards;
 mod slot;
@@ -39,6 +41,7 @@ pub use inflight::{Acquired, Inflight};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
+pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, Permit, Refused};
 pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, Rule};
 pub use rl_core::WindowMode;
 
