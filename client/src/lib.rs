@@ -14,6 +14,8 @@ mod fallback;
 pub mod headers;
 mod inflight;
 #[cfg(feature = "tower")]
+mod inflight_layer;
+#[cfg(feature = "tower")]
 mod layer;
 mod lease;
 mod limiter;
@@ -37,6 +39,8 @@ pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
+#[cfg(feature = "tower")]
+pub use inflight_layer::{InflightLayer, InflightLimit, PermitBody};
 #[cfg(feature = "tower")]
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
