@@ -26,8 +26,10 @@ static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("
 /// The Lua backend's in-flight limits, over sorted sets.
 static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
 
-/// `template` with each `{{NAME}}` replaced by that limit of rl-core.
+/// The argument helpers followed by `template`, with each `{{NAME}}`
+/// replaced by that limit of rl-core.
 fn lua_script(template: &str) -> String {
+    let template = [include_str!("script_args.lua"), template].join("\n");
     let limits = [
         ("MAX_TOKENS", MAX_TOKENS as u128),
         ("MAX_PERIOD_MS", MAX_PERIOD_MS as u128),
@@ -37,9 +39,7 @@ fn lua_script(template: &str) -> String {
         ("MAX_INFLIGHT_LIMIT", MAX_INFLIGHT_LIMIT as u128),
         ("MAX_ID_LEN", MAX_ID_LEN as u128),
     ];
-    limits
-        .iter()
-        .fold(template.to_owned(), |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+    limits.iter().fold(template, |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
 }
 
 /// One token bucket for a raw call: its key and parameters, checked when made.

@@ -15,26 +15,14 @@
 -- release), id, cost, then limit timeout_ms for each key (release: none).
 -- Reply (acquire, inflight): { allowed, in_flight, retry_after_ms (-1: cost
 -- above a limit), limit, binding index, id }; release: the number of keys
--- where the id held a slot.
+-- where the id held a slot. The argument helpers (fail, int_arg) come from
+-- script_args.lua, put before this script by the client.
 
 local MAX_LIMIT = {{MAX_INFLIGHT_LIMIT}}
 local MAX_TIMEOUT = {{MAX_PERIOD_MS}}
 local MAX_WAIT = {{MAX_WAIT_MS}}
 local MAX_KEYS = {{MAX_KEYS}}
 local MAX_ID = {{MAX_ID_LEN}}
-
-local function fail(msg)
-  error({ err = 'ERR ' .. msg })
-end
-
-local function int_arg(i, what, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < lo or v > hi then
-    fail(what .. ' must be an integer from ' .. string.format('%d', lo) .. ' to ' ..
-      string.format('%d', hi) .. ", got '" .. tostring(ARGV[i]) .. "'")
-  end
-  return v
-end
 
 local op = ARGV[1]
 if op ~= 'acquire' and op ~= 'inflight' and op ~= 'release' then

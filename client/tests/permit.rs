@@ -8,10 +8,12 @@
 
 mod common;
 
+use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::config;
@@ -65,7 +67,8 @@ async fn exact_under_concurrency(backend: Backend) {
                         most.fetch_max(now, Ordering::SeqCst);
                         assert!(now <= LIMIT, "{now} in flight with limit {LIMIT}");
                         assert!(permit.in_flight() <= LIMIT);
-                        tokio::time::sleep(Duration::from_millis(1 + ((t + i) % 4) as u64)).await;
+                        // Held long enough that 50 tasks keep the limit full.
+                        tokio::time::sleep(Duration::from_millis(10 + ((t + i) % 10) as u64)).await;
                         inside.fetch_sub(1, Ordering::SeqCst);
                         // Half released in the background by the drop, half waited for.
                         if i % 2 == 0 {
@@ -110,14 +113,24 @@ async fn a_dropped_acquire_leaks_nothing(backend: Backend) {
     let policy = policy(100, HOUR);
     let other = limiter.acquire(&policy, "u").await.unwrap().unwrap();
     let mut cancelled = 0;
-    for i in 0..200u64 {
-        let call = limiter.acquire(&policy, "u");
-        match tokio::time::timeout(Duration::from_micros(i * 5), call).await {
-            Ok(permit) => drop(permit.unwrap().unwrap()),
-            Err(_) => cancelled += 1,
+    for i in 0..200 {
+        // Polled 0 to 7 times, then dropped: before anything is sent, with
+        // the acquire sent and unanswered, or answered.
+        let mut call = Box::pin(limiter.acquire(&policy, "u"));
+        let mut answer = None;
+        for _ in 0..i % 8 {
+            if let Poll::Ready(a) = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await {
+                answer = Some(a);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        match answer {
+            Some(permit) => drop(permit.unwrap().unwrap()),
+            None => cancelled += 1,
         }
     }
-    assert!(cancelled > 0, "no acquire was cancelled");
+    assert!(cancelled > 100, "only {cancelled} acquires were cancelled");
     let deadline = Instant::now() + Duration::from_secs(5);
     while in_flight(limiter.client(), &policy, "u").await != 1 {
         assert!(Instant::now() < deadline, "a cancelled acquire leaked its slot (the slots last an hour)");
