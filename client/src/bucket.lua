@@ -17,26 +17,14 @@
 -- state is the string "tokens fraction updated_ms".
 --
 -- The limits below are placeholders for rl_core::limits, filled in when the client
--- builds the script (client.rs, lua_script).
+-- builds the script (client.rs, lua_script), after the argument helpers of
+-- script_args.lua.
 
 local MAX_TOKENS = {{MAX_TOKENS}}
 local MAX_PERIOD = {{MAX_PERIOD_MS}}
 local MAX_WAIT = {{MAX_WAIT_MS}}
 local MAX_KEYS = {{MAX_KEYS}}
 local EXACT = {{LUA_MAX_UNITS}} -- 2^52
-
-local function fail(msg)
-  error({ err = 'ERR ' .. msg })
-end
-
-local function int_arg(i, what, lo, hi)
-  local v = tonumber(ARGV[i])
-  if v == nil or v ~= math.floor(v) or v < lo or v > hi then
-    fail(what .. ' must be an integer from ' .. string.format('%d', lo) .. ' to ' ..
-      string.format('%d', hi) .. ", got '" .. tostring(ARGV[i]) .. "'")
-  end
-  return v
-end
 
 -- floor(a / b) for integers |a| <= 2^53, 0 < b: a correctly rounded
 -- quotient of such integers never crosses an integer, so floor is exact.

@@ -8,6 +8,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+use rl_core::inflight::{InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
 use rl_core::{BucketOp, BucketParams, WindowMode};
 
@@ -15,25 +16,30 @@ use crate::config::{Backend, Config};
 use crate::connection::Connection;
 use crate::decision::{Decision, Grant};
 use crate::error::{Error, Result};
+use crate::inflight::{check_cost, check_id, new_id, Acquired, Inflight};
 use crate::policy::{bucket_params, period_ms, LUA_MAX_UNITS};
 use crate::slot::slot_of;
 
 /// The Lua backend's script (its SHA1 names it in EVALSHA), with the
 /// core's limits written into it.
 static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
+/// The Lua backend's in-flight limits, over sorted sets.
+static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
 
-/// `template` with each `{{NAME}}` replaced by that limit of rl-core.
+/// The argument helpers followed by `template`, with each `{{NAME}}`
+/// replaced by that limit of rl-core.
 fn lua_script(template: &str) -> String {
+    let template = [include_str!("script_args.lua"), template].join("\n");
     let limits = [
         ("MAX_TOKENS", MAX_TOKENS as u128),
         ("MAX_PERIOD_MS", MAX_PERIOD_MS as u128),
         ("MAX_WAIT_MS", MAX_WAIT_MS as u128),
         ("MAX_KEYS", MAX_KEYS as u128),
         ("LUA_MAX_UNITS", LUA_MAX_UNITS),
+        ("MAX_INFLIGHT_LIMIT", MAX_INFLIGHT_LIMIT as u128),
+        ("MAX_ID_LEN", MAX_ID_LEN as u128),
     ];
-    limits
-        .iter()
-        .fold(template.to_owned(), |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+    limits.iter().fold(template, |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
 }
 
 /// One token bucket for a raw call: its key and parameters, checked when made.
@@ -141,6 +147,7 @@ pub struct Client {
     backend: Backend,
     timeout: Duration,
     script: Arc<redis::Script>,
+    inflight_script: Arc<redis::Script>,
 }
 
 impl Client {
@@ -157,6 +164,7 @@ impl Client {
             backend: config.backend,
             timeout: config.timeout,
             script: Arc::new(redis::Script::new(&LUA_SCRIPT)),
+            inflight_script: Arc::new(redis::Script::new(&INFLIGHT_SCRIPT)),
         })
     }
 
@@ -229,6 +237,97 @@ impl Client {
         cmd.arg(key).arg(max_burst).arg(count_per_period).arg(period.as_secs()).arg(quantity);
         let reply = self.integers(&cmd, slot_of(key)).await?;
         Decision::from_throttle_reply(&reply)
+    }
+
+    /// RL.ACQUIRE: takes `cost` slots under `id` in every key, or in none.
+    /// `id` renews a slot it already holds (a new deadline, no second
+    /// slot); without one the module makes one (the Lua backend: the
+    /// client). Release it with [`Client::release`] and the answered id.
+    pub async fn acquire(&self, limits: &[Inflight], id: Option<&str>, cost: u64) -> Result<Acquired> {
+        let (keys, params) = split_inflight(limits);
+        self.inflight_call(true, &keys, &params, id, cost).await
+    }
+
+    /// RL.INFLIGHT: what RL.ACQUIRE would answer now, writing nothing.
+    pub async fn inflight(&self, limits: &[Inflight], id: Option<&str>, cost: u64) -> Result<Acquired> {
+        let (keys, params) = split_inflight(limits);
+        self.inflight_call(false, &keys, &params, id, cost).await
+    }
+
+    /// RL.RELEASE: gives `id`'s slot back in each key that holds it; the
+    /// number of keys that did. An unknown, released or expired id
+    /// releases nothing (0): never an error, never room not taken.
+    pub async fn release<K: AsRef<str>>(&self, keys: &[K], id: &str) -> Result<u64> {
+        check_keys(keys)?;
+        check_id(id)?;
+        let slot = slot_of(keys[0].as_ref());
+        let mut cmd = match self.backend {
+            Backend::Module => redis::cmd("RL.RELEASE"),
+            Backend::Lua => self.inflight_evalsha(),
+        };
+        cmd.arg(keys.len());
+        for k in keys {
+            cmd.arg(k.as_ref());
+        }
+        match self.backend {
+            Backend::Module => cmd.arg("ID").arg(id),
+            Backend::Lua => cmd.arg("release").arg(id),
+        };
+        let value = self.with_timeout(self.script_query(self.backend, &INFLIGHT_SCRIPT, &cmd, slot)).await?;
+        let released: i64 = redis::from_redis_value(value).map_err(|e| Error::Reply(e.to_string()))?;
+        u64::try_from(released).map_err(|_| Error::Reply(format!("RL.RELEASE answered {released}")))
+    }
+
+    /// RL.ACQUIRE (`write`) or RL.INFLIGHT on keys and limits checked when made.
+    pub(crate) async fn inflight_call(
+        &self,
+        write: bool,
+        keys: &[String],
+        params: &[InflightParams],
+        id: Option<&str>,
+        cost: u64,
+    ) -> Result<Acquired> {
+        if keys.len() != params.len() {
+            return Err(Error::invalid("one in-flight limit per key"));
+        }
+        check_keys(keys)?;
+        check_cost(cost)?;
+        if let Some(id) = id {
+            check_id(id)?;
+        }
+        let mut cmd = match self.backend {
+            Backend::Module => redis::cmd(if write { "RL.ACQUIRE" } else { "RL.INFLIGHT" }),
+            Backend::Lua => self.inflight_evalsha(),
+        };
+        cmd.arg(keys.len()).arg(keys);
+        match self.backend {
+            Backend::Module => {
+                push_inflight(&mut cmd, params);
+                if let Some(id) = id {
+                    cmd.arg("ID").arg(id);
+                }
+                cmd.arg("COST").arg(cost);
+            }
+            Backend::Lua => {
+                // The script cannot make an unguessable id: the client does.
+                let id = match id {
+                    Some(id) => id.to_owned(),
+                    None if write => new_id(),
+                    None => String::new(),
+                };
+                cmd.arg(if write { "acquire" } else { "inflight" }).arg(id).arg(cost);
+                push_inflight(&mut cmd, params);
+            }
+        }
+        let value =
+            self.with_timeout(self.script_query(self.backend, &INFLIGHT_SCRIPT, &cmd, slot_of(&keys[0]))).await?;
+        Acquired::from_reply(value, keys.len())
+    }
+
+    fn inflight_evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.inflight_script.get_hash());
+        cmd
     }
 
     async fn window_call(
@@ -319,22 +418,26 @@ impl Client {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(self.script.get_hash()).arg(keys.len()).arg(keys).arg(name).arg(n).arg(min);
                 push_params(&mut cmd, params);
-                self.with_timeout(self.evalsha(&cmd, slot)).await
+                self.with_timeout(async { integers(self.script_query(Backend::Lua, &LUA_SCRIPT, &cmd, slot).await?) })
+                    .await
             }
         }
     }
 
-    /// EVALSHA, loading the script on that node when it answers NOSCRIPT
-    /// (after a restart or a failover), then once more.
-    async fn evalsha(&self, cmd: &Cmd, slot: u16) -> Result<Vec<i64>> {
+    /// Sends `cmd`; on the Lua backend it is an EVALSHA of `script`, which
+    /// is loaded on that node when it answers NOSCRIPT (after a restart or
+    /// a failover), then sent once more.
+    async fn script_query(&self, backend: Backend, script: &str, cmd: &Cmd, slot: u16) -> Result<Value> {
         match self.conn.query(cmd, slot).await {
-            Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            Err(Error::Redis(e))
+                if backend == Backend::Lua && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+            {
                 let mut load = redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(LUA_SCRIPT.as_str());
+                load.arg("LOAD").arg(script);
                 self.conn.query(&load, slot).await?;
-                integers(self.conn.query(cmd, slot).await?)
+                self.conn.query(cmd, slot).await
             }
-            reply => integers(reply?),
+            reply => reply,
         }
     }
 
@@ -356,6 +459,16 @@ fn push_params(cmd: &mut Cmd, params: &[BucketParams]) {
     for p in params {
         cmd.arg(p.capacity()).arg(p.refill()).arg(p.period_ms());
     }
+}
+
+fn push_inflight(cmd: &mut Cmd, params: &[InflightParams]) {
+    for p in params {
+        cmd.arg(p.limit()).arg(p.timeout_ms());
+    }
+}
+
+fn split_inflight(limits: &[Inflight]) -> (Vec<String>, Vec<InflightParams>) {
+    (limits.iter().map(|l| l.key().to_owned()).collect(), limits.iter().map(|l| l.params).collect())
 }
 
 fn integers(value: Value) -> Result<Vec<i64>> {
@@ -390,6 +503,7 @@ mod tests {
             line.split_whitespace().next().unwrap().parse().unwrap()
         };
         assert!(!LUA_SCRIPT.contains("{{"), "a placeholder is left");
+        assert!(!INFLIGHT_SCRIPT.contains("{{"), "a placeholder is left in the in-flight script");
         assert_eq!(number("MAX_TOKENS"), MAX_TOKENS as u128);
         assert_eq!(number("MAX_PERIOD"), MAX_PERIOD_MS as u128);
         assert_eq!(number("MAX_WAIT"), MAX_WAIT_MS as u128);

@@ -12,11 +12,16 @@ mod deny_cache;
 mod error;
 mod fallback;
 pub mod headers;
+mod inflight;
+#[cfg(feature = "tower")]
+mod inflight_layer;
 #[cfg(feature = "tower")]
 mod layer;
 mod lease;
 mod limiter;
+mod local_inflight;
 mod metrics;
+mod permit;
 mod policy;
 mod shards;
 mod slot;
@@ -33,10 +38,14 @@ pub use config::{Backend, Config};
 pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
+pub use inflight::{Acquired, Inflight};
+#[cfg(feature = "tower")]
+pub use inflight_layer::{InflightLayer, InflightLimit, PermitBody};
 #[cfg(feature = "tower")]
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
+pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, Permit, Refused};
 pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, Rule};
 pub use rl_core::WindowMode;
 

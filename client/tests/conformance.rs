@@ -4,13 +4,14 @@
 //! services are), and all of them on a 3-node cluster.
 //!
 //! Buckets refill by one token an hour unless a case is about refill, so
-//! the live server clock cannot move a result between calls.
+//! the live server clock cannot move a result between calls; in-flight
+//! slots are held an hour unless a case is about their deadline.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use rl_client::{Backend, Bucket, Client, Config, Decision, Error};
+use rl_client::{Acquired, Backend, Bucket, Client, Config, Decision, Error, Inflight};
 use testkit::{Cluster, PlainServer, Server};
 
 const HOUR: u64 = 3_600_000;
@@ -53,6 +54,15 @@ impl Env<'_> {
     fn bucket(&self, name: &str, capacity: u64, refill: u64, period_ms: u64) -> Bucket {
         Bucket::new(self.key(name), capacity, refill, Duration::from_millis(period_ms)).unwrap()
     }
+
+    fn inflight(&self, name: &str, limit: u64, timeout_ms: u64) -> Inflight {
+        Inflight::new(self.key(name), limit, Duration::from_millis(timeout_ms)).unwrap()
+    }
+}
+
+/// (allowed, in flight, retry_after ms, limit, binding).
+fn five(a: &Acquired) -> (bool, u64, Option<u64>, u64, usize) {
+    (a.allowed, a.in_flight, a.retry_after.map(|r| r.as_millis() as u64), a.limit, a.rule)
 }
 
 fn client(config: Config, backend: Backend) -> Client {
@@ -248,6 +258,97 @@ async fn exact_at_the_edge_of_the_lua_range(c: &Client, e: &Env<'_>) {
     assert_eq!((d.allowed, d.remaining), (true, 0));
 }
 
+async fn inflight_holds_at_most_the_limit_and_a_release_makes_room(c: &Client, e: &Env<'_>) {
+    let k = [e.inflight("a", 2, HOUR)];
+    assert_eq!(five(&c.acquire(&k, Some("r1"), 1).await.unwrap()), (true, 1, Some(0), 2, 0));
+    assert_eq!(five(&c.acquire(&k, Some("r2"), 1).await.unwrap()), (true, 2, Some(0), 2, 0));
+    let refused = c.acquire(&k, Some("r3"), 1).await.unwrap();
+    assert_eq!((refused.allowed, refused.in_flight, refused.id.as_str()), (false, 2, "r3"));
+    assert!(within(refused.retry_after.map(|r| r.as_millis() as u64), HOUR - MINUTE, HOUR), "{refused:?}");
+    assert!((HOUR - MINUTE..=HOUR).contains(&(e.pttl("a") as u64)), "the key lives until its latest deadline");
+    let ids = [k[0].key()];
+    assert_eq!(c.release(&ids, "r1").await.unwrap(), 1);
+    assert_eq!(c.release(&ids, "r1").await.unwrap(), 0, "a second release gives nothing back");
+    assert_eq!(c.release(&ids, "never-acquired").await.unwrap(), 0);
+    assert_eq!(five(&c.acquire(&k, Some("r3"), 1).await.unwrap()), (true, 2, Some(0), 2, 0));
+    assert!(!c.acquire(&k, Some("r4"), 1).await.unwrap().allowed, "the unknown release made no room");
+    for id in ["r2", "r3"] {
+        assert_eq!(c.release(&ids, id).await.unwrap(), 1);
+    }
+    assert!(!e.exists("a"), "an empty set is no key");
+}
+
+async fn inflight_is_all_or_nothing_across_keys(c: &Client, e: &Env<'_>) {
+    let k = [e.inflight("route", 10, HOUR), e.inflight("customer", 2, HOUR)];
+    assert_eq!(five(&c.acquire(&k, Some("a"), 2).await.unwrap()), (true, 2, Some(0), 2, 1));
+    let d = c.acquire(&k, Some("b"), 1).await.unwrap();
+    assert_eq!((d.allowed, d.in_flight, d.limit, d.rule), (false, 2, 2, 1));
+    // The route kept only a's two: RL.INFLIGHT of one more says 3.
+    assert_eq!(five(&c.inflight(&k[..1], None, 1).await.unwrap()), (true, 3, Some(0), 10, 0));
+    let d = c.acquire(&k, Some("big"), 3).await.unwrap();
+    assert_eq!((d.allowed, d.retry_after, d.rule), (false, None, 1), "above a limit: never");
+    assert_eq!(c.release(&[k[0].key(), k[1].key()], "a").await.unwrap(), 2);
+}
+
+async fn inflight_an_id_renews_its_own_slot(c: &Client, e: &Env<'_>) {
+    let k = [e.inflight("a", 2, 1000)];
+    assert!(c.acquire(&k, Some("upload"), 1).await.unwrap().allowed);
+    assert!(c.acquire(&k, Some("other"), 1).await.unwrap().allowed);
+    // Renewed with an hour: the same slot, not a second one.
+    let renewed = c.acquire(&[e.inflight("a", 2, HOUR)], Some("upload"), 1).await.unwrap();
+    assert_eq!(five(&renewed), (true, 2, Some(0), 2, 0));
+    assert!(!c.acquire(&k, Some("upload"), 2).await.unwrap().allowed, "a heavier renewal must fit");
+    assert!(e.pttl("a") as u64 > HOUR - MINUTE, "the key lives until the renewed deadline");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // "other" expired; the renewed slot is still held.
+    assert_eq!(c.inflight(&k, None, 1).await.unwrap().in_flight, 2);
+    assert_eq!(c.release(&[k[0].key()], "other").await.unwrap(), 0, "expired: nothing to give back");
+    assert_eq!(c.release(&[k[0].key()], "upload").await.unwrap(), 1);
+}
+
+async fn inflight_peek_writes_nothing(c: &Client, e: &Env<'_>) {
+    let k = [e.inflight("a", 3, HOUR)];
+    let d = c.inflight(&k, None, 2).await.unwrap();
+    assert_eq!((five(&d), d.id.as_str()), ((true, 2, Some(0), 3, 0), ""));
+    assert!(!e.exists("a"));
+    c.acquire(&k, Some("x"), 1).await.unwrap();
+    // Its own slot does not count against an id.
+    assert!(c.inflight(&k, Some("x"), 3).await.unwrap().allowed);
+    assert!(!c.inflight(&k, Some("y"), 3).await.unwrap().allowed);
+    assert_eq!(c.inflight(&k, None, 1).await.unwrap().in_flight, 2);
+}
+
+async fn inflight_a_lost_release_heals_at_the_deadline(c: &Client, e: &Env<'_>) {
+    let k = [e.inflight("a", 1, 300)];
+    assert!(c.acquire(&k, Some("crashed"), 1).await.unwrap().allowed);
+    let d = c.acquire(&k, Some("next"), 1).await.unwrap();
+    assert!(!d.allowed && within(d.retry_after.map(|r| r.as_millis() as u64), 1, 300), "{d:?}");
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(c.acquire(&k, Some("next"), 1).await.unwrap().allowed, "the crashed holder's slot healed");
+    assert_eq!(c.release(&[k[0].key()], "crashed").await.unwrap(), 0);
+}
+
+async fn inflight_ids_are_made_when_none_is_given(c: &Client, e: &Env<'_>) {
+    let k = [e.inflight("a", 5, HOUR)];
+    let (a, b) = (c.acquire(&k, None, 1).await.unwrap(), c.acquire(&k, None, 1).await.unwrap());
+    for d in [&a, &b] {
+        assert!(d.id.len() == 32 && d.id.bytes().all(|b| b.is_ascii_hexdigit()), "{d:?}");
+    }
+    assert_ne!(a.id, b.id);
+    assert_eq!(b.in_flight, 2);
+    assert_eq!(c.release(&[k[0].key()], &a.id).await.unwrap(), 1);
+}
+
+async fn inflight_on_a_key_of_another_type_is_refused(c: &Client, e: &Env<'_>) {
+    redis::cmd("LPUSH").arg(e.key("a")).arg("x").query::<i64>(&mut e.con()).unwrap();
+    let k = [e.inflight("b", 5, HOUR), e.inflight("a", 5, HOUR)];
+    for call in [c.acquire(&k, Some("r"), 1).await.map(|_| 0), c.release(&[k[0].key(), k[1].key()], "r").await] {
+        let err = call.unwrap_err();
+        assert!(err.to_string().contains("WRONGTYPE") && !err.is_shard_failure(), "{err}");
+    }
+    assert!(!e.exists("b"), "nothing written to the other key");
+}
+
 type Case = for<'a> fn(&'a Client, &'a Env<'a>) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
 
 macro_rules! conformance {
@@ -293,6 +394,13 @@ conformance!(
     force_takes_into_debt,
     a_key_of_another_type_is_refused,
     exact_at_the_edge_of_the_lua_range,
+    inflight_holds_at_most_the_limit_and_a_release_makes_room,
+    inflight_is_all_or_nothing_across_keys,
+    inflight_an_id_renews_its_own_slot,
+    inflight_peek_writes_nothing,
+    inflight_a_lost_release_heals_at_the_deadline,
+    inflight_ids_are_made_when_none_is_given,
+    inflight_on_a_key_of_another_type_is_refused,
 );
 
 async fn standalone(backend: Backend, case: Case) {
