@@ -69,11 +69,23 @@ pub(crate) fn check_id(id: &str) -> Result<()> {
     }
 }
 
-/// A fresh id: 128 random bits as 32 hex characters, as the module makes
-/// them. Made by the client so that a call whose answer is lost (a timeout,
-/// a dropped future) can still be released by its id.
+/// A fresh id: 128 bits as 32 hex characters, as the module makes them.
+/// Made by the client so that a call whose answer is lost (a timeout, a
+/// dropped future) can still be released by its id. Another client must not
+/// guess it (or it could release this slot): the bits come from SipHash
+/// keyed by std's `RandomState` (seeded from the OS's randomness) over a
+/// counter, not from a predictable generator.
 pub(crate) fn new_id() -> String {
-    format!("{:032x}", fastrand::u128(..))
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.write_u64(salt);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
 }
 
 /// The answer to RL.ACQUIRE or RL.INFLIGHT.
