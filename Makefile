@@ -33,10 +33,12 @@ lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
-# Server-side cost, throughput and memory of every command next to INCR and
-# the Lua script; writes BENCHMARKS.md (a few minutes; run on a quiet machine).
-bench: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p testkit --bin rl-bench
+# Server-side cost of every command next to INCR, the Lua scripts and
+# redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout
+# to choose it), bare and with a replica + AOF, and memory per key on every
+# server of the matrix; writes BENCHMARKS.md (about 8 minutes).
+bench: deps servers build
+	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
 
 # The client's fleet simulation (client/README.md): 300 gateways against one
 # server with the module, about 40 s; the report goes to client/SIMULATION.md.

@@ -139,6 +139,23 @@ impl Ctx {
         };
     }
 
+    /// Propagates `SET key value PXAT at`: CL.THROTTLE's effect, from
+    /// buffers (module strings for the arguments cost a third of it).
+    pub fn replicate_set_pxat(&self, key: *mut RedisModuleString, value: &[u8], at: i64) {
+        unsafe {
+            api!(RedisModule_Replicate)(
+                self.0,
+                c"SET".as_ptr(),
+                c"sbcl".as_ptr(),
+                key,
+                value.as_ptr().cast::<c_char>(),
+                value.len(),
+                c"PXAT".as_ptr(),
+                at,
+            )
+        };
+    }
+
     /// A new module string the caller frees with `free_string`.
     pub fn create_string(&self, bytes: &[u8]) -> *mut RedisModuleString {
         unsafe { api!(RedisModule_CreateString)(self.0, bytes.as_ptr().cast::<c_char>(), bytes.len()) }
@@ -250,13 +267,15 @@ impl Key {
         }
     }
 
-    /// Makes the key a string holding `value` (this clears any TTL). The
-    /// string is written in the raw encoding, so that reading it back
-    /// (StringDMA) does not re-encode the value on every call.
+    /// Makes the key a string holding `value`. The string is written in the
+    /// raw encoding, so that reading it back (StringDMA) does not re-encode
+    /// the value on every call. A string key is rewritten in place (its TTL
+    /// stays: set the new one after); a key of another type is replaced.
     pub fn set_string(&self, value: &[u8]) -> bool {
         self.written.set(true);
         unsafe {
-            if api!(RedisModule_KeyType)(self.ptr) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+            let kind = api!(RedisModule_KeyType)(self.ptr);
+            if kind != raw::REDISMODULE_KEYTYPE_EMPTY as c_int && kind != raw::REDISMODULE_KEYTYPE_STRING as c_int {
                 api!(RedisModule_DeleteKey)(self.ptr);
             }
             if api!(RedisModule_StringTruncate)(self.ptr, value.len()) != OK {

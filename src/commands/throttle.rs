@@ -7,7 +7,7 @@ use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC, REDISMODU
 use rl_core::gcra::{self, GcraError};
 
 use super::arg_bytes;
-use super::replication::{decimal, replicate_at};
+use super::replication::decimal;
 use crate::args::{self, shown};
 use crate::clock;
 use crate::ffi::{Ctx, Key};
@@ -38,7 +38,7 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, St
             return Err("ERR could not write the key".into());
         }
         key.set_expire_at(at);
-        replicate_at(ctx, c"SET", argv[1], &[value, b"PXAT"], at.max(0) as u64);
+        ctx.replicate_set_pxat(argv[1], value, at.max(0));
         ctx.notify(REDISMODULE_NOTIFY_STRING, c"set", argv[1]);
         ctx.notify(REDISMODULE_NOTIFY_GENERIC, c"expire", argv[1]);
     }
