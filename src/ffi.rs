@@ -156,6 +156,24 @@ impl Ctx {
         };
     }
 
+    /// `RL.SLOT key expired_at id deadline count pxat`, from buffers.
+    pub fn replicate_slot(&self, key: *mut RedisModuleString, c: &rl_core::inflight::Change, at: u64) {
+        unsafe {
+            api!(RedisModule_Replicate)(
+                self.0,
+                c"RL.SLOT".as_ptr(),
+                c"slblll".as_ptr(),
+                key,
+                c.expired_at_ms as i64,
+                c.id.as_ptr().cast::<c_char>(),
+                c.id.len(),
+                c.deadline_ms as i64,
+                c.count as i64,
+                at as i64,
+            )
+        };
+    }
+
     /// A new module string the caller frees with `free_string`.
     pub fn create_string(&self, bytes: &[u8]) -> *mut RedisModuleString {
         unsafe { api!(RedisModule_CreateString)(self.0, bytes.as_ptr().cast::<c_char>(), bytes.len()) }

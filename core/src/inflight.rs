@@ -97,7 +97,9 @@ impl std::fmt::Display for SlotsError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub expired_at_ms: u64,
-    pub id: Box<[u8]>,
+    /// Inline up to 32 bytes (the ids the module makes): a change costs no
+    /// allocation of its own.
+    pub id: SmallVec<[u8; 32]>,
     pub deadline_ms: u64,
     pub count: u64,
 }
@@ -163,7 +165,7 @@ impl Slots {
         if c.count > 0 && !valid_slot(&c.id, c.deadline_ms, c.count) {
             return Err(SlotsError::Slot);
         }
-        let kept = self.live(c.expired_at_ms).filter(|s| s.id != c.id).count();
+        let kept = self.live(c.expired_at_ms).filter(|s| *s.id != *c.id).count();
         if (kept + usize::from(c.count > 0)) as u64 > MAX_INFLIGHT_LIMIT {
             return Err(SlotsError::Length);
         }
@@ -177,9 +179,14 @@ impl Slots {
         let before = self.slots.len();
         self.slots.retain(|s| s.deadline_ms > c.expired_at_ms);
         let expired = (before - self.slots.len()) as u64;
-        self.slots.retain(|s| s.id != c.id);
-        if c.count > 0 {
-            self.slots.push(Slot { id: c.id.clone(), deadline_ms: c.deadline_ms, count: c.count });
+        match self.slots.iter_mut().find(|s| *s.id == *c.id) {
+            // A renewal reuses the slot (and its id's allocation).
+            Some(slot) if c.count > 0 => (slot.deadline_ms, slot.count) = (c.deadline_ms, c.count),
+            Some(_) => self.slots.retain(|s| *s.id != *c.id),
+            None if c.count > 0 => {
+                self.slots.push(Slot { id: c.id[..].into(), deadline_ms: c.deadline_ms, count: c.count })
+            }
+            None => {}
         }
         if self.slots.capacity() > 16 && self.slots.len() < self.slots.capacity() / 4 {
             self.slots.shrink_to(self.slots.len() * 2);
@@ -243,7 +250,7 @@ pub fn acquire(
         let deadline_ms = now_ms + limits[i].timeout_ms;
         let latest = sets[i].and_then(|s| s.live(now_ms).filter(|s| &*s.id != id).map(|s| s.deadline_ms).max());
         Update::Store {
-            state: Change { expired_at_ms: now_ms, id: id.into(), deadline_ms, count: cost },
+            state: Change { expired_at_ms: now_ms, id: SmallVec::from_slice(id), deadline_ms, count: cost },
             expires_at_ms: latest.unwrap_or(0).max(deadline_ms),
         }
     })
@@ -263,7 +270,7 @@ pub fn release(sets: &[Option<&Slots>], id: &[u8], now_ms: u64) -> SmallVec<[Opt
             Some(match left {
                 None => Update::Remove,
                 Some(latest) => Update::Store {
-                    state: Change { expired_at_ms: now_ms, id: id.into(), deadline_ms: 0, count: 0 },
+                    state: Change { expired_at_ms: now_ms, id: SmallVec::from_slice(id), deadline_ms: 0, count: 0 },
                     expires_at_ms: latest,
                 },
             })

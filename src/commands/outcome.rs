@@ -27,13 +27,13 @@ pub(crate) trait Updated: Value {
     /// What the core hands back to write: a new state, or an admission.
     type Change;
     /// Writes `change` to key `i` and says how to replicate it.
-    fn write(
+    fn write<'c>(
         loaded: &mut Loaded<Self>,
         i: usize,
         key: *mut RedisModuleString,
-        change: &Self::Change,
+        change: &'c Self::Change,
         expires_at_ms: u64,
-    ) -> Result<Effect, String>;
+    ) -> Result<Effect<'c>, String>;
 }
 
 /// Buckets and window counters: the new state replaces the old one.
@@ -41,13 +41,13 @@ macro_rules! replaced_by_state {
     ($packed:ty, $state:ty) => {
         impl Updated for $packed {
             type Change = $state;
-            fn write(
+            fn write<'c>(
                 loaded: &mut Loaded<Self>,
                 i: usize,
                 key: *mut RedisModuleString,
-                state: &$state,
+                state: &'c $state,
                 at: u64,
-            ) -> Result<Effect, String> {
+            ) -> Result<Effect<'c>, String> {
                 // Packing keeps only the bits the stored form has: check the
                 // ranges first, so nothing can wrap silently.
                 state.validate().map_err(|e| format!("ERR state out of its stored range ({e:?})"))?;
@@ -64,13 +64,13 @@ replaced_by_state!(PackedWindow, WindowState);
 
 impl Updated for Log {
     type Change = Append;
-    fn write(
+    fn write<'c>(
         loaded: &mut Loaded<Self>,
         i: usize,
         key: *mut RedisModuleString,
-        append: &Append,
+        append: &'c Append,
         at: u64,
-    ) -> Result<Effect, String> {
+    ) -> Result<Effect<'c>, String> {
         loaded
             .get_or_create(i, Log::default)?
             .apply(append)
@@ -82,18 +82,18 @@ impl Updated for Log {
 
 impl Updated for Slots {
     type Change = Change;
-    fn write(
+    fn write<'c>(
         loaded: &mut Loaded<Self>,
         i: usize,
         key: *mut RedisModuleString,
-        change: &Change,
+        change: &'c Change,
         at: u64,
-    ) -> Result<Effect, String> {
+    ) -> Result<Effect<'c>, String> {
         let healed =
             loaded.get_or_create(i, Slots::default)?.apply(change).map_err(|e| format!("ERR in-flight key: {e}"))?;
         stats::INFLIGHT_HEALED.add(healed);
         loaded.expire_at(i, at);
-        Ok(Effect::Slot { key, change: change.clone(), expires_at_ms: at })
+        Ok(Effect::Slot { key, change, expires_at_ms: at })
     }
 }
 

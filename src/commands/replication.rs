@@ -35,7 +35,7 @@ use crate::store::keys::{distinct, load, wrongtype};
 use crate::store::{self, Value};
 
 /// A write to one key, as replicas and the AOF must see it.
-pub(crate) enum Effect {
+pub(crate) enum Effect<'c> {
     /// The key now holds `blob` and expires at `expires_at_ms`.
     Store { key: *mut RedisModuleString, blob: SmallVec<[u8; 32]>, expires_at_ms: u64 },
     /// The key is gone (a full bucket).
@@ -43,17 +43,21 @@ pub(crate) enum Effect {
     /// An EXACT log took an admission.
     LogAppend { key: *mut RedisModuleString, append: Append, expires_at_ms: u64 },
     /// An in-flight key's slots changed.
-    Slot { key: *mut RedisModuleString, change: Change, expires_at_ms: u64 },
+    Slot { key: *mut RedisModuleString, change: &'c Change, expires_at_ms: u64 },
 }
 
 /// Replicates the writes of one call: stores and removals as one `RL.SET`,
 /// log appends as one `RL.LOGADD`. (A call makes one kind of write, so one
 /// command, without a MULTI/EXEC wrapper.)
 pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
-    // The hot path: one stored key.
-    if let [Effect::Store { key, blob, expires_at_ms }] = effects {
-        ctx.replicate_key_blob_at(c"RL.SET", *key, blob, *expires_at_ms as i64);
-        return;
+    // The hot paths: one key, replicated from buffers (no module strings).
+    match effects {
+        [Effect::Store { key, blob, expires_at_ms }] => {
+            return ctx.replicate_key_blob_at(c"RL.SET", *key, blob, *expires_at_ms as i64);
+        }
+        [Effect::Remove { key }] => return ctx.replicate_key_blob_at(c"RL.SET", *key, b"", 0),
+        [Effect::Slot { key, change, expires_at_ms }] => return ctx.replicate_slot(*key, change, *expires_at_ms),
+        _ => {}
     }
     let mut set: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
     let mut logadd: SmallVec<[*mut RedisModuleString; 12]> = SmallVec::new();
@@ -245,7 +249,7 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
         };
         let change = Change {
             expired_at_ms: number(g[1], "expired_at")?,
-            id: g[2].into(),
+            id: SmallVec::from_slice(g[2]),
             deadline_ms: number(g[3], "deadline")?,
             count: number(g[4], "count")?,
         };
