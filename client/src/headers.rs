@@ -147,6 +147,15 @@ fn announced(policy: &Policy) -> Option<&HeaderValue> {
     value.as_ref()
 }
 
+/// How headers name rule `index` of `policy`: `rule` or `label.rule`.
+pub fn identifier(policy: &Policy, index: usize) -> String {
+    let mut quoted = String::new();
+    if let Some(rule) = policy.rule(index) {
+        push_identifier(&mut quoted, policy, rule);
+    }
+    quoted.trim_matches('"').to_owned()
+}
+
 /// `"rule"` or `"label.rule"`: an sf-string of checked name characters.
 fn push_identifier(out: &mut String, policy: &Policy, rule: &Rule) {
     out.push('"');

@@ -36,7 +36,10 @@ pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
 pub use extract::{ip_subject, key_subject, ClientIp, ForwardHeader, Trust, MAX_PLAIN_KEY};
 #[cfg(feature = "tower")]
-pub use layer::{RateLimit, RateLimitLayer};
+pub use layer::{
+    check_all, BoxFuture, By, Checked, Decide, Facts, MissingKey, PeerAddr, Policies, RateLimit, RateLimitLayer,
+    Refused,
+};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
 pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};

@@ -502,6 +502,12 @@ impl Policy {
     }
 }
 
+impl AsRef<Policy> for Policy {
+    fn as_ref(&self) -> &Policy {
+        self
+    }
+}
+
 /// A subject goes inside the hash tag: braces would move the tag and split
 /// a subject's buckets over several slots.
 pub(crate) fn check_subject(subject: &str) -> Result<()> {
