@@ -12,6 +12,12 @@
 //! each path a line says how many of the measured decisions took that path
 //! (from the limiter's counters) and how many calls reached Redis meanwhile.
 //!
+//! Two more rows put the HTTP side next to the lease spend: `headers`, the
+//! draft's headers for a decision (RateLimit-Policy is built once per
+//! policy), and `layer pass`, a whole request through `RateLimitLayer` in
+//! front of a service that answers at once: key and peer extraction, the
+//! lease spend, the headers, and building the request and response.
+//!
 //! The time reported is the CPU time of the thread making the decisions
 //! (`CLOCK_THREAD_CPUTIME_ID`), not wall time: on a shared machine wall time
 //! also counts the moments other processes hold the core. On an idle
@@ -22,9 +28,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_client::{Config, Event, Limiter, Policy, Rule};
+use rl_client::{headers, By, Config, Event, Limiter, PeerAddr, Policies, Policy, RateLimitLayer, Rule};
 use testkit::Server;
 use tokio::runtime::Runtime;
+use tower::{Layer, ServiceExt};
 
 /// A multi-threaded runtime: criterion runs the measured loop with
 /// `block_on` on this thread, and the limiter's background lease top-ups
@@ -130,6 +137,8 @@ fn decisions(c: &mut Criterion) {
         },
     );
 
+    bench_http(c, &rt, &leasing, &big, &server);
+
     // Deny-cache hit: one request an hour, spent; Redis refused the next
     // and named a retry time about an hour away.
     let denying = Limiter::new(config(&server)).expect("limiter");
@@ -175,6 +184,59 @@ fn decisions(c: &mut Criterion) {
             expected: Event::Fallback,
             server: None,
         },
+    );
+}
+
+/// The headers of a decision, and a whole pass through the layer, on the
+/// lease-spend path.
+fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Policy, server: &Server) {
+    let decision = rt.block_on(limiter.check(policy, "customer-1")).expect("check");
+    let now = std::time::SystemTime::now();
+    c.bench_function("headers", |b| {
+        b.iter_custom(|iters| {
+            let start = thread_cpu_time();
+            for _ in 0..iters {
+                black_box(headers::for_decision(policy, black_box(&decision), now));
+            }
+            thread_cpu_time() - start
+        })
+    });
+    let hello = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    });
+    let svc = RateLimitLayer::new(Policies::new(limiter.clone()).add(policy.clone(), By::Key))
+        .key_header("x-api-key")
+        .layer(hello);
+    let peer = PeerAddr("192.0.2.1:4000".parse().expect("an address"));
+    let request = move || {
+        let built = http::Request::builder().uri("/search").header("x-api-key", "customer-1").body(String::new());
+        let mut req = built.expect("a request");
+        req.extensions_mut().insert(peer);
+        req
+    };
+    let calls_before = redis_calls(server);
+    let leased_before = limiter.counters().get(Event::LeaseHit);
+    let measured = Cell::new(0u64);
+    c.bench_function("layer pass", |b| {
+        b.to_async(rt).iter_custom(|iters| {
+            let (svc, measured) = (svc.clone(), &measured);
+            async move {
+                let start = thread_cpu_time();
+                for _ in 0..iters {
+                    let response = svc.clone().oneshot(request()).await.expect("infallible");
+                    assert_eq!(response.status(), http::StatusCode::OK);
+                    black_box(response);
+                }
+                measured.set(measured.get() + iters);
+                thread_cpu_time() - start
+            }
+        })
+    });
+    println!(
+        "layer pass: {} lease spends for {} measured requests (and warm-up); {} calls reached Redis meanwhile\n",
+        limiter.counters().get(Event::LeaseHit) - leased_before,
+        measured.get(),
+        redis_calls(server) - calls_before
     );
 }
 

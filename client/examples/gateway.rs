@@ -1,37 +1,41 @@
-//! A small API gateway in front of a small HTTP service, rate-limited by
-//! redis-rl through the tower layer.
+//! An API gateway on axum in front of a small HTTP service, rate-limited
+//! by redis-rl: per client IP and per API key, from fixed policies or from
+//! a rules file reloaded live.
 //!
 //! ```text
 //! make run                                      # redis-server with the module on :6379
 //! cargo run -p rl-client --example gateway      # backend on :8081, gateway on :8080
 //! curl -i -H 'x-api-key: alice' localhost:8080/hello
+//! RULES_FILE=rules/rules.example.toml cargo run -p rl-client --example gateway
 //! ```
 //!
-//! Each API key may make 5 requests a second with bursts of 10, and 100 a
-//! minute. Requests without a key are limited as "anonymous". Settings come
-//! from the environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`),
+//! Without `RULES_FILE`: each client IP (an IPv6 client is its /64) may
+//! make 20 requests a second with bursts of 40; each API key (`x-api-key`)
+//! 5 a second with bursts of 10, and 100 a minute. A request without a key
+//! is limited by its IP only. With `RULES_FILE=path`: the file's rules,
+//! read again every second (a broken file is refused and logged; the rules
+//! in force stay); the key is the subject, and the IP's rule applies too.
+//!
+//! Environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`),
 //! `RL_BACKEND=lua` for servers without the module, `GATEWAYS` (the fleet
-//! size, default 1), `GATEWAY_PORT` (8080) and `BACKEND_PORT` (8081).
+//! size, default 1), `GATEWAY_PORT` (8080), `BACKEND_PORT` (8081),
+//! `RULES_FILE`, and `TRUSTED_PROXIES` (comma-separated networks of your
+//! load balancers: their `X-Forwarded-For` is believed, nobody else's).
 //! Counters are printed every 10 seconds; stop with Ctrl-C.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use rl_client::{Backend, Config, Limiter, Policy, RateLimitLayer, Rule};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{Response, StatusCode};
+use axum::routing::any;
+use axum::Router;
+use rl_client::{
+    Backend, By, ClientIp, Config, Decide, Limiter, MissingKey, Policies, Policy, RateLimitLayer, Rule, Trust,
+};
+use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use tokio::net::TcpListener;
-use tower::{service_fn, Layer};
-
-type Body = Full<Bytes>;
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -41,17 +45,13 @@ fn env(name: &str, default: &str) -> String {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend_port: u16 = env("BACKEND_PORT", "8081").parse()?;
     let gateway_port: u16 = env("GATEWAY_PORT", "8080").parse()?;
-    let backend_addr = SocketAddr::from(([127, 0, 0, 1], backend_port));
 
     // The service behind the gateway: it knows nothing of rate limits.
-    let upstream = TcpListener::bind(backend_addr).await?;
-    tokio::spawn(serve(
-        upstream,
-        service_fn(|req: Request<Incoming>| async move {
-            let body = format!("hello from the backend: {} {}\n", req.method(), req.uri().path());
-            Ok::<_, Infallible>(Response::new(Body::from(body)))
-        }),
-    ));
+    let backend = Router::new().fallback(any(|req: Request| async move {
+        format!("hello from the backend: {} {}\n", req.method(), req.uri().path())
+    }));
+    let upstream = TcpListener::bind(("127.0.0.1", backend_port)).await?;
+    tokio::spawn(async move { axum::serve(upstream, backend).await });
 
     let config = Config {
         backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
@@ -59,24 +59,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Config::standalone(env("REDIS_URL", "redis://127.0.0.1:6379/"))
     };
     let limiter = Limiter::new(config)?;
-    let policy = Arc::new(
-        Policy::builder("gw")
-            .rule(Rule::per_second("per_second", 5).burst(10))
-            .rule(Rule::per_minute("per_minute", 100))
-            .build()?,
-    );
-
-    // Forward every request to the backend, body and all.
-    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Body>();
-    let forward = service_fn(move |req: Request<Incoming>| {
-        let client = client.clone();
-        async move { Ok::<_, Infallible>(proxy(&client, backend_addr, req).await) }
-    });
-    let by_api_key = |req: &Request<Incoming>| {
-        let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-        Some(key.unwrap_or("anonymous").to_string())
+    let proxies = env("TRUSTED_PROXIES", "");
+    let trust = match proxies.as_str() {
+        "" => Trust::Nobody,
+        nets => Trust::Networks(nets.split(',').map(|n| n.trim().parse()).collect::<Result<_, _>>()?),
     };
-    let gateway = RateLimitLayer::new(limiter.clone(), policy, by_api_key).layer(forward);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let forward = Router::new().fallback(any(proxy)).with_state((client, backend_port));
+
+    // The layer order matters only when layers are stacked: an outer layer
+    // charges a request the inner one may refuse. One layer with several
+    // policies charges all of them or, on a refusal, gives back the rest.
+    let app = match std::env::var("RULES_FILE") {
+        Ok(path) => {
+            let rules = LiveRules::new(limiter.clone(), &RuleSetSpec::from_file(&path)?)?;
+            let watcher = rules.watch_file(&path, Duration::from_secs(1))?;
+            std::mem::forget(watcher); // reload for the life of the process
+            forward.layer(layer(LiveDecide::new(rules), trust))
+        }
+        Err(_) => {
+            let per_ip =
+                Policy::builder("gw:ip").label("ip").rule(Rule::per_second("per_second", 20).burst(40)).build()?;
+            let per_key = Policy::builder("gw:key")
+                .label("key")
+                .rule(Rule::per_second("per_second", 5).burst(10))
+                .rule(Rule::per_minute("per_minute", 100))
+                .build()?;
+            let policies = Policies::new(limiter.clone()).add(per_ip, By::Ip).add(per_key, By::Key);
+            forward.layer(layer(policies, trust))
+        }
+    };
 
     let counters = limiter.clone();
     tokio::spawn(async move {
@@ -86,52 +98,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], gateway_port))).await?;
-    println!("gateway on http://127.0.0.1:{gateway_port}/ -> backend on http://{backend_addr}/");
+    let listener = TcpListener::bind(("127.0.0.1", gateway_port)).await?;
+    println!("gateway on http://127.0.0.1:{gateway_port}/ -> backend on http://127.0.0.1:{backend_port}/");
+    // The peer address reaches the layer only through ConnectInfo.
+    let service = app.into_make_service_with_connect_info::<SocketAddr>();
     tokio::select! {
-        _ = serve(listener, gateway) => {}
+        served = axum::serve(listener, service) => served?,
         _ = tokio::signal::ctrl_c() => println!("bye"),
     }
     Ok(())
 }
 
-/// Serves HTTP/1 on `listener` with a tower service.
-async fn serve<S>(listener: TcpListener, service: S)
-where
-    S: tower::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
-        let service = TowerToHyperService::new(service.clone());
-        tokio::spawn(async move {
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-        });
-    }
+/// The gateway's layer: the API key from `x-api-key`, else the client IP.
+fn layer<D: Decide>(decide: D, trust: Trust) -> RateLimitLayer<D> {
+    RateLimitLayer::new(decide)
+        .peer(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
+        .client_ip(ClientIp::new(trust))
+        .key_header("x-api-key")
+        .missing_key(MissingKey::UseIp)
 }
 
-async fn proxy(
-    client: &HttpClient<hyper_util::client::legacy::connect::HttpConnector, Body>,
-    backend: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    let (mut parts, body) = req.into_parts();
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let Ok(uri) = format!("http://{backend}{path}").parse() else {
+type HttpClient = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>;
+
+/// Forwards a request to the backend on `port`, body and all.
+async fn proxy(State((client, port)): State<(HttpClient, u16)>, mut req: Request) -> Response<Body> {
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let Ok(uri) = format!("http://127.0.0.1:{port}{path}").parse() else {
         return status(StatusCode::BAD_REQUEST, "bad path\n");
     };
-    parts.uri = uri;
-    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
-        return status(StatusCode::BAD_REQUEST, "unreadable body\n");
-    };
-    match client.request(Request::from_parts(parts, Body::new(body))).await {
-        Ok(response) => {
-            let (parts, body) = response.into_parts();
-            match body.collect().await {
-                Ok(body) => Response::from_parts(parts, Body::new(body.to_bytes())),
-                Err(_) => status(StatusCode::BAD_GATEWAY, "backend broke off\n"),
-            }
-        }
+    *req.uri_mut() = uri;
+    match client.request(req).await {
+        Ok(response) => response.map(Body::new),
         Err(_) => status(StatusCode::BAD_GATEWAY, "backend unreachable\n"),
     }
 }

@@ -1,16 +1,32 @@
-//! HTTP headers from a [`Decision`].
+//! HTTP headers from a [`Decision`], as the IETF httpapi draft
+//! "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers,
+//! -10 and -11) spells them, and the legacy `X-RateLimit-*`.
 //!
-//! - `RateLimit-Policy` and `RateLimit` as the IETF httpapi draft
-//!   ("RateLimit header fields for HTTP") spells them:
-//!   `RateLimit-Policy: "per_minute";q=5000;w=60` for every enforced rule
-//!   (`q` its capacity, `w` the seconds it takes to refill from empty), and
-//!   `RateLimit: "per_minute";r=42;t=3` for the binding rule (`r` tokens
-//!   left, `t` seconds until every bucket of the policy is full again: the
-//!   module's reset_after, not the named rule's own).
-//! - The legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-//!   `X-RateLimit-Reset` (Unix seconds).
+//! - `RateLimit-Policy: "per_minute";q=5000;w=60` for every enforced rule:
+//!   `q` its capacity, `w` the seconds it takes to refill from empty, `qu`
+//!   the quota unit when it is not requests ([`QuotaUnit`](crate::QuotaUnit)).
+//!   Built once per policy; the same on every response of the policy.
+//! - `RateLimit: "per_minute";r=42;t=1` for the policy's binding rule: `r`
+//!   the tokens left (never above the rule's capacity: a decision of the
+//!   local fallback does not announce its scaled bucket), `t` the seconds
+//!   until more quota is available, rounded up: on a refusal the retry
+//!   time, so `Retry-After` never points earlier than `t`; when allowed, the
+//!   time one token takes to come back (a bucket) or the time until the
+//!   window frees a request (a window). In a refused response an allowed
+//!   policy's `t` is capped at `Retry-After` (a shorter effective window is
+//!   still true).
+//! - Several policies on one response (a layer with several, or stacked
+//!   layers): each adds its list members, nothing is overwritten. Rule
+//!   names repeat across policies: give each a
+//!   [`label`](crate::PolicyBuilder::label) and its members read `label.rule`.
+//! - `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix seconds of `t`) for
+//!   the most restrictive policy: the one with the fewest tokens left. Its
+//!   limit is the smallest capacity of its enforced rules, the same on
+//!   every response of the policy (the binding rule changes from request
+//!   to request, and the remaining count is the binding rule's, never more
+//!   than that smallest capacity).
 //! - `Retry-After` in whole seconds, rounded up, on refusals only (a wait
-//!   of 200 ms says 1, never 0).
+//!   of 200 ms says 1, never 0); the longest of the refusing policies'.
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
@@ -30,8 +46,8 @@
 //! let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
 //! let h = headers::for_decision(&policy, &refused, now);
 //! assert_eq!(h["ratelimit-policy"], r#""per_minute";q=5000;w=60"#);
-//! assert_eq!(h["ratelimit"], r#""per_minute";r=0;t=60"#);
-//! assert_eq!(h["x-ratelimit-reset"], "1700000060");
+//! assert_eq!(h["ratelimit"], r#""per_minute";r=0;t=1"#);
+//! assert_eq!(h["x-ratelimit-reset"], "1700000001");
 //! assert_eq!(h["retry-after"], "1");
 //! # Ok::<(), rl_client::Error>(())
 //! ```
@@ -41,7 +57,7 @@ use std::time::{Duration, SystemTime};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
-use crate::policy::Policy;
+use crate::policy::{Policy, Rule};
 
 /// `RateLimit-Policy` (IETF draft).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -61,37 +77,112 @@ pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> He
     headers
 }
 
-/// Adds the headers to `headers`. A policy of shadow rules only enforces
-/// nothing, so it announces nothing.
+/// Adds the headers of `decision` on `policy` to `headers`, beside those of
+/// other policies already there (see the module notes). Add refusals
+/// first: an allowed policy's `t` is capped at the `Retry-After` present.
+/// A policy of shadow rules only enforces nothing, so it announces nothing.
 pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
-    let enforced: Vec<String> = policy
-        .rules()
-        .iter()
-        .filter(|r| !r.is_shadow())
-        .map(|r| format!("\"{}\";q={};w={}", r.name(), r.capacity(), r.window_secs()))
-        .collect();
-    if enforced.is_empty() {
-        return;
+    let Some(announced) = announced(policy) else { return };
+    let Some(rule) = policy.rule(decision.rule) else { return };
+    headers.append(RATELIMIT_POLICY, announced.clone());
+
+    let retry = match (decision.allowed, decision.retry_after) {
+        (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
+        _ => None,
+    };
+    let present_retry = header_u64(headers, &RETRY_AFTER);
+    let t = match (decision.allowed, retry) {
+        (false, retry) => retry,
+        (true, _) => {
+            let t = next_quota_secs(rule, decision);
+            Some(present_retry.map_or(t, |r| t.min(r)))
+        }
+    };
+    let remaining = decision.remaining.min(rule.capacity());
+    let mut item = String::with_capacity(64);
+    push_identifier(&mut item, policy, rule);
+    item.push_str(";r=");
+    item.push_str(&remaining.to_string());
+    if let Some(t) = t {
+        item.push_str(";t=");
+        item.push_str(&t.to_string());
     }
-    let reset_s = ceil_secs(decision.reset_after);
-    let binding = policy.rule(decision.rule).map_or("", |r| r.name());
-    let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let fields = [
-        (RATELIMIT_POLICY, enforced.join(", ")),
-        (RATELIMIT, format!("\"{binding}\";r={};t={reset_s}", decision.remaining)),
-        (X_RATELIMIT_LIMIT, decision.limit.to_string()),
-        (X_RATELIMIT_REMAINING, decision.remaining.to_string()),
-        (X_RATELIMIT_RESET, ceil_secs(unix_now.saturating_add(decision.reset_after)).to_string()),
-    ];
-    for (name, value) in fields {
-        // Rule names are plain ASCII (checked when the policy was built).
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            headers.insert(name, value);
+    // Identifiers are checked names: always a valid value.
+    if let Ok(value) = HeaderValue::from_str(&item) {
+        headers.append(RATELIMIT, value);
+    }
+
+    let limit = policy.rules().iter().filter(|r| !r.is_shadow()).map(Rule::capacity).min().unwrap_or(0);
+    let remaining = remaining.min(limit);
+    if header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
+        let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
+        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+    }
+    if let Some(retry) = retry {
+        if present_retry.map_or(true, |present| retry > present) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
         }
     }
-    if let (false, Some(retry)) = (decision.allowed, decision.retry_after) {
-        headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
+}
+
+/// The policy's `RateLimit-Policy` members, built on first use.
+fn announced(policy: &Policy) -> Option<&HeaderValue> {
+    let value = policy.announced.get_or_init(|| {
+        let mut value = String::new();
+        for rule in policy.rules().iter().filter(|r| !r.is_shadow()) {
+            if !value.is_empty() {
+                value.push_str(", ");
+            }
+            push_identifier(&mut value, policy, rule);
+            value.push_str(&format!(";q={};w={}", rule.capacity(), rule.window_secs()));
+            if let Some(unit) = policy.unit().parameter() {
+                value.push_str(&format!(";qu=\"{unit}\""));
+            }
+        }
+        (!value.is_empty()).then(|| HeaderValue::from_str(&value).ok()).flatten()
+    });
+    value.as_ref()
+}
+
+/// How headers name rule `index` of `policy`: `rule` or `label.rule`.
+pub fn identifier(policy: &Policy, index: usize) -> String {
+    let mut quoted = String::new();
+    if let Some(rule) = policy.rule(index) {
+        push_identifier(&mut quoted, policy, rule);
     }
+    quoted.trim_matches('"').to_owned()
+}
+
+/// `"rule"` or `"label.rule"`: an sf-string of checked name characters.
+fn push_identifier(out: &mut String, policy: &Policy, rule: &Rule) {
+    out.push('"');
+    if let Some(label) = policy.label() {
+        out.push_str(label);
+        out.push('.');
+    }
+    out.push_str(rule.name());
+    out.push('"');
+}
+
+/// Seconds until an allowed request's binding rule has more quota: a
+/// bucket gains a token every period / refill; a window frees one by the
+/// time it is empty again, at most one window on.
+fn next_quota_secs(rule: &Rule, decision: &Decision) -> u64 {
+    let period = rule.period();
+    match rule.window_mode() {
+        None => {
+            let per_token_ms = period.as_millis().div_ceil(u128::from(rule.refill().max(1)));
+            ceil_secs(Duration::from_millis(u64::try_from(per_token_ms).unwrap_or(u64::MAX)))
+        }
+        Some(_) => ceil_secs(decision.reset_after.min(period)),
+    }
+}
+
+fn header_u64(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
 }
 
 /// Whole seconds, rounded up.
@@ -102,7 +193,8 @@ fn ceil_secs(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Rule, Source};
+    use crate::{QuotaUnit, Rule, Source};
+    use rl_core::WindowMode;
 
     fn decision(allowed: bool, retry_ms: Option<u64>) -> Decision {
         Decision {
@@ -126,27 +218,125 @@ mod tests {
             .unwrap()
     }
 
+    fn all(h: &HeaderMap, name: &HeaderName) -> Vec<String> {
+        h.get_all(name).iter().map(|v| v.to_str().unwrap().to_owned()).collect()
+    }
+
+    const NOW: SystemTime = SystemTime::UNIX_EPOCH;
+
     #[test]
-    fn allowed_responses_carry_every_header_but_retry_after() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_millis(1_000_000_500);
-        let h = for_decision(&policy(), &decision(true, Some(0)), now);
-        assert_eq!(h[&RATELIMIT_POLICY], r#""per_minute";q=5000;w=60, "per_second";q=200;w=2"#);
-        assert_eq!(h[&RATELIMIT], r#""per_second";r=7;t=3"#);
-        assert_eq!(h[&X_RATELIMIT_LIMIT], "200");
-        assert_eq!(h[&X_RATELIMIT_REMAINING], "7");
-        assert_eq!(h[&X_RATELIMIT_RESET], "1000003", "1,000,000.5 s + 2.5 s");
+    fn policy_field_lists_every_enforced_rule_with_q_and_w() {
+        // Draft 3.1: q required, w in seconds; a shadow rule is not a quota.
+        let h = for_decision(&policy(), &decision(true, Some(0)), NOW);
+        assert_eq!(all(&h, &RATELIMIT_POLICY), [r#""per_minute";q=5000;w=60, "per_second";q=200;w=2"#]);
+    }
+
+    #[test]
+    fn policy_field_is_built_once_and_stays_the_same() {
+        // Draft 3: the field SHOULD remain consistent over responses.
+        let p = policy();
+        let one = for_decision(&p, &decision(true, Some(0)), NOW);
+        let two = for_decision(&p, &Decision { rule: 0, remaining: 4000, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(one[&RATELIMIT_POLICY], two[&RATELIMIT_POLICY]);
+        let first = p.announced.get().unwrap().as_ref().unwrap().as_bytes().as_ptr();
+        for_decision(&p, &decision(false, Some(5)), NOW);
+        assert_eq!(p.announced.get().unwrap().as_ref().unwrap().as_bytes().as_ptr(), first, "not rebuilt");
+    }
+
+    #[test]
+    fn quota_units_other_than_requests_are_announced() {
+        // Draft 3.1.2: qu, default "requests".
+        let bytes = Policy::builder("up")
+            .unit(QuotaUnit::ContentBytes)
+            .rule(Rule::per_second("bytes", 65_535))
+            .build()
+            .unwrap();
+        let h = for_decision(&bytes, &Decision { rule: 0, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(h[&RATELIMIT_POLICY], r#""bytes";q=65535;w=1;qu="content-bytes""#);
+    }
+
+    #[test]
+    fn a_refusal_says_t_is_the_retry_time_and_retry_after_is_not_earlier() {
+        // Draft 4.1.2 (t: until more quota) and 6 (Retry-After not before t).
+        for (ms, secs) in [(1, 1), (999, 1), (1000, 1), (1001, 2), (59_000, 59)] {
+            let h = for_decision(&policy(), &Decision { remaining: 0, ..decision(false, Some(ms)) }, NOW);
+            assert_eq!(h[&RATELIMIT], format!("\"per_second\";r=0;t={secs}").as_str(), "{ms} ms");
+            assert_eq!(h[RETRY_AFTER], secs.to_string().as_str());
+            assert_eq!(h[&X_RATELIMIT_RESET], secs.to_string().as_str(), "the same moment in Unix seconds");
+        }
+    }
+
+    #[test]
+    fn allowed_responses_say_when_one_more_token_comes() {
+        // A bucket of 100 a second gains a token every 10 ms: t=1, not the 2.5 s to full.
+        let h = for_decision(&policy(), &decision(true, Some(0)), SystemTime::UNIX_EPOCH + Duration::from_secs(10));
+        assert_eq!(h[&RATELIMIT], r#""per_second";r=7;t=1"#);
+        assert_eq!(h[&X_RATELIMIT_RESET], "11");
+        assert!(!h.contains_key(RETRY_AFTER), "Retry-After on refusals only");
+        let slow = Policy::builder("s").rule(Rule::per_hour("hourly", 2)).build().unwrap();
+        let h = for_decision(&slow, &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(h[&RATELIMIT], r#""hourly";r=1;t=1800"#);
+    }
+
+    #[test]
+    fn a_window_frees_quota_by_its_reset_at_most_one_window_on() {
+        let w = Policy::builder("w")
+            .rule(Rule::window("daily", 10, Duration::from_secs(86_400), WindowMode::Fixed))
+            .build()
+            .unwrap();
+        let d = Decision { rule: 0, reset_after: Duration::from_millis(3_600_500), ..decision(true, Some(0)) };
+        assert_eq!(for_decision(&w, &d, NOW)[&RATELIMIT], r#""daily";r=7;t=3601"#);
+    }
+
+    #[test]
+    fn a_request_that_can_never_succeed_promises_no_time() {
+        let h = for_decision(&policy(), &Decision { remaining: 0, ..decision(false, None) }, NOW);
+        assert_eq!(h[&RATELIMIT], r#""per_second";r=0"#);
         assert!(!h.contains_key(RETRY_AFTER));
     }
 
     #[test]
-    fn retry_after_is_rounded_up_and_only_on_refusals() {
-        let now = SystemTime::UNIX_EPOCH;
-        for (ms, secs) in [(1, "1"), (999, "1"), (1000, "1"), (1001, "2"), (59_000, "59")] {
-            let h = for_decision(&policy(), &decision(false, Some(ms)), now);
-            assert_eq!(h[RETRY_AFTER], secs, "{ms} ms");
-        }
-        // A cost above capacity never succeeds: no time is promised.
-        assert!(!for_decision(&policy(), &decision(false, None), now).contains_key(RETRY_AFTER));
+    fn the_fallback_never_announces_its_scaled_bucket() {
+        // One gateway, slack 2: the local bucket holds 400 of a 200 rule.
+        let local = Decision { remaining: 390, limit: 400, source: Source::Fallback, ..decision(true, Some(0)) };
+        let h = for_decision(&policy(), &local, NOW);
+        assert_eq!(h[&RATELIMIT], r#""per_second";r=200;t=1"#);
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "200");
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "200");
+        assert_eq!(h[&RATELIMIT_POLICY], r#""per_minute";q=5000;w=60, "per_second";q=200;w=2"#);
+    }
+
+    #[test]
+    fn legacy_limit_stays_the_same_while_the_binding_rule_changes() {
+        let p = policy();
+        let by_second = for_decision(&p, &Decision { rule: 1, remaining: 150, ..decision(true, Some(0)) }, NOW);
+        let by_minute = for_decision(&p, &Decision { rule: 0, remaining: 120, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(by_second[&X_RATELIMIT_LIMIT], "200");
+        assert_eq!(by_minute[&X_RATELIMIT_LIMIT], "200");
+        assert_eq!(by_minute[&X_RATELIMIT_REMAINING], "120");
+    }
+
+    #[test]
+    fn several_policies_append_members_and_the_tightest_wins_the_legacy_fields() {
+        // Draft 3 and 4: lists; a refusal first, then an allowed policy.
+        let ip = Policy::builder("ip").label("ip").rule(Rule::per_second("per_second", 10)).build().unwrap();
+        let key = Policy::builder("key").label("key").rule(Rule::per_hour("per_hour", 100)).build().unwrap();
+        let mut h = HeaderMap::new();
+        let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
+        insert(&mut h, &key, &refused, NOW);
+        insert(&mut h, &ip, &Decision { rule: 0, remaining: 9, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(all(&h, &RATELIMIT_POLICY), [r#""key.per_hour";q=100;w=3600"#, r#""ip.per_second";q=10;w=1"#]);
+        assert_eq!(all(&h, &RATELIMIT), [r#""key.per_hour";r=0;t=2"#, r#""ip.per_second";r=9;t=1"#]);
+        assert_eq!(h[&X_RATELIMIT_LIMIT], "100", "the refusing policy's, not the IP's");
+        assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
+        assert_eq!(h[RETRY_AFTER], "2");
+        // An allowed policy whose next token is later than Retry-After: capped.
+        let slow = Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)).build().unwrap();
+        insert(&mut h, &slow, &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(all(&h, &RATELIMIT)[2], r#""day.h";r=1;t=2"#);
+        // A second refusal with a longer wait raises Retry-After.
+        insert(&mut h, &ip, &Decision { rule: 0, remaining: 0, ..decision(false, Some(4000)) }, NOW);
+        assert_eq!(h[RETRY_AFTER], "4");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Each request of a subject takes a slot in every rule of an
 //! [`InflightPolicy`] and holds it for the life of its response: until the
 //! response body has been sent (or dropped, the client gone), not merely
-//! until the handler returned. Refused requests are answered with the
+//! until the handler returned. NoPermit requests are answered with the
 //! rule's status (`429 Too Many Requests`, or `503 Service Unavailable`
 //! for a rule made [`unavailable`](crate::InflightRule::unavailable)), the
 //! headers and `Retry-After` when a slot's deadline is known. Requests the
@@ -49,7 +49,7 @@ use tower::{Layer, Service};
 
 use crate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
 use crate::limiter::Limiter;
-use crate::permit::{InflightPolicy, Permit, Refused};
+use crate::permit::{InflightPolicy, NoPermit, Permit};
 use crate::policy::check_subject;
 
 /// Wraps services with [`InflightLimit`]. `K` names a request's subject:
@@ -185,7 +185,7 @@ where
     }
 }
 
-fn refusal<B>(policy: &InflightPolicy, r: &Refused) -> Response<PermitBody<B>> {
+fn refusal<B>(policy: &InflightPolicy, r: &NoPermit) -> Response<PermitBody<B>> {
     let rule = policy.rule(r.rule);
     let status = rule.map_or(StatusCode::TOO_MANY_REQUESTS, |r| r.status());
     let when = match r.retry_after {

@@ -10,6 +10,7 @@ mod connection;
 mod decision;
 mod deny_cache;
 mod error;
+mod extract;
 mod fallback;
 pub mod headers;
 mod inflight;
@@ -38,15 +39,19 @@ pub use config::{Backend, Config};
 pub use connection::Target;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
+pub use extract::{ip_subject, key_subject, ClientIp, ForwardHeader, Trust, MAX_PLAIN_KEY};
 pub use inflight::{Acquired, Inflight};
 #[cfg(feature = "tower")]
 pub use inflight_layer::{InflightLayer, InflightLimit, PermitBody};
 #[cfg(feature = "tower")]
-pub use layer::{RateLimit, RateLimitLayer};
+pub use layer::{
+    check_all, BoxFuture, By, Checked, Decide, Facts, MissingKey, PeerAddr, Policies, RateLimit, RateLimitLayer,
+    Refused,
+};
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};
-pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, Permit, Refused};
-pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, Rule};
+pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, NoPermit, Permit};
+pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use rl_core::WindowMode;
 
 /// What local state is kept per: (policy group id, shadow group?, subject).

@@ -486,6 +486,10 @@ impl Inner {
     }
 
     pub(crate) fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
+        // At most once per shard per breaker_open_for: no flood in an outage.
+        if event == Event::BreakerOpened {
+            tracing::warn!(target: "rl_client", policy, "circuit breaker opened: a Redis shard fails; its subjects use the fallback");
+        }
         self.counters.record(event, policy, rule);
         if let Some(sink) = &self.sink {
             sink.record(event, policy, rule);

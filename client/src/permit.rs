@@ -41,7 +41,7 @@ use crate::policy::{check_name, check_subject, FailMode};
 ///
 /// // 20 at once per customer; a slot not released heals after 30 s.
 /// let per_customer = InflightRule::new("concurrent", 20, Duration::from_secs(30));
-/// // Refused with 503 rather than 429, and refused while Redis is down.
+/// // NoPermit with 503 rather than 429, and refused while Redis is down.
 /// let exports = InflightRule::new("exports", 2, Duration::from_secs(600)).unavailable().fail_closed();
 /// # let _ = (per_customer, exports);
 /// ```
@@ -196,7 +196,7 @@ impl InflightPolicy {
         &self.rules
     }
 
-    /// A rule by index (as in [`Refused::rule`]).
+    /// A rule by index (as in [`NoPermit::rule`]).
     pub fn rule(&self, index: usize) -> Option<&InflightRule> {
         self.rules.get(index)
     }
@@ -214,7 +214,7 @@ impl InflightPolicy {
 
 /// Why [`Limiter::acquire`] gave no permit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Refused {
+pub struct NoPermit {
     /// Index of the binding rule in [`InflightPolicy::rules`].
     pub rule: usize,
     /// Requests in flight in it now.
@@ -384,7 +384,7 @@ impl Limiter {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn acquire(&self, policy: &InflightPolicy, subject: &str) -> Result<Result<Permit, Refused>> {
+    pub async fn acquire(&self, policy: &InflightPolicy, subject: &str) -> Result<Result<Permit, NoPermit>> {
         self.acquire_cost(policy, subject, 1).await
     }
 
@@ -394,7 +394,7 @@ impl Limiter {
         policy: &InflightPolicy,
         subject: &str,
         cost: u64,
-    ) -> Result<Result<Permit, Refused>> {
+    ) -> Result<Result<Permit, NoPermit>> {
         check_cost(cost)?;
         let keys = policy.keys(subject)?;
         let i = &self.inner;
@@ -416,7 +416,7 @@ impl Limiter {
         let mut pending = pending;
         if !a.allowed {
             pending.armed = false;
-            let refused = Refused {
+            let refused = NoPermit {
                 rule: a.rule,
                 in_flight: a.in_flight,
                 limit: a.limit,
@@ -439,15 +439,15 @@ impl Limiter {
 
     /// Redis could not answer: a fail-closed rule refuses; otherwise the
     /// local slots at this gateway's share of every limit decide.
-    fn inflight_degraded(&self, policy: &InflightPolicy, subject: &str, cost: u64) -> Result<Permit, Refused> {
+    fn inflight_degraded(&self, policy: &InflightPolicy, subject: &str, cost: u64) -> Result<Permit, NoPermit> {
         let i = &self.inner;
         i.record(Event::Fallback, policy.prefix(), None);
-        let refuse = |r: Refused| {
+        let refuse = |r: NoPermit| {
             i.record(Event::Refused, policy.prefix(), policy.rule(r.rule).map(|r| r.name()));
             Err(r)
         };
         if let Some(rule) = policy.fail_closed() {
-            return refuse(Refused {
+            return refuse(NoPermit {
                 rule,
                 in_flight: 0,
                 limit: policy.rules[rule].limit,
@@ -470,7 +470,7 @@ impl Limiter {
                     clock: i.config.clock.clone(),
                 })
             }
-            Err(r) => refuse(Refused {
+            Err(r) => refuse(NoPermit {
                 rule: r.rule,
                 in_flight: r.in_flight,
                 limit: shares[r.rule],

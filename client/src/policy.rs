@@ -1,8 +1,10 @@
 //! Named rules for a subject, validated once when the policy is built.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use http::HeaderValue;
 
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{BucketParams, WindowMode};
@@ -42,7 +44,7 @@ pub enum FailMode {
 /// let daily = Rule::window("daily", 10_000, Duration::from_secs(86_400), WindowMode::Fixed);
 /// # let _ = (api, login, trial, daily);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rule {
     name: String,
     /// For a window: its limit (capacity and refill are both the limit).
@@ -219,8 +221,10 @@ pub fn check_name(name: &str) -> std::result::Result<(), &'static str> {
 /// shadow rules.
 #[derive(Clone, Debug)]
 pub(crate) struct Group {
-    /// Unique for the life of the process: local caches (leases, deny
-    /// cache, fallback) key on it, so no two groups share local state.
+    /// What the group is: a hash of the policy's prefix, the group's kind
+    /// and its rules. Local caches (leases, deny cache, fallback) key on
+    /// it, so a policy built per request shares them with an equal one
+    /// built before (the same rules on the same Redis keys).
     pub(crate) id: u64,
     /// Indexes into the policy's rules.
     pub(crate) rules: Vec<usize>,
@@ -241,7 +245,10 @@ const KINDS: [Option<WindowMode>; 4] =
 pub(crate) const GROUP_KINDS: usize = KINDS.len();
 
 impl Group {
+    /// `role` tells the enforced, shadow and settling groups apart.
     fn new(
+        prefix: &str,
+        role: &str,
         rules: &[Rule],
         params: &[BucketParams],
         window: Option<WindowMode>,
@@ -249,8 +256,13 @@ impl Group {
     ) -> Group {
         let rules_in: Vec<usize> =
             (0..rules.len()).filter(|&i| rules[i].window == window && member(&rules[i])).collect();
+        // In-process only (local state), so the std hasher's stability
+        // across Rust releases does not matter.
+        let mut id = DefaultHasher::new();
+        (prefix, role, window).hash(&mut id);
+        rules_in.iter().for_each(|&i| rules[i].hash(&mut id));
         Group {
-            id: NEXT_GROUP_ID.fetch_add(1, Ordering::Relaxed),
+            id: id.finish(),
             params: rules_in.iter().map(|&i| params[i]).collect(),
             fail_closed: rules_in.iter().position(|&i| rules[i].fail == FailMode::Closed),
             rules: rules_in,
@@ -259,8 +271,15 @@ impl Group {
     }
 
     /// The non-empty groups of the rules `member` picks, one per kind.
-    fn split(rules: &[Rule], params: &[BucketParams], member: impl Fn(&Rule) -> bool) -> Vec<Group> {
-        KINDS.iter().map(|&kind| Group::new(rules, params, kind, &member)).filter(|g| !g.is_empty()).collect()
+    fn split(
+        prefix: &str,
+        role: &str,
+        rules: &[Rule],
+        params: &[BucketParams],
+        member: impl Fn(&Rule) -> bool,
+    ) -> Vec<Group> {
+        let group = |&kind| Group::new(prefix, role, rules, params, kind, &member);
+        KINDS.iter().map(group).filter(|g| !g.is_empty()).collect()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -272,8 +291,6 @@ impl Group {
 /// token) the Lua backend computes exactly: levels stay within +-2^52, so
 /// sums of two stay below 2^53, the doubles' exact-integer range.
 pub const LUA_MAX_UNITS: u128 = 1 << 52;
-
-static NEXT_GROUP_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The rules that apply to one kind of subject (an API key, a user, an
 /// IP prefix), under one key prefix.
@@ -306,6 +323,36 @@ pub struct Policy {
     /// have no refund and no debt).
     pub(crate) buckets: Group,
     lua_fits: bool,
+    /// How headers name this policy's rules (`label.rule`), if set.
+    label: Option<Arc<str>>,
+    /// What a token stands for, in headers.
+    unit: QuotaUnit,
+    /// The `RateLimit-Policy` value, built on first use.
+    pub(crate) announced: OnceLock<Option<HeaderValue>>,
+}
+
+/// What one token of a policy stands for: the draft's quota unit (`qu`),
+/// announced when it is not the default, requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuotaUnit {
+    /// One token per request (a cost above one still counts tokens).
+    #[default]
+    Requests,
+    /// The request's content bytes: the cost is its length.
+    ContentBytes,
+    /// Requests in flight.
+    ConcurrentRequests,
+}
+
+impl QuotaUnit {
+    /// The `qu` value, `None` for the default.
+    pub fn parameter(self) -> Option<&'static str> {
+        match self {
+            QuotaUnit::Requests => None,
+            QuotaUnit::ContentBytes => Some("content-bytes"),
+            QuotaUnit::ConcurrentRequests => Some("concurrent-requests"),
+        }
+    }
 }
 
 /// Collects rules for [`Policy::builder`].
@@ -313,12 +360,29 @@ pub struct Policy {
 pub struct PolicyBuilder {
     prefix: String,
     rules: Vec<Rule>,
+    label: Option<String>,
+    unit: QuotaUnit,
 }
 
 impl PolicyBuilder {
     /// Adds a rule; checked by [`PolicyBuilder::build`].
     pub fn rule(mut self, rule: Rule) -> PolicyBuilder {
         self.rules.push(rule);
+        self
+    }
+
+    /// Names the policy's rules `label.rule` in headers: for several
+    /// policies on one response (their rule names may repeat). Same
+    /// characters as a rule name. Not part of what the policy is: an
+    /// equal policy with another label shares its local state.
+    pub fn label(mut self, label: impl Into<String>) -> PolicyBuilder {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// What a token stands for, announced as the draft's `qu`.
+    pub fn unit(mut self, unit: QuotaUnit) -> PolicyBuilder {
+        self.unit = unit;
         self
     }
 
@@ -344,14 +408,20 @@ impl PolicyBuilder {
             }
             params.push(rule.validate(i)?);
         }
+        if let Some(label) = &self.label {
+            check_name(label).map_err(|why| Error::invalid(format!("policy '{prefix}': label {why}")))?;
+        }
         let lua_fits = params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
         Ok(Policy {
-            enforced: Group::split(&self.rules, &params, |r| !r.shadow),
-            shadow: Group::split(&self.rules, &params, |r| r.shadow),
-            buckets: Group::new(&self.rules, &params, None, |_| true),
+            enforced: Group::split(&prefix, "enforced", &self.rules, &params, |r| !r.shadow),
+            shadow: Group::split(&prefix, "shadow", &self.rules, &params, |r| r.shadow),
+            buckets: Group::new(&prefix, "buckets", &self.rules, &params, None, |_| true),
             prefix: prefix.into(),
             rules: self.rules,
             lua_fits,
+            label: self.label.map(Into::into),
+            unit: self.unit,
+            announced: OnceLock::new(),
         })
     }
 }
@@ -359,7 +429,17 @@ impl PolicyBuilder {
 impl Policy {
     /// Starts a policy whose keys begin with `prefix`.
     pub fn builder(prefix: impl Into<String>) -> PolicyBuilder {
-        PolicyBuilder { prefix: prefix.into(), rules: Vec::new() }
+        PolicyBuilder { prefix: prefix.into(), rules: Vec::new(), label: None, unit: QuotaUnit::Requests }
+    }
+
+    /// The header label set by [`PolicyBuilder::label`].
+    pub fn label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
+    /// What a token stands for.
+    pub fn unit(&self) -> QuotaUnit {
+        self.unit
     }
 
     /// The key prefix (also the policy's name in metrics and 429 bodies).
@@ -400,8 +480,8 @@ impl Policy {
     }
 
     /// Whether the two share local state (leases, deny cache, fallback):
-    /// true for clones of one built policy, false for policies built apart,
-    /// even from the same rules.
+    /// true when they have the same prefix and the same rules (their
+    /// buckets are the same Redis keys), however they were built.
     pub fn shares_state_with(&self, other: &Policy) -> bool {
         self.buckets.id == other.buckets.id
     }
@@ -419,6 +499,12 @@ impl Policy {
             key.push_str(part);
         }
         key
+    }
+}
+
+impl AsRef<Policy> for Policy {
+    fn as_ref(&self) -> &Policy {
+        self
     }
 }
 
@@ -565,8 +651,28 @@ mod tests {
     }
 
     #[test]
-    fn each_policy_has_its_own_local_state() {
-        let b = Policy::builder("rl").rule(Rule::per_second("s", 1));
-        assert_ne!(b.clone().build().unwrap().enforced[0].id, b.build().unwrap().enforced[0].id);
+    fn local_state_is_keyed_by_what_a_policy_is() {
+        let b = || Policy::builder("rl").rule(Rule::per_second("s", 1)).rule(Rule::per_minute("m", 5).shadow());
+        let (one, two) = (b().build().unwrap(), b().label("x").build().unwrap());
+        assert_eq!(one.enforced[0].id, two.enforced[0].id, "built apart, equal: one state");
+        assert_eq!(one.shadow[0].id, two.shadow[0].id);
+        assert!(one.shares_state_with(&two));
+        assert_ne!(one.enforced[0].id, one.shadow[0].id);
+        assert_ne!(one.enforced[0].id, one.buckets.id);
+        for other in [
+            Policy::builder("rl2").rule(Rule::per_second("s", 1)).rule(Rule::per_minute("m", 5).shadow()),
+            Policy::builder("rl").rule(Rule::per_second("s", 2)).rule(Rule::per_minute("m", 5).shadow()),
+            Policy::builder("rl").rule(Rule::per_second("s", 1).fail_closed()).rule(Rule::per_minute("m", 5).shadow()),
+            Policy::builder("rl").rule(Rule::per_second("t", 1)).rule(Rule::per_minute("m", 5).shadow()),
+        ] {
+            let other = other.build().unwrap();
+            assert_ne!(one.enforced[0].id, other.enforced[0].id, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_label_is_checked() {
+        let e = err(Policy::builder("rl").label("a b").rule(Rule::per_second("s", 1)));
+        assert!(e.contains("policy 'rl': label may hold only"), "{e}");
     }
 }

@@ -261,7 +261,7 @@ fn compile_rule(
     let policy = match reused {
         Some(policy) => policy,
         None => {
-            let built = limits.into_iter().fold(Policy::builder(prefix), |b, r| b.rule(r)).build();
+            let built = limits.into_iter().fold(Policy::builder(prefix).label(&spec.id), |b, r| b.rule(r)).build();
             match built {
                 Ok(policy) => policy,
                 Err(e) => {

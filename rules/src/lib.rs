@@ -3,6 +3,8 @@
 
 mod compile;
 pub mod exporter;
+#[cfg(feature = "tower")]
+mod layer;
 mod live;
 mod snapshot;
 mod spec;
@@ -10,6 +12,8 @@ mod store;
 mod watch;
 
 pub use compile::parse_network;
+#[cfg(feature = "tower")]
+pub use layer::LiveDecide;
 pub use live::{Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{

@@ -306,12 +306,9 @@ impl Snapshot {
         if let Some(subject) = request.subject {
             return Ok(subject.to_owned());
         }
-        match request.ip.map(canonical) {
-            Some(ip) => {
-                let len = if ip.is_ipv4() { self.ipv4_prefix } else { self.ipv6_prefix };
-                let net = IpNet::new(ip, len).map_err(|e| Error::invalid(e.to_string()))?;
-                Ok(format!("ip:{}", net.trunc()))
-            }
+        match request.ip {
+            // One grouping for rules and the client's extractors.
+            Some(ip) => rl_client::ip_subject(ip, self.ipv4_prefix, self.ipv6_prefix),
             None => Err(Error::invalid(format!(
                 "rule '{}' limits each subject: the request needs a subject or an IP address",
                 rule.id

@@ -1,0 +1,479 @@
+//! A tower [`Layer`] that rate-limits HTTP requests (feature `tower`).
+//!
+//! Per request it extracts the [`Facts`] (the client's IP address behind
+//! trusted proxies, the API key, the route, the cost), hands them to a
+//! [`Decide`] (fixed [`Policies`] here; live rules in rl-rules), which
+//! evaluates every policy that applies in one pass, and then either calls
+//! the service and adds the rate-limit headers of every policy to its
+//! response, or answers the refusal ([`Refused`]: an
+//! `application/problem+json` body by default) with the headers. Redis
+//! being down never fails a request: the limiter's fallback decides, and
+//! the layer says so once through `tracing`.
+//!
+//! Nothing passes unlimited by accident: a request without an API key is
+//! refused (401) unless [`MissingKey`] says otherwise, and a request whose
+//! client address cannot be found (a server that does not hand over the
+//! peer address) is answered 500, loudly, rather than let through.
+
+mod refusal;
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::request::Parts;
+use http::{Extensions, HeaderMap, HeaderName, Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+pub use refusal::Refused;
+
+use crate::decision::{Decision, Source};
+use crate::error::{Error, Result};
+use crate::extract::{ip_subject, key_subject, ClientIp};
+use crate::headers;
+use crate::limiter::Limiter;
+use crate::policy::Policy;
+
+/// What the layer knows of a request when it decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// The client's address (behind trusted proxies), if known.
+    pub ip: Option<IpAddr>,
+    /// The API key as a subject ([`key_subject`]), if one was sent (or the
+    /// shared `unknown` subject, see [`MissingKey::Shared`]).
+    pub key: Option<String>,
+    /// `METHOD /path`, as rule files name endpoints.
+    pub route: String,
+    /// Tokens the request costs.
+    pub cost: u64,
+}
+
+/// One policy's decision for a request.
+#[derive(Clone)]
+pub struct Checked {
+    /// The policy (a [`Policy`], or a live rule that holds one).
+    pub policy: Arc<dyn AsRef<Policy> + Send + Sync>,
+    /// Its decision.
+    pub decision: Decision,
+}
+
+/// A boxed future, as [`Decide`] returns.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Decides a request's [`Facts`] against every policy that applies: all
+/// of them are charged, or (on a refusal) as few as can be undone.
+pub trait Decide: Clone + Send + Sync + 'static {
+    /// Every policy's decision, refusals first. An error is the server's
+    /// configuration (a rule that needs an address the request lacks).
+    fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>>;
+
+    /// The limiter deciding, for its clock.
+    fn limiter(&self) -> &Limiter;
+}
+
+/// What part of a request a fixed policy limits by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum By {
+    /// The client's address, grouped (`ip:` and its /32 or /64 network).
+    Ip,
+    /// The API key; policies by key are skipped for a request without one
+    /// when [`MissingKey::UseIp`] lets it through.
+    Key,
+    /// The route (`METHOD /path`): everyone's calls of it together.
+    Route,
+    /// Everyone: one set of buckets for all requests.
+    Everyone,
+}
+
+/// Fixed policies, each limiting by a part of the request.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use rl_client::{By, Config, Limiter, Policies, Policy, RateLimitLayer, Rule};
+///
+/// # async fn run() -> Result<(), rl_client::Error> {
+/// let limiter = Limiter::new(Config::standalone("redis://127.0.0.1:6379/"))?;
+/// let per_ip = Policy::builder("ip").label("ip").rule(Rule::per_second("per_second", 20)).build()?;
+/// let per_key = Policy::builder("key").label("key").rule(Rule::per_minute("per_minute", 600)).build()?;
+/// let layer = RateLimitLayer::new(Policies::new(limiter).add(per_ip, By::Ip).add(per_key, By::Key))
+///     .key_header("x-api-key");
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Policies {
+    limiter: Limiter,
+    list: Arc<Vec<(Arc<Policy>, By)>>,
+    prefixes: (u8, u8),
+}
+
+impl Policies {
+    /// No policies yet, on `limiter`.
+    pub fn new(limiter: Limiter) -> Policies {
+        Policies { limiter, list: Arc::default(), prefixes: (32, 64) }
+    }
+
+    /// Adds `policy`, limiting by `by`. Policies are evaluated in order.
+    pub fn add(mut self, policy: impl Into<Arc<Policy>>, by: By) -> Policies {
+        Arc::make_mut(&mut self.list).push((policy.into(), by));
+        self
+    }
+
+    /// How clients are grouped by address: IPv4 and IPv6 prefix lengths
+    /// (default 32 and 64).
+    pub fn ip_prefixes(mut self, ipv4: u8, ipv6: u8) -> Policies {
+        self.prefixes = (ipv4, ipv6);
+        self
+    }
+
+    fn subject(&self, by: &By, facts: &Facts) -> Result<Option<String>> {
+        Ok(match by {
+            By::Ip => {
+                let ip = facts.ip.ok_or_else(|| Error::invalid(NO_PEER))?;
+                Some(ip_subject(ip, self.prefixes.0, self.prefixes.1)?)
+            }
+            By::Key => facts.key.clone(),
+            By::Route => key_subject(facts.route.as_bytes()),
+            By::Everyone => Some("*".to_owned()),
+        })
+    }
+}
+
+impl Decide for Policies {
+    fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut subjects = Vec::with_capacity(this.list.len());
+            for (policy, by) in this.list.iter() {
+                if let Some(subject) = this.subject(by, &facts)? {
+                    subjects.push((policy.clone(), subject));
+                }
+            }
+            let pairs = subjects.iter().map(|(p, s)| (&**p, s.as_str()));
+            let decisions = check_all(&this.limiter, pairs, facts.cost).await?;
+            Ok(subjects
+                .into_iter()
+                .zip(decisions)
+                .map(|((policy, _), decision)| Checked {
+                    policy: policy as Arc<dyn AsRef<Policy> + Send + Sync>,
+                    decision,
+                })
+                .collect())
+        })
+    }
+
+    fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+}
+
+/// Decides `cost` for each (policy, subject) in order and stops at the
+/// first refusal, giving back what the policies before it took (their
+/// buckets; windows take nothing back). Returns the decisions made, in
+/// order; the last one refused if any did.
+pub async fn check_all<'a>(
+    limiter: &Limiter,
+    pairs: impl Iterator<Item = (&'a Policy, &'a str)>,
+    cost: u64,
+) -> Result<Vec<Decision>> {
+    let pairs: Vec<_> = pairs.collect();
+    let mut out = Vec::with_capacity(pairs.len());
+    for (i, &(policy, subject)) in pairs.iter().enumerate() {
+        let decision = limiter.check_cost(policy, subject, cost).await?;
+        out.push(decision);
+        if !decision.allowed {
+            for (&(policy, subject), before) in pairs[..i].iter().zip(&out) {
+                // A fallback decision took nothing from Redis.
+                if matches!(before.source, Source::Redis | Source::Lease) && !policy.buckets.is_empty() {
+                    let _ = limiter.refund(policy, subject, cost).await;
+                }
+            }
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// What a request without an API key gets (when a key header is set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Refused, 401 (the default): a service that limits by key must not
+    /// let keyless requests past every key limit.
+    #[default]
+    Refuse,
+    /// Counted under one shared subject, `unknown`: every keyless client
+    /// shares one set of buckets (a public, anonymous tier).
+    Shared,
+    /// Limited by the client's address only: the policies by key are
+    /// skipped (live rules match the request by its IP).
+    UseIp,
+}
+
+/// The connection's peer address, for servers that do not put a
+/// `SocketAddr` in the request's extensions: insert it yourself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+type PeerFn = Arc<dyn Fn(&Extensions) -> Option<IpAddr> + Send + Sync>;
+type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+type RefusalFn = Arc<dyn Fn(&Refused) -> Response<String> + Send + Sync>;
+
+const NO_PEER: &str = "the request has no peer address: serve with axum's into_make_service_with_connect_info::<SocketAddr>() and set RateLimitLayer::peer, or insert rl_client::PeerAddr";
+
+/// Wraps services with [`RateLimit`]. See the [module notes](self).
+#[derive(Clone)]
+pub struct RateLimitLayer<D> {
+    decide: D,
+    shared: Arc<Shared>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    client_ip: ClientIp,
+    peer: PeerFn,
+    key_header: Option<HeaderName>,
+    missing_key: MissingKey,
+    cost: CostFn,
+    refusal: RefusalFn,
+    outage: Arc<Outage>,
+}
+
+impl<D: Decide> RateLimitLayer<D> {
+    /// Decides every request by `decide`; the client is the connection's
+    /// peer (a [`PeerAddr`] or `SocketAddr` extension); no API key is read;
+    /// every request costs 1; refusals are problem+json.
+    pub fn new(decide: D) -> RateLimitLayer<D> {
+        let peer: PeerFn = Arc::new(|ext: &Extensions| {
+            ext.get::<PeerAddr>().map(|p| p.0.ip()).or_else(|| ext.get::<SocketAddr>().map(|s| s.ip()))
+        });
+        RateLimitLayer {
+            decide,
+            shared: Arc::new(Shared {
+                client_ip: ClientIp::peer(),
+                peer,
+                key_header: None,
+                missing_key: MissingKey::Refuse,
+                cost: Arc::new(|_: &Parts| 1),
+                refusal: Arc::new(Refused::problem),
+                outage: Arc::default(),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Shared)) -> RateLimitLayer<D> {
+        change(Arc::make_mut(&mut self.shared));
+        self
+    }
+
+    /// How the client's address is found behind proxies ([`ClientIp`]).
+    pub fn client_ip(self, client_ip: ClientIp) -> RateLimitLayer<D> {
+        self.with(|s| s.client_ip = client_ip)
+    }
+
+    /// Where the peer address is in the request's extensions: with axum,
+    /// `|e| e.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip())`.
+    pub fn peer(self, peer: impl Fn(&Extensions) -> Option<IpAddr> + Send + Sync + 'static) -> RateLimitLayer<D> {
+        self.with(|s| s.peer = Arc::new(peer))
+    }
+
+    /// Reads the API key from `header` (see [`key_subject`]: odd keys are
+    /// hashed, never refused, never a way around the limit).
+    pub fn key_header(self, header: &'static str) -> RateLimitLayer<D> {
+        self.with(|s| s.key_header = Some(HeaderName::from_static(header)))
+    }
+
+    /// What a request without a key gets.
+    pub fn missing_key(self, missing: MissingKey) -> RateLimitLayer<D> {
+        self.with(|s| s.missing_key = missing)
+    }
+
+    /// The cost of a request, from its method, URI and headers (at least
+    /// 1 is charged).
+    pub fn cost(self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> RateLimitLayer<D> {
+        self.with(|s| s.cost = Arc::new(cost))
+    }
+
+    /// The answer to a refusal; the rate-limit headers and `Retry-After`
+    /// are added to it.
+    pub fn refusal(self, refusal: impl Fn(&Refused) -> Response<String> + Send + Sync + 'static) -> RateLimitLayer<D> {
+        self.with(|s| s.refusal = Arc::new(refusal))
+    }
+}
+
+impl<S, D: Clone> Layer<S> for RateLimitLayer<D> {
+    type Service = RateLimit<S, D>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, D> {
+        RateLimit { inner, decide: self.decide.clone(), shared: self.shared.clone() }
+    }
+}
+
+/// The rate-limiting service made by [`RateLimitLayer`].
+#[derive(Clone)]
+pub struct RateLimit<S, D> {
+    inner: S,
+    decide: D,
+    shared: Arc<Shared>,
+}
+
+/// What extraction found: facts to decide, or an answer already.
+enum Extracted {
+    Facts(Facts),
+    Answer(Response<String>),
+}
+
+impl Shared {
+    fn extract(&self, parts: &Parts) -> Extracted {
+        let ip = (self.peer)(&parts.extensions).map(|peer| self.client_ip.client_ip(&parts.headers, peer));
+        let key = match &self.key_header {
+            None => None,
+            Some(name) => match key_of(&parts.headers, name) {
+                Some(key) => Some(key),
+                None => match self.missing_key {
+                    MissingKey::Refuse => {
+                        let detail = format!("send an API key in the {name} header");
+                        return Extracted::Answer(refusal::problem(
+                            StatusCode::UNAUTHORIZED,
+                            "API key required",
+                            &detail,
+                        ));
+                    }
+                    MissingKey::Shared => Some("unknown".to_owned()),
+                    MissingKey::UseIp => None,
+                },
+            },
+        };
+        let route = format!("{} {}", parts.method, parts.uri.path());
+        Extracted::Facts(Facts { ip, key, route, cost: (self.cost)(parts).max(1) })
+    }
+
+    /// The response for decisions with a refusal among them.
+    fn refused(&self, checked: &[Checked], now: SystemTime) -> Response<String> {
+        let refusals: Vec<_> = checked
+            .iter()
+            .filter(|c| !c.decision.allowed)
+            .map(|c| {
+                let d = &c.decision;
+                (headers::identifier((*c.policy).as_ref(), d.rule), d.source, d.retry_after)
+            })
+            .collect();
+        let refused = Refused::new(&refusals);
+        for (name, _, _) in &refusals {
+            tracing::debug!(target: "rl_client", rule = %name, "request refused");
+        }
+        let mut response = (self.refusal)(&refused);
+        add_headers(response.headers_mut(), checked, now);
+        response
+    }
+}
+
+/// The key header's value as a subject; `None` when absent or empty. Every
+/// line of a repeated header counts, so a second, odd line is no way out.
+fn key_of(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?;
+    match lines.next() {
+        None => key_subject(first.as_bytes()),
+        Some(_) => {
+            let joined: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
+            key_subject(&joined.join(&b'\n'))
+        }
+    }
+}
+
+/// Every policy's headers: refusals first (see [`headers::insert`]).
+fn add_headers(map: &mut HeaderMap, checked: &[Checked], now: SystemTime) {
+    for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
+        headers::insert(map, (*c.policy).as_ref(), &c.decision, now);
+    }
+}
+
+impl<S, D, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    D: Decide,
+    ReqBody: Send + 'static,
+    ResBody: From<String> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<std::result::Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready serves this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let (decide, shared) = (self.decide.clone(), self.shared.clone());
+        let (parts, body) = req.into_parts();
+        let facts = match shared.extract(&parts) {
+            Extracted::Facts(facts) => facts,
+            Extracted::Answer(response) => return Box::pin(async move { Ok(response.map(ResBody::from)) }),
+        };
+        Box::pin(async move {
+            let checked = match decide.decide(facts).await {
+                Ok(checked) => checked,
+                Err(e) => {
+                    // The detail goes to the log, not to the client.
+                    tracing::error!(target: "rl_client", error = %e, "rate limit cannot decide: configuration");
+                    let detail = "the rate limiter is misconfigured; the server log says how";
+                    let response = refusal::problem(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", detail);
+                    return Ok(response.map(ResBody::from));
+                }
+            };
+            shared.outage.observe(&checked, decide.limiter());
+            let now = decide.limiter().clock().wall();
+            if checked.iter().any(|c| !c.decision.allowed) {
+                return Ok(shared.refused(&checked, now).map(ResBody::from));
+            }
+            let mut response = inner.call(Request::from_parts(parts, body)).await?;
+            add_headers(response.headers_mut(), &checked, now);
+            Ok(response)
+        })
+    }
+}
+
+/// Says through `tracing` when decisions go to the local fallback and when
+/// Redis answers again: once per change, and at most one message every
+/// 10 s (a flapping shard does not flood the log; the count of changes
+/// left unsaid is in the next message).
+#[derive(Default)]
+struct Outage {
+    degraded: AtomicBool,
+    last_said_ms: AtomicU64,
+    unsaid: AtomicU64,
+}
+
+const OUTAGE_QUIET: Duration = Duration::from_secs(10);
+
+impl Outage {
+    fn observe(&self, checked: &[Checked], limiter: &Limiter) {
+        let Some(first) = checked.first() else { return };
+        let degraded = matches!(first.decision.source, Source::Fallback | Source::FailClosed);
+        if self.degraded.swap(degraded, Ordering::Relaxed) == degraded {
+            return;
+        }
+        let now = limiter.clock().now_ms();
+        let last = self.last_said_ms.load(Ordering::Relaxed);
+        let quiet = u64::try_from(OUTAGE_QUIET.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < quiet {
+            self.unsaid.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.last_said_ms.store(now.max(1), Ordering::Relaxed);
+        let unsaid = self.unsaid.swap(0, Ordering::Relaxed);
+        if degraded {
+            tracing::warn!(target: "rl_client", unsaid, "Redis cannot answer: rate limits decided by the local fallback");
+        } else {
+            tracing::info!(target: "rl_client", unsaid, "Redis answers again: rate limits exact");
+        }
+    }
+}
