@@ -40,7 +40,10 @@ pub struct Config {
     /// Default [`Backend::Module`].
     pub backend: Backend,
     /// Longest wait for any call to Redis; past it the call counts as failed
-    /// and the fallback answers. Default 5 ms.
+    /// and the fallback answers. Default 50 ms: with 5 ms, `make sim` (300
+    /// gateways on two cores) had 4,362 failed calls and 213 breakers opened
+    /// in its steady leases phase, the fallback deciding 13% of requests;
+    /// with 50 ms, none (client/README.md, the timeout).
     pub timeout: Duration,
     /// Longest wait to (re)connect, in the background. Default 250 ms.
     pub connect_timeout: Duration,
@@ -102,7 +105,7 @@ impl Config {
         Config {
             target,
             backend: Backend::Module,
-            timeout: Duration::from_millis(5),
+            timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(250),
             gateways: 1,
             lease_window: Duration::from_secs(1),
@@ -168,7 +171,7 @@ mod tests {
     #[test]
     fn defaults_are_the_design_notes() {
         let c = Config::standalone("redis://127.0.0.1/");
-        assert_eq!(c.timeout, Duration::from_millis(5));
+        assert_eq!(c.timeout, Duration::from_millis(50));
         assert_eq!((c.breaker_trip_after, c.breaker_open_for), (5, Duration::from_secs(2)));
         assert_eq!(
             (c.lease_ttl, c.lease_window, c.fallback_slack),

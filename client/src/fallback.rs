@@ -50,6 +50,10 @@ struct Local {
     /// The fleet size and slack `params` were scaled for.
     gateways: u32,
     slack: f64,
+    /// The capacity of the full slack was given (made at it, or added once
+    /// when the breaker first opened): a breaker that opens and closes again
+    /// adds no new burst.
+    topped: bool,
     /// The group's rules scaled to this gateway's share.
     params: Vec<BucketParams>,
     states: Vec<Option<BucketState>>,
@@ -62,6 +66,8 @@ pub(crate) struct Scale<'a> {
     /// Windows (at half the slack) rather than token buckets.
     pub(crate) window: bool,
     pub(crate) slack: f64,
+    /// The full slack (the breaker is open), not the partial failure's.
+    pub(crate) full: bool,
     pub(crate) gateways: u32,
     /// For the log.
     pub(crate) policy: &'a str,
@@ -130,6 +136,7 @@ impl Fallback {
                     Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local {
                         gateways: scale.gateways,
                         slack: scale.slack,
+                        topped: scale.full,
                         params,
                         states,
                     })))
@@ -145,7 +152,7 @@ impl Fallback {
             // The buckets keep their tokens; only their size and rate change
             // (a new fleet size; the breaker opening or closing).
             let params = self.local(key, scale)?;
-            if local.gateways == scale.gateways && scale.slack > local.slack {
+            if local.gateways == scale.gateways && scale.slack > local.slack && !local.topped {
                 // The breaker opened: the budget Redis no longer spends is
                 // added (a full bucket stays full), so a partial failure
                 // followed by an outage allows what an outage alone does.
@@ -157,6 +164,7 @@ impl Fallback {
                     }
                 }
             }
+            local.topped |= scale.full;
             local.params = params;
             local.gateways = scale.gateways;
             local.slack = scale.slack;
@@ -203,7 +211,7 @@ mod tests {
     }
 
     fn scale(rules: &[BucketParams], window: bool, gateways: u32) -> Scale<'_> {
-        Scale { rules, window, slack: 2.0, gateways, policy: "api" }
+        Scale { rules, window, slack: 2.0, full: true, gateways, policy: "api" }
     }
 
     #[test]
@@ -309,7 +317,7 @@ mod tests {
         let f = Fallback::new(10);
         let key: SubjectKey = (3, false, "u".into());
         let rules = [p(100, 100, 60_000)];
-        let partial = Scale { rules: &rules, window: false, slack: 1.0, gateways: 1, policy: "api" };
+        let partial = Scale { rules: &rules, window: false, slack: 1.0, full: false, gateways: 1, policy: "api" };
         // Redis still answering other calls: slack - 1 = 1, a bucket of 100.
         for _ in 0..30 {
             assert!(f.take(&key, &partial, 1, 0).unwrap().allowed());
@@ -317,7 +325,10 @@ mod tests {
         // The breaker opens: slack 2, the 70 left plus 100 more.
         let open = scale(&rules, false, 1);
         assert_eq!((0..300).filter(|_| f.take(&key, &open, 1, 0).unwrap().allowed()).count(), 170);
-        // 200 in all, as an outage alone would allow.
+        // 200 in all, as an outage alone would allow; closing and opening
+        // again adds no new burst.
+        assert!(!f.take(&key, &partial, 1, 0).unwrap().allowed());
+        assert!(!f.take(&key, &open, 1, 0).unwrap().allowed());
     }
 
     #[test]

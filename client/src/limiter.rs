@@ -427,10 +427,12 @@ impl Limiter {
             return closed(local);
         }
         let slack = i.config.fallback_slack;
+        let full = i.shards.refuses(t.subject, now);
         let scale = Scale {
             rules: &t.group.params,
             window: t.group.window.is_some(),
-            slack: if i.shards.refuses(t.subject, now) { slack } else { slack - 1.0 },
+            slack: if full { slack } else { slack - 1.0 },
+            full,
             gateways: i.gateways(),
             policy: t.prefix(),
         };

@@ -86,10 +86,10 @@ pub struct Settings {
     pub timeout_ms: Option<u64>,
     /// In the slow phase, the server pauses write commands (CLIENT PAUSE)
     /// this long...
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub pause_ms: u64,
     /// ...once every this many ms.
-    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
     pub pause_every_ms: u64,
     /// Also write the report (Markdown) to FILE.
     #[arg(long, value_name = "FILE")]
