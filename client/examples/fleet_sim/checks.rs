@@ -11,6 +11,15 @@ use crate::stats::SOURCES;
 use crate::traffic::{Class, Plans, Traffic};
 use crate::Settings;
 
+/// How many subjects a class's row adds up.
+fn subjects(settings: &Settings, class: Class) -> f64 {
+    match class {
+        Class::Quiet => settings.quiet_subjects as f64,
+        Class::Login => settings.login_subjects as f64,
+        _ => 1.0,
+    }
+}
+
 /// Most a bucket of `capacity` refilled at `rate` a second admits in `seconds`.
 pub fn allowance(policy: &Policy, seconds: f64) -> f64 {
     let r = &policy.rules()[0];
@@ -140,11 +149,7 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
         let policy = traffic.policy(&plans, class);
         let rule = &policy.rules()[0];
         let fail_closed = class == Class::Login;
-        let subjects = match class {
-            Class::Quiet => settings.quiet_subjects as f64,
-            Class::Login => settings.login_subjects as f64,
-            _ => 1.0,
-        };
+        let subjects = subjects(settings, class);
         // A share below one token is one token per gateway.
         let per_gateway = (rule.capacity() as f64 * slack / gateways as f64).floor().max(1.0);
         let refill = rule.refill() as f64 / rule.period().as_secs_f64();
@@ -402,11 +407,7 @@ pub fn slow_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Ph
     for &(class, _) in &traffic.classes {
         let policy = traffic.policy(&plans, class);
         let rule = &policy.rules()[0];
-        let subjects = match class {
-            Class::Quiet => settings.quiet_subjects as f64,
-            Class::Login => settings.login_subjects as f64,
-            _ => 1.0,
-        };
+        let subjects = subjects(settings, class);
         let t = p.stats.tallies[traffic.row(class)][Window::Running as usize];
         let refill = rule.refill() as f64 / rule.period().as_secs_f64();
         let capacity = rule.capacity() as f64;
