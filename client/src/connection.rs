@@ -5,7 +5,7 @@
 //! starts while Redis is down and recovers when it returns. redis-rs's own
 //! defaults are tuned for throughput, not for a limiter on the request
 //! path: a 500 ms response timeout, Nagle's algorithm on, and 16 cluster
-//! retries with backoff. Here every call has the configured timeout (5 ms by
+//! retries with backoff. Here every call has the configured timeout (50 ms by
 //! default) and TCP_NODELAY, and a cluster call is retried at most once, at
 //! once (to follow a MOVED after a resharding); a call that fails is
 //! answered by the fallback instead.

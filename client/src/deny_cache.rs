@@ -6,8 +6,18 @@
 //! meanwhile waits for the retry time instead). A refusal for a cost also
 //! refuses larger costs, never smaller ones, which still ask Redis.
 //!
-//! Memory is bounded: at most `entries` subjects, the least useful evicted
-//! first (quick_cache's CLOCK-Pro); an evicted subject just asks Redis again.
+//! A refusal is held at least `hold_ms`: the limiter passes this gateway's
+//! share of the rule's refill of the cost (`gateways x cost x period /
+//! refill`), so a subject refused everywhere costs about one call per
+//! token of refill, not one per gateway per retry time. Holding longer only
+//! refuses more (under, never over); for a subject back within its limit a
+//! refusal costs it, on average, less than one more refused request: the
+//! gateway holding it sees fewer than `cost` of its requests meanwhile.
+//!
+//! Memory is bounded in bytes, not entries: each entry weighs its fixed
+//! size plus its subject's length, and the cache holds at most
+//! `entries x ENTRY_BUDGET` bytes of them, the least useful evicted first
+//! (quick_cache's CLOCK-Pro); an evicted subject just asks Redis again.
 
 use std::time::Duration;
 
@@ -25,13 +35,36 @@ struct Denial {
     refused: Decision,
 }
 
+/// What one entry costs besides its subject: the key's fixed part, the
+/// denial, and quick_cache's slot for it.
+pub(crate) const ENTRY_BYTES: u64 = 160;
+/// The bytes each of `entries` may take on average: an entry with a subject
+/// of 48 bytes; longer subjects make room for fewer entries.
+pub(crate) const ENTRY_BUDGET: u64 = ENTRY_BYTES + 48;
+
+#[derive(Clone)]
+struct Bytes;
+
+impl quick_cache::Weighter<SubjectKey, Denial> for Bytes {
+    fn weight(&self, key: &SubjectKey, _: &Denial) -> u64 {
+        ENTRY_BYTES + key.2.len() as u64
+    }
+}
+
 pub(crate) struct DenyCache {
-    map: Cache<SubjectKey, Denial>,
+    map: Cache<SubjectKey, Denial, Bytes>,
 }
 
 impl DenyCache {
     pub(crate) fn new(entries: usize) -> DenyCache {
-        DenyCache { map: Cache::new(entries) }
+        let bytes = (entries as u64).saturating_mul(ENTRY_BUDGET);
+        DenyCache { map: Cache::with_weighter(entries, bytes, Bytes) }
+    }
+
+    /// The weight of every entry held, in bytes.
+    #[cfg(test)]
+    fn bytes(&self) -> u64 {
+        self.map.weight()
     }
 
     /// The cached refusal of `key` for `cost` at `now_ms`, if any.
@@ -42,17 +75,18 @@ impl DenyCache {
         }
         Some(Decision {
             retry_after: Some(Duration::from_millis(denial.until_ms - now_ms)),
-            reset_after: Duration::from_millis(denial.reset_until_ms.saturating_sub(now_ms)),
+            reset_after: Duration::from_millis(denial.reset_until_ms.max(denial.until_ms).saturating_sub(now_ms)),
             source: Source::DenyCache,
             ..denial.refused
         })
     }
 
-    /// Remembers a refusal that named a retry time.
-    pub(crate) fn refused(&self, key: &impl Subject, cost: u64, refused: &Decision, now_ms: u64) {
+    /// Remembers a refusal that named a retry time, for that time or
+    /// `hold_ms`, whichever is longer.
+    pub(crate) fn refused(&self, key: &impl Subject, cost: u64, refused: &Decision, now_ms: u64, hold_ms: u64) {
         let Some(retry) = refused.retry_after.filter(|r| !r.is_zero() && !refused.allowed) else { return };
         let denial = Denial {
-            until_ms: now_ms.saturating_add(millis(retry)),
+            until_ms: now_ms.saturating_add(millis(retry).max(hold_ms)),
             reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)),
             cost,
             refused: *refused,
@@ -85,7 +119,7 @@ mod tests {
     #[test]
     fn refuses_until_the_retry_time_then_asks_again() {
         let c = DenyCache::new(10);
-        c.refused(&key("a"), 1, &refusal(Some(120)), 1000);
+        c.refused(&key("a"), 1, &refusal(Some(120)), 1000, 0);
         let d = c.check(&key("a"), 1, 1050).unwrap();
         assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 2, 5, Source::DenyCache));
         assert_eq!(d.retry_after, Some(Duration::from_millis(70)));
@@ -97,7 +131,7 @@ mod tests {
     #[test]
     fn a_refused_cost_refuses_larger_costs_only() {
         let c = DenyCache::new(10);
-        c.refused(&key("a"), 5, &refusal(Some(100)), 0);
+        c.refused(&key("a"), 5, &refusal(Some(100)), 0, 0);
         assert!(c.check(&key("a"), 5, 10).is_some());
         assert!(c.check(&key("a"), 9, 10).is_some());
         assert!(c.check(&key("a"), 4, 10).is_none());
@@ -106,10 +140,10 @@ mod tests {
     #[test]
     fn only_refusals_with_a_retry_time_are_kept() {
         let c = DenyCache::new(10);
-        c.refused(&key("never"), 1, &refusal(None), 0);
+        c.refused(&key("never"), 1, &refusal(None), 0, 0);
         assert!(c.check(&key("never"), 1, 1).is_none());
         let allowed = Decision { allowed: true, ..refusal(Some(100)) };
-        c.refused(&key("ok"), 1, &allowed, 0);
+        c.refused(&key("ok"), 1, &allowed, 0, 0);
         assert!(c.check(&key("ok"), 1, 1).is_none());
     }
 
@@ -117,8 +151,33 @@ mod tests {
     fn memory_is_bounded_under_churn() {
         let c = DenyCache::new(100);
         for i in 0..10_000 {
-            c.refused(&key(&i.to_string()), 1, &refusal(Some(60_000)), 0);
+            c.refused(&key(&i.to_string()), 1, &refusal(Some(60_000)), 0, 0);
         }
-        assert!(c.map.len() <= 100 + 100 / 10, "{} entries", c.map.len());
+        // Short subjects: a few more entries than 100 fit the bytes.
+        assert!(c.bytes() <= 100 * ENTRY_BUDGET, "{} bytes", c.bytes());
+        assert!(c.map.len() <= (100 * ENTRY_BUDGET / ENTRY_BYTES) as usize, "{} entries", c.map.len());
+    }
+
+    #[test]
+    fn long_subjects_are_bounded_in_bytes() {
+        // 512-byte subjects (the longest a policy takes): fewer entries, the
+        // same bytes as short ones.
+        let c = DenyCache::new(1000);
+        for i in 0..10_000 {
+            let subject = format!("{i:0>512}");
+            c.refused(&key(&subject), 1, &refusal(Some(60_000)), 0, 0);
+        }
+        assert!(c.bytes() <= 1000 * ENTRY_BUDGET, "{} bytes", c.bytes());
+        assert!(c.map.len() < 1000 * ENTRY_BUDGET as usize / 512, "{} entries", c.map.len());
+        assert!(c.map.len() > 100, "still holds some: {}", c.map.len());
+    }
+
+    #[test]
+    fn a_refusal_is_held_at_least_the_hold() {
+        let c = DenyCache::new(10);
+        c.refused(&key("a"), 1, &refusal(Some(1)), 0, 3000);
+        let d = c.check(&key("a"), 1, 2999).expect("held past the retry time");
+        assert_eq!(d.retry_after, Some(Duration::from_millis(1)));
+        assert!(c.check(&key("a"), 1, 3000).is_none());
     }
 }

@@ -47,8 +47,13 @@ pub(crate) struct Fallback {
 
 /// One subject's stand-ins for a group's rules.
 struct Local {
-    /// The fleet size `params` were scaled for.
+    /// The fleet size and slack `params` were scaled for.
     gateways: u32,
+    slack: f64,
+    /// The capacity of the full slack was given (made at it, or added once
+    /// when the breaker first opened): a breaker that opens and closes again
+    /// adds no new burst.
+    topped: bool,
     /// The group's rules scaled to this gateway's share.
     params: Vec<BucketParams>,
     states: Vec<Option<BucketState>>,
@@ -61,6 +66,8 @@ pub(crate) struct Scale<'a> {
     /// Windows (at half the slack) rather than token buckets.
     pub(crate) window: bool,
     pub(crate) slack: f64,
+    /// The full slack (the breaker is open), not the partial failure's.
+    pub(crate) full: bool,
     pub(crate) gateways: u32,
     /// For the log.
     pub(crate) policy: &'a str,
@@ -111,7 +118,8 @@ impl Fallback {
 
     /// Takes `cost` from the subject's stand-ins for its group's rules, all
     /// or none, at `now_ms`: scaled from `scale` the first time, and again
-    /// when the fleet size changes. `Err(i)` as [`Fallback::local`].
+    /// when the fleet size or the slack changes (one bucket whose tokens
+    /// are kept: the slack is lower while Redis still answers other calls). `Err(i)` as [`Fallback::local`].
     pub(crate) fn take(
         &self,
         key: &impl Subject,
@@ -127,6 +135,8 @@ impl Fallback {
                 let fresh = || {
                     Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local {
                         gateways: scale.gateways,
+                        slack: scale.slack,
+                        topped: scale.full,
                         params,
                         states,
                     })))
@@ -138,10 +148,26 @@ impl Fallback {
             }
         };
         let mut local = lock(&entry);
-        if local.gateways != scale.gateways {
-            // The buckets keep their tokens; only their size and rate change.
-            local.params = self.local(key, scale)?;
+        if local.gateways != scale.gateways || local.slack != scale.slack {
+            // The buckets keep their tokens; only their size and rate change
+            // (a new fleet size; the breaker opening or closing).
+            let params = self.local(key, scale)?;
+            if local.gateways == scale.gateways && scale.slack > local.slack && !local.topped {
+                // The breaker opened: the budget Redis no longer spends is
+                // added (a full bucket stays full), so a partial failure
+                // followed by an outage allows what an outage alone does.
+                let Local { params: old, states, .. } = &mut *local;
+                for ((old, new), state) in old.iter().zip(&params).zip(states.iter_mut()) {
+                    if let Some(state) = state {
+                        let more = new.capacity().saturating_sub(old.capacity());
+                        state.tokens = state.tokens.saturating_add(i64::try_from(more).unwrap_or(i64::MAX));
+                    }
+                }
+            }
+            local.topped |= scale.full;
+            local.params = params;
             local.gateways = scale.gateways;
+            local.slack = scale.slack;
         }
         let Local { params, states, .. } = &mut *local;
         states.resize(params.len(), None);
@@ -152,6 +178,8 @@ impl Fallback {
 /// Whether a rule's share of its capacity, `capacity x slack / gateways`,
 /// is below one whole token.
 pub(crate) fn below_one_token(rule: &BucketParams, slack: f64, gateways: u32) -> bool {
+    // A slack of zero (the partial-failure budget of a slack of 1) is below
+    // one token too.
     (rule.capacity() as f64 * slack / f64::from(gateways.max(1))) < 1.0
 }
 
@@ -165,7 +193,8 @@ pub(crate) fn share(rule: &BucketParams, slack: f64, gateways: u32) -> BucketPar
     let gateways = f64::from(gateways.max(1));
     // Divided last: exact whenever the share is a whole number of tokens.
     let capacity = (rule.capacity() as f64 * slack / gateways).floor().clamp(1.0, MAX_TOKENS as f64) as u64;
-    let share = slack / gateways;
+    // A slack of zero (no partial-failure budget): one token, at the slowest rate.
+    let share = (slack / gateways).max(f64::MIN_POSITIVE);
     let room_in_period = (MAX_PERIOD_MS as f64 * share / rule.period_ms() as f64) as u64;
     let k = (MAX_TOKENS / rule.refill()).min(1000).min(room_in_period).max(1);
     let period = (rule.period_ms() as f64 * k as f64 / share).round().clamp(1.0, MAX_PERIOD_MS as f64) as u64;
@@ -182,7 +211,7 @@ mod tests {
     }
 
     fn scale(rules: &[BucketParams], window: bool, gateways: u32) -> Scale<'_> {
-        Scale { rules, window, slack: 2.0, gateways, policy: "api" }
+        Scale { rules, window, slack: 2.0, full: true, gateways, policy: "api" }
     }
 
     #[test]
@@ -281,6 +310,25 @@ mod tests {
             f.take(&(1, false, i.to_string().into()), &local, 1, 0).unwrap();
         }
         assert!(f.map.len() <= 11);
+    }
+
+    #[test]
+    fn the_breaker_opening_adds_the_budget_redis_no_longer_spends() {
+        let f = Fallback::new(10);
+        let key: SubjectKey = (3, false, "u".into());
+        let rules = [p(100, 100, 60_000)];
+        let partial = Scale { rules: &rules, window: false, slack: 1.0, full: false, gateways: 1, policy: "api" };
+        // Redis still answering other calls: slack - 1 = 1, a bucket of 100.
+        for _ in 0..30 {
+            assert!(f.take(&key, &partial, 1, 0).unwrap().allowed());
+        }
+        // The breaker opens: slack 2, the 70 left plus 100 more.
+        let open = scale(&rules, false, 1);
+        assert_eq!((0..300).filter(|_| f.take(&key, &open, 1, 0).unwrap().allowed()).count(), 170);
+        // 200 in all, as an outage alone would allow; closing and opening
+        // again adds no new burst.
+        assert!(!f.take(&key, &partial, 1, 0).unwrap().allowed());
+        assert!(!f.take(&key, &open, 1, 0).unwrap().allowed());
     }
 
     #[test]

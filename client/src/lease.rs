@@ -21,6 +21,14 @@
 //! gateway never holds more than about a batch, however many requests
 //! arrive at once.
 //!
+//! A contended bucket (a lease call got fewer tokens than it asked for: the
+//! subject presses its limit) is paced: until this gateway's share of the
+//! rate has refilled a batch, a request the lease cannot pay is refused from
+//! memory (`Source::DenyCache`), and then one call asks for two batches. The
+//! fleet then calls about once per gateway per batch interval, asks for more
+//! than the refill (so the bucket is drained, not left to overflow), and
+//! never admits a token Redis did not grant: only refusals are added.
+//!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
 
@@ -32,7 +40,7 @@ use rl_core::BucketParams;
 
 use crate::clock::millis;
 use crate::decision::{Decision, Source};
-use crate::limiter::{mapped, spawn, Evaluation};
+use crate::limiter::{mapped, Evaluation};
 use crate::metrics::Event;
 use crate::policy::Group;
 use crate::{lock, Limiter, Subject, SubjectKey};
@@ -45,6 +53,11 @@ pub(crate) struct Lease {
     expires_ms: u64,
     /// An RL.LEASE is on its way (an [`InFlight`] exists): don't send another.
     leasing: bool,
+    /// The last call got fewer tokens than it asked for: the bucket is
+    /// contended, and calls are paced.
+    contended: bool,
+    /// While contended, no call goes before this time.
+    paced_until_ms: u64,
     /// The buckets' standing at the last grant, for the headers, and when.
     last: Option<(Decision, u64)>,
 }
@@ -60,28 +73,71 @@ pub(crate) enum Spend {
     /// is the one lease call in flight and asks for a batch; without, it
     /// asks for the rest only.
     Short { reserved: u64, lease: Option<InFlight> },
+    /// The bucket is contended and this gateway has had its share for now:
+    /// refused from memory until `until_ms` (nothing reserved).
+    Paced { until_ms: u64 },
 }
 
 /// The one RL.LEASE in flight for a subject. Dropping it (the call answered,
 /// failed, or was abandoned: a cancelled request, a task that never ran)
-/// lets the next one go, so the flag can never stick.
+/// lets the next one go, so the flag can never stick. The flag is cleared
+/// once: [`InFlight::done`] takes the entry out, so its drop cannot clear
+/// the flag of a newer call that was claimed in between.
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<Mutex<Lease>>);
+pub(crate) struct InFlight(Option<Arc<Mutex<Lease>>>);
 
 impl InFlight {
     /// The call answered: `update` runs on the lease, and the next call may
     /// go, under one lock.
-    pub(crate) fn done<R>(self, update: impl FnOnce(&mut Lease) -> R) -> R {
-        let mut l = lock(&self.0);
+    pub(crate) fn done<R>(mut self, update: impl FnOnce(&mut Lease) -> R) -> Option<R> {
+        let entry = self.0.take()?;
+        let mut l = lock(&entry);
         l.leasing = false;
-        update(&mut l)
-        // `self` drops after the guard: clearing the flag again is harmless.
+        Some(update(&mut l))
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.0).leasing = false;
+        if let Some(entry) = self.0.take() {
+            lock(&entry).leasing = false;
+        }
+    }
+}
+
+/// Tokens a short request took out of its lease before waiting for Redis:
+/// put back if the request is dropped meanwhile (a cancelled future), so a
+/// cancelled request loses nothing; [`Reserved::spent`] once they are.
+pub(crate) struct Reserved<'a> {
+    entry: &'a Arc<Mutex<Lease>>,
+    tokens: u64,
+    clock: &'a crate::Clock,
+}
+
+impl<'a> Reserved<'a> {
+    pub(crate) fn new(entry: &'a Arc<Mutex<Lease>>, tokens: u64, clock: &'a crate::Clock) -> Reserved<'a> {
+        Reserved { entry, tokens, clock }
+    }
+
+    /// Gives the tokens back now, with `extra` more (granted but not spent).
+    pub(crate) fn put_back(mut self, extra: u64, now_ms: u64) {
+        let tokens = std::mem::take(&mut self.tokens) + extra;
+        if tokens > 0 {
+            lock(self.entry).put_back(tokens, now_ms);
+        }
+    }
+
+    /// The request was paid: the tokens are spent.
+    pub(crate) fn spent(mut self) {
+        self.tokens = 0;
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.tokens > 0 {
+            lock(self.entry).put_back(self.tokens, self.clock.now_ms());
+        }
     }
 }
 
@@ -108,15 +164,21 @@ pub(crate) fn spend_with(
     let call = |l: &mut Lease, wanted: bool| {
         let lead = wanted && !l.leasing && may_call();
         l.leasing |= lead;
-        lead.then(|| InFlight(entry.clone()))
+        lead.then(|| InFlight(Some(entry.clone())))
     };
+    let paced = l.contended && now_ms < l.paced_until_ms;
     if l.tokens < cost {
+        // Contended: this gateway has had its share until the pace ends, and
+        // once it ends the one call in flight asks for everyone.
+        if l.contended && (paced || l.leasing) {
+            return Spend::Paced { until_ms: l.paced_until_ms.max(now_ms + 1) };
+        }
         let reserved = std::mem::take(&mut l.tokens);
         return Spend::Short { reserved, lease: call(&mut l, true) };
     }
     l.tokens -= cost;
     let half_empty = 2 * l.tokens <= batch;
-    let refill = call(&mut l, half_empty);
+    let refill = call(&mut l, half_empty && !paced);
     Spend::Hit { decision: l.estimate(now_ms), refill }
 }
 
@@ -133,8 +195,40 @@ impl Lease {
     pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) {
         self.expire(now_ms);
         self.tokens += tokens;
-        self.expires_ms = now_ms.saturating_add(ttl_ms);
+        if tokens > 0 {
+            self.expires_ms = now_ms.saturating_add(ttl_ms);
+        }
         self.last = Some((*standing, now_ms));
+    }
+
+    /// A lease call asked for `wanted` and got `granted`: fewer means the
+    /// bucket is contended, and the next call waits `pace_ms` (this
+    /// gateway's share of the rate refilling a batch); all of it ends that.
+    pub(crate) fn answered(&mut self, wanted: u64, granted: u64, pace_ms: u64, now_ms: u64) {
+        self.contended = granted < wanted;
+        self.paced_until_ms = if self.contended { now_ms.saturating_add(pace_ms) } else { 0 };
+    }
+
+    /// What a lease call asks for: a batch, two while contended (more than
+    /// this gateway's share, so the bucket is drained rather than left to
+    /// overflow: Redis grants what is there, no more).
+    pub(crate) fn want(&self, batch: u64) -> u64 {
+        if self.contended {
+            batch.saturating_mul(2)
+        } else {
+            batch
+        }
+    }
+
+    /// A refusal from memory while paced, from the last grant's standing.
+    pub(crate) fn paced_refusal(&self, until_ms: u64, now_ms: u64) -> Decision {
+        Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after: Some(Duration::from_millis(until_ms.saturating_sub(now_ms))),
+            source: Source::DenyCache,
+            ..self.estimate(now_ms)
+        }
     }
 
     /// Gives back tokens reserved by a request that did not get the rest,
@@ -212,6 +306,18 @@ pub(crate) fn batch(rules: &[BucketParams], window_ms: u64, gateways: u32) -> u6
     rules.iter().map(share).min().unwrap_or(1).max(1)
 }
 
+/// How long this gateway's share (`refill / gateways` per `period`) of
+/// `rule` takes to refill `tokens`, in ms (saturating).
+pub(crate) fn share_ms(rule: &BucketParams, tokens: u64, gateways: u32) -> u64 {
+    let ms = tokens as u128 * u128::from(gateways.max(1)) * rule.period_ms() as u128 / rule.refill() as u128;
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// The pace of a contended lease: the slowest rule's share refilling `batch`.
+fn pace_ms(rules: &[BucketParams], batch: u64, gateways: u32) -> u64 {
+    rules.iter().map(|r| share_ms(r, batch, gateways)).max().unwrap_or(0)
+}
+
 /// A group's lease call, owned, for a background top-up to carry.
 struct Refill {
     key: SubjectKey,
@@ -267,32 +373,35 @@ impl Limiter {
             Spend::Hit { decision, refill } => {
                 i.record(Event::LeaseHit, t.prefix(), None);
                 if let Some(call) = refill {
-                    self.refill(Refill::new(&t), call, batch);
+                    let want = lock(&entry).want(batch);
+                    self.refill(Refill::new(&t), call, want, batch);
                 }
                 return decision;
             }
+            Spend::Paced { until_ms } => {
+                i.record(Event::DenyCacheHit, t.prefix(), None);
+                return t.mapped(lock(&entry).paced_refusal(until_ms, now));
+            }
             Spend::Short { reserved, lease } => (reserved, lease),
         };
+        // Given back if this request is dropped while it waits.
+        let reserved = Reserved::new(&entry, reserved, &i.config.clock);
         // Leased tokens are already paid for; only a short lease checks the
         // deny cache.
-        let need = cost - reserved;
-        let put_back = |tokens: u64, now: u64| {
-            if tokens > 0 {
-                lock(&entry).put_back(tokens, now);
-            }
-        };
+        let need = cost - reserved.tokens;
         if let Some(d) = i.deny.check(&key, need, now) {
-            put_back(reserved, now);
+            reserved.put_back(0, now);
             i.record(Event::DenyCacheHit, t.prefix(), None);
             return d;
         }
         let Some(admitted) = self.admit(&t, now, shard_down) else {
-            put_back(reserved, now);
+            reserved.put_back(0, now);
             return self.degraded(&t, cost, now);
         };
-        // The one lease call in flight asks for a batch; requests that come
-        // while it is on its way ask for what they lack, nothing more.
-        let want = if lease.is_some() { batch.max(need) } else { need };
+        // The one lease call in flight asks for a batch (two while
+        // contended); requests that come while it is on its way ask for what
+        // they lack, nothing more.
+        let want = if lease.is_some() { lock(&entry).want(batch).max(need) } else { need };
         let keys = t.keys();
         // Boxed: a call's future is kilobytes, and held inline it would make
         // every check's future as big, moved on every check, even one
@@ -300,53 +409,58 @@ impl Limiter {
         let call = Box::pin(i.client.grant(BucketOp::Lease { want, min: need }, &keys, &t.group.params));
         let answer = self.guarded(t.prefix(), admitted, call).await;
         let (after, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+        let pace = pace_ms(&t.group.params, batch, i.gateways());
         match answer {
             Ok(g) if g.tokens >= need => {
+                reserved.spent();
                 let standing = t.mapped(g.decision);
-                match lease {
-                    Some(lease) => lease.done(|l| {
-                        l.add(g.tokens - need, &standing, after, ttl);
-                        Decision { source: Source::Redis, ..l.estimate(after) }
-                    }),
-                    None => standing,
-                }
+                let update = |l: &mut Lease| {
+                    l.answered(want, g.tokens, pace, after);
+                    l.add(g.tokens - need, &standing, after, ttl);
+                    Decision { source: Source::Redis, ..l.estimate(after) }
+                };
+                lease.and_then(|lease| lease.done(update)).unwrap_or(standing)
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                put_back(reserved + g.tokens, after);
+                reserved.put_back(g.tokens, after);
+                if let Some(lease) = lease {
+                    lease.done(|l| l.answered(want, g.tokens, pace, after));
+                }
                 let d = t.mapped(g.decision);
-                i.deny.refused(&key, need, &d, now);
+                i.deny.refused(&key, need, &d, now, 0);
                 Decision { allowed: false, ..d }
             }
             Err(e) => {
                 *shard_down |= e.is_shard_failure();
-                put_back(reserved, after);
+                reserved.put_back(0, after);
                 self.degraded(&t, cost, after)
             }
         }
     }
 
-    /// Tops a lease up off the request path. `call` is the subject's one
-    /// lease call in flight: however this task ends (or if it never runs),
-    /// dropping it lets the next one go.
-    fn refill(&self, r: Refill, call: InFlight, batch: u64) {
+    /// Tops a lease up off the request path, asking for `want`. `call` is
+    /// the subject's one lease call in flight: however this task ends (or if
+    /// it never runs), dropping it lets the next one go.
+    fn refill(&self, r: Refill, call: InFlight, want: u64, batch: u64) {
         let this = self.clone();
-        spawn(async move {
+        self.inner.spawn(async move {
             let i = &this.inner;
             let now = i.now_ms();
             // An open breaker: spend what is left; the request path and its
             // fallback take over.
             let Some(admitted) = i.shards.admit(&r.key.2, now) else { return };
-            let grant = i.client.grant(BucketOp::Lease { want: batch, min: 1 }, &r.keys, &r.params);
-            match this.guarded(&r.policy, admitted, grant).await {
-                Ok(g) if g.tokens > 0 => {
-                    let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-                    call.done(|l| l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl));
-                }
-                // Empty: requests spend what is left, then the deny cache refuses.
-                Ok(g) => i.deny.refused(&r.key, 1, &mapped(&r.rules, g.decision), now),
-                // Spend what is left; the request path and its fallback take over.
-                Err(_) => {}
+            let grant = i.client.grant(BucketOp::Lease { want, min: 1 }, &r.keys, &r.params);
+            // Spend what is left on an error; the request path and its
+            // fallback take over.
+            if let Ok(g) = this.guarded(&r.policy, admitted, grant).await {
+                let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
+                let pace = pace_ms(&r.params, batch, i.gateways());
+                // Empty: requests spend what is left, then are paced.
+                call.done(|l| {
+                    l.answered(want, g.tokens, pace, now);
+                    l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl);
+                });
             }
         });
     }
@@ -356,6 +470,7 @@ impl Limiter {
 mod tests {
     use super::*;
     use rl_core::limits::MAX_TOKENS;
+    use std::sync::atomic::Ordering;
 
     fn standing(remaining: u64) -> Decision {
         Decision {
@@ -467,5 +582,86 @@ mod tests {
         // 10^14 a second x a 10^6 ms window does not fit a u64.
         assert_eq!(batch(&[p(MAX_TOKENS, MAX_TOKENS, 1000)], 1_000_000, 1000), MAX_TOKENS);
         assert_eq!(batch(&[p(MAX_TOKENS, MAX_TOKENS, 1000)], 1_000_000, 4_000_000_000), 25_000_000);
+    }
+
+    #[test]
+    fn a_finished_call_never_clears_a_newer_calls_flag() {
+        // Threads lead calls and finish them at once. At most one call may be
+        // in flight: `done` clears the flag once, so the drop of a finished
+        // call cannot clear the flag of the next one.
+        let l = new_lease();
+        let in_flight = std::sync::atomic::AtomicU32::new(0);
+        let most = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..20_000 {
+                        if let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 0) {
+                            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
+                            call.done(|_| ());
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 1, "two RL.LEASE in flight for one subject");
+    }
+
+    #[test]
+    fn reserved_tokens_come_back_when_the_request_is_dropped() {
+        let l = new_lease();
+        add(&l, 2, 0, 0);
+        let clock = crate::Clock::default();
+        let now = clock.now_ms();
+        add(&l, 0, 0, now);
+        lock(&l).expires_ms = u64::MAX;
+        let reserved = short(spend(&l, 3, 10, now)).0;
+        assert_eq!(reserved, 2);
+        // The request waiting for Redis is dropped: its guard gives them back.
+        drop(Reserved::new(&l, reserved, &clock));
+        assert!(matches!(spend(&l, 2, 10, now), Spend::Hit { .. }));
+        // Spent: nothing comes back.
+        add(&l, 2, 0, now);
+        let reserved = short(spend(&l, 3, 10, now)).0;
+        Reserved::new(&l, reserved, &clock).spent();
+        assert_eq!(short(spend(&l, 1, 10, now)).0, 0);
+    }
+
+    #[test]
+    fn a_contended_lease_is_paced_and_asks_for_two_batches() {
+        let l = new_lease();
+        let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 0) else { panic!("leads") };
+        // Asked for 10, got 4: contended, paced for 50 ms.
+        call.done(|l| {
+            l.answered(10, 4, 50, 0);
+            l.add(3, &standing(0), 0, 1000);
+        });
+        assert_eq!(lock(&l).want(10), 20);
+        for _ in 0..3 {
+            assert!(matches!(spend(&l, 1, 10, 10), Spend::Hit { refill: None, .. }), "no top-up while paced");
+        }
+        assert!(matches!(spend(&l, 1, 10, 10), Spend::Paced { until_ms: 50 }), "refused from memory");
+        let d = lock(&l).paced_refusal(50, 10);
+        assert_eq!((d.allowed, d.retry_after, d.source), (false, Some(Duration::from_millis(40)), Source::DenyCache));
+        // The pace ends: one call leads, the others are refused meanwhile.
+        let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 50) else { panic!("leads") };
+        assert!(matches!(spend(&l, 1, 10, 50), Spend::Paced { .. }));
+        // It got all it asked for: no longer contended.
+        call.done(|l| {
+            l.answered(20, 20, 50, 50);
+            l.add(19, &standing(0), 50, 1000);
+        });
+        assert_eq!(lock(&l).want(10), 10);
+        assert!(matches!(spend(&l, 15, 10, 51), Spend::Hit { .. }));
+    }
+
+    #[test]
+    fn the_share_interval_is_the_fleets_refill_per_gateway() {
+        let p = BucketParams::new(10_000, 10_000, 1000).unwrap();
+        // 10,000/s on 300 gateways: 33 tokens take 990 ms of one gateway's share.
+        assert_eq!(share_ms(&p, 33, 300), 990);
+        assert_eq!(pace_ms(&[p, BucketParams::new(10, 10, 1000).unwrap()], 1, 300), 30_000);
     }
 }

@@ -30,7 +30,7 @@ use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
 use crate::fallback::{Fallback, Scale};
-use crate::lease::Leases;
+use crate::lease::{share_ms, Leases};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy, GROUP_KINDS};
 use crate::shards::Shards;
@@ -71,6 +71,9 @@ pub(crate) struct Inner {
     fallback: Fallback,
     counters: Counters,
     sink: Option<Arc<dyn Metrics>>,
+    /// The runtime the limiter was made in: background work (lease top-ups,
+    /// the cluster's slot map) always has one to run on.
+    runtime: tokio::runtime::Handle,
 }
 
 /// The evaluation of one group of a policy's rules for one subject,
@@ -119,7 +122,8 @@ pub(crate) type Admitted = (Arc<Breaker>, Ticket);
 impl Limiter {
     /// A limiter for `config`. Does not wait for Redis: it connects in the
     /// background, so a gateway starts (on its fallback) while Redis is
-    /// down. Call it inside a tokio runtime.
+    /// down. Call it inside a tokio runtime (an error otherwise): its
+    /// background work runs there.
     pub fn new(config: Config) -> Result<Limiter> {
         Limiter::build(config, None)
     }
@@ -130,12 +134,18 @@ impl Limiter {
     }
 
     fn build(config: Config, sink: Option<Arc<dyn Metrics>>) -> Result<Limiter> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::invalid(
+                "Limiter::new must be called inside a tokio runtime: lease top-ups run in the background there",
+            )
+        })?;
         let client = Client::new(&config)?;
         let cluster = matches!(config.target, Target::Cluster(_));
         let shards = Shards::new(
             cluster,
             config.breaker_trip_after,
             millis(config.breaker_open_for),
+            config.breaker_failure_rate,
             millis(config.topology_refresh),
         );
         Ok(Limiter {
@@ -148,6 +158,7 @@ impl Limiter {
                 fallback: Fallback::new(config.fallback_entries),
                 counters: Counters::default(),
                 sink,
+                runtime,
                 config,
             }),
         })
@@ -372,8 +383,12 @@ impl Limiter {
         };
         match answer {
             Ok(d) => {
+                // Held at least this gateway's share of the refill of `cost`:
+                // asking sooner, a subject pressing its limit from every
+                // gateway would cost a call per gateway per retry time.
+                let hold = t.group.params.get(d.rule).map_or(0, |r| share_ms(r, cost, i.gateways()));
                 let d = t.mapped(d);
-                i.deny.refused(&t.key(), cost, &d, now);
+                i.deny.refused(&t.key(), cost, &d, now, hold);
                 d
             }
             Err(e) => {
@@ -386,6 +401,12 @@ impl Limiter {
     /// Redis could not answer: fail-closed rules refuse, the others limit
     /// locally at this gateway's share of the limit times the slack (one
     /// token at least; a window whose share is below one token refuses).
+    ///
+    /// While the shard's breaker is closed, Redis answers other calls and
+    /// may admit the whole limit itself (and a call that timed out may have
+    /// taken its tokens there too): the fallback then allows `slack - 1`
+    /// times the share, so the fleet stays within `slack` x the limit. With
+    /// the breaker open it allows `slack` x the share.
     pub(crate) fn degraded(&self, t: &Evaluation, cost: u64, now: u64) -> Decision {
         let i = &self.inner;
         i.record(Event::Fallback, t.prefix(), None);
@@ -405,10 +426,13 @@ impl Limiter {
         if let Some(local) = t.group.fail_closed {
             return closed(local);
         }
+        let slack = i.config.fallback_slack;
+        let full = i.shards.refuses(t.subject, now);
         let scale = Scale {
             rules: &t.group.params,
             window: t.group.window.is_some(),
-            slack: i.config.fallback_slack,
+            slack: if full { slack } else { slack - 1.0 },
+            full,
             gateways: i.gateways(),
             policy: t.prefix(),
         };
@@ -445,11 +469,11 @@ impl Limiter {
         let (breaker, ticket) = admitted;
         let result = call.await;
         match &result {
-            Ok(_) => breaker.success(ticket),
+            Ok(_) => breaker.success(ticket, i.now_ms()),
             Err(e) => {
                 i.record(Event::Error, policy, None);
                 if !e.is_shard_failure() {
-                    breaker.success(ticket); // the shard answered; the call was at fault
+                    breaker.success(ticket, i.now_ms()); // the shard answered; the call was at fault
                 } else if breaker.failure(ticket, i.now_ms()) {
                     i.record(Event::BreakerOpened, policy, None);
                 }
@@ -465,9 +489,20 @@ impl Limiter {
         if !i.shards.is_cluster() || !i.shards.refresh_due(now) {
             return;
         }
-        let this = self.clone();
-        spawn(async move {
-            let i = &this.inner;
+        // Dropped unfinished (its runtime shut down): the refresh counts as
+        // failed, so the flag never stays set.
+        struct Pending(Limiter);
+        impl Drop for Pending {
+            fn drop(&mut self) {
+                let i = &self.0.inner;
+                if i.shards.is_refreshing() {
+                    i.shards.failed(i.now_ms());
+                }
+            }
+        }
+        let pending = Pending(self.clone());
+        i.spawn(async move {
+            let i = &pending.0.inner;
             match i.client.slot_map(i.config.connect_timeout).await {
                 Ok(map) if !map.is_empty() => i.shards.installed(&map, i.now_ms()),
                 _ => i.shards.failed(i.now_ms()),
@@ -485,6 +520,13 @@ impl Inner {
         self.gateways.load(Ordering::Relaxed)
     }
 
+    /// Background work goes on the runtime the limiter was made in. If that
+    /// runtime has shut down the task is dropped, and with it what it holds
+    /// (a lease call in flight), which clears its flags.
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(task);
+    }
+
     pub(crate) fn record(&self, event: Event, policy: &str, rule: Option<&str>) {
         // At most once per shard per breaker_open_for: no flood in an outage.
         if event == Event::BreakerOpened {
@@ -494,13 +536,5 @@ impl Inner {
         if let Some(sink) = &self.sink {
             sink.record(event, policy, rule);
         }
-    }
-}
-
-/// Background work goes on the caller's runtime (there always is one: the
-/// request path is async on tokio); without one it is skipped.
-pub(crate) fn spawn(task: impl Future<Output = ()> + Send + 'static) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(task);
     }
 }

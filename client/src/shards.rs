@@ -29,15 +29,16 @@ pub(crate) struct Shards {
     cluster: bool,
     trip_after: u32,
     open_for_ms: u64,
+    failure_rate: f64,
     refresh_ms: u64,
     next_refresh_ms: AtomicU64,
     refreshing: AtomicBool,
 }
 
 impl Shards {
-    pub(crate) fn new(cluster: bool, trip_after: u32, open_for_ms: u64, refresh_ms: u64) -> Shards {
+    pub(crate) fn new(cluster: bool, trip_after: u32, open_for_ms: u64, failure_rate: f64, refresh_ms: u64) -> Shards {
         let name = if cluster { "unknown" } else { "standalone" };
-        let breaker = Arc::new(Breaker::new(trip_after, open_for_ms));
+        let breaker = Arc::new(Breaker::new(trip_after, open_for_ms, failure_rate));
         let table = Table { slots: Vec::new(), breakers: vec![(name.to_string(), breaker.clone())] };
         Shards {
             table: ArcSwap::from_pointee(table),
@@ -45,6 +46,7 @@ impl Shards {
             cluster,
             trip_after,
             open_for_ms,
+            failure_rate,
             refresh_ms,
             next_refresh_ms: AtomicU64::new(0),
             refreshing: AtomicBool::new(false),
@@ -60,7 +62,7 @@ impl Shards {
             .get(i)
             .or(t.breakers.first())
             .map(|(_, b)| b.clone())
-            .unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms)))
+            .unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms, self.failure_rate)))
     }
 
     /// Whether the breaker of the shard serving hash tag `tag` refuses
@@ -109,6 +111,11 @@ impl Shards {
             && !self.refreshing.swap(true, Ordering::AcqRel)
     }
 
+    /// Whether a slot map read is under way.
+    pub(crate) fn is_refreshing(&self) -> bool {
+        self.refreshing.load(Ordering::Acquire)
+    }
+
     /// Installs a slot map `(first, last, primary)`.
     pub(crate) fn installed(&self, ranges: &[(u16, u16, String)], now_ms: u64) {
         let old = self.table.load_full();
@@ -121,7 +128,9 @@ impl Shards {
                     let kept = old.breakers.iter().find(|(name, _)| name == primary).map(|(_, b)| b.clone());
                     breakers.push((
                         primary.clone(),
-                        kept.unwrap_or_else(|| Arc::new(Breaker::new(self.trip_after, self.open_for_ms))),
+                        kept.unwrap_or_else(|| {
+                            Arc::new(Breaker::new(self.trip_after, self.open_for_ms, self.failure_rate))
+                        }),
                     ));
                     breakers.len() - 1
                 }
@@ -157,14 +166,14 @@ mod tests {
 
     #[test]
     fn standalone_is_one_shard_and_never_refreshes() {
-        let s = Shards::new(false, 1, 1000, 10_000);
+        let s = Shards::new(false, 1, 1000, 1.0, 10_000);
         assert!(Arc::ptr_eq(&s.breaker(0), &s.breaker(16_383)));
         assert!(!s.refresh_due(0));
     }
 
     #[test]
     fn a_cluster_has_a_breaker_per_primary() {
-        let s = Shards::new(true, 1, 1000, 10_000);
+        let s = Shards::new(true, 1, 1000, 1.0, 10_000);
         assert!(s.refresh_due(0));
         assert!(!s.refresh_due(0), "one refresh at a time");
         let map = [(0, 5460, "a:1".to_string()), (5461, 10922, "b:1".to_string()), (10923, 16383, "a:1".to_string())];
@@ -182,7 +191,7 @@ mod tests {
 
     #[test]
     fn a_call_is_admitted_by_its_subjects_shard() {
-        let s = Shards::new(true, 1, 1000, 10_000);
+        let s = Shards::new(true, 1, 1000, 1.0, 10_000);
         let (b, _) = s.admit("foo", 0).expect("closed");
         assert!(Arc::ptr_eq(&b, &s.breaker(0)), "until the map is known, one breaker for all");
         // "somekey" hashes to slot 11058, "foo" to 12182.
@@ -197,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_failed_refresh_is_retried_soon() {
-        let s = Shards::new(true, 1, 1000, 10_000);
+        let s = Shards::new(true, 1, 1000, 1.0, 10_000);
         assert!(s.refresh_due(0));
         s.failed(0);
         assert!(!s.refresh_due(999) && s.refresh_due(1000));

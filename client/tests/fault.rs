@@ -111,7 +111,10 @@ async fn a_share_below_one_token_admits_one_request_per_gateway(backend: Backend
     // 2 x 1 / 3 a second, one every 1.5 s. Fleet-wide at most
     // max(2 x 1, 3) = 3 at once, then 2 x 1 a second.
     let (c, clock) = fault_config(s.url(), backend);
-    let fleet: Vec<Limiter> = (0..3).map(|_| Limiter::new(Config { gateways: 3, ..c.clone() }).unwrap()).collect();
+    // The breaker opens at the first failure: every fallback decision here is
+    // the outage's (slack 2), none the partial failure's (slack - 1).
+    let c = Config { gateways: 3, breaker_trip_after: 1, ..c };
+    let fleet: Vec<Limiter> = (0..3).map(|_| Limiter::new(c.clone()).unwrap()).collect();
     let api = Policy::builder("api").rule(Rule::per_second("s", 1)).rule(Rule::per_minute("m", 600)).build().unwrap();
     let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5).fail_closed()).build().unwrap();
     for g in &fleet {

@@ -70,14 +70,15 @@ async fn the_deny_cache_refuses_until_the_retry_time(backend: Backend) {
     assert_eq!((d.allowed, d.source), (true, Source::Redis));
 }
 
-/// A rule of 1,000 a second on one gateway: leases of 100 (100 ms of it).
+/// A rule of 1,000 a second on one gateway: leases of 100 (100 ms of it,
+/// with `lease_window` 100 ms).
 fn busy_policy() -> Policy {
     Policy::builder("api").rule(Rule::per_second("per_second", 1000)).build().unwrap()
 }
 
 async fn busy_subjects_spend_leases_from_memory(backend: Backend) {
     let s = Server::start(&[]);
-    let l = Limiter::new(config(s.url(), backend)).unwrap();
+    let l = Limiter::new(Config { lease_window: Duration::from_millis(100), ..config(s.url(), backend) }).unwrap();
     let p = busy_policy();
     let first = l.check(&p, "big").await.unwrap();
     assert_eq!((first.allowed, first.source), (true, Source::Redis));

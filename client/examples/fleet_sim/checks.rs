@@ -5,11 +5,20 @@ use std::fmt::Write as _;
 
 use rl_client::{Config, Policy};
 
-use crate::phases::{Mode, Phase, Window, BEFORE_OUTAGE};
+use crate::phases::{Disturbance, Mode, Phase, Window, BEFORE_OUTAGE};
 use crate::report::{pass, thousands};
 use crate::stats::SOURCES;
 use crate::traffic::{Class, Plans, Traffic};
 use crate::Settings;
+
+/// How many subjects a class's row adds up.
+fn subjects(settings: &Settings, class: Class) -> f64 {
+    match class {
+        Class::Quiet => settings.quiet_subjects as f64,
+        Class::Login => settings.login_subjects as f64,
+        _ => 1.0,
+    }
+}
 
 /// Most a bucket of `capacity` refilled at `rate` a second admits in `seconds`.
 pub fn allowance(policy: &Policy, seconds: f64) -> f64 {
@@ -35,7 +44,8 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
     let mut never_over = true;
     let mut exact = true;
     let mut fallbacks = 0;
-    for p in phases.iter().filter(|p| p.down.is_none()) {
+    let mut pressing = None;
+    for p in phases.iter().filter(|p| p.disturbance == Disturbance::None) {
         for &(class, _) in &traffic.classes {
             let policy = traffic.policy(&plans, class);
             let limit = &policy.rules()[0];
@@ -50,6 +60,9 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
                 _ => (by_redis, allowance(policy, p.seconds)),
             };
             let within = checked as f64 <= allowed;
+            if class == Class::Hot(0) && p.mode == Mode::Limiter {
+                pressing = Some(checked as f64 / allowed);
+            }
             match p.mode {
                 Mode::Limiter => {
                     never_over &= within;
@@ -82,7 +95,13 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
             );
         }
     }
+    let pressing = pressing.unwrap_or(0.0);
     vec![
+        format!(
+            "the subject pressing its limit gets at least 95% of its allowance with leases: {} ({:.1}%)",
+            pass(pressing >= 0.95),
+            100.0 * pressing
+        ),
         format!("per-request RL.TAKE never admits over the allowance: {}", pass(exact)),
         format!("leases and the deny cache never admit over the allowance: {}", pass(never_over)),
         format!(
@@ -130,11 +149,7 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
         let policy = traffic.policy(&plans, class);
         let rule = &policy.rules()[0];
         let fail_closed = class == Class::Login;
-        let subjects = match class {
-            Class::Quiet => settings.quiet_subjects as f64,
-            Class::Login => settings.login_subjects as f64,
-            _ => 1.0,
-        };
+        let subjects = subjects(settings, class);
         // A share below one token is one token per gateway.
         let per_gateway = (rule.capacity() as f64 * slack / gateways as f64).floor().max(1.0);
         let refill = rule.refill() as f64 / rule.period().as_secs_f64();
@@ -271,7 +286,7 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
 /// Redis calls per request with and without leases, and without the
 /// subject that presses its limit.
 pub fn calls_summary(w: &mut String, traffic: &Traffic, phases: &[Phase]) {
-    let steady = |mode: Mode| phases.iter().find(|p| p.mode == mode && p.down.is_none());
+    let steady = |mode: Mode| phases.iter().find(|p| p.mode == mode && p.disturbance == Disturbance::None);
     if let (Some(plain), Some(leased)) = (steady(Mode::PerRequest), steady(Mode::Limiter)) {
         let per_request = |p: &Phase| p.calls as f64 / p.stats.total().requests.max(1) as f64;
         let (plain_ratio, leased_ratio) = (per_request(plain), per_request(leased));
@@ -299,4 +314,138 @@ pub fn calls_summary(w: &mut String, traffic: &Traffic, phases: &[Phase]) {
             (leased.calls - pressing.by_source[0]) as f64 / rest.max(1) as f64
         );
     }
+}
+
+/// Redis calls per request of the leases phase, split by class: the calls
+/// requests waited for (counted by the gateways) and the background top-ups
+/// (the server's count less those). Returns the check line.
+pub fn calls_by_class(w: &mut String, settings: &Settings, traffic: &Traffic, phases: &[Phase]) -> Vec<String> {
+    let Some(p) = phases.iter().find(|p| p.mode == Mode::Limiter && p.disturbance == Disturbance::None) else {
+        return Vec::new();
+    };
+    let total = p.stats.total().requests.max(1) as f64;
+    let _ = writeln!(w, "\n### Where the leases phase's Redis calls go\n");
+    let _ = writeln!(
+        w,
+        "Calls a request waited for, by class of subject, and the lease top-ups sent in the background (the \
+         server's count of calls less those). A quiet subject (2 a second over {} gateways) is seen by a gateway \
+         about once every {:.0} s: nothing it learns is still true next time, so each of its requests is one call; \
+         that floor is {:.3} calls per request of this traffic mix. Logins are the same.\n",
+        settings.gateways,
+        settings.gateways as f64 * settings.quiet_subjects as f64 / settings.quiet_rate,
+        p.stats.tallies[traffic.row(Class::Quiet)][Window::Running as usize].requests as f64 / total,
+    );
+    let _ = writeln!(w, "| class | requests | calls | calls / request of the class | share of all requests' calls |");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|");
+    let plans = Plans::new("report");
+    let mut rows: Vec<(String, u64, u64)> = Vec::new();
+    let mut add = |label: String, t: crate::stats::Tally| match rows.iter_mut().find(|r| r.0 == label) {
+        Some(r) => {
+            r.1 += t.requests;
+            r.2 += t.by_source[0];
+        }
+        None => rows.push((label, t.requests, t.by_source[0])),
+    };
+    for &(class, rate) in &traffic.classes {
+        let t = p.stats.tallies[traffic.row(class)][Window::Running as usize];
+        let rule = &traffic.policy(&plans, class).rules()[0];
+        let limit = rule.refill() as f64 / rule.period().as_secs_f64();
+        let label = match class {
+            Class::Hot(_) if rate > limit => "hot, pressing its limit".to_string(),
+            Class::Hot(_) => "hot, within its limit".to_string(),
+            Class::Quiet => "quiet".to_string(),
+            Class::Abuser => "abuser".to_string(),
+            Class::Login => "logins".to_string(),
+        };
+        add(label, t);
+    }
+    let request_path: u64 = rows.iter().map(|r| r.2).sum();
+    rows.push(("background lease top-ups".into(), 0, p.calls.saturating_sub(request_path)));
+    for (label, requests, calls) in &rows {
+        let per = if *requests > 0 { format!("{:.3}", *calls as f64 / *requests as f64) } else { "-".into() };
+        let _ = writeln!(
+            w,
+            "| {label} | {} | {} | {per} | {:.3} |",
+            thousands(*requests),
+            thousands(*calls),
+            *calls as f64 / total
+        );
+    }
+    let ratio = p.calls as f64 / total;
+    vec![format!("at most 0.10 Redis calls per request in the leases phase: {} ({ratio:.3})", pass(ratio <= 0.10))]
+}
+
+/// The slow phase: every class's admissions (Redis, leases and fallback
+/// together) against the partial-failure bound. Returns the check lines.
+pub fn slow_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Phase) -> Vec<String> {
+    let Disturbance::Slow { pause_ms, every_ms } = p.disturbance else { return Vec::new() };
+    let plans = Plans::new("report");
+    let gateways = settings.gateways as f64;
+    let slack = Config::standalone("").fallback_slack;
+    let _ = writeln!(w, "\n### Slow Redis: write commands paused {pause_ms} ms every {every_ms} ms\n");
+    let _ = writeln!(
+        w,
+        "`CLIENT PAUSE {pause_ms} WRITE` every {every_ms} ms for {:.0} s: a call sent in a pause waits past the \
+         timeout and is answered by the fallback, and still runs when the pause ends, taking its tokens. The \
+         fallback allows slack − 1 = {} times a gateway's share while the breaker is closed (Redis may admit the \
+         whole limit itself), {slack} times once it opens. The bound is the outage's, max({slack} × capacity, \
+         {}) + {slack} × rate × time: {slack}× the limit over the episode when a gateway's share is a token or more. \
+         {} failed calls, {} breakers opened.\n",
+        p.seconds,
+        slack - 1.0,
+        settings.gateways,
+        thousands(p.errors),
+        p.breakers_opened,
+    );
+    let _ = writeln!(
+        w,
+        "| traffic | rule | requests | admitted | by the fallback | bound | admitted / bound | admitted / allowance |"
+    );
+    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|");
+    let mut over = Vec::new();
+    let mut closed_ok = true;
+    for &(class, _) in &traffic.classes {
+        let policy = traffic.policy(&plans, class);
+        let rule = &policy.rules()[0];
+        let subjects = subjects(settings, class);
+        let t = p.stats.tallies[traffic.row(class)][Window::Running as usize];
+        let refill = rule.refill() as f64 / rule.period().as_secs_f64();
+        let capacity = rule.capacity() as f64;
+        let allowance = allowance(policy, p.seconds) * subjects;
+        let fail_closed = class == Class::Login;
+        let bound = if fail_closed {
+            allowance
+        } else {
+            ((slack * capacity).max(gateways) + slack * refill * p.seconds) * subjects
+        };
+        if fail_closed {
+            closed_ok &= t.fallback_admitted == 0 && t.admitted as f64 <= allowance;
+        } else if t.admitted as f64 > bound {
+            over.push(format!("{} {:.2}x", traffic.label(class), t.admitted as f64 / bound));
+        }
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} |",
+            traffic.label(class),
+            if fail_closed { "fail-closed" } else { "fail-open" },
+            thousands(t.requests),
+            thousands(t.admitted),
+            thousands(t.fallback_admitted),
+            thousands(bound as u64),
+            t.admitted as f64 / bound,
+            t.admitted as f64 / allowance,
+        );
+    }
+    let listed = if over.is_empty() { String::new() } else { format!(" ({})", over.join(", ")) };
+    vec![
+        format!(
+            "slow Redis: fail-open rules within max({slack} × capacity, {}) + {slack} × rate × time: {}{listed}",
+            settings.gateways,
+            pass(over.is_empty())
+        ),
+        format!(
+            "slow Redis: the fail-closed rule never admitted by the fallback nor over its allowance: {}",
+            pass(closed_ok)
+        ),
+    ]
 }

@@ -20,9 +20,12 @@
 //! - one abuser in a retry loop (`--abuser-rate`) on that same 10 a second plan;
 //! - logins (`--login-rate`), 30 a minute each, fail-closed.
 //!
-//! Every request goes to one gateway, round robin. Three phases: every
+//! Every request goes to one gateway, round robin. Four phases: every
 //! request one RL.TAKE (`Client::take`: no leases, no deny cache); the
-//! `Limiter` (leases and deny cache); the `Limiter` again while the server
+//! `Limiter` (leases and deny cache); the `Limiter` while the server is
+//! slow for a fraction of calls (`CLIENT PAUSE WRITE` for `--pause-ms` every
+//! `--pause-every-ms`: calls sent in a pause wait past the timeout, and run
+//! once it ends, taking their tokens); the `Limiter` again while the server
 //! is killed for `--outage` seconds and restarted. The numbers printed all
 //! come from the run: requests and decisions counted by the gateways,
 //! Redis calls from the module's counters in the server's `INFO rl`.
@@ -41,7 +44,7 @@ use clap::Parser;
 use rl_client::{Bucket, Config, Limiter};
 use testkit::Server;
 
-use phases::{run_phase, Mode, AFTER_OUTAGE, BEFORE_OUTAGE};
+use phases::{run_phase, Disturbance, Mode, AFTER_OUTAGE, BEFORE_OUTAGE};
 use traffic::Traffic;
 
 /// A fleet of gateways against one redis-server with the module.
@@ -78,9 +81,16 @@ pub struct Settings {
     /// Login requests a second, all together.
     #[arg(long, default_value_t = 200.0, value_parser = positive)]
     pub login_rate: f64,
-    /// The limiter's timeout per Redis call, in ms.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
-    pub timeout_ms: u64,
+    /// The limiter's timeout per Redis call, in ms (default: the Config's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: Option<u64>,
+    /// In the slow phase, the server pauses write commands (CLIENT PAUSE)
+    /// this long...
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pause_ms: u64,
+    /// ...once every this many ms.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pause_every_ms: u64,
     /// Also write the report (Markdown) to FILE.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -117,10 +127,11 @@ async fn main() {
     let started = report::utc_now();
     let machine = report::machine();
     let mut server = Server::start(&[]);
+    let defaults = Config::standalone(server.url());
     let config = Config {
         gateways: settings.gateways,
-        timeout: Duration::from_millis(settings.timeout_ms),
-        ..Config::standalone(server.url())
+        timeout: settings.timeout_ms.map_or(defaults.timeout, Duration::from_millis),
+        ..defaults
     };
     let fleet: Vec<Limiter> =
         (0..settings.gateways).map(|_| Limiter::new(config.clone()).expect("a valid config")).collect();
@@ -144,13 +155,15 @@ async fn main() {
         BEFORE_OUTAGE + outage + AFTER_OUTAGE
     );
     let mut phases = Vec::new();
-    for (name, mode, length, down) in [
-        ("per-request", Mode::PerRequest, steady, None),
-        ("leases", Mode::Limiter, steady, None),
-        ("outage", Mode::Limiter, BEFORE_OUTAGE + outage + AFTER_OUTAGE, Some(outage)),
+    let slow = Disturbance::Slow { pause_ms: settings.pause_ms, every_ms: settings.pause_every_ms };
+    for (name, mode, length, disturbance) in [
+        ("per-request", Mode::PerRequest, steady, Disturbance::None),
+        ("leases", Mode::Limiter, steady, Disturbance::None),
+        ("slow", Mode::Limiter, steady, slow),
+        ("outage", Mode::Limiter, BEFORE_OUTAGE + outage + AFTER_OUTAGE, Disturbance::Outage(outage)),
     ] {
         eprintln!("phase {name}...");
-        phases.push(run_phase(name, &fleet, &traffic, mode, length, &mut server, down).await);
+        phases.push(run_phase(name, &fleet, &traffic, mode, length, &mut server, disturbance).await);
     }
     let header = report::header(&settings, &command, &started, &machine);
     let text = report::report(&settings, &traffic, &phases, &header);
@@ -159,5 +172,10 @@ async fn main() {
         std::fs::write(path, format!("# Fleet simulation results\n\nWritten by `client/examples/fleet_sim/`; see the client README.\n\n{text}"))
             .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         eprintln!("written to {}", path.display());
+    }
+    // The checks are the acceptance test of `make sim`: a broken bound fails it.
+    if text.contains(": FAIL") {
+        eprintln!("a check FAILED (see the report)");
+        std::process::exit(1);
     }
 }

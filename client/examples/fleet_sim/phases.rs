@@ -162,8 +162,22 @@ pub fn count(fleet: &[Limiter], event: Event) -> u64 {
     fleet.iter().map(|l| l.counters().get(event)).sum()
 }
 
+/// What happens to the server during a phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disturbance {
+    None,
+    /// Killed `BEFORE_OUTAGE` in, restarted this much later.
+    Outage(Duration),
+    /// Write commands paused `pause_ms` once every `every_ms`.
+    Slow {
+        pause_ms: u64,
+        every_ms: u64,
+    },
+}
+
 pub struct Phase {
     pub name: &'static str,
+    pub disturbance: Disturbance,
     pub mode: Mode,
     pub seconds: f64,
     pub stats: Stats,
@@ -184,8 +198,12 @@ pub async fn run_phase(
     mode: Mode,
     length: Duration,
     server: &mut Server,
-    outage: Option<Duration>,
+    disturbance: Disturbance,
 ) -> Phase {
+    let outage = match disturbance {
+        Disturbance::Outage(d) => Some(d),
+        _ => None,
+    };
     let plans = Arc::new(Plans::new(name));
     let progress = Arc::new(AtomicU8::new(stage::RUNNING));
     let (errors, opened) = (count(fleet, Event::Error), count(fleet, Event::BreakerOpened));
@@ -206,6 +224,24 @@ pub async fn run_phase(
     }
     let mut calls = 0;
     let mut down = None;
+    let pauser = match disturbance {
+        Disturbance::Slow { pause_ms, every_ms } => {
+            let mut con = server.con();
+            Some(std::thread::spawn(move || {
+                std::thread::sleep(start.saturating_duration_since(Instant::now()));
+                while Instant::now() + Duration::from_millis(every_ms) < end {
+                    let _: () = redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(pause_ms)
+                        .arg("WRITE")
+                        .query(&mut con)
+                        .expect("CLIENT PAUSE");
+                    std::thread::sleep(Duration::from_millis(every_ms));
+                }
+            }))
+        }
+        _ => None,
+    };
     if let Some(outage) = outage {
         tokio::time::sleep_until((start + BEFORE_OUTAGE).into()).await;
         progress.store(stage::STOPPING, Ordering::Release);
@@ -224,10 +260,16 @@ pub async fn run_phase(
     for lane in lanes {
         stats.merge(lane.await.expect("a lane"));
     }
+    if let Some(pauser) = pauser {
+        pauser.join().expect("the pausing thread");
+        // The last pause ends before the server's counters are read.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let seconds = end.duration_since(start).as_secs_f64();
     calls += redis_calls(server) - if outage.is_some() { 0 } else { calls_at_start };
     Phase {
         name,
+        disturbance,
         mode,
         seconds,
         stats,

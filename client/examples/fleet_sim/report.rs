@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::checks::{allowance_table, calls_summary, outage_table};
+use crate::checks::{allowance_table, calls_by_class, calls_summary, outage_table, slow_table};
 use crate::phases::{Mode, Phase, AFTER_OUTAGE, BEFORE_OUTAGE};
 use crate::traffic::Traffic;
 use crate::Settings;
@@ -12,7 +12,11 @@ pub fn report(settings: &Settings, traffic: &Traffic, phases: &[Phase], header: 
     let mut out = String::new();
     let _ = writeln!(out, "{header}");
     calls_table(&mut out, settings, phases);
-    let mut checks = allowance_table(&mut out, settings, traffic, phases);
+    let mut checks = calls_by_class(&mut out, settings, traffic, phases);
+    checks.extend(allowance_table(&mut out, settings, traffic, phases));
+    if let Some(p) = phases.iter().find(|p| matches!(p.disturbance, crate::phases::Disturbance::Slow { .. })) {
+        checks.extend(slow_table(&mut out, settings, traffic, p));
+    }
     if let Some(p) = phases.iter().find(|p| p.down.is_some()) {
         checks.extend(outage_table(&mut out, settings, traffic, p));
     }
@@ -125,7 +129,7 @@ pub fn header(settings: &Settings, command: &str, started: &str, machine: &str) 
         if command.is_empty() { "" } else { " " },
         settings.gateways,
         settings.gateways,
-        settings.timeout_ms,
+        settings.timeout_ms.map_or_else(|| format!("{} (the default)", rl_client::Config::standalone("").timeout.as_millis()), |t| t.to_string()),
         settings.hot_subjects,
         thousands(settings.hot_rate as u64),
         thousands(settings.quiet_subjects as u64),
