@@ -27,7 +27,7 @@ use crate::clock::Clock;
 use crate::decision::Source;
 use crate::error::{Error, Result};
 use crate::inflight::{check_cost, inflight_params, new_id};
-use crate::limiter::{spawn, Limiter};
+use crate::limiter::Limiter;
 use crate::local_inflight::{local_share, LocalInflight};
 use crate::metrics::Event;
 use crate::policy::{check_name, check_subject, FailMode};
@@ -277,7 +277,8 @@ impl Drop for Pending {
         }
         let (limiter, keys, id, prefix) =
             (self.limiter.clone(), std::mem::take(&mut self.keys), std::mem::take(&mut self.id), self.prefix.clone());
-        spawn(async move {
+        let inner = limiter.inner.clone();
+        inner.spawn(async move {
             // A failed release heals at the deadline.
             if limiter.client().release(&keys, &id).await.is_err() {
                 limiter.record(Event::Error, &prefix, None);
