@@ -58,7 +58,7 @@ fn groups<'a, T, const N: usize>(
 ) -> Result<Groups<'a, T>, ArgError> {
     let numkeys = numkeys(argv)?;
     let keys = &argv[FIRST_KEY..FIRST_KEY + numkeys];
-    crate::store::keys::distinct(keys.iter().copied()).map_err(ArgError)?;
+    crate::store::keys::distinct(keys.iter().copied()).map_err(|k| ArgError(named_twice(k)))?;
     let mut rest = &argv[FIRST_KEY + numkeys..];
     let mut params = SmallVec::new();
     for (i, key) in keys.iter().enumerate() {
@@ -269,7 +269,8 @@ pub fn parse_acquire<'a>(argv: &'a [&'a [u8]], max_limit: u64) -> Result<Acquire
 /// RL.RELEASE: `numkeys key [key ...] ID id`.
 pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<(usize, &'a [u8]), ArgError> {
     let numkeys = numkeys(argv)?;
-    crate::store::keys::distinct(argv[FIRST_KEY..FIRST_KEY + numkeys].iter().copied()).map_err(ArgError)?;
+    crate::store::keys::distinct(argv[FIRST_KEY..FIRST_KEY + numkeys].iter().copied())
+        .map_err(|k| ArgError(named_twice(k)))?;
     match split_id(&argv[FIRST_KEY + numkeys..])? {
         (Some(id), rest) if rest.is_empty() => Ok((numkeys, id)),
         (_, rest) => Err(ArgError(match rest.first() {
@@ -340,6 +341,11 @@ pub fn parse_throttle(argv: &[&[u8]]) -> Result<ThrottleArgs, ArgError> {
         })
     })?;
     Ok(ThrottleArgs { quota, quantity })
+}
+
+/// The refusal of a call that names `key` twice.
+pub fn named_twice(key: &[u8]) -> String {
+    format!("ERR key '{}' is named more than once", shown(key))
 }
 
 /// A non-negative decimal integer without sign, spaces or exponent; `None`

@@ -472,7 +472,21 @@ fn acl_category_on_servers_that_support_module_categories() {
     }
     let mut ours: Vec<String> = redis::cmd("ACL").arg(&["CAT", "ratelimit"]).query(&mut con).unwrap();
     ours.sort();
-    assert_eq!(ours, ["cl.throttle", "rl.lease", "rl.peek", "rl.refund", "rl.take", "rl.window", "rl.windowpeek"]);
+    assert_eq!(
+        ours,
+        [
+            "cl.throttle",
+            "rl.acquire",
+            "rl.inflight",
+            "rl.lease",
+            "rl.peek",
+            "rl.refund",
+            "rl.release",
+            "rl.take",
+            "rl.window",
+            "rl.windowpeek"
+        ]
+    );
     // A gateway user with +@ratelimit calls the limiter but cannot forge state.
     redis::cmd("ACL")
         .arg(&["SETUSER", "gateway", "on", ">pw", "~*", "-@all", "+@ratelimit"])

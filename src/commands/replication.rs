@@ -28,7 +28,7 @@ use rl_core::log::{Append, Log};
 use smallvec::SmallVec;
 
 use super::arg_bytes;
-use crate::args::{int, shown};
+use crate::args::{int, named_twice, shown};
 use crate::ffi::{Ctx, Key};
 use crate::stats::Counted;
 use crate::store::keys::{distinct, load, wrongtype};
@@ -141,7 +141,7 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
         };
         writes.push((1 + 3 * i, state, pxat(ctx, t[2], !t[1].is_empty())?));
     }
-    distinct(bytes[1..].iter().step_by(3).copied())?;
+    distinct(bytes[1..].iter().step_by(3).copied()).map_err(named_twice)?;
     let ours = [
         store::handle::<PackedBucket>(),
         store::handle::<PackedWindow>(),
@@ -210,7 +210,7 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
         };
         appends.push((append, pxat(ctx, g[4], true)?));
     }
-    distinct(bytes[1..].iter().step_by(5).copied())?;
+    distinct(bytes[1..].iter().step_by(5).copied()).map_err(named_twice)?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..appends.len()).map(|i| argv[1 + 5 * i]).collect();
     let mut loaded = load::<Log>(ctx, &names, true)?;
     for (i, (a, _)) in appends.iter().enumerate() {
@@ -256,7 +256,7 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
         let at = pxat(ctx, g[5], true)?;
         changes.push((change, at));
     }
-    distinct(bytes[1..].iter().step_by(6).copied())?;
+    distinct(bytes[1..].iter().step_by(6).copied()).map_err(named_twice)?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..changes.len()).map(|i| argv[1 + 6 * i]).collect();
     let mut loaded = load::<Slots>(ctx, &names, true)?;
     for (i, (c, _)) in changes.iter().enumerate() {

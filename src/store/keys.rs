@@ -10,18 +10,17 @@ use rl_core::INLINE;
 use smallvec::SmallVec;
 
 use super::{handle, Value};
-use crate::args::shown;
 use crate::ffi::{Ctx, Held, Key};
 
 pub(crate) fn wrongtype() -> String {
     "WRONGTYPE Operation against a key holding the wrong kind of value".into()
 }
 
-/// Refuses a list of key names that names one key twice. Linear in the
-/// number of names (a hash set past a handful), so a caller-sized list
-/// costs what it weighs.
-pub(crate) fn distinct<'a>(names: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Result<(), String> {
-    let repeated = |k: &[u8]| Err(format!("ERR key '{}' is named more than once", shown(k)));
+/// Refuses a list of key names that names one key twice, answering the
+/// repeated name. Linear in the number of names (a hash set past a
+/// handful), so a caller-sized list costs what it weighs.
+pub(crate) fn distinct<'a>(names: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Result<(), &'a [u8]> {
+    let repeated = |k: &'a [u8]| Err(k);
     if names.len() <= 8 {
         for (i, k) in names.clone().enumerate() {
             if names.clone().take(i).any(|other| other == k) {
