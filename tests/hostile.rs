@@ -234,11 +234,18 @@ fn hostile_calls_are_answered_and_leave_no_memory_behind() {
     // those in pools of its own that grow from round to round.)
     round(&s, false);
     let baseline = flushed_memory(&s);
-    // The same calls again (answers may differ where expiry raced the clock).
-    round(&s, false);
-    let after = flushed_memory(&s);
-    eprintln!("used_memory after FLUSHALL: {baseline} after round 2, {after} after round 3");
-    // Redis returns to the byte; Valkey (libc malloc) wanders by a few KB.
-    // A leak of 8 bytes per call would show as 32 KB.
+    // The same calls again (answers may differ where expiry raced the clock),
+    // three times. Redis returns to the byte; Valkey (libc malloc) wanders
+    // by up to ~30 KB from one round to the next and back. A leak only
+    // grows, so the smallest of the three is the one to hold: a leak of 8
+    // bytes per call would put even that 32 KB higher each round.
+    let after = (0..3)
+        .map(|_| {
+            round(&s, false);
+            flushed_memory(&s)
+        })
+        .min()
+        .unwrap_or(i64::MAX);
+    eprintln!("used_memory after FLUSHALL: {baseline} after round 2, at least {after} after rounds 3 to 5");
     assert!(after <= baseline + 16 * 1024, "used_memory {baseline} -> {after} after FLUSHALL");
 }
