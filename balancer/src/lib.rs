@@ -6,9 +6,12 @@
 pub mod ramp;
 pub mod split;
 pub mod stale;
+pub mod store;
+pub mod table;
 pub mod transition;
 
 pub use ramp::{ramp_ms, ramped_capacity};
 pub use split::{SplitParams, WHOLE};
 pub use stale::{held_by_unreachable, share_in_force};
+pub use table::{GlobalBucket, RegionalBucket, RuleShares, Share, ShareTable};
 pub use transition::{Fence, Plan, Stale};
