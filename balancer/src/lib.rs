@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod ramp;
+pub mod round;
 pub mod split;
 pub mod stale;
 pub mod store;
@@ -11,6 +12,7 @@ pub mod table;
 pub mod transition;
 
 pub use ramp::{ramp_ms, ramped_capacity};
+pub use round::{plan_round, GlobalRule, RoundTables};
 pub use split::{SplitParams, WHOLE};
 pub use stale::{held_by_unreachable, share_in_force};
 pub use table::{GlobalBucket, RegionalBucket, RuleShares, Share, ShareTable};
