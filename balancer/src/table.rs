@@ -1,0 +1,149 @@
+//! The share table one region's gateways enforce: for each global rule, the
+//! region's default share and the shares of the busy subjects the balancer
+//! follows. Stored as JSON in the region's Redis (see `store`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ramp::ramped_capacity;
+use crate::stale::share_in_force;
+
+/// One region's shares of every global rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareTable {
+    /// By global rule id.
+    pub rules: BTreeMap<String, RuleShares>,
+}
+
+/// One global rule's shares in this region.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleShares {
+    /// The share (ppm) of subjects the balancer does not follow.
+    pub default: u32,
+    /// Busy subjects' shares.
+    #[serde(default)]
+    pub subjects: BTreeMap<String, Share>,
+}
+
+/// A subject's share, and the share it was raised from by the last change
+/// (equal when it was not raised): the capacity ramps from the old one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// The share in force, ppm.
+    pub share: u32,
+    /// The share before the last raise, ppm (the ramp's start).
+    pub from: u32,
+}
+
+/// A global limit's parameters, as the rule states them for the whole world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalBucket {
+    /// Tokens the bucket holds at most, worldwide.
+    pub capacity: u64,
+    /// Tokens added every `period_ms`, worldwide.
+    pub refill: u64,
+    /// The refill period in ms.
+    pub period_ms: u64,
+}
+
+/// What a region enforces of a [`GlobalBucket`]: capacity and refill,
+/// rounded down. `None`: the share is worth less than one token of capacity
+/// or refill, and the region refuses (under, never over).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionalBucket {
+    /// Capacity in this region now (ramping after a raise).
+    pub capacity: u64,
+    /// Refill in this region every `period_ms`.
+    pub refill: u64,
+}
+
+impl GlobalBucket {
+    /// This region's part at `share` ppm, raised from `from` ppm
+    /// `since_change` ago (see [`ramped_capacity`]).
+    pub fn regional(&self, share: u32, from: u32, since_change: Duration) -> Option<RegionalBucket> {
+        let part = |total: u64, ppm: u32| (total as u128 * ppm as u128 / crate::WHOLE as u128) as u64;
+        let refill = part(self.refill, share);
+        let to = part(self.capacity, share);
+        let capacity =
+            ramped_capacity(part(self.capacity, from), to, refill, self.period_ms, since_change.as_millis() as u64);
+        (capacity >= 1 && refill >= 1).then_some(RegionalBucket { capacity, refill })
+    }
+}
+
+impl ShareTable {
+    /// The share of `subject` under `rule`, with the one it was raised
+    /// from: the subject's own, else the rule's default, else `None` (the
+    /// table does not know the rule: use the fixed split).
+    pub fn lookup(&self, rule: &str, subject: &str) -> Option<Share> {
+        let r = self.rules.get(rule)?;
+        Some(r.subjects.get(subject).copied().unwrap_or(Share { share: r.default, from: r.default }))
+    }
+
+    /// The share to enforce with the table `age` old and its last change
+    /// `since_change` ago (see [`share_in_force`]); `fixed` is this
+    /// region's fixed split. Answers the share and how long ago its ramp
+    /// started: a fallback that raises ramps from the smaller share, from
+    /// the moment it applies.
+    pub fn in_force(
+        &self,
+        rule: &str,
+        subject: &str,
+        fixed: u32,
+        (age, since_change): (Duration, Duration),
+        stale_after: Duration,
+        settle: Duration,
+    ) -> (Share, Duration) {
+        let last = self.lookup(rule, subject).unwrap_or(Share { share: fixed, from: fixed });
+        let share = share_in_force(last.share, fixed, age, stale_after, settle);
+        if share == last.share {
+            (last, since_change)
+        } else {
+            let from = last.share.min(fixed);
+            (Share { share, from }, age.saturating_sub(stale_after + settle))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_region_enforces_its_part_ramping_after_a_raise() {
+        let g = GlobalBucket { capacity: 1000, refill: 1000, period_ms: 1000 };
+        assert_eq!(g.regional(700_000, 700_000, Duration::ZERO), Some(RegionalBucket { capacity: 700, refill: 700 }));
+        assert_eq!(g.regional(700_000, 100_000, Duration::ZERO), Some(RegionalBucket { capacity: 100, refill: 700 }));
+        assert_eq!(
+            g.regional(700_000, 100_000, Duration::from_millis(500)),
+            Some(RegionalBucket { capacity: 450, refill: 700 })
+        );
+        assert_eq!(g.regional(500, 500, Duration::ZERO), None, "half a token: refused, never rounded up");
+    }
+
+    #[test]
+    fn lookup_falls_back_to_the_rule_default_then_none() {
+        let json = r#"{"rules":{"api":{"default":333333,"subjects":{"acme":{"share":700000,"from":100000}}}}}"#;
+        let t: ShareTable = serde_json::from_str(json).unwrap();
+        assert_eq!(t.lookup("api", "acme"), Some(Share { share: 700_000, from: 100_000 }));
+        assert_eq!(t.lookup("api", "other"), Some(Share { share: 333_333, from: 333_333 }));
+        assert_eq!(t.lookup("login", "acme"), None);
+        let (s, settle) = (Duration::from_secs(300), Duration::from_secs(10));
+        let aged = |secs| (Duration::from_secs(secs), Duration::from_secs(secs));
+        assert_eq!(t.in_force("api", "acme", 333_333, aged(301), s, settle).0.share, 333_333);
+        assert_eq!(t.in_force("api", "x", 500_000, aged(301), s, settle).0.share, 333_333);
+        assert_eq!(
+            t.in_force("api", "x", 500_000, aged(312), s, settle),
+            (Share { share: 500_000, from: 333_333 }, Duration::from_secs(2))
+        );
+        assert_eq!(
+            t.in_force("api", "acme", 333_333, aged(5), s, settle),
+            (t.lookup("api", "acme").unwrap(), aged(5).1)
+        );
+        assert!(serde_json::from_str::<ShareTable>(r#"{"rules":{},"extra":1}"#).is_err());
+    }
+}
