@@ -96,6 +96,16 @@ impl Pool {
         }
     }
 
+    /// The refusal Redis named, while it holds for `need`.
+    fn refusal(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
+        let (asked, until) = self.denied?;
+        if now_ms >= until || need.min < asked {
+            return None;
+        }
+        self.hits += 1;
+        Some(self.standing(0, (until - now_ms) as i64, now_ms))
+    }
+
     /// Takes what `need` asks of the pool, if it holds `need.min`.
     fn pay(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
         if self.tokens < need.min {
@@ -149,6 +159,15 @@ impl Pools {
     /// (with `params`) at `now_ms`.
     pub fn plan(&mut self, keys: &[Bytes], params: &[BucketParams], need: Need, now_ms: u64) -> Plan {
         let settings = self.settings;
+        if batch(params, settings.window_ms, settings.relays) <= 1 {
+            // A share of a token or less: a lease would strand tokens, so
+            // each request is one call, as a gateway does; only a refusal
+            // Redis named is answered from memory.
+            return match self.pools.get_mut(keys).and_then(|p| p.refusal(need, now_ms)) {
+                Some(reply) => Plan::Answer { reply, top_up: None },
+                None => Plan::Forward,
+            };
+        }
         if !self.pools.contains_key(keys) && !self.make_room(now_ms) {
             return Plan::Forward;
         }
@@ -173,11 +192,8 @@ impl Pools {
             });
             return Plan::Answer { reply, top_up };
         }
-        if let Some((asked, until)) = pool.denied {
-            if now_ms < until && need.min >= asked {
-                pool.hits += 1;
-                return Plan::Answer { reply: pool.standing(0, (until - now_ms) as i64, now_ms), top_up: None };
-            }
+        if let Some(reply) = pool.refusal(need, now_ms) {
+            return Plan::Answer { reply, top_up: None };
         }
         if paced {
             pool.hits += 1;
@@ -235,6 +251,28 @@ impl Pools {
         Some(pool.pay(need, now_ms).unwrap_or(Reply { granted: 0, ..upstream }))
     }
 
+    /// Redis answered a forwarded RL.TAKE or RL.LEASE of `need`: a refusal
+    /// is remembered until the retry time it names.
+    pub fn forwarded(&mut self, keys: &[Bytes], params: &[BucketParams], need: Need, upstream: Reply, now_ms: u64) {
+        if upstream.granted > 0 || upstream.retry_after_ms <= 0 {
+            return;
+        }
+        if !self.pools.contains_key(keys) && !self.make_room(now_ms) {
+            return;
+        }
+        let settings = self.settings;
+        let pool = self.pools.entry(keys.to_vec()).or_default();
+        if pool.params != params {
+            *pool = Pool {
+                params: params.to_vec(),
+                batch: batch(params, settings.window_ms, settings.relays),
+                ..Pool::default()
+            };
+        }
+        pool.last = Some((upstream, now_ms));
+        pool.denied = Some((need.min, now_ms.saturating_add(upstream.retry_after_ms as u64)));
+    }
+
     /// A lease call failed (timeout, connection): the next request may try.
     pub fn failed(&mut self, keys: &[Bytes]) {
         if let Some(pool) = self.pools.get_mut(keys) {
@@ -248,7 +286,9 @@ impl Pools {
         if self.pools.len() < self.settings.max_subjects {
             return true;
         }
-        self.pools.retain(|_, p| p.leasing || (p.tokens > 0 && now_ms < p.expires_ms));
+        self.pools.retain(|_, p| {
+            p.leasing || (p.tokens > 0 && now_ms < p.expires_ms) || p.denied.is_some_and(|(_, until)| now_ms < until)
+        });
         self.pools.len() < self.settings.max_subjects
     }
 }
@@ -367,11 +407,24 @@ mod tests {
     #[test]
     fn held_tokens_expire_after_the_ttl() {
         let mut pools = Pools::new(Settings { ttl_ms: 100, ..Settings::default() });
-        let params = rule(1000, 10, 1000);
+        let params = rule(1000, 10, 1000); // batch 10
         let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 0) else { panic!() };
         pools.settle(&keys(), want, granted(11, 0), Some(ONE), 0);
         assert!(matches!(pools.plan(&keys(), &params, ONE, 99), Plan::Answer { .. }));
         assert!(matches!(pools.plan(&keys(), &params, ONE, 100), Plan::Lease { .. }), "dropped, not spent");
+    }
+
+    #[test]
+    fn a_share_of_a_token_is_one_call_per_request_refusals_remembered() {
+        let mut pools = Pools::new(Settings { relays: 100, ..Settings::default() });
+        let params = rule(10, 10, 1000); // a tenth of a token a second per relay
+        assert_eq!(pools.plan(&keys(), &params, ONE, 0), Plan::Forward);
+        pools.forwarded(&keys(), &params, ONE, granted(1, 5), 0);
+        assert_eq!(pools.plan(&keys(), &params, ONE, 1), Plan::Forward, "a grant is not remembered");
+        pools.forwarded(&keys(), &params, ONE, refused(100), 1);
+        let Plan::Answer { reply, top_up: None } = pools.plan(&keys(), &params, ONE, 41) else { panic!() };
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 60));
+        assert_eq!(pools.plan(&keys(), &params, ONE, 101), Plan::Forward);
     }
 
     #[test]

@@ -214,7 +214,19 @@ impl Relay {
                     }
                 }
             }
-            Plan::Forward => self.forward(args, keys.first().map(|k| k.as_ref())).await,
+            Plan::Forward => {
+                let reply = self.forward(args, keys.first().map(|k| k.as_ref())).await;
+                if let BytesFrame::Array(items) = &reply {
+                    let ints: Option<Vec<Value>> = items
+                        .iter()
+                        .map(|f| if let BytesFrame::Integer(i) = f { Some(Value::Int(*i)) } else { None })
+                        .collect();
+                    if let Some(upstream) = ints.and_then(|v| parse_reply(&Value::Array(v))) {
+                        self.pools().forwarded(&keys, &params, need, upstream, now_ms());
+                    }
+                }
+                reply
+            }
         }
     }
 
