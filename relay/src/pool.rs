@@ -245,7 +245,7 @@ impl Pools {
             }
         } else if upstream.retry_after_ms > 0 {
             let asked_min = need.map_or(1, |n| n.min.saturating_sub(pool.tokens).max(1));
-            pool.denied = Some((asked_min, now_ms.saturating_add(upstream.retry_after_ms as u64)));
+            pool.denied = Some((asked_min, hold_until(&pool.params, asked_min, upstream, relays, now_ms)));
         }
         let need = need?;
         Some(pool.pay(need, now_ms).unwrap_or(Reply { granted: 0, ..upstream }))
@@ -270,7 +270,7 @@ impl Pools {
             };
         }
         pool.last = Some((upstream, now_ms));
-        pool.denied = Some((need.min, now_ms.saturating_add(upstream.retry_after_ms as u64)));
+        pool.denied = Some((need.min, hold_until(params, need.min, upstream, settings.relays, now_ms)));
     }
 
     /// A lease call failed (timeout, connection): the next request may try.
@@ -315,6 +315,16 @@ pub fn batch(rules: &[BucketParams], window_ms: u64, relays: u32) -> u64 {
         per_window.min(u128::from(p.capacity())) as u64
     };
     rules.iter().map(share).min().unwrap_or(1).max(1)
+}
+
+/// Until when a refusal of `tokens` is held: the retry time Redis named, and
+/// at least this holder's share of the refill of them (as rl-client's deny
+/// cache holds one), so a subject refused everywhere costs about one call
+/// per token of refill, not one per holder per retry time. Longer only
+/// refuses more: under, never over.
+fn hold_until(params: &[BucketParams], tokens: u64, refused: Reply, holders: u32, now_ms: u64) -> u64 {
+    let retry = u64::try_from(refused.retry_after_ms).unwrap_or(0);
+    now_ms.saturating_add(retry.max(pace_ms(params, tokens, holders)))
 }
 
 /// How long the relay's share of the slowest rule takes to refill `tokens`.
@@ -421,10 +431,13 @@ mod tests {
         assert_eq!(pools.plan(&keys(), &params, ONE, 0), Plan::Forward);
         pools.forwarded(&keys(), &params, ONE, granted(1, 5), 0);
         assert_eq!(pools.plan(&keys(), &params, ONE, 1), Plan::Forward, "a grant is not remembered");
+        // Held past Redis's 100 ms: until this relay's share (a tenth of a
+        // token a second) refilled the token, 10 s.
         pools.forwarded(&keys(), &params, ONE, refused(100), 1);
         let Plan::Answer { reply, top_up: None } = pools.plan(&keys(), &params, ONE, 41) else { panic!() };
-        assert_eq!((reply.granted, reply.retry_after_ms), (0, 60));
-        assert_eq!(pools.plan(&keys(), &params, ONE, 101), Plan::Forward);
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 9960));
+        assert!(matches!(pools.plan(&keys(), &params, ONE, 10_000), Plan::Answer { .. }));
+        assert_eq!(pools.plan(&keys(), &params, ONE, 10_001), Plan::Forward);
     }
 
     #[test]
