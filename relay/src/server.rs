@@ -167,6 +167,14 @@ impl Relay {
             }
             b"SELECT" => return error("ERR relay: only database 0"),
             b"HELLO" => return error("NOPROTO relay: RESP2 only"),
+            // State of one connection would land on the shared upstream one.
+            b"AUTH" | b"MULTI" | b"EXEC" | b"DISCARD" | b"WATCH" | b"UNWATCH" | b"SUBSCRIBE" | b"PSUBSCRIBE"
+            | b"SSUBSCRIBE" | b"MONITOR" | b"BLPOP" | b"BRPOP" | b"BLMOVE" | b"BZPOPMIN" | b"BZPOPMAX" | b"XREAD" => {
+                let name = String::from_utf8_lossy(&name);
+                return error(format!(
+                    "ERR relay: {name} is not relayed (it needs a connection of its own); connect to Redis for it"
+                ));
+            }
             b"INFO" if args.get(1).is_some_and(|s| s.eq_ignore_ascii_case(b"relay")) => {
                 return BytesFrame::BulkString(crate::stats::info(self).into())
             }

@@ -134,6 +134,11 @@ fn it_answers_as_the_module_does() {
     let _: () = redis::cmd("SET").arg("plain").arg("v").query(&mut r).unwrap();
     let v: String = redis::cmd("GET").arg("plain").query(&mut s.con()).unwrap();
     assert_eq!(v, "v");
+    // Connection state is not relayed: the shared upstream connection would take it.
+    for stateful in ["AUTH secret", "MULTI", "WATCH k", "SUBSCRIBE c"] {
+        let e = err(&mut r, stateful);
+        assert!(e.starts_with("ERR relay:") && e.contains("is not relayed"), "{stateful}: {e}");
+    }
     assert!(relay.info("from_memory") >= 3);
     assert!(relay.info("upstream_leases") >= 1);
     assert!(relay.info("forwarded") >= 5);
