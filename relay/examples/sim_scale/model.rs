@@ -1,0 +1,435 @@
+//! The discrete-event model: virtual time in nanoseconds, one event queue.
+//!
+//! Real code: every gateway's and every relay's decisions are
+//! `rl_relay::pool::Pools` (lease batches, top-up at half, one lease call in
+//! flight, pacing of contended buckets, refusals remembered until the retry
+//! time; a gateway is a `Pools` whose share is rate / gateways, the sizing
+//! of rl-client's leases); every shard is rl-core's `acquire`, the
+//! module's algorithm, on the shard's virtual clock.
+//! Modelled: the network (each hop 0.1-0.25 ms one way, uniform: a round
+//! trip of 0.2-0.5 ms), a shard's service time per call (one thread, calls
+//! served in arrival order), arrivals (Poisson), no cost at the relay.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use bytes::Bytes;
+use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
+use rl_relay::pool::{Need, Plan, Pools, Settings};
+
+use crate::traffic::{Class, Population};
+
+const ONE: Need = Need { want: 1, min: 1 };
+
+/// What one run models.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub gateways: u32,
+    pub shards: u32,
+    /// Gateways per relay; none: gateways call the shards.
+    pub per_relay: Option<u32>,
+    pub seconds: f64,
+    /// A shard's server time per call (ns).
+    pub service_ns: u64,
+    /// Relay 0 dies at this second and is back (empty) after the second value.
+    pub relay_crash: Option<(f64, f64)>,
+    /// The shard of subject 0 fails over at this second, for the second value:
+    /// calls to it fail until then.
+    pub failover: Option<(f64, f64)>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Take,
+    Lease { want: u64, min: u64 },
+}
+
+impl Op {
+    fn need(self) -> Need {
+        match self {
+            Op::Take => ONE,
+            Op::Lease { want, min } => Need { want, min },
+        }
+    }
+}
+
+/// A gateway's call: for a request (`top_up` false) or a background top-up.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    g: u32,
+    s: u32,
+    op: Op,
+    top_up: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Back {
+    Gateway(Call),
+    RelayLease { r: u32, asked: u64, waiting: Option<Call> },
+    ViaRelay { r: u32, call: Call },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    Shard {
+        s: u32,
+        op: Op,
+        back: Back,
+    },
+    Relay {
+        r: u32,
+        call: Call,
+    },
+    RelayLeased {
+        r: u32,
+        s: u32,
+        asked: u64,
+        waiting: Option<Call>,
+        reply: Reply,
+    },
+    RelayForwarded {
+        r: u32,
+        call: Call,
+        reply: Reply,
+    },
+    Gateway {
+        call: Call,
+        reply: Reply,
+    },
+    /// A call failed (the shard is failing over): the request's fallback.
+    Failed {
+        call: Call,
+    },
+}
+
+/// Per class: what happened to its requests.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub requests: u64,
+    pub admitted: u64,
+    /// Requests answered from a gateway's memory (lease or refusal).
+    pub in_memory: u64,
+    /// Requests decided by the fallback (a failed call).
+    pub fallback: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub tally: Vec<Tally>,
+    /// Shard calls by class of subject (requests' and top-ups').
+    pub shard_calls: Vec<u64>,
+    /// Gateway to relay calls.
+    pub relay_calls: u64,
+    /// Admitted per subject (by Redis, leases and relays; not the fallback).
+    pub admitted: Vec<u64>,
+    /// Calls per shard.
+    pub per_shard: Vec<u64>,
+    /// Tokens relay 0 held when it died.
+    pub crash_lost: u64,
+    /// Calls that failed (the shard failing over).
+    pub failed_calls: u64,
+}
+
+struct Heap {
+    queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    events: Vec<Option<Event>>,
+    free: Vec<usize>,
+    seq: u64,
+}
+
+impl Heap {
+    fn push(&mut self, at: u64, e: Event) {
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.events[i] = Some(e);
+                i
+            }
+            None => {
+                self.events.push(Some(e));
+                self.events.len() - 1
+            }
+        };
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, slot)));
+    }
+
+    fn peek(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    fn pop(&mut self) -> (u64, Event) {
+        let Reverse((at, _, slot)) = self.queue.pop().expect("peeked");
+        self.free.push(slot);
+        (at, self.events[slot].take().expect("queued"))
+    }
+}
+
+/// A small fast generator (xorshift64*): the model needs no crypto.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next() >> 32) * n) >> 32
+    }
+}
+
+struct Model<'a> {
+    setup: &'a Setup,
+    pop: &'a Population,
+    keys: Vec<[Bytes; 1]>,
+    params: Vec<[BucketParams; 1]>,
+    shard_of: Vec<u32>,
+    gateways: Vec<Pools>,
+    relays: Vec<Pools>,
+    buckets: Vec<Option<BucketState>>,
+    busy_until: Vec<u64>,
+    heap: Heap,
+    rng: Rng,
+    out: Outcome,
+    relay_down: (u64, u64),
+    failover: (u64, u64),
+}
+
+fn ms(ns: u64) -> u64 {
+    ns / 1_000_000
+}
+
+impl Model<'_> {
+    fn hop(&mut self) -> u64 {
+        100_000 + self.rng.below(150_001)
+    }
+
+    fn relay_of(&self, g: u32) -> Option<u32> {
+        self.setup.per_relay.map(|n| g / n)
+    }
+
+    /// A gateway sends `call`: to its relay, or (none, or it is down) to the shard.
+    fn send(&mut self, call: Call, now: u64) {
+        let at = now + self.hop();
+        match self.relay_of(call.g) {
+            Some(r) if !(r == 0 && now >= self.relay_down.0 && now < self.relay_down.1) => {
+                self.out.relay_calls += 1;
+                self.heap.push(at, Event::Relay { r, call });
+            }
+            _ => self.heap.push(at, Event::Shard { s: call.s, op: call.op, back: Back::Gateway(call) }),
+        }
+    }
+
+    fn arrival(&mut self, now: u64) {
+        let s = self.pop.pick(&mut self.rng);
+        let g = self.rng.below(u64::from(self.setup.gateways)) as u32;
+        let class = self.pop.class_of(s);
+        self.out.tally[class].requests += 1;
+        let (keys, params) = (&self.keys[s as usize], &self.params[s as usize]);
+        match self.gateways[g as usize].plan(keys, params, ONE, ms(now)) {
+            Plan::Answer { reply, top_up } => {
+                self.decided(s, reply.granted > 0, true);
+                if let Some(want) = top_up {
+                    self.send(Call { g, s, op: Op::Lease { want, min: 1 }, top_up: true }, now);
+                }
+            }
+            Plan::Lease { want, min } => self.send(Call { g, s, op: Op::Lease { want, min }, top_up: false }, now),
+            Plan::Forward => self.send(Call { g, s, op: Op::Take, top_up: false }, now),
+        }
+    }
+
+    fn decided(&mut self, s: u32, admitted: bool, in_memory: bool) {
+        let t = &mut self.out.tally[self.pop.class_of(s)];
+        t.admitted += u64::from(admitted);
+        t.in_memory += u64::from(in_memory);
+        self.out.admitted[s as usize] += u64::from(admitted);
+    }
+
+    fn shard(&mut self, now: u64, s: u32, op: Op, back: Back) {
+        let shard = self.shard_of[s as usize] as usize;
+        if now >= self.failover.0 && now < self.failover.1 && shard == self.shard_of[0] as usize {
+            // Failing over: the call times out (the client's 50 ms).
+            self.out.failed_calls += 1;
+            match back {
+                Back::Gateway(call) | Back::ViaRelay { call, .. } => {
+                    self.heap.push(now + 50_000_000, Event::Failed { call })
+                }
+                Back::RelayLease { r, waiting, .. } => {
+                    self.relays[r as usize].failed(&self.keys[s as usize]);
+                    if let Some(call) = waiting {
+                        self.heap.push(now + 50_000_000, Event::Failed { call });
+                    }
+                }
+            }
+            return;
+        }
+        let done = now.max(self.busy_until[shard]) + self.setup.service_ns;
+        self.busy_until[shard] = done;
+        self.out.per_shard[shard] += 1;
+        self.out.shard_calls[self.pop.class_of(s)] += 1;
+        let need = op.need();
+        let params = &self.params[s as usize];
+        let state = &mut self.buckets[s as usize];
+        let outcome = acquire(params, std::slice::from_ref(state), need.want, need.min, ms(done));
+        if let Some(update) = outcome.updates.first() {
+            *state = match update {
+                Update::Store { state, .. } => Some(*state),
+                Update::Remove => None,
+            };
+        }
+        let reply = outcome.decision;
+        let at = done + self.hop();
+        match back {
+            Back::Gateway(call) => self.heap.push(at, Event::Gateway { call, reply }),
+            Back::RelayLease { r, asked, waiting } => {
+                self.heap.push(at, Event::RelayLeased { r, s, asked, waiting, reply })
+            }
+            Back::ViaRelay { r, call } => self.heap.push(at, Event::RelayForwarded { r, call, reply }),
+        }
+    }
+
+    fn relay(&mut self, now: u64, r: u32, call: Call) {
+        let s = call.s as usize;
+        let need = call.op.need();
+        let plan = self.relays[r as usize].plan(&self.keys[s], &self.params[s], need, ms(now));
+        let at = now + self.hop();
+        match plan {
+            Plan::Answer { reply, top_up } => {
+                self.heap.push(at, Event::Gateway { call, reply });
+                if let Some(want) = top_up {
+                    let back = Back::RelayLease { r, asked: want, waiting: None };
+                    self.heap.push(at, Event::Shard { s: call.s, op: Op::Lease { want, min: 1 }, back });
+                }
+            }
+            Plan::Lease { want, min } => {
+                let back = Back::RelayLease { r, asked: want, waiting: Some(call) };
+                self.heap.push(at, Event::Shard { s: call.s, op: Op::Lease { want, min }, back });
+            }
+            Plan::Forward => {
+                self.heap.push(at, Event::Shard { s: call.s, op: call.op, back: Back::ViaRelay { r, call } })
+            }
+        }
+    }
+
+    fn gateway(&mut self, now: u64, call: Call, reply: Reply) {
+        let s = call.s as usize;
+        let pools = &mut self.gateways[call.g as usize];
+        let (keys, params) = (&self.keys[s], &self.params[s]);
+        let admitted = match call.op {
+            Op::Take => {
+                pools.forwarded(keys, params, ONE, reply, ms(now));
+                reply.granted > 0
+            }
+            Op::Lease { want, .. } => {
+                let need = (!call.top_up).then_some(ONE);
+                let paid = pools.settle(keys, want, reply, need, ms(now));
+                paid.is_some_and(|r| r.granted > 0)
+            }
+        };
+        if !call.top_up {
+            self.decided(call.s, admitted, false);
+        }
+    }
+
+    fn failed(&mut self, call: Call) {
+        self.gateways[call.g as usize].failed(&self.keys[call.s as usize]);
+        if !call.top_up {
+            self.out.tally[self.pop.class_of(call.s)].fallback += 1;
+        }
+    }
+}
+
+/// Runs `setup` on `pop`.
+pub fn run(setup: &Setup, pop: &Population) -> Outcome {
+    let n = pop.subjects();
+    let keys: Vec<[Bytes; 1]> = (0..n).map(|s| [Bytes::from(format!("rl:{{s{s}}}:r"))]).collect();
+    let params: Vec<[BucketParams; 1]> = (0..n).map(|s| [pop.params(s)]).collect();
+    let mut rng = Rng::new(setup.seed);
+    // Subjects land on shards as slots do: by hash, uniformly.
+    let shard_of: Vec<u32> = (0..n).map(|_| rng.below(u64::from(setup.shards)) as u32).collect();
+    let gateway = Settings { window_ms: 1000, ttl_ms: 2000, relays: setup.gateways, max_subjects: 10_000 };
+    let relays = setup.per_relay.map_or(0, |p| setup.gateways.div_ceil(p));
+    let relay = Settings { window_ms: 1000, ttl_ms: 2000, relays: relays.max(1), max_subjects: 100_000 };
+    let ns = |s: f64| (s * 1e9) as u64;
+    let mut m = Model {
+        setup,
+        pop,
+        keys,
+        params,
+        shard_of,
+        gateways: (0..setup.gateways).map(|_| Pools::new(gateway)).collect(),
+        relays: (0..relays).map(|_| Pools::new(relay)).collect(),
+        buckets: vec![None; n as usize],
+        busy_until: vec![0; setup.shards as usize],
+        heap: Heap { queue: BinaryHeap::new(), events: Vec::new(), free: Vec::new(), seq: 0 },
+        rng,
+        out: Outcome {
+            tally: vec![Tally::default(); Class::ALL.len()],
+            shard_calls: vec![0; Class::ALL.len()],
+            admitted: vec![0; n as usize],
+            per_shard: vec![0; setup.shards as usize],
+            ..Outcome::default()
+        },
+        relay_down: setup.relay_crash.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
+        failover: setup.failover.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
+    };
+    // Virtual time starts at a round epoch: the buckets' clock in ms.
+    let start = 1_700_000_000_000_000_000u64;
+    let end = start + ns(setup.seconds);
+    m.relay_down = (m.relay_down.0.saturating_add(start), m.relay_down.1.saturating_add(start));
+    m.failover = (m.failover.0.saturating_add(start), m.failover.1.saturating_add(start));
+    let rate = pop.rate();
+    let mut next_arrival = start;
+    let mut crashed = false;
+    loop {
+        let event_at = m.heap.peek().unwrap_or(u64::MAX);
+        let now = next_arrival.min(event_at);
+        if now >= end {
+            break;
+        }
+        if !crashed && now >= m.relay_down.0 {
+            crashed = true;
+            m.out.crash_lost = m.relays[0].iter().map(|(_, p)| p.tokens()).sum();
+            m.relays[0] = Pools::new(relay);
+        }
+        if next_arrival <= event_at {
+            m.arrival(now);
+            let gap = -(1.0 - m.rng.unit()).ln() / rate * 1e9;
+            next_arrival += gap.max(1.0) as u64;
+            continue;
+        }
+        match m.heap.pop().1 {
+            Event::Shard { s, op, back } => m.shard(now, s, op, back),
+            Event::Relay { r, call } => m.relay(now, r, call),
+            Event::RelayLeased { r, s, asked, waiting, reply } => {
+                let keys = &m.keys[s as usize];
+                let paid = m.relays[r as usize].settle(keys, asked, reply, waiting.map(|c| c.op.need()), ms(now));
+                if let (Some(call), Some(paid)) = (waiting, paid) {
+                    let at = now + m.hop();
+                    m.heap.push(at, Event::Gateway { call, reply: paid });
+                }
+            }
+            Event::RelayForwarded { r, call, reply } => {
+                let s = call.s as usize;
+                m.relays[r as usize].forwarded(&m.keys[s], &m.params[s], call.op.need(), reply, ms(now));
+                let at = now + m.hop();
+                m.heap.push(at, Event::Gateway { call, reply });
+            }
+            Event::Gateway { call, reply } => m.gateway(now, call, reply),
+            Event::Failed { call } => m.failed(call),
+        }
+    }
+    m.out
+}

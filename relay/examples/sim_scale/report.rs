@@ -1,0 +1,303 @@
+//! The report: tables next to make sim's measured numbers, and the chart.
+
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use plotters::prelude::*;
+
+use crate::traffic::Class;
+use crate::{Scaled, PER_RELAY, SAMPLE};
+
+/// A shard's CPU per call from make bench: RL.TAKE on 100,000 subjects with
+/// a replica and AOF (networking, propagation and AOF included), the dearest
+/// of the calls the fleet makes.
+pub fn service_us(benchmarks: &str) -> f64 {
+    let text = std::fs::read_to_string(benchmarks).unwrap_or_else(|e| panic!("reading {benchmarks}: {e}"));
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| RL.TAKE, 1 bucket, 100k subjects |"))
+        .unwrap_or_else(|| panic!("{benchmarks} has no 'RL.TAKE, 1 bucket, 100k subjects' row"));
+    let cell = row.split('|').nth(6).expect("the CPU µs/op, replica + AOF column");
+    number(cell).unwrap_or_else(|| panic!("{benchmarks}: no number in '{cell}'"))
+}
+
+/// The first number of a table cell ("3.28 (3.20–3.60)", "1,732").
+fn number(cell: &str) -> Option<f64> {
+    cell.split_whitespace().next()?.replace(',', "").parse().ok()
+}
+
+/// make sim's leases phase, as measured on a real server.
+#[derive(Debug, Default)]
+pub struct MakeSim {
+    pub calls_per_request: Option<f64>,
+    /// Calls a request waited for, per request, by class (ALL's order).
+    pub class_calls: Vec<Option<f64>>,
+    pub pressing: Option<f64>,
+    pub hot_admitted: Option<f64>,
+}
+
+pub fn make_sim(path: &str) -> MakeSim {
+    let Ok(text) = std::fs::read_to_string(path) else { return MakeSim::default() };
+    let cells = |prefix: &str| -> Option<Vec<String>> {
+        let line = text.lines().find(|l| l.starts_with(prefix))?;
+        Some(line.split('|').map(|c| c.trim().to_string()).collect())
+    };
+    let at = |prefix: &str, i: usize| cells(prefix).and_then(|c| c.get(i).and_then(|c| number(c)));
+    let class_rows =
+        ["| hot, pressing its limit |", "| hot, within its limit |", "| quiet |", "| abuser |", "| logins |"];
+    let hot = cells("| hot-1 | 100,000 / 1s | leases |");
+    MakeSim {
+        calls_per_request: at("| leases |", 7),
+        class_calls: class_rows.iter().map(|r| at(r, 4)).collect(),
+        pressing: at("| hot-0 | 10,000 / 1s | leases |", 8),
+        hot_admitted: hot.and_then(|c| Some(number(&c[5])? / number(&c[4])?)),
+    }
+}
+
+pub struct Inputs<'a> {
+    pub args_seconds: f64,
+    pub service_us: f64,
+    pub validation: &'a Scaled,
+    pub make_sim: MakeSim,
+    pub sweep: &'a [Scaled],
+    pub crashed: &'a Scaled,
+    pub failed: &'a Scaled,
+    pub elapsed: Duration,
+    pub chart: &'a str,
+}
+
+pub fn chart_path(out: &str) -> String {
+    Path::new(out).with_file_name("sim-scale.svg").to_string_lossy().into_owned()
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+fn thousands(v: f64) -> String {
+    let n = v.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+pub fn write(i: &Inputs) -> String {
+    let capacity = 1e6 / i.service_us;
+    let mut w = String::new();
+    let _ = writeln!(w, "# Scale model: 300 to 30,000 gateways, with and without lease relays\n");
+    let _ = writeln!(
+        w,
+        "Written by `make sim-scale` (`cargo run --release -p rl-relay --example sim_scale`) in {:.0} s of this machine; {} virtual seconds a run. See relay/README.md.\n",
+        i.elapsed.as_secs_f64(),
+        i.args_seconds
+    );
+    let _ = writeln!(
+        w,
+        "**Real code**: each gateway's and each relay's decisions are `rl_relay::pool::Pools` (lease batches of the \
+         share, top-up at half, one lease call in flight per subject, pacing of contended buckets, refusals kept \
+         until Redis's retry time); a gateway is a `Pools` whose share is rate / gateways, the sizing of rl-client's \
+         leases, a relay one whose share is rate / relays. Each shard runs rl-core's `acquire` (the module's \
+         algorithm) on its virtual clock.\n\
+         **Modelled**: the network (each hop 0.1-0.25 ms one way: a round trip of 0.2-0.5 ms), a shard's time per \
+         call ({:.2} µs: make bench's CPU per RL.TAKE on 100,000 subjects with a replica and AOF, so a shard's \
+         capacity is about {} calls a second; pipelined at 16 there, so a real shard serving one call per packet \
+         has less), calls served one at a time in arrival order, Poisson arrivals spread evenly over the gateways, \
+         no cost at the relay. **Not the client itself**: rl-client's `Limiter` calls Redis over the network, so \
+         its lease logic is stood in for by the relay's (the same rules; client/src/lease.rs), and its breaker and \
+         local fallback are not modelled: a request whose call fails is counted as decided by the fallback.\n",
+        i.service_us,
+        thousands(capacity)
+    );
+    let _ = writeln!(
+        w,
+        "Traffic: make sim's shape per 300 gateways (one subject pressing a 10,000/s plan and three on 100,000/s \
+         plans, 25,000 requests a second each; 5,000 quiet subjects at 2 a second on 10/s; an abuser at 10,000 a \
+         second on 10/s; 100 login subjects at 2 a second on 30/min), with N / 300 times as many subjects of each \
+         class at N gateways: more customers, not bigger ones. At 300 gateways every subject is simulated; above, \
+         a sample of each class ({} pressing, {} hot, {} quiet, {} abusers, {} login subjects; every subject of a \
+         class behaves alike and apart from the others), its calls per request weighted by the class's share of \
+         the whole fleet's requests, and its calls per subject laid on the shards for every subject of the fleet \
+         (by hash, as slots are). Relays: one per {PER_RELAY} gateways.\n",
+        SAMPLE[0], SAMPLE[1], SAMPLE[2], SAMPLE[3], SAMPLE[4]
+    );
+
+    let v = i.validation;
+    let m = &i.make_sim;
+    let _ = writeln!(w, "## Validation: 300 gateways, one shard, against make sim\n");
+    let _ = writeln!(
+        w,
+        "make sim's numbers are its leases phase on a real server with 300 real `Limiter`s (client/SIMULATION.md); \
+         its class rows count the calls requests waited for, the model's class rows include the background top-ups \
+         (make sim counts those apart: 0.004 calls per request).\n"
+    );
+    let _ = writeln!(w, "| measure | make sim (real server) | model |");
+    let _ = writeln!(w, "|---|---:|---:|");
+    let _ = writeln!(w, "| Redis calls per request | {} | {:.3} |", opt(m.calls_per_request), v.calls_per_request);
+    for c in Class::ALL {
+        let _ = writeln!(
+            w,
+            "| calls per request: {} | {} | {:.3} |",
+            c.name(),
+            opt(m.class_calls.get(c as usize).copied().flatten()),
+            v.class_calls[c as usize]
+        );
+    }
+    let _ = writeln!(w, "| pressing subject: admitted / allowance | {} | {:.3} |", opt(m.pressing), v.pressing.0);
+    let _ = writeln!(
+        w,
+        "| hot subjects within their limit: admitted / requests | {} | {:.3} |\n",
+        opt(m.hot_admitted),
+        v.hot_admitted
+    );
+
+    let _ = writeln!(w, "## Fleet sizes\n");
+    let _ = writeln!(w, "![Redis calls per request against fleet size](sim-scale.svg)\n");
+    let _ = writeln!(
+        w,
+        "| gateways | shards | relays | Redis calls / request | relay calls / request | shard calls/s (mean) | busiest shard calls/s | busiest / capacity | pressing: admitted / allowance (mean, lowest) | hot within limit: admitted |"
+    );
+    let _ = writeln!(w, "|---:|---:|---|---:|---:|---:|---:|---:|---|---:|");
+    for s in i.sweep {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {:.3} | {:.3} | {} | {} | {:.1}% | {:.3}, {:.3} | {:.3} |",
+            thousands(f64::from(s.gateways)),
+            s.shards,
+            if s.relays { format!("{}", s.gateways.div_ceil(PER_RELAY)) } else { "none".into() },
+            s.calls_per_request,
+            s.relay_calls_per_request,
+            thousands(s.per_shard),
+            thousands(s.busiest),
+            100.0 * s.busiest / capacity,
+            s.pressing.0,
+            s.pressing.1,
+            s.hot_admitted
+        );
+    }
+    let _ = writeln!(w, "\nCalls per request by class (Redis calls, top-ups included):\n");
+    let _ = write!(w, "| gateways | relays |");
+    for c in Class::ALL {
+        let _ = write!(w, " {} |", c.name());
+    }
+    let _ = writeln!(w, "\n|---:|---|---:|---:|---:|---:|---:|");
+    for s in i.sweep {
+        let _ = write!(w, "| {} | {} |", thousands(f64::from(s.gateways)), if s.relays { "yes" } else { "no" });
+        for c in &s.class_calls {
+            let _ = write!(w, " {c:.3} |");
+        }
+        let _ = writeln!(w);
+    }
+
+    let base = i.sweep.iter().find(|s| s.gateways == 30_000 && s.relays);
+    let _ = writeln!(w, "\n## Failures at 30,000 gateways with relays\n");
+    if let Some(base) = base {
+        let extra = |s: &Scaled| {
+            let calls: u64 = s.outcome.shard_calls.iter().sum();
+            let before: u64 = base.outcome.shard_calls.iter().sum();
+            calls as f64 - before as f64
+        };
+        let lost_per_subject = i.crashed.outcome.crash_lost as f64 / f64::from(SAMPLE.iter().sum::<u32>());
+        let _ = writeln!(
+            w,
+            "- **A relay crash** (relay 0 of 200 killed at {:.0} s, back empty 1 s later; its 150 gateways call the \
+             shards directly meanwhile, the deployment's fallback to Redis): it held {} tokens of the {} sampled \
+             subjects ({:.1} per subject), lost with it: under-admission, once. Pressing subjects admitted {:.3} of \
+             their allowance (mean; {:.3} without the crash). Shard calls: {:+.0} over the run against the same run \
+             without the crash (sampled subjects).",
+            i.args_seconds / 2.0,
+            i.crashed.outcome.crash_lost,
+            SAMPLE.iter().sum::<u32>(),
+            lost_per_subject,
+            i.crashed.pressing.0,
+            base.pressing.0,
+            extra(i.crashed)
+        );
+        let fallback: u64 = i.failed.outcome.tally.iter().map(|t| t.fallback).sum();
+        let requests: u64 = i.failed.outcome.tally.iter().map(|t| t.requests).sum();
+        let _ = writeln!(
+            w,
+            "- **A shard failover** (the shard of a pressing subject answers nothing for 2 s at {:.0} s; each call \
+             then waits the client's 50 ms timeout): {} calls failed, {} requests of {} ({:.2}%) fell to the \
+             gateways' fallback (not modelled: rl-client's bound, about 2x the limit while it lasts). Pressing \
+             subjects admitted by Redis, leases and relays {:.3} of their allowance (mean; lowest {:.3}, the one on \
+             the failed shard).",
+            i.args_seconds / 2.0,
+            thousands(i.failed.outcome.failed_calls as f64),
+            thousands(fallback as f64),
+            thousands(requests as f64),
+            100.0 * fallback as f64 / requests.max(1) as f64,
+            i.failed.pressing.0,
+            i.failed.pressing.1
+        );
+    }
+
+    let _ = writeln!(w, "\n## Checks\n\n```text");
+    let one_x = i.validation.calls_per_request;
+    if let Some(s) = base {
+        let _ = writeln!(
+            w,
+            "calls per request at 30,000 gateways with relays no worse than 300 gateways today: {} ({:.3} vs {:.3})",
+            pass(s.calls_per_request <= one_x),
+            s.calls_per_request,
+            one_x
+        );
+        let _ = writeln!(
+            w,
+            "no shard above half its capacity with relays: {} (busiest {:.1}%)",
+            pass(s.busiest < capacity / 2.0),
+            100.0 * s.busiest / capacity
+        );
+    }
+    let over = i.sweep.iter().chain([i.validation, i.crashed]).any(|s| s.pressing.0 > 1.0 + 1e-9);
+    let _ = writeln!(w, "no run admitted a pressing subject over its allowance: {}", pass(!over));
+    let _ = writeln!(w, "```");
+    if let Err(e) = chart(i.chart, i.sweep, one_x) {
+        let _ = writeln!(w, "\n(the chart could not be drawn: {e})");
+    }
+    w
+}
+
+fn pass(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "FAIL"
+    }
+}
+
+/// Redis calls per request against fleet size, with and without relays.
+fn chart(path: &str, sweep: &[Scaled], today: f64) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = sweep.iter().map(|s| s.calls_per_request).fold(today, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Redis calls per request against fleet size", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d((250f64..40_000f64).log_scale(), 0f64..top)?;
+    chart.configure_mesh().x_desc("gateways (log scale)").y_desc("Redis calls per request").draw()?;
+    for (relays, color, label) in [(false, RED, "gateways lease alone"), (true, BLUE, "a relay per 150 gateways")] {
+        let points: Vec<(f64, f64)> =
+            sweep.iter().filter(|s| s.relays == relays).map(|s| (f64::from(s.gateways), s.calls_per_request)).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    chart
+        .draw_series(LineSeries::new([(250.0, today), (40_000.0, today)], BLACK.mix(0.4)))?
+        .label("300 gateways today (model)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.4)));
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
+    root.present()?;
+    Ok(())
+}
