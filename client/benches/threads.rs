@@ -127,10 +127,11 @@ fn decisions(c: &mut Criterion) {
     println!("{cores} cores available: rows past {cores} threads take turns on them\n");
     let server = Server::start(&[]);
 
-    // Lease spend: 100 million a second on 100 gateways, leased 1,000,000
-    // tokens at a time.
+    // Lease spend: 100 million a second on one gateway, leased 100,000,000
+    // tokens at a time: more than 8 threads spend, so the lease is never
+    // contended (a contended one is paced, and its refusals are not spends).
     // Room for every subject's leases (8,000 subjects, two groups in the full check).
-    let leasing = Limiter::new(Config { lease_entries: 100_000, ..config(&server) }).expect("limiter");
+    let leasing = Limiter::new(Config { lease_entries: 100_000, gateways: 1, ..config(&server) }).expect("limiter");
     let big = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
     bench(c, &Path { name: "lease spend", limiter: &leasing, policy: &big, expected: Event::LeaseHit });
 
