@@ -23,11 +23,13 @@
 //!
 //! A contended bucket (a lease call got fewer tokens than it asked for: the
 //! subject presses its limit) is paced: until this gateway's share of the
-//! rate has refilled a batch, a request the lease cannot pay is refused from
-//! memory (`Source::DenyCache`), and then one call asks for two batches. The
-//! fleet then calls about once per gateway per batch interval, asks for more
-//! than the refill (so the bucket is drained, not left to overflow), and
-//! never admits a token Redis did not grant: only refusals are added.
+//! rate has refilled what the last call granted (a batch if nothing), a
+//! request the lease cannot pay is refused from memory (`Source::DenyCache`),
+//! and then one call asks for two batches. The fleet then calls about once
+//! per gateway per batch interval, spread out rather than in lockstep, asks
+//! for more than the refill (so the bucket is drained, not left to
+//! overflow), and never admits a token Redis did not grant: only refusals
+//! are added.
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -203,7 +205,8 @@ impl Lease {
 
     /// A lease call asked for `wanted` and got `granted`: fewer means the
     /// bucket is contended, and the next call waits `pace_ms` (this
-    /// gateway's share of the rate refilling a batch); all of it ends that.
+    /// gateway's share of the rate refilling what was granted); all of it
+    /// ends that.
     pub(crate) fn answered(&mut self, wanted: u64, granted: u64, pace_ms: u64, now_ms: u64) {
         self.contended = granted < wanted;
         self.paced_until_ms = if self.contended { now_ms.saturating_add(pace_ms) } else { 0 };
@@ -313,9 +316,15 @@ pub(crate) fn share_ms(rule: &BucketParams, tokens: u64, gateways: u32) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
-/// The pace of a contended lease: the slowest rule's share refilling `batch`.
-fn pace_ms(rules: &[BucketParams], batch: u64, gateways: u32) -> u64 {
-    rules.iter().map(|r| share_ms(r, batch, gateways)).max().unwrap_or(0)
+/// The pace of a contended lease that was just granted `granted` tokens:
+/// the slowest rule's share refilling them (a batch when nothing came), so
+/// each gateway calls again once its share has refilled what it took. A
+/// fixed pace after every grant kept the fleet in lockstep (the first
+/// gateways drained the bucket, the rest got nothing and waited as long),
+/// and tokens sat leased but unspent: the subject got 94.9% of its limit.
+fn pace_ms(rules: &[BucketParams], granted: u64, batch: u64, gateways: u32) -> u64 {
+    let tokens = if granted == 0 { batch } else { granted };
+    rules.iter().map(|r| share_ms(r, tokens, gateways)).max().unwrap_or(0)
 }
 
 /// A group's lease call, owned, for a background top-up to carry.
@@ -409,13 +418,13 @@ impl Limiter {
         let call = Box::pin(i.client.grant(BucketOp::Lease { want, min: need }, &keys, &t.group.params));
         let answer = self.guarded(t.prefix(), admitted, call).await;
         let (after, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-        let pace = pace_ms(&t.group.params, batch, i.gateways());
+        let pace = |granted| pace_ms(&t.group.params, granted, batch, i.gateways());
         match answer {
             Ok(g) if g.tokens >= need => {
                 reserved.spent();
                 let standing = t.mapped(g.decision);
                 let update = |l: &mut Lease| {
-                    l.answered(want, g.tokens, pace, after);
+                    l.answered(want, g.tokens, pace(g.tokens), after);
                     l.add(g.tokens - need, &standing, after, ttl);
                     Decision { source: Source::Redis, ..l.estimate(after) }
                 };
@@ -425,7 +434,7 @@ impl Limiter {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
                 reserved.put_back(g.tokens, after);
                 if let Some(lease) = lease {
-                    lease.done(|l| l.answered(want, g.tokens, pace, after));
+                    lease.done(|l| l.answered(want, g.tokens, pace(g.tokens), after));
                 }
                 let d = t.mapped(g.decision);
                 i.deny.refused(&key, need, &d, now, 0);
@@ -455,7 +464,7 @@ impl Limiter {
             // fallback take over.
             if let Ok(g) = this.guarded(&r.policy, admitted, grant).await {
                 let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-                let pace = pace_ms(&r.params, batch, i.gateways());
+                let pace = pace_ms(&r.params, g.tokens, batch, i.gateways());
                 // Empty: requests spend what is left, then are paced.
                 call.done(|l| {
                     l.answered(want, g.tokens, pace, now);
@@ -662,6 +671,10 @@ mod tests {
         let p = BucketParams::new(10_000, 10_000, 1000).unwrap();
         // 10,000/s on 300 gateways: 33 tokens take 990 ms of one gateway's share.
         assert_eq!(share_ms(&p, 33, 300), 990);
-        assert_eq!(pace_ms(&[p, BucketParams::new(10, 10, 1000).unwrap()], 1, 300), 30_000);
+        assert_eq!(pace_ms(&[p, BucketParams::new(10, 10, 1000).unwrap()], 1, 5, 300), 30_000);
+        // Paced by what was granted: twice the tokens, twice the wait; none,
+        // a batch's wait.
+        assert_eq!(pace_ms(&[p], 66, 33, 300), 1980);
+        assert_eq!(pace_ms(&[p], 0, 33, 300), 990);
     }
 }

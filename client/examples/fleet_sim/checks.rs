@@ -316,6 +316,9 @@ pub fn calls_summary(w: &mut String, traffic: &Traffic, phases: &[Phase]) {
     }
 }
 
+/// The chart's file, beside the report.
+const CHART: &str = "SIMULATION-calls.svg";
+
 /// Redis calls per request of the leases phase, split by class: the calls
 /// requests waited for (counted by the gateways) and the background top-ups
 /// (the server's count less those). Returns the check line.
@@ -370,6 +373,16 @@ pub fn calls_by_class(w: &mut String, settings: &Settings, traffic: &Traffic, ph
             thousands(*calls),
             *calls as f64 / total
         );
+    }
+    if let Some(out) = &settings.out {
+        let svg = out.with_file_name(CHART);
+        let shares: Vec<(String, f64)> = rows.iter().map(|(l, _, calls)| (l.clone(), *calls as f64 / total)).collect();
+        match crate::chart::calls_by_class(&svg, &shares, 0.10) {
+            Ok(()) => {
+                let _ = writeln!(w, "\n![Redis calls per request by class of subject]({CHART})");
+            }
+            Err(e) => eprintln!("the chart {}: {e}", svg.display()),
+        }
     }
     let ratio = p.calls as f64 / total;
     vec![format!("at most 0.10 Redis calls per request in the leases phase: {} ({ratio:.3})", pass(ratio <= 0.10))]

@@ -30,6 +30,7 @@
 //! come from the run: requests and decisions counted by the gateways,
 //! Redis calls from the module's counters in the server's `INFO rl`.
 
+mod chart;
 mod checks;
 mod phases;
 mod report;
