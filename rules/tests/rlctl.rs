@@ -41,6 +41,15 @@ fn ip_id(net: &str) -> String {
     override_id(&MatchSpec { ip: Some(net.to_owned()), ..MatchSpec::default() })
 }
 
+/// Waits up to 10 s for `version` to be in force on `gateway`.
+async fn reached(gateway: &LiveRules, version: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gateway.snapshot().version() != version {
+        assert!(Instant::now() < deadline, "version {version} did not reach the gateway: {:?}", gateway.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("rules.example.toml")
 }
@@ -107,20 +116,7 @@ async fn publish_override_and_remove_reach_a_gateway() {
     let limiter = Limiter::new(config(url.clone(), Backend::Module)).unwrap();
     let gateway = LiveRules::new(limiter, &RuleSetSpec::from_file(&example).unwrap()).unwrap();
     let _watcher = gateway.watch_redis(RedisSource::new(url.clone())).unwrap();
-    let reaches = |version: u64| {
-        let gateway = gateway.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while gateway.snapshot().version() != version {
-                assert!(
-                    Instant::now() < deadline,
-                    "version {version} did not reach the gateway: {:?}",
-                    gateway.status()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let reaches = |version: u64| reached(&gateway, version);
 
     let active = rlctl(&["active", "--redis", &url]).await;
     assert_eq!((active.code, active.out.trim()), (0, "version 0: nothing published"));
@@ -597,11 +593,7 @@ async fn in_flight_limits_are_validated_published_and_overridden() {
     ];
     let run = rlctl(&add).await;
     assert_eq!(run.code, 0, "{}", run.err);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while gateway.snapshot().version() != 2 {
-        assert!(Instant::now() < deadline, "the override did not reach the gateway: {:?}", gateway.status());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    reached(&gateway, 2).await;
     let active = rlctl(&["active", "--redis", &url]).await;
     assert!(
         active
