@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use ipnet::{IpNet, Ipv4Net};
-use rl_client::{check_name, period_ms, subject_fault, Backend, Error, FailMode, Policy, Result, Rule};
+use rl_client::{
+    check_name, period_ms, subject_fault, Backend, Error, FailMode, InflightPolicy, InflightRule, Policy, Result, Rule,
+};
+use rl_core::inflight::{InflightParams, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::ParamError;
 
@@ -229,6 +232,7 @@ fn compile_rule(
         return None;
     }
     let mut limits = Vec::with_capacity(spec.limits.len());
+    let mut inflight = Vec::new();
     for (j, limit) in spec.limits.iter().enumerate() {
         let lat = if limit.name.is_empty() {
             format!("{at} limit {}", j + 1)
@@ -238,21 +242,64 @@ fn compile_rule(
         if spec.limits[..j].iter().any(|other| other.name == limit.name) {
             errors.push(format!("{lat}: the name is used twice in the rule"));
         }
-        if let Some(mut rule) = compile_limit(limit, &lat, errors) {
-            if spec.fail == FailMode::Closed {
-                rule = rule.fail_closed();
+        match compile_limit(limit, &lat, errors) {
+            Some(Limit::Rate(mut rule)) => {
+                if spec.fail == FailMode::Closed {
+                    rule = rule.fail_closed();
+                }
+                if spec.mode == Mode::Shadow {
+                    rule = rule.shadow();
+                }
+                limits.push(rule);
             }
-            if spec.mode == Mode::Shadow {
-                rule = rule.shadow();
+            Some(Limit::Inflight(mut rule)) => {
+                if spec.fail == FailMode::Closed {
+                    rule = rule.fail_closed();
+                }
+                inflight.push(rule);
             }
-            limits.push(rule);
+            None => {}
         }
+    }
+    let has_inflight = spec.limits.iter().any(|l| l.kind == LimitKind::Inflight);
+    if has_inflight && spec.mode == Mode::Shadow {
+        errors.push(format!(
+            "{at}: in-flight limits are enforced only: a shadow rule would hold slots it never refuses with; keep them in the enforced rule"
+        ));
+    }
+    if spec.limits.iter().all(|l| l.kind == LimitKind::Inflight) {
+        errors.push(format!(
+            "{at}: a rule needs a rate limit (bucket, window, exact or quota) beside its in-flight limits: LiveRules::check decides by it"
+        ));
     }
     let scope = scope?;
     if errors.len() > before {
         return None;
     }
     let prefix = format!("{}:{}", set.key_prefix, spec.id);
+    let inflight = if inflight.is_empty() {
+        None
+    } else {
+        let reused = set
+            .previous
+            .and_then(|p| p.rule(&spec.id))
+            .and_then(|p| p.inflight.as_ref())
+            .filter(|p| p.prefix() == prefix && p.rules() == inflight.as_slice())
+            .cloned();
+        match reused {
+            Some(policy) => Some(policy),
+            None => {
+                let built = inflight.into_iter().fold(InflightPolicy::builder(prefix.clone()), |b, r| b.rule(r));
+                match built.build() {
+                    Ok(policy) => Some(policy),
+                    Err(e) => {
+                        errors.push(format!("{at}: {e}"));
+                        return None;
+                    }
+                }
+            }
+        }
+    };
     let reused = set
         .previous
         .and_then(|p| p.rule(&spec.id))
@@ -290,6 +337,7 @@ fn compile_rule(
         reason: spec.reason.clone(),
         is_override,
         policy,
+        inflight,
     })
 }
 
@@ -371,11 +419,28 @@ fn ip_scope(
     Some(net)
 }
 
-fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Option<Rule> {
+/// One limit compiled: a rule of the rate policy, or an in-flight rule.
+enum Limit {
+    Rate(Rule),
+    Inflight(InflightRule),
+}
+
+fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Option<Limit> {
     if let Err(why) = check_name(&limit.name) {
         errors.push(format!("{at}: name {why}"));
     }
+    if limit.kind == LimitKind::Inflight {
+        return compile_inflight(limit, at, errors).map(Limit::Inflight);
+    }
+    if limit.timeout.is_some() {
+        errors
+            .push(format!("{at}: timeout is for in-flight limits (kind = \"inflight\"); this limit counts every per"));
+    }
     let per = match humantime::parse_duration(&limit.per) {
+        _ if limit.per.is_empty() => {
+            errors.push(format!("{at}: per is required: the period, like \"1s\", \"15m\", \"1d\""));
+            None
+        }
         Ok(per) if period_ms(per).is_ok() => Some(per),
         Ok(_) => {
             let days = MAX_PERIOD_MS / 86_400_000;
@@ -428,7 +493,52 @@ fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Optio
             Rule::window(limit.name.clone(), n, per?, mode)
         }
     };
-    Some(rule)
+    Some(Limit::Rate(rule))
+}
+
+/// An in-flight limit: `limit` at once, each slot held at most `timeout`,
+/// checked by the module's own [`InflightParams`].
+fn compile_inflight(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Option<InflightRule> {
+    if limit.rate.is_some() || limit.burst.is_some() || !limit.per.is_empty() {
+        errors.push(format!("{at}: an in-flight limit takes limit and timeout, not rate, burst or per"));
+    }
+    let Some(n) = limit.limit else {
+        errors.push(format!("{at}: an in-flight limit needs limit (requests at once)"));
+        return None;
+    };
+    let Some(text) = &limit.timeout else {
+        errors.push(format!(
+            "{at}: an in-flight limit needs timeout: how long a slot is held at most, like \"30s\" (above the endpoint's p99.9)"
+        ));
+        return None;
+    };
+    let timeout = match humantime::parse_duration(text) {
+        Ok(timeout) if timeout.subsec_nanos() % 1_000_000 == 0 => timeout,
+        Ok(_) => {
+            errors.push(format!("{at}: timeout must be whole milliseconds, got {text:?}"));
+            return None;
+        }
+        Err(e) => {
+            errors.push(format!("{at}: timeout {text:?} is not a duration like \"30s\", \"2m\" ({e})"));
+            return None;
+        }
+    };
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    // A limit above the server's max-inflight-limit is the server's to refuse.
+    let fault = |e: ParamError| match e.field {
+        "timeout_ms" => format!("{at}: timeout {text:?}: {}", out_of_range(e)),
+        _ => format!("{at}: {}", out_of_range(e)),
+    };
+    match InflightParams::new(n, ms, MAX_INFLIGHT_LIMIT) {
+        Ok(_) => Some(InflightRule::new(limit.name.clone(), n, timeout)),
+        Err(e) => {
+            // The limit is checked first: a bad timeout beside it is named too.
+            let timeout_fault = (e.field == "limit").then(|| InflightParams::new(1, ms, MAX_INFLIGHT_LIMIT).err());
+            errors.push(fault(e));
+            errors.extend(timeout_fault.flatten().map(fault));
+            None
+        }
+    }
 }
 /// A count out of range, in the words rule files have always used.
 fn out_of_range(e: ParamError) -> String {
@@ -437,6 +547,8 @@ fn out_of_range(e: ParamError) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn set(toml: &str) -> RuleSetSpec {
@@ -463,6 +575,106 @@ mod tests {
         let same = |id: &str| v1.rule(id).unwrap().policy().shares_state_with(v2.rule(id).unwrap().policy());
         assert!(same("default"), "same limits: same leases and deny cache");
         assert!(!same("pro"), "new limits start fresh");
+    }
+
+    /// `toml` (BASE, changed) with the pro rule's limits replaced by `limits`.
+    fn pro_limits(toml: &str, limits: &str) -> RuleSetSpec {
+        set(&toml.replace("limits = [{ name = \"s\", rate = 20, per = \"1s\" }]", &format!("limits = [{limits}]")))
+    }
+
+    #[test]
+    fn in_flight_limits_compile_beside_the_rate_policy() {
+        let limits =
+            r#"{ name = "s", rate = 20, per = "1s" }, { name = "c", kind = "inflight", limit = 20, timeout = "30s" }"#;
+        let spec = pro_limits(BASE, limits);
+        let v1 = Snapshot::compile(&spec, &[], 1).unwrap();
+        let pro = v1.rule("pro").unwrap();
+        assert_eq!(pro.policy().rules().len(), 1, "the in-flight limit is not a rate");
+        let inflight = pro.inflight().unwrap();
+        assert_eq!(inflight.prefix(), "rl:pro");
+        assert_eq!(inflight.keys("k").unwrap(), ["rl:pro:{k}:c"]);
+        let rule = &inflight.rules()[0];
+        assert_eq!((rule.name(), rule.limit(), rule.timeout()), ("c", 20, Duration::from_secs(30)));
+        assert_eq!(rule.fail_mode(), FailMode::Open);
+        assert!(v1.rule("default").unwrap().inflight().is_none());
+        // The Lua backend has in-flight limits too (inflight.lua).
+        assert!(Snapshot::compile_for(&spec, &[], 1, Backend::Lua).is_ok());
+        let closed = BASE.replace("match = { plan = \"pro\" }", "match = { plan = \"pro\" }\nfail = \"closed\"");
+        let closed = Snapshot::compile(&pro_limits(&closed, limits), &[], 1).unwrap();
+        assert_eq!(closed.rule("pro").unwrap().inflight().unwrap().rules()[0].fail_mode(), FailMode::Closed);
+    }
+
+    #[test]
+    fn bad_in_flight_limits_are_named_in_the_module_words() {
+        let e = |limits: &str| Snapshot::compile(&pro_limits(BASE, limits), &[], 1).unwrap_err().to_string();
+        let rate = r#"{ name = "s", rate = 20, per = "1s" }, "#;
+        let at = "rule 'pro' limit 'c': ";
+        let cases = [
+            (
+                r#"{ name = "c", kind = "inflight", limit = 20, timeout = "800d" }"#,
+                "timeout \"800d\": timeout_ms must be from 1 to 63072000000, got 69120000000",
+            ),
+            (
+                r#"{ name = "c", kind = "inflight", limit = 20, timeout = "0s" }"#,
+                "timeout \"0s\": timeout_ms must be from 1 to 63072000000, got 0",
+            ),
+            (
+                r#"{ name = "c", kind = "inflight", limit = 0, timeout = "30s" }"#,
+                "limit must be from 1 to 100000, got 0",
+            ),
+            (
+                r#"{ name = "c", kind = "inflight", limit = 100001, timeout = "30s" }"#,
+                "limit must be from 1 to 100000, got 100001",
+            ),
+            (
+                r#"{ name = "c", kind = "inflight", limit = 20, timeout = "soon" }"#,
+                "timeout \"soon\" is not a duration like \"30s\"",
+            ),
+            (
+                r#"{ name = "c", kind = "inflight", limit = 20, timeout = "1500us" }"#,
+                "timeout must be whole milliseconds, got \"1500us\"",
+            ),
+            (r#"{ name = "c", kind = "inflight", limit = 20 }"#, "an in-flight limit needs timeout"),
+            (
+                r#"{ name = "c", kind = "inflight", timeout = "30s" }"#,
+                "an in-flight limit needs limit (requests at once)",
+            ),
+            (
+                r#"{ name = "c", kind = "inflight", limit = 2, timeout = "3s", per = "1s" }"#,
+                "an in-flight limit takes limit and timeout, not rate, burst or per",
+            ),
+            (
+                r#"{ name = "c", rate = 2, per = "1s", timeout = "3s" }"#,
+                "timeout is for in-flight limits (kind = \"inflight\")",
+            ),
+            (r#"{ name = "c", rate = 2 }"#, "per is required: the period"),
+        ];
+        for (limit, fault) in cases {
+            let text = e(&format!("{rate}{limit}"));
+            assert!(text.contains(&format!("{at}{fault}")), "{limit}: {text}");
+        }
+        // Both faults of one limit are named.
+        let text = e(&format!("{rate}{{ name = \"c\", kind = \"inflight\", limit = 0, timeout = \"0s\" }}"));
+        assert!(
+            text.contains("limit must be from 1 to 100000, got 0") && text.contains("timeout_ms must be from 1"),
+            "{text}"
+        );
+        let text = e(r#"{ name = "c", kind = "inflight", limit = 2, timeout = "3s" }"#);
+        assert!(
+            text.contains(
+                "rule 'pro': a rule needs a rate limit (bucket, window, exact or quota) beside its in-flight limits"
+            ),
+            "{text}"
+        );
+        let text = e(&format!("{rate}{{ name = \"s\", kind = \"inflight\", limit = 2, timeout = \"3s\" }}"));
+        assert!(text.contains("rule 'pro' limit 's': the name is used twice in the rule"), "{text}");
+        let shadow =
+            BASE.replace("match = { plan = \"pro\" }", "match = { plan = \"pro\" }\nmode = \"shadow\"").replace(
+                "rate = 20, per = \"1s\" }",
+                "rate = 20, per = \"1s\" }, { name = \"c\", kind = \"inflight\", limit = 2, timeout = \"3s\" }",
+            );
+        let text = Snapshot::compile(&set(&shadow), &[], 1).unwrap_err().to_string();
+        assert!(text.contains("rule 'pro': in-flight limits are enforced only"), "{text}");
     }
 
     #[test]

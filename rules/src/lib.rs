@@ -14,7 +14,7 @@ mod watch;
 pub use compile::parse_network;
 #[cfg(feature = "tower")]
 pub use layer::LiveDecide;
-pub use live::{Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
+pub use live::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{
     FleetBackend, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION,

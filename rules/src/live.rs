@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use http::HeaderMap;
 use quick_cache::sync::Cache;
 
-use rl_client::{headers, Backend, Decision, Error, Event, Limiter, Result};
+use rl_client::{headers, Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
 
 use crate::snapshot::{CompiledRule, Request, Snapshot};
 use crate::spec::{RuleSetSpec, RuleSpec};
@@ -50,6 +50,23 @@ impl Verdict {
     pub fn headers(&self, now: SystemTime) -> HeaderMap {
         headers::for_decision(self.rule.policy(), &self.decision, now)
     }
+}
+
+/// What live rules answered for one request's in-flight slots
+/// ([`LiveRules::acquire`]).
+#[derive(Debug)]
+pub struct Admission {
+    /// `Ok(Some(permit))`: a slot in every in-flight limit of the rule,
+    /// held until the permit drops; `Ok(None)`: the rule has no in-flight
+    /// limits; `Err`: refused (the binding limit, what is in flight, when
+    /// the earliest slot's deadline passes).
+    pub permit: std::result::Result<Option<Permit>, NoPermit>,
+    /// The enforced rule whose limits were taken.
+    pub rule: Arc<CompiledRule>,
+    /// The subject its slots are kept under (as [`Verdict::subject`]).
+    pub subject: String,
+    /// The snapshot version the request used.
+    pub version: u64,
 }
 
 /// Where the rules in force stand.
@@ -220,6 +237,29 @@ impl LiveRules {
             _ => None,
         };
         Ok(Verdict { decision, rule: matched.enforced, subject, version: snapshot.version(), shadow })
+    }
+
+    /// Takes a slot in every in-flight limit of the rule `request` matches
+    /// (cost 1); see [`Admission`]. Call it after [`check`](Self::check)
+    /// allowed the request, so a refused rate costs no slot, and hold the
+    /// permit until the response is sent. Redis failures never surface
+    /// (fail-closed rules refuse, the others limit locally); errors are bad
+    /// input only, as for `check`.
+    pub async fn acquire(&self, request: &Request<'_>) -> Result<Admission> {
+        self.acquire_cost(request, 1).await
+    }
+
+    /// Takes `cost` slots (a request that weighs more) in every in-flight
+    /// limit of the rule `request` matches.
+    pub async fn acquire_cost(&self, request: &Request<'_>, cost: u64) -> Result<Admission> {
+        let snapshot = self.inner.current.load_full();
+        let rule = snapshot.matching(request, SystemTime::now()).enforced;
+        let subject = snapshot.bucket_subject(&rule, request)?;
+        let permit = match rule.inflight() {
+            Some(policy) => self.inner.limiter.acquire_cost(policy, &subject, cost).await?.map(Some),
+            None => Ok(None),
+        };
+        Ok(Admission { permit, rule, subject, version: snapshot.version() })
     }
 
     fn log_shadow(&self, rule: &Arc<CompiledRule>, limit: usize, subject: &str) {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use rl_client::{Error, Policy, Result};
+use rl_client::{Error, InflightPolicy, Policy, Result};
 
 use crate::spec::Mode;
 
@@ -61,6 +61,7 @@ pub struct CompiledRule {
     pub(crate) reason: String,
     pub(crate) is_override: bool,
     pub(crate) policy: Policy,
+    pub(crate) inflight: Option<InflightPolicy>,
 }
 
 impl CompiledRule {
@@ -103,6 +104,15 @@ impl CompiledRule {
     /// [`Limiter`](rl_client::Limiter) calls. Its prefix is `key_prefix:id`.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Its in-flight limits, if it has any: for
+    /// [`Limiter::acquire`](rl_client::Limiter::acquire) (as
+    /// [`LiveRules::acquire`](crate::LiveRules::acquire) does). Same
+    /// prefix as [`policy`](Self::policy): a subject's keys of both share
+    /// one hash tag.
+    pub fn inflight(&self) -> Option<&InflightPolicy> {
+        self.inflight.as_ref()
     }
 
     /// Whether it has stopped applying at `now`.

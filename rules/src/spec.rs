@@ -158,7 +158,7 @@ impl MatchSpec {
 pub struct LimitSpec {
     /// Unique in the rule; the last part of its keys and its name in headers.
     pub name: String,
-    /// `bucket` (default), `window`, `exact` or `quota`.
+    /// `bucket` (default), `window`, `exact`, `quota` or `inflight`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub kind: LimitKind,
     /// A bucket's refill: `rate` tokens every `per`.
@@ -167,14 +167,22 @@ pub struct LimitSpec {
     /// A bucket's capacity; default `rate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
-    /// A window's or quota's limit: at most `limit` every `per`.
+    /// A window's or quota's limit: at most `limit` every `per`; an
+    /// in-flight limit's: at most `limit` at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
-    /// The period: `1s`, `15m`, `1h`, `1d`, `500ms`.
+    /// The period: `1s`, `15m`, `1h`, `1d`, `500ms`. Every kind but
+    /// `inflight` needs it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub per: String,
+    /// An in-flight limit's timeout: a slot not released by then is
+    /// dropped by the server (`30s`); above the endpoint's p99.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
 }
 
-/// How a limit counts: a token bucket, or a window of one mode.
+/// How a limit counts: a token bucket, a window of one mode, or the
+/// requests in flight.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitKind {
@@ -188,11 +196,16 @@ pub enum LimitKind {
     /// Fixed window aligned to the Unix epoch (`limit`, `per`; a day
     /// resets at UTC midnight): RL.WINDOW FIXED.
     Quota,
+    /// Requests in flight (`limit` at once, each slot held at most
+    /// `timeout`): RL.ACQUIRE / RL.RELEASE, through
+    /// [`LiveRules::acquire`](crate::LiveRules::acquire).
+    Inflight,
 }
 
 impl LimitKind {
     /// Every kind.
-    pub const ALL: [LimitKind; 4] = [LimitKind::Bucket, LimitKind::Window, LimitKind::Exact, LimitKind::Quota];
+    pub const ALL: [LimitKind; 5] =
+        [LimitKind::Bucket, LimitKind::Window, LimitKind::Exact, LimitKind::Quota, LimitKind::Inflight];
 
     /// The kind's name in rule files and on the command line.
     pub fn name(self) -> &'static str {
@@ -201,13 +214,15 @@ impl LimitKind {
             LimitKind::Window => "window",
             LimitKind::Exact => "exact",
             LimitKind::Quota => "quota",
+            LimitKind::Inflight => "inflight",
         }
     }
 
-    /// How RL.WINDOW counts a limit of this kind; `None` for a bucket.
+    /// How RL.WINDOW counts a limit of this kind; `None` for a bucket or
+    /// an in-flight limit.
     pub fn window_mode(self) -> Option<WindowMode> {
         match self {
-            LimitKind::Bucket => None,
+            LimitKind::Bucket | LimitKind::Inflight => None,
             LimitKind::Window => Some(WindowMode::Sliding),
             LimitKind::Exact => Some(WindowMode::Exact),
             LimitKind::Quota => Some(WindowMode::Fixed),
@@ -297,12 +312,13 @@ impl RuleSpec {
 
 impl LimitSpec {
     /// Reads the command line's short form: `NAME=COUNT/PER`, then
-    /// optionally `,burst=N` (a bucket) or `,window`, `,exact`, `,quota`.
-    /// `per_second=10/1s,burst=20`, `daily=1000/1d,quota`.
+    /// optionally `,burst=N` (a bucket) or `,window`, `,exact`, `,quota`,
+    /// or `,inflight` (then PER is the timeout): `per_second=10/1s,burst=20`,
+    /// `daily=1000/1d,quota`, `concurrent=20/30s,inflight`.
     pub fn parse_short(text: &str) -> Result<LimitSpec> {
         let bad = |why: &str| {
             Error::Rules(format!(
-                "limit {text:?}: {why}; expected NAME=COUNT/PER[,burst=N|,window|,exact|,quota], like per_second=10/1s,burst=20"
+                "limit {text:?}: {why}; expected NAME=COUNT/PER[,burst=N|,window|,exact|,quota|,inflight], like per_second=10/1s,burst=20"
             ))
         };
         let (name, rest) = text.split_once('=').ok_or_else(|| bad("no '='"))?;
@@ -324,15 +340,23 @@ impl LimitSpec {
         } else {
             spec.limit = Some(count);
         }
+        if spec.kind == LimitKind::Inflight {
+            spec.timeout = Some(std::mem::take(&mut spec.per));
+        }
         Ok(spec)
     }
 }
 
-/// The short form [`LimitSpec::parse_short`] reads: `per_second=20/1s,burst=40`.
+/// The short form [`LimitSpec::parse_short`] reads: `per_second=20/1s,burst=40`,
+/// `concurrent=20/30s,inflight`.
 impl std::fmt::Display for LimitSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let count = self.rate.or(self.limit).unwrap_or(0);
-        write!(f, "{}={count}/{}", self.name, self.per)?;
+        let per = match self.kind {
+            LimitKind::Inflight => self.timeout.as_deref().unwrap_or_default(),
+            _ => &self.per,
+        };
+        write!(f, "{}={count}/{per}", self.name)?;
         match (self.kind, self.burst) {
             (LimitKind::Bucket, Some(burst)) => write!(f, ",burst={burst}"),
             (LimitKind::Bucket, None) => Ok(()),
@@ -355,6 +379,7 @@ mod tests {
         limits = [
           { name = "per_second", rate = 100, per = "1s", burst = 200 },
           { name = "daily", kind = "quota", limit = 100000, per = "1d" },
+          { name = "concurrent", kind = "inflight", limit = 20, timeout = "30s" },
         ]
 
         [[rules]]
@@ -372,10 +397,16 @@ mod tests {
         assert_eq!(spec.version, Some(4));
         assert_eq!(spec.ipv6_prefix, Some(56));
         assert_eq!(spec.rules[0].limits[1].kind, LimitKind::Quota);
+        let inflight = &spec.rules[0].limits[2];
+        assert_eq!(
+            (inflight.kind, inflight.limit, inflight.timeout.as_deref()),
+            (LimitKind::Inflight, Some(20), Some("30s"))
+        );
         assert_eq!(spec.rules[1].scope.endpoint.as_deref(), Some("GET /search"));
         assert_eq!((spec.rules[1].mode, spec.rules[1].fail), (Mode::Shadow, FailMode::Closed));
         let json = spec.to_json();
         assert!(!json.contains("\"mode\":\"enforce\""), "defaults are left out: {json}");
+        assert!(json.contains(r#"{"name":"concurrent","kind":"inflight","limit":20,"timeout":"30s"}"#), "{json}");
         assert_eq!(RuleSetSpec::from_json(&json).unwrap(), spec);
     }
 
@@ -404,7 +435,19 @@ mod tests {
         );
         let q = LimitSpec::parse_short("daily=1000/1d,quota").unwrap();
         assert_eq!((q.limit, q.rate, q.kind), (Some(1000), None, LimitKind::Quota));
-        for short in ["per_second=10/1s,burst=20", "s=5/1m", "daily=1000/1d,quota", "w=3/1h,window", "e=3/15m,exact"] {
+        let c = LimitSpec::parse_short("concurrent=20/30s,inflight").unwrap();
+        assert_eq!(
+            (c.limit, c.timeout.as_deref(), c.per.as_str(), c.kind),
+            (Some(20), Some("30s"), "", LimitKind::Inflight)
+        );
+        for short in [
+            "per_second=10/1s,burst=20",
+            "s=5/1m",
+            "daily=1000/1d,quota",
+            "w=3/1h,window",
+            "e=3/15m,exact",
+            "concurrent=20/30s,inflight",
+        ] {
             assert_eq!(LimitSpec::parse_short(short).unwrap().to_string(), short);
         }
         for bad in ["s10/1s", "s=10", "s=ten/1s", "s=10/1s,fast", "s=10/1s,burst=x"] {

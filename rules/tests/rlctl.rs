@@ -41,6 +41,15 @@ fn ip_id(net: &str) -> String {
     override_id(&MatchSpec { ip: Some(net.to_owned()), ..MatchSpec::default() })
 }
 
+/// Waits up to 10 s for `version` to be in force on `gateway`.
+async fn reached(gateway: &LiveRules, version: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gateway.snapshot().version() != version {
+        assert!(Instant::now() < deadline, "version {version} did not reach the gateway: {:?}", gateway.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("rules.example.toml")
 }
@@ -50,7 +59,18 @@ async fn validate_accepts_the_example_and_names_every_fault() {
     let example = example();
     let ok = rlctl(&["validate", example.to_str().unwrap()]).await;
     assert_eq!(ok.code, 0, "{}", ok.err);
-    assert!(ok.out.contains("ok, version 0: 8 rules (1 in shadow mode, 0 overrides)"), "{}", ok.out);
+    assert!(
+        ok.out.contains("ok, version 0: 9 rules (1 in shadow mode, 0 overrides, 1 with in-flight limits)"),
+        "{}",
+        ok.out
+    );
+    assert!(
+        ok.out.contains(
+            "in flight: rule 'reports' (endpoint \"POST /reports\"): concurrent at most 5 at once, timeout 30s"
+        ),
+        "{}",
+        ok.out
+    );
     // The example has a quota and a window: not for the Lua backend.
     let lua = rlctl(&["validate", "--lua", example.to_str().unwrap()]).await;
     assert_eq!(lua.code, 1);
@@ -96,20 +116,7 @@ async fn publish_override_and_remove_reach_a_gateway() {
     let limiter = Limiter::new(config(url.clone(), Backend::Module)).unwrap();
     let gateway = LiveRules::new(limiter, &RuleSetSpec::from_file(&example).unwrap()).unwrap();
     let _watcher = gateway.watch_redis(RedisSource::new(url.clone())).unwrap();
-    let reaches = |version: u64| {
-        let gateway = gateway.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while gateway.snapshot().version() != version {
-                assert!(
-                    Instant::now() < deadline,
-                    "version {version} did not reach the gateway: {:?}",
-                    gateway.status()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    let reaches = |version: u64| reached(&gateway, version);
 
     let active = rlctl(&["active", "--redis", &url]).await;
     assert_eq!((active.code, active.out.trim()), (0, "version 0: nothing published"));
@@ -532,4 +539,77 @@ async fn sizes_versions_and_broken_overrides_have_stated_bounds() {
     assert!(run.err.starts_with("rlctl: stored overrides rejected: field 'override:broken'"), "{}", run.err);
     assert_eq!(rlctl(&["override", "remove", "--id", "broken", "--redis", &url]).await.code, 0);
     assert_eq!(rlctl(&["active", "--redis", &url]).await.code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limits_are_validated_published_and_overridden() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, limit: &str| {
+        let path = dir.path().join(name);
+        let text = format!(
+            "backend = \"lua\"\n[[rules]]\nid = \"default\"\nreason = \"r\"\nlimits = [{{ name = \"s\", rate = 100, per = \"1s\" }}, {limit}]\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    // The Lua backend has in-flight limits too (inflight.lua): accepted.
+    let good = write("good.toml", r#"{ name = "concurrent", kind = "inflight", limit = 20, timeout = "30s" }"#);
+    let run = rlctl(&["validate", "--lua", &good]).await;
+    assert_eq!(run.code, 0, "{}", run.err);
+    assert!(run.out.contains("concurrent at most 20 at once, timeout 30s"), "{}", run.out);
+    // A bad timeout is named in the module's words (rl_core's ParamError).
+    let bad = write("bad.toml", r#"{ name = "concurrent", kind = "inflight", limit = 0, timeout = "800d" }"#);
+    let run = rlctl(&["validate", &bad]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    for fault in [
+        "rule set rejected: rule 'default' limit 'concurrent': limit must be from 1 to 100000, got 0",
+        "rule 'default' limit 'concurrent': timeout \"800d\": timeout_ms must be from 1 to 63072000000, got 69120000000",
+    ] {
+        assert!(run.err.contains(fault), "{fault} in: {}", run.err);
+    }
+
+    // An override with an in-flight limit reaches a watching gateway.
+    let s = Server::start(&[]);
+    let url = s.url();
+    let limiter = Limiter::new(config(url.clone(), Backend::Module)).unwrap();
+    let gateway = LiveRules::new(limiter, &RuleSetSpec::from_file(example()).unwrap()).unwrap();
+    let _watcher = gateway.watch_redis(RedisSource::new(url.clone())).unwrap();
+    assert_eq!(rlctl(&["publish", example().to_str().unwrap(), "--redis", &url]).await.code, 0);
+    let add = [
+        "override",
+        "add",
+        "--subject",
+        "key_8f3",
+        "--limit",
+        "s=100/1s",
+        "--limit",
+        "concurrent=2/30s,inflight",
+        "--expires",
+        "15m",
+        "--reason",
+        "INC-4413: report storm",
+        "--redis",
+        &url,
+    ];
+    let run = rlctl(&add).await;
+    assert_eq!(run.code, 0, "{}", run.err);
+    reached(&gateway, 2).await;
+    let active = rlctl(&["active", "--redis", &url]).await;
+    assert!(
+        active
+            .out
+            .contains("reports: endpoint \"POST /reports\": per_minute=60/1m,burst=20, concurrent=5/30s,inflight"),
+        "{}",
+        active.out
+    );
+    assert!(active.out.contains("s=100/1s, concurrent=2/30s,inflight; reason: INC-4413"), "{}", active.out);
+    let req = Request::new().subject("key_8f3").endpoint("POST /reports");
+    let first = gateway.acquire(&req).await.unwrap();
+    assert_eq!(first.rule.id(), subject_id("key_8f3"), "the override outranks the reports rule");
+    let second = gateway.acquire(&req).await.unwrap();
+    let third = gateway.acquire(&req).await.unwrap().permit.unwrap_err();
+    assert_eq!((third.limit, third.in_flight), (2, 2));
+    assert!(first.permit.unwrap().unwrap().release().await);
+    drop(second);
+    assert!(gateway.acquire(&req).await.unwrap().permit.unwrap().is_some(), "a released slot is free again");
 }

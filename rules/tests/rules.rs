@@ -575,3 +575,109 @@ async fn a_watcher_with_a_huge_poll_interval_still_follows_the_channel() {
     store.publish(&versioned(2)).await.unwrap();
     eventually(Duration::from_secs(10), "the announced version", || rules.snapshot().version() == 2).await;
 }
+
+/// A rule with an in-flight limit on one endpoint; every other request
+/// falls to the default rule, which has none.
+const INFLIGHT: &str = r#"
+    [[rules]]
+    id = "default"
+    reason = "everyone"
+    limits = [{ name = "s", rate = 1000, per = "1s" }]
+
+    [[rules]]
+    id = "reports"
+    match = { endpoint = "POST /reports" }
+    reason = "slow endpoint"
+    limits = [
+      { name = "s", rate = 1000, per = "1s" },
+      { name = "concurrent", kind = "inflight", limit = 5, timeout = "30s" },
+    ]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_never_exceed_a_rules_in_flight_limit_together() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let s = Server::start(&[]);
+    let gateways: Vec<LiveRules> = (0..3).map(|_| LiveRules::new(limiter(&s), &spec(INFLIGHT)).unwrap()).collect();
+    let report = Request::new().subject("acme").endpoint("POST /reports");
+
+    // Another endpoint: its rule has no in-flight limits, nothing to hold.
+    let other = gateways[0].acquire(&Request::new().subject("acme").endpoint("GET /")).await.unwrap();
+    assert_eq!(other.rule.id(), "default");
+    assert!(matches!(other.permit, Ok(None)), "{other:?}");
+
+    // Each holder counts itself in while it holds its permit; the count
+    // is kept outside Redis, so it shows what really ran at once.
+    let holding = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for worker in 0..24 {
+        let rules = gateways[worker % 3].clone();
+        let (holding, most, refused) = (holding.clone(), most.clone(), refused.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                let admission = rules.acquire(&report).await.unwrap();
+                assert_eq!((admission.rule.id(), admission.subject.as_str()), ("reports", "acme"));
+                match admission.permit {
+                    Ok(Some(permit)) => {
+                        assert_eq!((permit.source(), permit.limit()), (Source::Redis, 5));
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        assert!(permit.release().await, "the slot was held until released");
+                    }
+                    Ok(None) => panic!("the reports rule has an in-flight limit"),
+                    Err(no) => {
+                        assert_eq!((no.source, no.limit, no.in_flight), (Source::Redis, 5, 5));
+                        refused.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (most, refused) = (most.load(Ordering::SeqCst), refused.load(Ordering::SeqCst));
+    assert!(most <= 5, "{most} in flight at once across three gateways, limit 5");
+    assert_eq!(most, 5, "24 workers reach the limit");
+    assert!(refused > 0, "24 workers on 5 slots are refused sometimes");
+    // Everything was released: all 5 slots are free again.
+    let mut held = Vec::new();
+    for rules in gateways.iter().cycle().take(5) {
+        held.push(rules.acquire(&report).await.unwrap().permit.unwrap().unwrap());
+    }
+    assert!(gateways[1].acquire(&report).await.unwrap().permit.is_err());
+    // Another subject has slots of its own.
+    let other = Request::new().subject("globex").endpoint("POST /reports");
+    assert!(matches!(gateways[2].acquire(&other).await.unwrap().permit, Ok(Some(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_rule_keeps_its_fallback_slots_across_versions() {
+    // Nothing listens: every acquire falls back to this gateway's share,
+    // limit x slack (2) / gateways (2) = the limit.
+    let url = format!("redis://127.0.0.1:{}/", testkit::free_port());
+    let limiter = Limiter::new(rl_client::Config { gateways: 2, ..config(url, Backend::Module) }).unwrap();
+    let rules = LiveRules::new(limiter, &spec(INFLIGHT)).unwrap();
+    let report = Request::new().subject("acme").endpoint("POST /reports");
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let permit = rules.acquire(&report).await.unwrap().permit.unwrap().unwrap();
+        assert_eq!(permit.source(), Source::Fallback);
+        held.push(permit);
+    }
+    let no = rules.acquire(&report).await.unwrap().permit.unwrap_err();
+    assert_eq!((no.source, no.limit), (Source::Fallback, 5));
+    // The same rule in a new version: the same local slots.
+    rules.install(&spec(INFLIGHT), &[], 2, "test").unwrap();
+    assert!(rules.acquire(&report).await.unwrap().permit.is_err(), "unchanged: still full");
+    // A changed in-flight limit starts on fresh slots.
+    rules.install(&spec(&INFLIGHT.replace("limit = 5", "limit = 6")), &[], 3, "test").unwrap();
+    let permit = rules.acquire(&report).await.unwrap().permit.unwrap().unwrap();
+    assert_eq!((permit.source(), permit.limit()), (Source::Fallback, 6));
+    drop(held);
+}

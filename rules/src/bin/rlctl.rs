@@ -114,7 +114,8 @@ struct AddOverride {
     /// The override's id (default: ovr-, the subject or network, and a hash of it).
     #[arg(long)]
     id: Option<String>,
-    /// A limit: NAME=COUNT/PER, then ,burst=N or ,window ,exact ,quota (repeatable).
+    /// A limit: NAME=COUNT/PER, then ,burst=N or ,window ,exact ,quota, or
+    /// ,inflight (PER is then the timeout: concurrent=20/30s,inflight) (repeatable).
     #[arg(long = "limit", required = true, value_name = "SPEC")]
     limits: Vec<String>,
     /// How long it lasts (15m, 2h, 3d) or until when (2026-10-28T09:00:00Z); at most 30 days.
@@ -174,7 +175,8 @@ async fn run(command: Command) -> Result<Output, Error> {
             let backend = if lua { Backend::Lua } else { Backend::Module };
             let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
             let ok = format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot));
-            done(with_warnings(ok, &snapshot))
+            let lines = std::iter::once(ok).chain(inflight_limits(&snapshot)).collect::<Vec<_>>().join("\n");
+            done(with_warnings(lines, &snapshot))
         }
         Command::Publish { file, store } => {
             let spec = RuleSetSpec::from_file(&file)?;
@@ -313,7 +315,30 @@ fn summary(snapshot: &Snapshot) -> String {
     let rules = snapshot.rules();
     let shadow = rules.iter().filter(|r| r.mode() == Mode::Shadow).count();
     let overrides = rules.iter().filter(|r| r.is_override()).count();
-    format!("{} rules ({shadow} in shadow mode, {overrides} overrides)", rules.len())
+    let inflight = rules.iter().filter(|r| r.inflight().is_some()).count();
+    format!("{} rules ({shadow} in shadow mode, {overrides} overrides, {inflight} with in-flight limits)", rules.len())
+}
+
+/// One line per rule with in-flight limits: what each holds at most.
+fn inflight_limits(snapshot: &Snapshot) -> Vec<String> {
+    let rules = snapshot.rules().iter().filter_map(|r| Some((r, r.inflight()?)));
+    rules
+        .map(|(rule, policy)| {
+            let limits: Vec<String> = policy
+                .rules()
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{} at most {} at once, timeout {}",
+                        l.name(),
+                        l.limit(),
+                        humantime::format_duration(l.timeout())
+                    )
+                })
+                .collect();
+            format!("  in flight: rule '{}' ({}): {}", rule.id(), rule.scope(), limits.join("; "))
+        })
+        .collect()
 }
 
 fn active(stored: &Stored) -> Result<Output, Error> {
