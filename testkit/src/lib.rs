@@ -367,8 +367,9 @@ pub fn module_blob(con: &mut redis::Connection, key: &str) -> Vec<u8> {
     dump[at..at + n].to_vec()
 }
 
-/// A redis-server without the module, as a managed Redis service offers
-/// one (they refuse MODULE LOAD): for the client's Lua backend. On a free
+/// A redis-server without this module, as a managed Redis service offers
+/// one (they refuse MODULE LOAD): for the client's Lua backend; or with
+/// another module (`start_with`), as the bench runs redis-cell. On a free
 /// loopback port, in its own temp dir, killed when dropped.
 pub struct PlainServer {
     child: Child,
@@ -378,6 +379,11 @@ pub struct PlainServer {
 
 impl PlainServer {
     pub fn start() -> PlainServer {
+        Self::start_with(&[])
+    }
+
+    /// With extra arguments (`--loadmodule path ...`).
+    pub fn start_with(extra: &[&std::ffi::OsStr]) -> PlainServer {
         for _ in 0..5 {
             let dir = tempfile::Builder::new().prefix("rl-plain-").tempdir().expect("temp dir");
             let port = free_port();
@@ -385,6 +391,7 @@ impl PlainServer {
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
                 .arg("--dir")
                 .arg(dir.path())
+                .args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -394,13 +401,15 @@ impl PlainServer {
             let deadline = Instant::now() + Duration::from_secs(20);
             // Until it answers; if it exited (port taken), drop it and retry.
             while Instant::now() < deadline && matches!(s.child.try_wait(), Ok(None)) {
-                if redis::Client::open(s.url()).and_then(|c| c.get_connection()).is_ok() {
-                    return s;
+                if let Ok(mut c) = redis::Client::open(s.url()).and_then(|c| c.get_connection()) {
+                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                        return s;
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        panic!("could not start a plain redis-server after 5 attempts");
+        panic!("could not start redis-server with {extra:?} after 5 attempts");
     }
 
     pub fn url(&self) -> String {

@@ -4,11 +4,9 @@
 //! cannot share a server with the module (both define CL.THROTTLE).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-use testkit::{free_port, server_binary, Server};
+use testkit::Server;
 
 #[derive(Clone, Copy, PartialEq)]
 pub enum Condition {
@@ -34,54 +32,14 @@ impl Condition {
     }
 }
 
-/// A server with another module than ours (redis-cell): on a free loopback
-/// port, in its own temp dir, killed when dropped.
-pub struct ModuleServer {
-    child: Child,
-    pub port: u16,
-    _dir: TempDir,
-}
+/// A server with another module than ours (redis-cell).
+pub type ModuleServer = testkit::PlainServer;
 
-impl ModuleServer {
-    pub fn start(module: &Path, extra: &[&str]) -> ModuleServer {
-        for _ in 0..5 {
-            let dir = tempfile::Builder::new().prefix("rl-bench-").tempdir().expect("temp dir");
-            let port = free_port();
-            let child = Command::new(server_binary())
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--loadmodule"])
-                .arg(module)
-                .arg("--dir")
-                .arg(dir.path())
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn redis-server");
-            let mut s = ModuleServer { child, port, _dir: dir };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline && matches!(s.child.try_wait(), Ok(None)) {
-                if let Ok(mut c) = redis::Client::open(s.url()).and_then(|c| c.get_connection()) {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return s;
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        panic!("could not start redis-server with {}", module.display());
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for ModuleServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `module` loaded on a plain server, with `extra` arguments.
+pub fn module_server(module: &Path, extra: &[&str]) -> ModuleServer {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--loadmodule".as_ref(), module.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    ModuleServer::start_with(&args)
 }
 
 /// Which module a setup's servers load.
@@ -99,7 +57,7 @@ impl Proc {
     fn start(module: &Module, extra: &[&str]) -> Proc {
         match module {
             Module::Ours => Proc::Ours(Server::start(extra)),
-            Module::Other(so) => Proc::Other(ModuleServer::start(so, extra)),
+            Module::Other(so) => Proc::Other(module_server(so, extra)),
         }
     }
 

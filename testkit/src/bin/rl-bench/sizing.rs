@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use testkit::Server;
 
 use crate::load::field;
-use crate::servers::ModuleServer;
+use crate::servers::module_server;
 
 /// Keys per kind; the kinds that need many calls per key use fewer.
 const KEYS: usize = 100_000;
@@ -95,7 +95,7 @@ pub fn measure(binaries: &[PathBuf], redis_cell: Option<&Path>) -> Vec<ServerSiz
         .enumerate()
         .map(|(n, binary)| {
             let ours = Server::start_binary(binary, &[]);
-            let cell = redis_cell.filter(|_| n == 0).map(|so| ModuleServer::start(so, &[]));
+            let cell = redis_cell.filter(|_| n == 0).map(|so| module_server(so, &[]));
             let mut con = ours.con();
             let text: String = redis::cmd("INFO").arg("server").query(&mut con).expect("INFO");
             let version = ["valkey_version", "redis_version"]
