@@ -20,6 +20,10 @@ pub fn missing_api() -> Result<(), String> {
             ("Replicate", raw::RedisModule_Replicate.is_some_and(|_| true)),
             ("KeyAtPos", raw::RedisModule_KeyAtPos.is_some_and(|_| true)),
             ("Milliseconds", raw::RedisModule_Milliseconds.is_some_and(|_| true)),
+            ("NotifyKeyspaceEvent", raw::RedisModule_NotifyKeyspaceEvent.is_some_and(|_| true)),
+            ("GetContextFlags", raw::RedisModule_GetContextFlags.is_some_and(|_| true)),
+            ("GetRandomHexChars", raw::RedisModule_GetRandomHexChars.is_some_and(|_| true)),
+            ("ReplyWithStringBuffer", raw::RedisModule_ReplyWithStringBuffer.is_some_and(|_| true)),
             // The type callbacks run outside the panic boundary: what they
             // call must be there.
             ("EmitAOF", raw::RedisModule_EmitAOF.is_some_and(|_| true)),
