@@ -139,6 +139,12 @@ impl Ctx {
         };
     }
 
+    /// Propagates `PEXPIREAT key at`: a refusal that keeps a key alive
+    /// longer, from buffers like the other effects.
+    pub fn replicate_pexpireat(&self, key: *mut RedisModuleString, at: i64) {
+        unsafe { api!(RedisModule_Replicate)(self.0, c"PEXPIREAT".as_ptr(), c"sl".as_ptr(), key, at) };
+    }
+
     /// Propagates `SET key value PXAT at`: CL.THROTTLE's effect, from
     /// buffers (module strings for the arguments cost a third of it).
     pub fn replicate_set_pxat(&self, key: *mut RedisModuleString, value: &[u8], at: i64) {

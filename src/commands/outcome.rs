@@ -16,7 +16,7 @@ use rl_core::window::WindowState;
 use rl_core::{BucketState, Reply, INLINE};
 use smallvec::SmallVec;
 
-use super::replication::{replicate, replicate_at, Effect};
+use super::replication::{replicate, Effect};
 use crate::ffi::Ctx;
 use crate::stats::{self, Counted};
 use crate::store::keys::Loaded;
@@ -171,7 +171,7 @@ fn keep_alive<T: Value>(ctx: Ctx, names: &[*mut RedisModuleString], loaded: &Loa
     for (i, &until) in keep_until.iter().enumerate() {
         if loaded.expires_at(i).is_some_and(|at| at < until) {
             loaded.expire_at(i, until);
-            replicate_at(ctx, c"PEXPIREAT", names[i], &[], until);
+            ctx.replicate_pexpireat(names[i], until as i64);
             ctx.notify(NOTIFY_GENERIC, c"expire", names[i]);
         }
     }

@@ -101,18 +101,6 @@ pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
     created.into_iter().for_each(|s| ctx.free_string(s));
 }
 
-/// Replicates `cmd key value... ms` for a command whose last argument is an
-/// absolute time: `PEXPIREAT key ms`, or `SET key tat PXAT ms`.
-pub(crate) fn replicate_at(ctx: Ctx, cmd: &std::ffi::CStr, key: *mut RedisModuleString, values: &[&[u8]], at_ms: u64) {
-    let mut digits = [0u8; 20];
-    let mut args: SmallVec<[*mut RedisModuleString; 4]> = SmallVec::new();
-    args.push(key);
-    args.extend(values.iter().map(|v| ctx.create_string(v)));
-    args.push(ctx.create_string(decimal(at_ms, &mut digits)));
-    ctx.replicate(cmd, &args);
-    args[1..].iter().for_each(|&s| ctx.free_string(s));
-}
-
 /// `v` in decimal, written into `buf`.
 pub(crate) fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();

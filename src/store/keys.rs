@@ -20,11 +20,10 @@ pub(crate) fn wrongtype() -> String {
 /// repeated name. Linear in the number of names (a hash set past a
 /// handful), so a caller-sized list costs what it weighs.
 pub(crate) fn distinct<'a>(names: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Result<(), &'a [u8]> {
-    let repeated = |k: &'a [u8]| Err(k);
     if names.len() <= 8 {
         for (i, k) in names.clone().enumerate() {
             if names.clone().take(i).any(|other| other == k) {
-                return repeated(k);
+                return Err(k);
             }
         }
         return Ok(());
@@ -32,7 +31,7 @@ pub(crate) fn distinct<'a>(names: impl ExactSizeIterator<Item = &'a [u8]> + Clon
     let mut seen = HashSet::with_capacity(names.len());
     for k in names {
         if !seen.insert(k) {
-            return repeated(k);
+            return Err(k);
         }
     }
     Ok(())
