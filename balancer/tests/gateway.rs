@@ -175,6 +175,35 @@ async fn without_a_balancer_the_last_shares_age_into_the_fixed_split() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_table_is_warned_about_once_a_minute() {
+    let server = Server::start(&[]);
+    publish(&server, &table(150_000, 900_000, 900_000)).await;
+    // The balancer last wrote two minutes ago (on the region's clock).
+    let mut con = server.con();
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("written_at").arg((secs - 120) * 1000).query(&mut con).unwrap();
+    let clock = ManualClock::new();
+    let shares = shares(&server, "eu", Clock::Manual(clock.clone()));
+    shares.refresh_now().await.unwrap();
+    let status = shares.status();
+    assert!(status.age.unwrap() >= Duration::from_secs(119) && !status.stale, "{status:?}");
+    assert_eq!(status.age_warnings, 1);
+    shares.refresh_now().await.unwrap();
+    clock.advance(Duration::from_secs(59));
+    shares.refresh_now().await.unwrap();
+    assert_eq!(shares.status().age_warnings, 1, "at most once a minute");
+    clock.advance(Duration::from_secs(1));
+    shares.refresh_now().await.unwrap();
+    assert_eq!(shares.status().age_warnings, 2);
+    // The balancer writes again: no more warnings.
+    publish(&server, &table(150_000, 900_000, 900_000)).await;
+    clock.advance(Duration::from_secs(61));
+    shares.refresh_now().await.unwrap();
+    assert!(shares.status().age.unwrap() < Duration::from_secs(5));
+    assert_eq!(shares.status().age_warnings, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raised_share_ramps_instead_of_arriving_full() {
     let server = Server::start(&[]);
     // acme raised from 10% to 90% just now.
