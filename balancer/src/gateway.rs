@@ -156,7 +156,8 @@ impl RegionShares {
 
     /// Shares refreshed every `config.refresh` by a tokio task, which
     /// stops when the last `Arc` is dropped. The first read happens in the
-    /// task: a gateway starts even while its Redis is down.
+    /// task: a gateway starts even while its Redis is down. Call it inside
+    /// a tokio runtime.
     pub fn start(config: GatewayConfig) -> Result<Arc<RegionShares>, redis::RedisError> {
         let shares = Arc::new(RegionShares::new(config)?);
         let weak = Arc::downgrade(&shares);

@@ -152,6 +152,12 @@ async fn without_a_balancer_the_last_shares_age_into_the_fixed_split() {
     let api = rules().rules[0].global.clone().unwrap();
     assert!(shares.status().stale && shares.status().age.is_none(), "nothing read yet");
     assert_eq!(shares.share("api", &api, "acme").0.share, 500_000, "never read: the fixed split");
+    let elsewhere = self::shares(&server, "sa", Clock::System);
+    assert_eq!(
+        elsewhere.share("api", &api, "acme").0.share,
+        200_000,
+        "a region the rule does not name: the smallest part"
+    );
     shares.refresh_now().await.unwrap();
     assert_eq!(shares.share("api", &api, "acme").0.share, 900_000);
     // The balancer stops writing; the region's Redis stays up.
