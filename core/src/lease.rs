@@ -90,6 +90,15 @@ impl Lease {
         self.tokens
     }
 
+    /// Tokens held and unexpired at `now_ms`.
+    pub fn held(&self, now_ms: u64) -> u64 {
+        if now_ms < self.expires_ms {
+            self.tokens
+        } else {
+            0
+        }
+    }
+
     /// A lease call is on its way.
     pub fn leasing(&self) -> bool {
         self.leasing
@@ -97,7 +106,7 @@ impl Lease {
 
     /// Whether it holds unexpired tokens or a call is on its way at `now_ms`.
     pub fn is_live(&self, now_ms: u64) -> bool {
-        self.leasing || (self.tokens > 0 && now_ms < self.expires_ms)
+        self.leasing || self.held(now_ms) > 0
     }
 
     /// Spends `cost` tokens at `now_ms` if the lease holds them (expired ones
@@ -248,6 +257,7 @@ mod tests {
     #[test]
     fn expired_tokens_are_dropped_never_revived() {
         let mut l = leased(5, 0);
+        assert_eq!((l.held(999), l.held(1000)), (5, 0));
         assert!(matches!(spend(&mut l, 1, 10, 999), Spend::Hit { .. }));
         l.call_done();
         assert_eq!(reserved(spend(&mut l, 1, 10, 1000)), 0, "the 4 left expired");

@@ -98,6 +98,11 @@ impl Pool {
         self.lease.tokens()
     }
 
+    /// Tokens held and unexpired at `now_ms`.
+    pub fn held(&self, now_ms: u64) -> u64 {
+        self.lease.held(now_ms)
+    }
+
     /// The refusal Redis named, while it holds for `need`.
     fn refusal(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
         let denied = self.denied.filter(|d| d.refuses(need.min, now_ms))?;
