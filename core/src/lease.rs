@@ -90,6 +90,12 @@ impl Lease {
         self.tokens
     }
 
+    /// Whether calls are paced at `now_ms` (the bucket is contended and
+    /// this holder has had its share for now).
+    pub fn is_paced(&self, now_ms: u64) -> bool {
+        self.contended && now_ms < self.paced_until_ms
+    }
+
     /// Tokens held and unexpired at `now_ms`.
     pub fn held(&self, now_ms: u64) -> u64 {
         if now_ms < self.expires_ms {
@@ -116,7 +122,7 @@ impl Lease {
     /// a short request asks for its own cost.
     pub fn spend(&mut self, cost: u64, batch: u64, now_ms: u64, may_call: impl FnOnce() -> bool) -> Spend {
         self.expire(now_ms);
-        let paced = self.contended && now_ms < self.paced_until_ms;
+        let paced = self.is_paced(now_ms);
         if self.tokens < cost {
             // Contended: this holder has had its share until the pace ends,
             // and once it ends the one call in flight asks for everyone.
@@ -291,6 +297,7 @@ mod tests {
             assert_eq!(spend(&mut l, 1, 10, 10), Spend::Hit { top_up: false }, "no top-up while paced");
         }
         assert_eq!(spend(&mut l, 1, 10, 10), Spend::Paced { until_ms: 50 }, "refused from memory");
+        assert!(l.is_paced(49) && !l.is_paced(50));
         // The pace ends: one call leads, the others are refused meanwhile.
         assert_eq!(spend(&mut l, 1, 10, 50), Spend::Short { reserved: 0, lead: true });
         assert!(matches!(spend(&mut l, 1, 10, 50), Spend::Paced { .. }));

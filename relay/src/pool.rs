@@ -212,6 +212,11 @@ impl Pools {
                 let reply = pool.standing(cost, 0, now_ms);
                 Plan::Answer { reply, top_up: top_up.then(|| pool.lease.want(pool.batch)) }
             }
+            // Paced only because a lease call is on its way: a gateway
+            // refuses here to spare Redis a call per request; the relay
+            // forwards (the call lands within a round trip, and Redis
+            // answers exactly).
+            Spend::Paced { .. } if !pool.lease.is_paced(now_ms) => Plan::Forward,
             Spend::Paced { until_ms } => {
                 pool.hits += 1;
                 Plan::Answer { reply: pool.standing(0, (until_ms - now_ms) as i64, now_ms), top_up: None }
@@ -447,6 +452,8 @@ mod tests {
         assert_eq!((reply.granted, reply.retry_after_ms), (0, 10));
         let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 20) else { panic!() };
         assert_eq!(want, 201);
+        // Its call on the way, the pace over: forwarded, not refused.
+        assert_eq!(pools.plan(&keys(), &params, ONE, 20), Plan::Forward);
         // Never more than the capacity: a full grant of that is no contention.
         let small = rule(10, 100, 1000); // batch 10
         let k = [Bytes::from_static(b"small")];

@@ -62,6 +62,9 @@ pub struct Scaled {
     /// what gateways and relays still held when the run ended.
     pub pressing_granted: f64,
     pub pressing_held: f64,
+    /// Pressing subjects, mean: admitted in the run's second half / the
+    /// refill of that half (the steady rate against the limit's).
+    pub pressing_steady: f64,
     /// Within-limit hot subjects: admitted / requests.
     pub hot_admitted: f64,
     pub outcome: Outcome,
@@ -105,6 +108,13 @@ pub fn scaled(setup: &Setup, sample: &Population, outcome: Outcome, seed: u64) -
     let pressing = pressing_share(&outcome.admitted);
     let pressing_granted = mean(pressing_share(&outcome.granted));
     let pressing_held = mean(pressing_share(&outcome.held_at_end));
+    let p = Class::Pressing.params();
+    let half_refill = p.refill() as f64 * setup.seconds / 2.0 * 1000.0 / p.period_ms() as f64;
+    let pressing_steady = mean(
+        (first_pressing..sample.count(Class::Pressing))
+            .map(|s| outcome.admitted_second_half[s as usize] as f64 / half_refill)
+            .collect(),
+    );
     let hot = &outcome.tally[Class::Hot as usize];
     Scaled {
         gateways: setup.gateways,
@@ -121,6 +131,7 @@ pub fn scaled(setup: &Setup, sample: &Population, outcome: Outcome, seed: u64) -
         ),
         pressing_granted,
         pressing_held,
+        pressing_steady,
         hot_admitted: hot.admitted as f64 / hot.requests.max(1) as f64,
         outcome,
     }
@@ -155,11 +166,10 @@ fn main() {
             sweep.push(scaled(&s, &sample, run(&s, &sample), args.seed));
             let r = sweep.last().expect("pushed");
             eprintln!(
-                "{gateways} gateways, relays {relays}: done at {:.0?} pressing admitted {:.3} granted {:.3} held {:.3}",
+                "{gateways} gateways, relays {relays}: done at {:.0?} (pressing: admitted {:.3}, second half {:.3})",
                 started.elapsed(),
                 r.pressing.0,
-                r.pressing_granted,
-                r.pressing_held
+                r.pressing_steady,
             );
         }
     }

@@ -126,6 +126,8 @@ pub struct Outcome {
     /// what gateways and relays still held of them when the run ended.
     pub granted: Vec<u64>,
     pub held_at_end: Vec<u64>,
+    /// Admitted per subject in the run's second half (the steady rate).
+    pub admitted_second_half: Vec<u64>,
     /// Calls per shard.
     pub per_shard: Vec<u64>,
     /// Tokens relay 0 held when it died.
@@ -208,6 +210,8 @@ struct Model<'a> {
     out: Outcome,
     relay_down: (u64, u64),
     failover: (u64, u64),
+    /// When the run's second half starts.
+    second_half: u64,
 }
 
 fn ms(ns: u64) -> u64 {
@@ -242,7 +246,7 @@ impl Model<'_> {
         self.out.tally[class].requests += 1;
         match self.gateways[g as usize].check(s, &self.params[s as usize], ms(now)) {
             Check::Memory { admitted, top_up } => {
-                self.decided(s, admitted, true);
+                self.decided(s, admitted, true, now);
                 if let Some(want) = top_up {
                     self.send(Call { g, s, op: Op::Lease { want, min: 1 }, purpose: Purpose::TopUp }, now);
                 }
@@ -251,11 +255,14 @@ impl Model<'_> {
         }
     }
 
-    fn decided(&mut self, s: u32, admitted: bool, in_memory: bool) {
+    fn decided(&mut self, s: u32, admitted: bool, in_memory: bool, now: u64) {
         let t = &mut self.out.tally[self.pop.class_of(s)];
         t.admitted += u64::from(admitted);
         t.in_memory += u64::from(in_memory);
         self.out.admitted[s as usize] += u64::from(admitted);
+        if now >= self.second_half {
+            self.out.admitted_second_half[s as usize] += u64::from(admitted);
+        }
     }
 
     fn shard(&mut self, now: u64, s: u32, op: Op, back: Back) {
@@ -329,7 +336,7 @@ impl Model<'_> {
         let params = &self.params[call.s as usize];
         let admitted = self.gateways[call.g as usize].answered(call.s, params, call.op, call.purpose, reply, ms(now));
         if !call.top_up() {
-            self.decided(call.s, admitted, false);
+            self.decided(call.s, admitted, false, now);
         }
     }
 
@@ -372,15 +379,18 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
             admitted: vec![0; n as usize],
             granted: vec![0; n as usize],
             held_at_end: vec![0; n as usize],
+            admitted_second_half: vec![0; n as usize],
             per_shard: vec![0; setup.shards as usize],
             ..Outcome::default()
         },
         relay_down: setup.relay_crash.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
         failover: setup.failover.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
+        second_half: u64::MAX,
     };
     // Virtual time starts at a round epoch: the buckets' clock in ms.
     let start = 1_700_000_000_000_000_000u64;
     let end = start + ns(setup.seconds);
+    m.second_half = start + ns(setup.seconds / 2.0);
     m.relay_down = (m.relay_down.0.saturating_add(start), m.relay_down.1.saturating_add(start));
     m.failover = (m.failover.0.saturating_add(start), m.failover.1.saturating_add(start));
     let rate = pop.rate();
