@@ -160,7 +160,7 @@ impl Client {
             return Err(Error::invalid("Client::new must be called inside a tokio runtime"));
         }
         Ok(Client {
-            conn: Connection::open(&config.target, config.timeout, config.connect_timeout)?,
+            conn: Connection::for_config(config)?,
             backend: config.backend,
             timeout: config.timeout,
             script: Arc::new(redis::Script::new(&LUA_SCRIPT)),

@@ -37,6 +37,11 @@ pub enum Backend {
 pub struct Config {
     /// Where Redis is.
     pub target: Target,
+    /// A lease relay (rl-relay, `redis://host:port/`) in front of `target`:
+    /// calls go to it while it answers, and to `target` directly while its
+    /// breaker is open (the breaker settings below apply to it as to a
+    /// shard). Default none: calls go to `target`.
+    pub relay: Option<String>,
     /// Default [`Backend::Module`].
     pub backend: Backend,
     /// Longest wait for any call to Redis; past it the call counts as failed
@@ -104,6 +109,7 @@ impl Config {
     fn with_target(target: Target) -> Config {
         Config {
             target,
+            relay: None,
             backend: Backend::Module,
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(250),

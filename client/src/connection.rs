@@ -9,7 +9,18 @@
 //! default) and TCP_NODELAY, and a cluster call is retried at most once, at
 //! once (to follow a MOVED after a resharding); a call that fails is
 //! answered by the fallback instead.
+//!
+//! Through a lease relay (`Config::relay`), calls go to the relay while its
+//! own breaker is closed and to Redis directly while it is open: a relay
+//! that refuses connections (it is down) fails over at once, the call
+//! itself sent to Redis; a relay that does not answer within half the
+//! timeout fails the call (it may have been served: never sent twice) and
+//! counts against the relay's breaker. While it is open, a PING in the
+//! background probes the relay, so no request waits on a relay that is
+//! still down; once it answers, calls go back to it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -19,6 +30,9 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::io::tcp::TcpSettings;
 use redis::{Cmd, IntoConnectionInfo, Value};
 
+use crate::breaker::Breaker;
+use crate::clock::Clock;
+use crate::config::Config;
 use crate::error::{Error, Result};
 
 /// Where Redis is.
@@ -30,16 +44,99 @@ pub enum Target {
     Cluster(Vec<String>),
 }
 
+/// A connection to Redis (and, in a client, to its relay), reconnecting by
+/// itself. Cheap to clone: clones share it.
 #[derive(Clone)]
-pub(crate) enum Connection {
+pub struct Connection(Kind);
+
+#[derive(Clone)]
+enum Kind {
+    Plain(Plain),
+    Relayed(Arc<Relayed>),
+}
+
+/// One server or a cluster.
+#[derive(Clone)]
+enum Plain {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
+/// A relay in front of Redis, with the relay's own breaker.
+struct Relayed {
+    relay: Plain,
+    direct: Plain,
+    breaker: Breaker,
+    /// The relay's breaker opened and no probe has answered since.
+    down: AtomicBool,
+    clock: Clock,
+}
+
 impl Connection {
-    /// Prepares a connection without waiting for Redis. Must run inside a
-    /// tokio runtime: the reconnecting machinery spawns tasks on it.
-    pub(crate) fn open(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Connection> {
+    /// The connection a client with `config` uses: its target, behind its
+    /// relay if it has one. Must run inside a tokio runtime.
+    pub(crate) fn for_config(config: &Config) -> Result<Connection> {
+        let direct = Plain::open(&config.target, config.timeout, config.connect_timeout)?;
+        let Some(relay) = &config.relay else { return Ok(Connection(Kind::Plain(direct))) };
+        // A relay answers in well under a millisecond: half the timeout
+        // leaves the call's own timeout to see a hung relay counted.
+        let relay = Plain::open(&Target::Standalone(relay.clone()), config.timeout / 2, config.connect_timeout)
+            .map_err(|e| Error::invalid(format!("config relay {relay:?}: {e}")))?;
+        Ok(Connection(Kind::Relayed(Arc::new(Relayed {
+            relay,
+            direct,
+            breaker: Breaker::new(
+                config.breaker_trip_after,
+                config.breaker_open_for.as_millis().try_into().unwrap_or(u64::MAX),
+                config.breaker_failure_rate,
+            ),
+            down: AtomicBool::new(false),
+            clock: config.clock.clone(),
+        }))))
+    }
+
+    /// Prepares a connection to `target` without waiting for Redis: every
+    /// call answers within `timeout`, a (re)connection within
+    /// `connect_timeout`. Must run inside a tokio runtime: the reconnecting
+    /// machinery spawns tasks on it.
+    pub fn open(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Connection> {
+        Ok(Connection(Kind::Plain(Plain::open(target, timeout, connect_timeout)?)))
+    }
+
+    /// Sends `cmd` to the primary that serves `slot`. Callers bound the
+    /// wait with their timeout.
+    pub(crate) async fn query(&self, cmd: &Cmd, slot: u16) -> Result<Value> {
+        let route = Route::new(slot, SlotAddr::Master);
+        // A server error may come back as a value: make it an error.
+        Ok(self.route(cmd, Some(route)).await.and_then(Value::extract_error)?)
+    }
+
+    /// Sends `cmd` to the primary that serves `key`'s slot (none: any node,
+    /// for a command that names no key), through the relay if there is one.
+    /// A server error may come back as a value, as the server sent it.
+    pub async fn send(&self, cmd: &Cmd, key: Option<&[u8]>) -> redis::RedisResult<Value> {
+        self.route(cmd, key.map(|key| Route::with_key(key, SlotAddr::Master))).await
+    }
+
+    async fn route(&self, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
+        match &self.0 {
+            Kind::Plain(con) => con.send(cmd, route).await,
+            Kind::Relayed(r) => r.send(cmd, route).await,
+        }
+    }
+
+    /// The slot ranges of a cluster and the primary serving each
+    /// (`CLUSTER SLOTS`); empty for a standalone server.
+    pub(crate) async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
+        match &self.0 {
+            Kind::Plain(con) => con.slot_map().await,
+            Kind::Relayed(r) => r.direct.slot_map().await,
+        }
+    }
+}
+
+impl Plain {
+    fn open(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
         let tcp = TcpSettings::default().set_nodelay(true);
         match target {
             Target::Standalone(url) => {
@@ -53,7 +150,7 @@ impl Connection {
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(10))
                     .set_max_delay(Duration::from_millis(100));
-                Ok(Connection::Standalone(ConnectionManager::new_lazy_with_config(client, config)?))
+                Ok(Plain::Standalone(ConnectionManager::new_lazy_with_config(client, config)?))
             }
             Target::Cluster(urls) => {
                 if urls.is_empty() {
@@ -66,33 +163,71 @@ impl Connection {
                     .max_retry_wait(1)
                     .build()?;
                 let config = ClusterConfig::new().set_connection_timeout(connect_timeout).set_response_timeout(timeout);
-                Ok(Connection::Cluster(client.get_pending_async_connection_with_config(config)))
+                Ok(Plain::Cluster(client.get_pending_async_connection_with_config(config)))
             }
         }
     }
 
-    /// Sends `cmd` to the primary that serves `slot`. Callers bound the
-    /// wait with their timeout.
-    pub(crate) async fn query(&self, cmd: &Cmd, slot: u16) -> Result<Value> {
-        let reply = match self {
-            Connection::Standalone(con) => con.clone().send_packed_command(cmd).await,
-            Connection::Cluster(con) => {
-                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-                con.clone().route_command(cmd.clone(), RoutingInfo::SingleNode(route)).await
-            }
-        };
-        // A server error may come back as a value: make it an error.
-        Ok(reply.and_then(Value::extract_error)?)
+    async fn send(&self, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
+        match self {
+            Plain::Standalone(con) => con.clone().send_packed_command(cmd).await,
+            Plain::Cluster(con) => match route {
+                Some(route) => {
+                    let route = SingleNodeRoutingInfo::SpecificNode(route);
+                    con.clone().route_command(cmd.clone(), RoutingInfo::SingleNode(route)).await
+                }
+                None => redis::aio::ConnectionLike::req_packed_command(&mut con.clone(), cmd).await,
+            },
+        }
     }
 
-    /// The slot ranges of a cluster and the primary serving each
-    /// (`CLUSTER SLOTS`); empty for a standalone server.
-    pub(crate) async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
-        let Connection::Cluster(con) = self else { return Ok(Vec::new()) };
+    async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
+        let Plain::Cluster(con) = self else { return Ok(Vec::new()) };
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
         parse_slots(&con.clone().route_command(cmd, random).await?.extract_error()?)
+    }
+}
+
+impl Relayed {
+    async fn send(self: &Arc<Self>, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
+        let now = self.clock.now_ms();
+        let Some(ticket) = self.breaker.admit(now) else { return self.direct.send(cmd, route).await };
+        if self.down.load(Ordering::Acquire) {
+            // The breaker's probe: a PING in the background; this call goes
+            // to Redis.
+            let this = self.clone();
+            tokio::spawn(async move {
+                let answered = this.relay.send(&redis::cmd("PING"), None).await.is_ok();
+                let now = this.clock.now_ms();
+                if answered {
+                    this.down.store(false, Ordering::Release);
+                    this.breaker.success(ticket, now);
+                } else {
+                    this.breaker.failure(ticket, now);
+                }
+            });
+            return self.direct.send(cmd, route).await;
+        }
+        match self.relay.send(cmd, route).await {
+            // The relay did not answer (refused, dropped, timed out); an
+            // error it sent is an answer.
+            Err(e) if e.kind() == redis::ErrorKind::Io => {
+                if self.breaker.failure(ticket, self.clock.now_ms()) {
+                    self.down.store(true, Ordering::Release);
+                }
+                if e.is_connection_refusal() {
+                    // Never reached the relay: Redis answers instead.
+                    return self.direct.send(cmd, route).await;
+                }
+                Err(e)
+            }
+            reply => {
+                self.breaker.success(ticket, self.clock.now_ms());
+                reply
+            }
+        }
     }
 }
 
@@ -126,6 +261,14 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[tokio::test]
+    async fn a_bad_relay_url_is_named() {
+        let config = Config { relay: Some("not a url".into()), ..Config::standalone("redis://127.0.0.1:1/") };
+        let e = Connection::for_config(&config).err().expect("refused").to_string();
+        assert!(e.contains("config relay \"not a url\""), "{e}");
+        assert!(Connection::for_config(&Config::standalone("redis://127.0.0.1:1/")).is_ok());
     }
 
     #[test]

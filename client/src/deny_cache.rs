@@ -1,4 +1,6 @@
-//! Subjects Redis refused, refused again from memory until their retry time.
+//! Subjects Redis refused, refused again from memory until their retry time
+//! (the arithmetic is rl-core's `deny::Denial`, which the relay and the
+//! scale model keep too).
 //!
 //! Only refusals are cached, and only until the moment Redis named, so the
 //! cache can never admit anything: its error is under, never over (a
@@ -27,11 +29,11 @@ use crate::clock::millis;
 use crate::decision::{Decision, Source};
 use crate::{Subject, SubjectKey};
 
+/// rl-core's refusal arithmetic, with the refusal to answer from.
 #[derive(Clone, Copy, Debug)]
 struct Denial {
-    until_ms: u64,
+    held: rl_core::deny::Denial,
     reset_until_ms: u64,
-    cost: u64,
     refused: Decision,
 }
 
@@ -70,12 +72,12 @@ impl DenyCache {
     /// The cached refusal of `key` for `cost` at `now_ms`, if any.
     pub(crate) fn check(&self, key: &impl Subject, cost: u64, now_ms: u64) -> Option<Decision> {
         let denial = self.map.get(key)?;
-        if now_ms >= denial.until_ms || cost < denial.cost {
+        if !denial.held.refuses(cost, now_ms) {
             return None;
         }
         Some(Decision {
-            retry_after: Some(Duration::from_millis(denial.until_ms - now_ms)),
-            reset_after: Duration::from_millis(denial.reset_until_ms.max(denial.until_ms).saturating_sub(now_ms)),
+            retry_after: Some(Duration::from_millis(denial.held.retry_after_ms(now_ms))),
+            reset_after: Duration::from_millis(denial.reset_until_ms.max(denial.held.until_ms).saturating_sub(now_ms)),
             source: Source::DenyCache,
             ..denial.refused
         })
@@ -84,13 +86,10 @@ impl DenyCache {
     /// Remembers a refusal that named a retry time, for that time or
     /// `hold_ms`, whichever is longer.
     pub(crate) fn refused(&self, key: &impl Subject, cost: u64, refused: &Decision, now_ms: u64, hold_ms: u64) {
-        let Some(retry) = refused.retry_after.filter(|r| !r.is_zero() && !refused.allowed) else { return };
-        let denial = Denial {
-            until_ms: now_ms.saturating_add(millis(retry).max(hold_ms)),
-            reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)),
-            cost,
-            refused: *refused,
-        };
+        let retry = refused.retry_after.filter(|_| !refused.allowed).map_or(0, millis);
+        let Some(held) = rl_core::deny::Denial::new(cost, retry, hold_ms, now_ms) else { return };
+        let denial =
+            Denial { held, reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)), refused: *refused };
         self.map.insert(key.owned(), denial);
     }
 }

@@ -2,34 +2,19 @@
 //! memory: the leases, and the limiter's path through them (spend, top up
 //! in the background, lead the one RL.LEASE in flight).
 //!
-//! A lease is taken with RL.LEASE before any of its tokens is spent, so the
-//! fleet can never admit more than the buckets hold: the error is under,
-//! never over. Tokens stranded on a gateway (it stops seeing the subject,
-//! the entry is evicted, the process stops) are lost to the subject for a
-//! moment; tokens unspent `ttl` after the lease's last refill are dropped,
-//! so a lowered limit bites within `ttl`.
-//!
-//! Dropped, never handed back: the bucket refilled while they were held,
-//! so a refund could lift it above what `capacity + refill x elapsed`
-//! allows (leased at full, refilled to full meanwhile, drained by another
-//! gateway, refunded, drained again: 150 admitted of a bucket of 100 within
-//! a few milliseconds).
+//! The decisions are rl-core's (`rl_core::lease`: batch sizing, pacing and
+//! one subject's lease state, with why they are safe: never over, only
+//! under); the relay and the scale model run the same code. Here: the
+//! locks, the calls, and the standing a request served from memory
+//! reports.
 //!
 //! At most one RL.LEASE per subject is in flight (the first request on a
 //! short lease, or the background top-up at half empty): requests that find
 //! the lease short meanwhile ask Redis for their own cost only, so one
 //! gateway never holds more than about a batch, however many requests
-//! arrive at once.
-//!
-//! A contended bucket (a lease call got fewer tokens than it asked for: the
-//! subject presses its limit) is paced: until this gateway's share of the
-//! rate has refilled what the last call granted (a batch if nothing), a
-//! request the lease cannot pay is refused from memory (`Source::DenyCache`),
-//! and then one call asks for two batches. The fleet then calls about once
-//! per gateway per batch interval, spread out rather than in lockstep, asks
-//! for more than the refill (so the bucket is drained, not left to
-//! overflow), and never admits a token Redis did not grant: only refusals
-//! are added.
+//! arrive at once. A contended bucket is paced: a request the lease cannot
+//! pay is refused from memory (`Source::DenyCache`) until this gateway's
+//! share of the rate has refilled what the last call granted.
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -38,7 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
+use rl_core::lease::{batch, pace_ms, Spend as CoreSpend};
 use rl_core::BucketParams;
+
+pub(crate) use rl_core::lease::share_ms;
 
 use crate::clock::millis;
 use crate::decision::{Decision, Source};
@@ -48,19 +36,11 @@ use crate::policy::Group;
 use crate::{lock, Limiter, Subject, SubjectKey};
 use rl_core::BucketOp;
 
-/// One subject's lease.
+/// One subject's lease: rl-core's state, and the buckets' standing at the
+/// last grant (for the headers) and when.
 #[derive(Debug, Default)]
 pub(crate) struct Lease {
-    tokens: u64,
-    expires_ms: u64,
-    /// An RL.LEASE is on its way (an [`InFlight`] exists): don't send another.
-    leasing: bool,
-    /// The last call got fewer tokens than it asked for: the bucket is
-    /// contended, and calls are paced.
-    contended: bool,
-    /// While contended, no call goes before this time.
-    paced_until_ms: u64,
-    /// The buckets' standing at the last grant, for the headers, and when.
+    state: rl_core::lease::Lease,
     last: Option<(Decision, u64)>,
 }
 
@@ -94,7 +74,7 @@ impl InFlight {
     pub(crate) fn done<R>(mut self, update: impl FnOnce(&mut Lease) -> R) -> Option<R> {
         let entry = self.0.take()?;
         let mut l = lock(&entry);
-        l.leasing = false;
+        l.state.call_done();
         Some(update(&mut l))
     }
 }
@@ -102,7 +82,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(entry) = self.0.take() {
-            lock(&entry).leasing = false;
+            lock(&entry).state.call_done();
         }
     }
 }
@@ -162,65 +142,30 @@ pub(crate) fn spend_with(
     may_call: impl FnOnce() -> bool,
 ) -> Spend {
     let mut l = lock(entry);
-    l.expire(now_ms);
-    let call = |l: &mut Lease, wanted: bool| {
-        let lead = wanted && !l.leasing && may_call();
-        l.leasing |= lead;
-        lead.then(|| InFlight(Some(entry.clone())))
-    };
-    let paced = l.contended && now_ms < l.paced_until_ms;
-    if l.tokens < cost {
-        // Contended: this gateway has had its share until the pace ends, and
-        // once it ends the one call in flight asks for everyone.
-        if l.contended && (paced || l.leasing) {
-            return Spend::Paced { until_ms: l.paced_until_ms.max(now_ms + 1) };
-        }
-        let reserved = std::mem::take(&mut l.tokens);
-        return Spend::Short { reserved, lease: call(&mut l, true) };
+    let call = |lead: bool| lead.then(|| InFlight(Some(entry.clone())));
+    match l.state.spend(cost, batch, now_ms, may_call) {
+        CoreSpend::Hit { top_up } => Spend::Hit { decision: l.estimate(now_ms), refill: call(top_up) },
+        CoreSpend::Short { reserved, lead } => Spend::Short { reserved, lease: call(lead) },
+        CoreSpend::Paced { until_ms } => Spend::Paced { until_ms },
     }
-    l.tokens -= cost;
-    let half_empty = 2 * l.tokens <= batch;
-    let refill = call(&mut l, half_empty && !paced);
-    Spend::Hit { decision: l.estimate(now_ms), refill }
 }
 
 impl Lease {
-    /// Drops the tokens of an expired lease.
-    fn expire(&mut self, now_ms: u64) {
-        if now_ms >= self.expires_ms {
-            self.tokens = 0;
-        }
-    }
-
-    /// Adds granted tokens (dropping expired ones first: they are never
-    /// revived).
+    /// Adds granted tokens (expired ones are dropped, never revived).
     pub(crate) fn add(&mut self, tokens: u64, standing: &Decision, now_ms: u64, ttl_ms: u64) {
-        self.expire(now_ms);
-        self.tokens += tokens;
-        if tokens > 0 {
-            self.expires_ms = now_ms.saturating_add(ttl_ms);
-        }
+        self.state.add(tokens, now_ms, ttl_ms);
         self.last = Some((*standing, now_ms));
     }
 
     /// A lease call asked for `wanted` and got `granted`: fewer means the
-    /// bucket is contended, and the next call waits `pace_ms` (this
-    /// gateway's share of the rate refilling what was granted); all of it
-    /// ends that.
+    /// bucket is contended, and the next call waits `pace_ms`.
     pub(crate) fn answered(&mut self, wanted: u64, granted: u64, pace_ms: u64, now_ms: u64) {
-        self.contended = granted < wanted;
-        self.paced_until_ms = if self.contended { now_ms.saturating_add(pace_ms) } else { 0 };
+        self.state.answered(wanted, granted, pace_ms, now_ms);
     }
 
-    /// What a lease call asks for: a batch, two while contended (more than
-    /// this gateway's share, so the bucket is drained rather than left to
-    /// overflow: Redis grants what is there, no more).
+    /// What a lease call asks for: a batch, two while contended.
     pub(crate) fn want(&self, batch: u64) -> u64 {
-        if self.contended {
-            batch.saturating_mul(2)
-        } else {
-            batch
-        }
+        self.state.want(batch)
     }
 
     /// A refusal from memory while paced, from the last grant's standing.
@@ -237,9 +182,7 @@ impl Lease {
     /// Gives back tokens reserved by a request that did not get the rest,
     /// unless the lease expired meanwhile (then they are dropped).
     pub(crate) fn put_back(&mut self, tokens: u64, now_ms: u64) {
-        if now_ms < self.expires_ms {
-            self.tokens += tokens;
-        }
+        self.state.put_back(tokens, now_ms);
     }
 
     /// The standing a request served from memory reports at `now_ms`: the
@@ -261,7 +204,7 @@ impl Lease {
         ));
         Decision {
             allowed: true,
-            remaining: last.remaining.saturating_add(self.tokens),
+            remaining: last.remaining.saturating_add(self.state.tokens()),
             retry_after: Some(Duration::ZERO),
             reset_after: last.reset_after.saturating_sub(Duration::from_millis(now_ms.saturating_sub(at_ms))),
             source: Source::Lease,
@@ -290,41 +233,6 @@ impl Leases {
             Err(never) => match never {},
         }
     }
-}
-
-/// This gateway's share of `window_ms` of the slowest rule's rate: the
-/// tokens one RL.LEASE asks for. 1 means a quiet subject, checked call by
-/// call. Never more than the smallest capacity.
-pub(crate) fn batch(rules: &[BucketParams], window_ms: u64, gateways: u32) -> u64 {
-    let gateways = u64::from(gateways.max(1));
-    let share = |p: &BucketParams| {
-        // In u64 when it fits (nearly always, and a u128 division is several
-        // times slower: this runs on every check), else in u128.
-        let per_window = match (p.refill().checked_mul(window_ms), p.period_ms().checked_mul(gateways)) {
-            (Some(tokens), Some(per)) => u128::from(tokens / per),
-            _ => p.refill() as u128 * window_ms as u128 / (p.period_ms() as u128 * gateways as u128),
-        };
-        per_window.min(p.capacity() as u128) as u64
-    };
-    rules.iter().map(share).min().unwrap_or(1).max(1)
-}
-
-/// How long this gateway's share (`refill / gateways` per `period`) of
-/// `rule` takes to refill `tokens`, in ms (saturating).
-pub(crate) fn share_ms(rule: &BucketParams, tokens: u64, gateways: u32) -> u64 {
-    let ms = tokens as u128 * u128::from(gateways.max(1)) * rule.period_ms() as u128 / rule.refill() as u128;
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
-
-/// The pace of a contended lease that was just granted `granted` tokens:
-/// the slowest rule's share refilling them (a batch when nothing came), so
-/// each gateway calls again once its share has refilled what it took. A
-/// fixed pace after every grant kept the fleet in lockstep (the first
-/// gateways drained the bucket, the rest got nothing and waited as long),
-/// and tokens sat leased but unspent: the subject got 94.9% of its limit.
-fn pace_ms(rules: &[BucketParams], granted: u64, batch: u64, gateways: u32) -> u64 {
-    let tokens = if granted == 0 { batch } else { granted };
-    rules.iter().map(|r| share_ms(r, tokens, gateways)).max().unwrap_or(0)
 }
 
 /// A group's lease call, owned, for a background top-up to carry.
@@ -478,7 +386,6 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rl_core::limits::MAX_TOKENS;
     use std::sync::atomic::Ordering;
 
     fn standing(remaining: u64) -> Decision {
@@ -547,53 +454,6 @@ mod tests {
     }
 
     #[test]
-    fn a_short_lease_reserves_what_it_has() {
-        let l = new_lease();
-        add(&l, 2, 0, 0);
-        assert_eq!(short(spend(&l, 3, 10, 0)).0, 2);
-        assert_eq!(short(spend(&l, 1, 10, 0)).0, 0);
-        lock(&l).put_back(2, 500);
-        assert!(matches!(spend(&l, 2, 10, 500), Spend::Hit { .. }));
-    }
-
-    #[test]
-    fn expired_tokens_are_dropped_never_revived() {
-        let l = new_lease();
-        add(&l, 5, 0, 0);
-        assert!(matches!(spend(&l, 1, 10, 999), Spend::Hit { .. }));
-        assert_eq!(short(spend(&l, 1, 10, 1000)).0, 0, "the 4 left expired");
-        // Tokens reserved before expiry and put back after it are dropped too.
-        add(&l, 3, 0, 2000);
-        assert_eq!(short(spend(&l, 4, 10, 2000)).0, 3);
-        lock(&l).put_back(3, 3000);
-        assert_eq!(short(spend(&l, 1, 10, 3000)).0, 0);
-        // A refill after expiry does not revive what was left.
-        add(&l, 4, 0, 4000);
-        add(&l, 2, 0, 5000);
-        assert_eq!(short(spend(&l, 3, 10, 5000)).0, 2);
-    }
-
-    #[test]
-    fn batch_is_a_share_of_100_ms_of_the_slowest_rule() {
-        let p = |c, r, ms| BucketParams::new(c, r, ms).unwrap();
-        // 100,000/s on 10 gateways: 1,000 per 100 ms.
-        assert_eq!(batch(&[p(200_000, 100_000, 1000)], 100, 10), 1000);
-        // The slowest rule sets it; never above the smallest capacity.
-        assert_eq!(batch(&[p(200_000, 100_000, 1000), p(300, 6000, 1000)], 100, 1), 300);
-        // 100/s on 300 gateways: a quiet key, batch 1.
-        assert_eq!(batch(&[p(100, 100, 1000)], 100, 300), 1);
-        assert_eq!(batch(&[p(5, 5, 60_000)], 100, 1), 1);
-    }
-
-    #[test]
-    fn batch_past_u64_is_the_same_floor() {
-        let p = |c, r, ms| BucketParams::new(c, r, ms).unwrap();
-        // 10^14 a second x a 10^6 ms window does not fit a u64.
-        assert_eq!(batch(&[p(MAX_TOKENS, MAX_TOKENS, 1000)], 1_000_000, 1000), MAX_TOKENS);
-        assert_eq!(batch(&[p(MAX_TOKENS, MAX_TOKENS, 1000)], 1_000_000, 4_000_000_000), 25_000_000);
-    }
-
-    #[test]
     fn a_finished_call_never_clears_a_newer_calls_flag() {
         // Threads lead calls and finish them at once. At most one call may be
         // in flight: `done` clears the flag once, so the drop of a finished
@@ -621,11 +481,9 @@ mod tests {
     #[test]
     fn reserved_tokens_come_back_when_the_request_is_dropped() {
         let l = new_lease();
-        add(&l, 2, 0, 0);
-        let clock = crate::Clock::default();
+        let clock = crate::Clock::Manual(crate::ManualClock::new());
         let now = clock.now_ms();
-        add(&l, 0, 0, now);
-        lock(&l).expires_ms = u64::MAX;
+        add(&l, 2, 0, now);
         let reserved = short(spend(&l, 3, 10, now)).0;
         assert_eq!(reserved, 2);
         // The request waiting for Redis is dropped: its guard gives them back.
@@ -664,17 +522,5 @@ mod tests {
         });
         assert_eq!(lock(&l).want(10), 10);
         assert!(matches!(spend(&l, 15, 10, 51), Spend::Hit { .. }));
-    }
-
-    #[test]
-    fn the_share_interval_is_the_fleets_refill_per_gateway() {
-        let p = BucketParams::new(10_000, 10_000, 1000).unwrap();
-        // 10,000/s on 300 gateways: 33 tokens take 990 ms of one gateway's share.
-        assert_eq!(share_ms(&p, 33, 300), 990);
-        assert_eq!(pace_ms(&[p, BucketParams::new(10, 10, 1000).unwrap()], 1, 5, 300), 30_000);
-        // Paced by what was granted: twice the tokens, twice the wait; none,
-        // a batch's wait.
-        assert_eq!(pace_ms(&[p], 66, 33, 300), 1980);
-        assert_eq!(pace_ms(&[p], 0, 33, 300), 990);
     }
 }

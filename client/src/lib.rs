@@ -36,7 +36,7 @@ pub use backoff::Backoff;
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
 pub use config::{Backend, Config};
-pub use connection::Target;
+pub use connection::{Connection, Target};
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
 pub use extract::{ip_subject, key_subject, ClientIp, ForwardHeader, Trust, MAX_PLAIN_KEY};

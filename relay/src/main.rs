@@ -48,9 +48,8 @@ struct Args {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let timeout = Duration::from_millis(args.timeout_ms);
-    let upstream = Upstream::open(&args.redis, args.cluster, timeout)
-        .await
-        .map_err(|e| format!("--redis {:?}: {e}", args.redis))?;
+    let upstream =
+        Upstream::open(&args.redis, args.cluster, timeout).map_err(|e| format!("--redis {:?}: {e}", args.redis))?;
     let settings = Settings {
         window_ms: args.lease_window_ms,
         ttl_ms: args.lease_ttl_ms,

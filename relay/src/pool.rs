@@ -10,17 +10,23 @@
 //! about two batches per subject (a batch and a top-up, or a paced call's
 //! two batches), and the buckets refill meanwhile: under-admission only.
 //!
-//! One lease call per subject is in flight at a time; a request that finds
-//! the pool short meanwhile is forwarded as is (Redis answers it exactly).
-//! A refusal from Redis is remembered until the retry time Redis named
-//! (only for requests needing as much or more); a contended bucket (a grant
-//! smaller than asked) is paced: until the relay's share of the rate has
-//! refilled a batch, a request the pool cannot pay is refused from memory,
-//! then one call asks for two batches. Both only refuse: never over.
+//! Each pool is rl-core's lease (`rl_core::lease`), the code a gateway's
+//! limiter runs, with the relays for the gateways in its sizing: one lease
+//! call per subject in flight (a request that finds the pool short
+//! meanwhile is forwarded as is: Redis answers it exactly), a top-up at
+//! half a batch, and a contended bucket (a grant smaller than asked)
+//! paced: until the relay's share of the rate has refilled what the last
+//! call granted, a request the pool cannot pay is refused from memory, then
+//! one call asks for two batches. A refusal from Redis is remembered
+//! (`rl_core::deny`) until the retry time Redis named, for requests needing
+//! as much or more. Both only refuse: never over.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use rl_core::deny::Denial;
+pub use rl_core::lease::batch;
+use rl_core::lease::{pace_ms, share_ms, Lease, Spend};
 use rl_core::{BucketParams, Reply};
 
 /// How the relay sizes and keeps its leases.
@@ -68,13 +74,11 @@ pub enum Plan {
 #[derive(Clone, Debug, Default)]
 pub struct Pool {
     params: Vec<BucketParams>,
-    tokens: u64,
-    expires_ms: u64,
-    leasing: bool,
-    contended: bool,
-    paced_until_ms: u64,
-    /// A refusal from Redis: (tokens asked, retry until).
-    denied: Option<(u64, u64)>,
+    /// The tokens held, the call in flight, the pace: rl-core's lease, as a
+    /// gateway keeps it.
+    lease: Lease,
+    /// A refusal from Redis, remembered.
+    denied: Option<Denial>,
     /// Redis's last answer and when: the standing replies are built from.
     last: Option<(Reply, u64)>,
     /// The batch size in force.
@@ -85,35 +89,42 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Tokens held now.
-    pub fn tokens(&self) -> u64 {
-        self.tokens
+    fn new(params: &[BucketParams], settings: Settings) -> Pool {
+        Pool { params: params.to_vec(), batch: batch(params, settings.window_ms, settings.relays), ..Pool::default() }
     }
 
-    fn expire(&mut self, now_ms: u64) {
-        if now_ms >= self.expires_ms {
-            self.tokens = 0;
-        }
+    /// Tokens held now.
+    pub fn tokens(&self) -> u64 {
+        self.lease.tokens()
+    }
+
+    /// Tokens held and unexpired at `now_ms`.
+    pub fn held(&self, now_ms: u64) -> u64 {
+        self.lease.held(now_ms)
     }
 
     /// The refusal Redis named, while it holds for `need`.
     fn refusal(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
-        let (asked, until) = self.denied?;
-        if now_ms >= until || need.min < asked {
-            return None;
-        }
+        let denied = self.denied.filter(|d| d.refuses(need.min, now_ms))?;
         self.hits += 1;
-        Some(self.standing(0, (until - now_ms) as i64, now_ms))
+        Some(self.standing(0, denied.retry_after_ms(now_ms) as i64, now_ms))
     }
 
-    /// Takes what `need` asks of the pool, if it holds `need.min`.
+    /// Takes what `need` asks of the pool, if it holds `need.min`: no lease
+    /// call is claimed (for the request a lease call answered).
     fn pay(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
-        if self.tokens < need.min {
+        let cost = need.want.min(self.lease.tokens());
+        if cost < need.min {
             return None;
         }
-        let granted = need.want.min(self.tokens);
-        self.tokens -= granted;
-        Some(self.standing(granted, 0, now_ms))
+        match self.lease.spend(cost, self.batch, now_ms, || false) {
+            Spend::Hit { .. } => Some(self.standing(cost, 0, now_ms)),
+            Spend::Short { reserved, .. } => {
+                self.lease.put_back(reserved, now_ms);
+                None
+            }
+            Spend::Paced { .. } => None,
+        }
     }
 
     /// The reply for `granted` tokens (0: refused, wait `retry_after_ms`):
@@ -125,7 +136,7 @@ impl Pool {
         ));
         Reply {
             granted,
-            remaining: last.remaining.saturating_add(self.tokens).min(last.limit.max(last.remaining)),
+            remaining: last.remaining.saturating_add(self.tokens()).min(last.limit.max(last.remaining)),
             retry_after_ms,
             reset_after_ms: last.reset_after_ms.saturating_sub(now_ms.saturating_sub(at)),
             limit: last.limit,
@@ -155,6 +166,21 @@ impl Pools {
         self.pools.iter()
     }
 
+    /// The pool of `keys` with `params`, made if there is room. New or
+    /// changed limits start it empty: what was held was leased under the
+    /// old ones, and is dropped (under, never over).
+    fn pool(&mut self, keys: &[Bytes], params: &[BucketParams], now_ms: u64) -> Option<&mut Pool> {
+        if !self.pools.contains_key(keys) && !self.make_room(now_ms) {
+            return None;
+        }
+        let settings = self.settings;
+        let pool = self.pools.entry(keys.to_vec()).or_default();
+        if pool.params != params {
+            *pool = Pool::new(params, settings);
+        }
+        Some(pool)
+    }
+
     /// What to do with a request for `need` tokens of the buckets `keys`
     /// (with `params`) at `now_ms`.
     pub fn plan(&mut self, keys: &[Bytes], params: &[BucketParams], need: Need, now_ms: u64) -> Plan {
@@ -168,51 +194,49 @@ impl Pools {
                 None => Plan::Forward,
             };
         }
-        if !self.pools.contains_key(keys) && !self.make_room(now_ms) {
-            return Plan::Forward;
+        let Some(pool) = self.pool(keys, params, now_ms) else { return Plan::Forward };
+        pool.lease.expire(now_ms);
+        let held = pool.lease.tokens();
+        if held < need.min {
+            if let Some(reply) = pool.refusal(need, now_ms) {
+                return Plan::Answer { reply, top_up: None };
+            }
         }
-        let pool = self.pools.entry(keys.to_vec()).or_default();
-        if pool.params != params {
-            // New or changed limits: what was held was leased under the old
-            // ones; drop it (under, never over).
-            *pool = Pool {
-                params: params.to_vec(),
-                batch: batch(params, settings.window_ms, settings.relays),
-                ..Pool::default()
-            };
-        }
-        pool.expire(now_ms);
-        let paced = pool.contended && now_ms < pool.paced_until_ms;
-        if let Some(reply) = pool.pay(need, now_ms) {
-            pool.hits += 1;
-            let top_up = (!pool.leasing && !paced && pool.tokens < pool.batch.div_ceil(2)).then(|| {
-                pool.leasing = true;
+        // A request takes what it wants of what is held, as long as that is
+        // its minimum (RL.LEASE's WANT and MIN).
+        let cost = if held >= need.min { need.want.min(held) } else { need.min };
+        match pool.lease.spend(cost, pool.batch, now_ms, || true) {
+            Spend::Hit { top_up } => {
+                pool.hits += 1;
+                pool.calls += u64::from(top_up);
+                let reply = pool.standing(cost, 0, now_ms);
+                Plan::Answer { reply, top_up: top_up.then(|| pool.lease.want(pool.batch)) }
+            }
+            // Paced only because a lease call is on its way: a gateway
+            // refuses here to spare Redis a call per request; the relay
+            // forwards (the call lands within a round trip, and Redis
+            // answers exactly).
+            Spend::Paced { .. } if !pool.lease.is_paced(now_ms) => Plan::Forward,
+            Spend::Paced { until_ms } => {
+                pool.hits += 1;
+                Plan::Answer { reply: pool.standing(0, (until_ms - now_ms) as i64, now_ms), top_up: None }
+            }
+            Spend::Short { reserved, lead } => {
+                // What is held stays in the pool: the lease call's answer
+                // pays the request from it (see `settle`).
+                pool.lease.put_back(reserved, now_ms);
+                if !lead {
+                    return Plan::Forward;
+                }
                 pool.calls += 1;
-                pool.want()
-            });
-            return Plan::Answer { reply, top_up };
+                let min = need.min - reserved;
+                // Never more than the buckets hold: a grant short of an ask
+                // no bucket could meet is not contention.
+                let capacity = params.iter().map(|p| p.capacity()).min().unwrap_or(u64::MAX);
+                let want = (need.want - reserved).saturating_add(pool.lease.want(pool.batch)).min(capacity).max(min);
+                Plan::Lease { want, min }
+            }
         }
-        if let Some(reply) = pool.refusal(need, now_ms) {
-            return Plan::Answer { reply, top_up: None };
-        }
-        if paced {
-            pool.hits += 1;
-            return Plan::Answer {
-                reply: pool.standing(0, (pool.paced_until_ms - now_ms) as i64, now_ms),
-                top_up: None,
-            };
-        }
-        if pool.leasing {
-            return Plan::Forward;
-        }
-        pool.leasing = true;
-        pool.calls += 1;
-        let min = need.min - pool.tokens;
-        // Never more than the buckets hold: a grant short of an ask no
-        // bucket could meet is not contention.
-        let capacity = params.iter().map(|p| p.capacity()).min().unwrap_or(u64::MAX);
-        let want = (need.want - pool.tokens).saturating_add(pool.want()).min(capacity).max(min);
-        Plan::Lease { want, min }
     }
 
     /// Redis answered a lease call of `asked` tokens at `now_ms` with
@@ -226,26 +250,25 @@ impl Pools {
         need: Option<Need>,
         now_ms: u64,
     ) -> Option<Reply> {
-        let ttl_ms = self.settings.ttl_ms;
-        let relays = self.settings.relays;
+        let Settings { ttl_ms, relays, .. } = self.settings;
         let Some(pool) = self.pools.get_mut(keys) else {
             // Evicted meanwhile: the grant is dropped (under, never over).
             return need.map(|_| Reply { granted: 0, ..upstream });
         };
-        pool.leasing = false;
-        pool.expire(now_ms);
+        pool.lease.call_done();
         pool.last = Some((upstream, now_ms));
+        pool.lease.add(upstream.granted, now_ms, ttl_ms);
+        pool.lease.answered(
+            asked,
+            upstream.granted,
+            pace_ms(&pool.params, upstream.granted, pool.batch, relays),
+            now_ms,
+        );
         if upstream.granted > 0 {
-            pool.tokens = pool.tokens.saturating_add(upstream.granted);
-            pool.expires_ms = now_ms.saturating_add(ttl_ms);
             pool.denied = None;
-            pool.contended = upstream.granted < asked;
-            if pool.contended {
-                pool.paced_until_ms = now_ms.saturating_add(pace_ms(&pool.params, pool.batch, relays));
-            }
-        } else if upstream.retry_after_ms > 0 {
-            let asked_min = need.map_or(1, |n| n.min.saturating_sub(pool.tokens).max(1));
-            pool.denied = Some((asked_min, hold_until(&pool.params, asked_min, upstream, relays, now_ms)));
+        } else {
+            let asked_min = need.map_or(1, |n| n.min.saturating_sub(pool.lease.tokens()).max(1));
+            pool.denied = refusal(&pool.params, asked_min, upstream, relays, now_ms);
         }
         let need = need?;
         Some(pool.pay(need, now_ms).unwrap_or(Reply { granted: 0, ..upstream }))
@@ -257,26 +280,17 @@ impl Pools {
         if upstream.granted > 0 || upstream.retry_after_ms <= 0 {
             return;
         }
-        if !self.pools.contains_key(keys) && !self.make_room(now_ms) {
-            return;
+        let relays = self.settings.relays;
+        if let Some(pool) = self.pool(keys, params, now_ms) {
+            pool.last = Some((upstream, now_ms));
+            pool.denied = refusal(params, need.min, upstream, relays, now_ms);
         }
-        let settings = self.settings;
-        let pool = self.pools.entry(keys.to_vec()).or_default();
-        if pool.params != params {
-            *pool = Pool {
-                params: params.to_vec(),
-                batch: batch(params, settings.window_ms, settings.relays),
-                ..Pool::default()
-            };
-        }
-        pool.last = Some((upstream, now_ms));
-        pool.denied = Some((need.min, hold_until(params, need.min, upstream, settings.relays, now_ms)));
     }
 
     /// A lease call failed (timeout, connection): the next request may try.
     pub fn failed(&mut self, keys: &[Bytes]) {
         if let Some(pool) = self.pools.get_mut(keys) {
-            pool.leasing = false;
+            pool.lease.call_done();
         }
     }
 
@@ -286,54 +300,20 @@ impl Pools {
         if self.pools.len() < self.settings.max_subjects {
             return true;
         }
-        self.pools.retain(|_, p| {
-            p.leasing || (p.tokens > 0 && now_ms < p.expires_ms) || p.denied.is_some_and(|(_, until)| now_ms < until)
-        });
+        self.pools.retain(|_, p| p.lease.is_live(now_ms) || p.denied.is_some_and(|d| now_ms < d.until_ms));
         self.pools.len() < self.settings.max_subjects
     }
 }
 
-impl Pool {
-    /// What a lease call asks for on top of the request's need: a batch,
-    /// two once paced (the bucket is drained, not left to overflow).
-    fn want(&self) -> u64 {
-        if self.contended {
-            self.batch.saturating_mul(2)
-        } else {
-            self.batch
-        }
-    }
-}
-
-/// A batch: `window_ms` of one relay's share (rate / relays) of the
-/// tightest rule, at most its capacity, at least 1. The same sizing as a
-/// gateway's (rl-client's lease batch), with relays for gateways.
-pub fn batch(rules: &[BucketParams], window_ms: u64, relays: u32) -> u64 {
-    let relays = u128::from(relays.max(1));
-    let share = |p: &BucketParams| {
-        let per_window = u128::from(p.refill()) * u128::from(window_ms) / (u128::from(p.period_ms()) * relays);
-        per_window.min(u128::from(p.capacity())) as u64
-    };
-    rules.iter().map(share).min().unwrap_or(1).max(1)
-}
-
-/// Until when a refusal of `tokens` is held: the retry time Redis named, and
-/// at least this holder's share of the refill of them (as rl-client's deny
+/// A refusal of `tokens` held until the retry time Redis named, and at
+/// least this holder's share of the refill of them (as rl-client's deny
 /// cache holds one), so a subject refused everywhere costs about one call
 /// per token of refill, not one per holder per retry time. Longer only
 /// refuses more: under, never over.
-fn hold_until(params: &[BucketParams], tokens: u64, refused: Reply, holders: u32, now_ms: u64) -> u64 {
+fn refusal(params: &[BucketParams], tokens: u64, refused: Reply, holders: u32, now_ms: u64) -> Option<Denial> {
     let retry = u64::try_from(refused.retry_after_ms).unwrap_or(0);
-    now_ms.saturating_add(retry.max(pace_ms(params, tokens, holders)))
-}
-
-/// How long the relay's share of the slowest rule takes to refill `tokens`.
-pub fn pace_ms(rules: &[BucketParams], tokens: u64, relays: u32) -> u64 {
-    let one = |p: &BucketParams| {
-        let ms = u128::from(tokens) * u128::from(relays.max(1)) * u128::from(p.period_ms()) / u128::from(p.refill());
-        u64::try_from(ms).unwrap_or(u64::MAX)
-    };
-    rules.iter().map(one).max().unwrap_or(0)
+    let hold = params.iter().map(|p| share_ms(p, tokens, holders)).max().unwrap_or(0);
+    Denial::new(tokens, retry, hold, now_ms)
 }
 
 #[cfg(test)]
@@ -365,7 +345,7 @@ mod tests {
         assert_eq!(batch(&rule(10, 10, 1000), 1000, 200), 1, "at least one");
         let two = [rule(1000, 1000, 1000), rule(100, 100, 1000)].concat();
         assert_eq!(batch(&two, 1000, 10), 10, "the tightest rule");
-        assert_eq!(pace_ms(&rule(1000, 10_000, 1000), 50, 200), 1000);
+        assert_eq!(pace_ms(&rule(1000, 10_000, 1000), 50, 50, 200), 1000);
     }
 
     #[test]
@@ -376,11 +356,11 @@ mod tests {
         assert_eq!((want, min), (101, 1));
         let reply = pools.settle(&keys(), want, granted(101, 899), Some(ONE), 0).unwrap();
         assert_eq!((reply.granted, reply.remaining), (1, 999));
-        for _ in 0..50 {
+        for _ in 0..49 {
             let Plan::Answer { reply, top_up: None } = pools.plan(&keys(), &params, ONE, 1) else { panic!() };
             assert_eq!(reply.granted, 1);
         }
-        // Below half a batch: the answer also asks for a top-up, once.
+        // At half a batch: the answer also asks for a top-up, once.
         let Plan::Answer { top_up: Some(100), .. } = pools.plan(&keys(), &params, ONE, 1) else { panic!() };
         let Plan::Answer { top_up: None, .. } = pools.plan(&keys(), &params, ONE, 1) else { panic!() };
     }
@@ -449,23 +429,31 @@ mod tests {
         assert_eq!((reply.granted, reply.retry_after_ms), (0, 100));
         let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 40) else { panic!() };
         assert_eq!((reply.granted, reply.retry_after_ms), (0, 60));
-        assert!(matches!(pools.plan(&keys(), &params, ONE, 100), Plan::Lease { .. }));
+        // A lease call granted nothing: paced as a gateway is, until the
+        // relay's share (all of 10/s) refilled a batch (10): 1 s.
+        let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 100) else { panic!() };
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 900));
+        assert!(matches!(pools.plan(&keys(), &params, ONE, 1000), Plan::Lease { .. }));
     }
 
     #[test]
     fn a_contended_bucket_is_paced_then_asks_two_batches() {
         let mut pools = Pools::new(Settings { relays: 10, ..Settings::default() });
-        let params = rule(1000, 1000, 1000); // batch 100, pace 1000 ms
+        // Batch 100; the relay's share is 100/s: 10 ms a token.
+        let params = rule(1000, 1000, 1000);
         let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 0) else { panic!() };
         pools.settle(&keys(), want, granted(2, 0), Some(ONE), 0);
         assert!(matches!(
             pools.plan(&keys(), &params, ONE, 1),
             Plan::Answer { reply: Reply { granted: 1, .. }, top_up: None }
         ));
+        // Paced until the share refilled the 2 granted: 20 ms.
         let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 10) else { panic!() };
-        assert_eq!((reply.granted, reply.retry_after_ms), (0, 990));
-        let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 1000) else { panic!() };
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 10));
+        let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 20) else { panic!() };
         assert_eq!(want, 201);
+        // Its call on the way, the pace over: forwarded, not refused.
+        assert_eq!(pools.plan(&keys(), &params, ONE, 20), Plan::Forward);
         // Never more than the capacity: a full grant of that is no contention.
         let small = rule(10, 100, 1000); // batch 10
         let k = [Bytes::from_static(b"small")];

@@ -177,6 +177,11 @@ async fn traffic(gateways: &[Limiter], policy: &Arc<Policy>, tasks: usize, per_t
 }
 
 fn gateways(url: &str, n: u32) -> Vec<Limiter> {
+    fleet(n, Config::standalone(url))
+}
+
+/// `n` gateways on `target`, with quick breakers.
+fn fleet(n: u32, target: Config) -> Vec<Limiter> {
     (0..n)
         .map(|_| {
             Limiter::new(Config {
@@ -185,7 +190,7 @@ fn gateways(url: &str, n: u32) -> Vec<Limiter> {
                 connect_timeout: Duration::from_millis(500),
                 breaker_trip_after: 3,
                 breaker_open_for: Duration::from_millis(200),
-                ..Config::standalone(url)
+                ..target.clone()
             })
             .unwrap()
         })
@@ -270,4 +275,61 @@ async fn a_relay_killed_mid_traffic_never_over_admits_and_gateways_go_on() {
     // The fallback's own bound: 2 x (capacity + rate x time) fleet-wide.
     let by_fallback = down.1 + after.1;
     assert!(by_fallback <= 2 * bound, "the fallback admitted {by_fallback}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_go_to_redis_directly_while_their_relay_is_down_and_back_after() {
+    let s = Server::start(&[]);
+    let mut relay = Relay::start(&s.url(), 1, 1000);
+    let params = BucketParams::new(300, 300, 60_000).unwrap();
+    let policy = Arc::new(Policy::builder("api").rule(Rule::per_minute("m", 300)).build().unwrap());
+    let fleet = fleet(4, Config { relay: Some(relay.url()), ..Config::standalone(s.url()) });
+    let started = Instant::now();
+    let before = traffic(&fleet, &policy, 2, 100).await;
+    assert_eq!(before.2, 0, "no fallback before the kill");
+    assert!(relay.info("requests") > 0, "the gateways called the relay");
+    relay.kill();
+    let calls_at_kill = rl_calls(&s);
+    // Redis answers in the relay's place: a call in flight on the dropped
+    // connection may fall to the fallback (it may have been served), the
+    // rest go to Redis directly once refusals cached before the kill (held
+    // up to a second here) have run out.
+    let killed = Instant::now();
+    let mut down = (0, 0, 0);
+    let mut checks = 0;
+    while killed.elapsed() < Duration::from_secs(2) {
+        let round = traffic(&fleet, &policy, 2, 25).await;
+        down = (down.0 + round.0, down.1 + round.1, down.2 + round.2);
+        checks += 200;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // At most the calls in flight on the dropped connections: 2 tasks x 4.
+    assert!(down.2 <= 8, "{} of {checks} checks fell to the fallback with Redis up", down.2);
+    assert!(rl_calls(&s) > calls_at_kill, "no gateway called Redis directly");
+    let bucket_left = params.capacity().saturating_sub(before.0);
+    assert!(down.0 > 0 || bucket_left == 0, "Redis admitted nothing directly ({bucket_left} left)");
+    let down_for = killed.elapsed();
+    relay.restart();
+    // The relay's breaker probes it in the background and calls go back.
+    let back = Instant::now() + Duration::from_secs(10);
+    let mut after = (0, 0, 0);
+    while relay.info("requests") == 0 && Instant::now() < back {
+        let round = traffic(&fleet, &policy, 1, 10).await;
+        after = (after.0 + round.0, after.1 + round.1, after.2 + round.2);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(relay.info("requests") > 0, "no gateway came back to the relay ({down_for:?} down)");
+    assert_eq!(after.2, 0, "no fallback once the relay is back");
+    let bound = allowance(params, started.elapsed());
+    let admitted = before.0 + down.0 + after.0;
+    assert!(admitted <= bound, "{admitted} admitted through the relay and directly, the bucket allows {bound}");
+    let by_fallback = down.1;
+    assert!(by_fallback <= down.2, "the fallback admitted {by_fallback}");
+}
+
+/// RL.TAKE and RL.LEASE calls the server has served.
+fn rl_calls(s: &Server) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut s.con()).unwrap();
+    let calls = |line: &str| line.split(['=', ',']).nth(1).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    info.lines().filter(|l| l.starts_with("cmdstat_rl.take:") || l.starts_with("cmdstat_rl.lease:")).map(calls).sum()
 }

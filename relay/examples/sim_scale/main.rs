@@ -3,6 +3,7 @@
 //! goes to relay/SIMULATION.md with a chart (relay/sim-scale.svg).
 //! What is real and what is modelled: model.rs.
 
+mod gateway;
 mod model;
 mod report;
 mod traffic;
@@ -57,6 +58,13 @@ pub struct Scaled {
     pub busiest: f64,
     /// Pressing subjects: admitted / allowance, mean and lowest.
     pub pressing: (f64, f64),
+    /// Pressing subjects, mean / allowance: what the shards granted, and
+    /// what gateways and relays still held when the run ended.
+    pub pressing_granted: f64,
+    pub pressing_held: f64,
+    /// Pressing subjects, mean: admitted in the run's second half / the
+    /// refill of that half (the steady rate against the limit's).
+    pub pressing_steady: f64,
     /// Within-limit hot subjects: admitted / requests.
     pub hot_admitted: f64,
     pub outcome: Outcome,
@@ -91,9 +99,22 @@ pub fn scaled(setup: &Setup, sample: &Population, outcome: Outcome, seed: u64) -
     let allowance = |p: rl_core::BucketParams| {
         p.capacity() as f64 + p.refill() as f64 * setup.seconds * 1000.0 / p.period_ms() as f64
     };
-    let pressing: Vec<f64> = (first_pressing..sample.count(Class::Pressing))
-        .map(|s| outcome.admitted[s as usize] as f64 / allowance(Class::Pressing.params()))
-        .collect();
+    let pressing_share = |of: &[u64]| -> Vec<f64> {
+        (first_pressing..sample.count(Class::Pressing))
+            .map(|s| of[s as usize] as f64 / allowance(Class::Pressing.params()))
+            .collect()
+    };
+    let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let pressing = pressing_share(&outcome.admitted);
+    let pressing_granted = mean(pressing_share(&outcome.granted));
+    let pressing_held = mean(pressing_share(&outcome.held_at_end));
+    let p = Class::Pressing.params();
+    let half_refill = p.refill() as f64 * setup.seconds / 2.0 * 1000.0 / p.period_ms() as f64;
+    let pressing_steady = mean(
+        (first_pressing..sample.count(Class::Pressing))
+            .map(|s| outcome.admitted_second_half[s as usize] as f64 / half_refill)
+            .collect(),
+    );
     let hot = &outcome.tally[Class::Hot as usize];
     Scaled {
         gateways: setup.gateways,
@@ -108,6 +129,9 @@ pub fn scaled(setup: &Setup, sample: &Population, outcome: Outcome, seed: u64) -
             pressing.iter().sum::<f64>() / pressing.len().max(1) as f64,
             pressing.iter().cloned().fold(f64::INFINITY, f64::min),
         ),
+        pressing_granted,
+        pressing_held,
+        pressing_steady,
         hot_admitted: hot.admitted as f64 / hot.requests.max(1) as f64,
         outcome,
     }
@@ -140,7 +164,13 @@ fn main() {
         for relays in [false, true] {
             let s = setup(gateways, shards, relays);
             sweep.push(scaled(&s, &sample, run(&s, &sample), args.seed));
-            eprintln!("{gateways} gateways, relays {relays}: done at {:.0?}", started.elapsed());
+            let r = sweep.last().expect("pushed");
+            eprintln!(
+                "{gateways} gateways, relays {relays}: done at {:.0?} (pressing: admitted {:.3}, second half {:.3})",
+                started.elapsed(),
+                r.pressing.0,
+                r.pressing_steady,
+            );
         }
     }
     // Failures at 100x with relays: relay 0 dies for 1 s; a shard fails over for 2 s.

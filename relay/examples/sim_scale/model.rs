@@ -1,11 +1,10 @@
 //! The discrete-event model: virtual time in nanoseconds, one event queue.
 //!
-//! Real code: every gateway's and every relay's decisions are
-//! `rl_relay::pool::Pools` (lease batches, top-up at half, one lease call in
-//! flight, pacing of contended buckets, refusals remembered until the retry
-//! time; a gateway is a `Pools` whose share is rate / gateways, the sizing
-//! of rl-client's leases); every shard is rl-core's `acquire`, the
-//! module's algorithm, on the shard's virtual clock.
+//! Real code: every gateway's decisions are rl-core's lease and refusal
+//! code, driven as rl-client's limiter drives it (gateway.rs); every
+//! relay's are `rl_relay::pool::Pools`, the relay's own (the same rl-core
+//! lease, with relays for gateways in its sizing); every shard is rl-core's
+//! `acquire`, the module's algorithm, on the shard's virtual clock.
 //! Modelled: the network (each hop 0.1-0.25 ms one way, uniform: a round
 //! trip of 0.2-0.5 ms), a shard's service time per call (one thread, calls
 //! served in arrival order), arrivals (Poisson), no cost at the relay.
@@ -17,6 +16,7 @@ use bytes::Bytes;
 use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 
+use crate::gateway::{Check, Gateway, Op, Purpose};
 use crate::traffic::{Class, Population};
 
 const ONE: Need = Need { want: 1, min: 1 };
@@ -39,28 +39,27 @@ pub struct Setup {
     pub seed: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    Take,
-    Lease { want: u64, min: u64 },
-}
-
-impl Op {
-    fn need(self) -> Need {
-        match self {
-            Op::Take => ONE,
-            Op::Lease { want, min } => Need { want, min },
-        }
+/// What a relay is asked for by a gateway's call.
+fn need(op: Op) -> Need {
+    match op {
+        Op::Take => ONE,
+        Op::Lease { want, min } => Need { want, min },
     }
 }
 
-/// A gateway's call: for a request (`top_up` false) or a background top-up.
+/// A gateway's call: for a request, or a background top-up.
 #[derive(Clone, Copy, Debug)]
 struct Call {
     g: u32,
     s: u32,
     op: Op,
-    top_up: bool,
+    purpose: Purpose,
+}
+
+impl Call {
+    fn top_up(&self) -> bool {
+        matches!(self.purpose, Purpose::TopUp)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -123,6 +122,12 @@ pub struct Outcome {
     pub relay_calls: u64,
     /// Admitted per subject (by Redis, leases and relays; not the fallback).
     pub admitted: Vec<u64>,
+    /// Tokens the shards granted per subject (RL.TAKE and RL.LEASE), and
+    /// what gateways and relays still held of them when the run ended.
+    pub granted: Vec<u64>,
+    pub held_at_end: Vec<u64>,
+    /// Admitted per subject in the run's second half (the steady rate).
+    pub admitted_second_half: Vec<u64>,
     /// Calls per shard.
     pub per_shard: Vec<u64>,
     /// Tokens relay 0 held when it died.
@@ -196,7 +201,7 @@ struct Model<'a> {
     keys: Vec<[Bytes; 1]>,
     params: Vec<[BucketParams; 1]>,
     shard_of: Vec<u32>,
-    gateways: Vec<Pools>,
+    gateways: Vec<Gateway>,
     relays: Vec<Pools>,
     buckets: Vec<Option<BucketState>>,
     busy_until: Vec<u64>,
@@ -205,6 +210,8 @@ struct Model<'a> {
     out: Outcome,
     relay_down: (u64, u64),
     failover: (u64, u64),
+    /// When the run's second half starts.
+    second_half: u64,
 }
 
 fn ms(ns: u64) -> u64 {
@@ -237,24 +244,25 @@ impl Model<'_> {
         let g = self.rng.below(u64::from(self.setup.gateways)) as u32;
         let class = self.pop.class_of(s);
         self.out.tally[class].requests += 1;
-        let (keys, params) = (&self.keys[s as usize], &self.params[s as usize]);
-        match self.gateways[g as usize].plan(keys, params, ONE, ms(now)) {
-            Plan::Answer { reply, top_up } => {
-                self.decided(s, reply.granted > 0, true);
+        match self.gateways[g as usize].check(s, &self.params[s as usize], ms(now)) {
+            Check::Memory { admitted, top_up } => {
+                self.decided(s, admitted, true, now);
                 if let Some(want) = top_up {
-                    self.send(Call { g, s, op: Op::Lease { want, min: 1 }, top_up: true }, now);
+                    self.send(Call { g, s, op: Op::Lease { want, min: 1 }, purpose: Purpose::TopUp }, now);
                 }
             }
-            Plan::Lease { want, min } => self.send(Call { g, s, op: Op::Lease { want, min }, top_up: false }, now),
-            Plan::Forward => self.send(Call { g, s, op: Op::Take, top_up: false }, now),
+            Check::Call { op, purpose } => self.send(Call { g, s, op, purpose }, now),
         }
     }
 
-    fn decided(&mut self, s: u32, admitted: bool, in_memory: bool) {
+    fn decided(&mut self, s: u32, admitted: bool, in_memory: bool, now: u64) {
         let t = &mut self.out.tally[self.pop.class_of(s)];
         t.admitted += u64::from(admitted);
         t.in_memory += u64::from(in_memory);
         self.out.admitted[s as usize] += u64::from(admitted);
+        if now >= self.second_half {
+            self.out.admitted_second_half[s as usize] += u64::from(admitted);
+        }
     }
 
     fn shard(&mut self, now: u64, s: u32, op: Op, back: Back) {
@@ -279,7 +287,7 @@ impl Model<'_> {
         self.busy_until[shard] = done;
         self.out.per_shard[shard] += 1;
         self.out.shard_calls[self.pop.class_of(s)] += 1;
-        let need = op.need();
+        let need = need(op);
         let params = &self.params[s as usize];
         let state = &mut self.buckets[s as usize];
         let outcome = acquire(params, std::slice::from_ref(state), need.want, need.min, ms(done));
@@ -290,6 +298,7 @@ impl Model<'_> {
             };
         }
         let reply = outcome.decision;
+        self.out.granted[s as usize] += reply.granted;
         let at = done + self.hop();
         match back {
             Back::Gateway(call) => self.heap.push(at, Event::Gateway { call, reply }),
@@ -302,7 +311,7 @@ impl Model<'_> {
 
     fn relay(&mut self, now: u64, r: u32, call: Call) {
         let s = call.s as usize;
-        let need = call.op.need();
+        let need = need(call.op);
         let plan = self.relays[r as usize].plan(&self.keys[s], &self.params[s], need, ms(now));
         let at = now + self.hop();
         match plan {
@@ -324,28 +333,16 @@ impl Model<'_> {
     }
 
     fn gateway(&mut self, now: u64, call: Call, reply: Reply) {
-        let s = call.s as usize;
-        let pools = &mut self.gateways[call.g as usize];
-        let (keys, params) = (&self.keys[s], &self.params[s]);
-        let admitted = match call.op {
-            Op::Take => {
-                pools.forwarded(keys, params, ONE, reply, ms(now));
-                reply.granted > 0
-            }
-            Op::Lease { want, .. } => {
-                let need = (!call.top_up).then_some(ONE);
-                let paid = pools.settle(keys, want, reply, need, ms(now));
-                paid.is_some_and(|r| r.granted > 0)
-            }
-        };
-        if !call.top_up {
-            self.decided(call.s, admitted, false);
+        let params = &self.params[call.s as usize];
+        let admitted = self.gateways[call.g as usize].answered(call.s, params, call.op, call.purpose, reply, ms(now));
+        if !call.top_up() {
+            self.decided(call.s, admitted, false, now);
         }
     }
 
-    fn failed(&mut self, call: Call) {
-        self.gateways[call.g as usize].failed(&self.keys[call.s as usize]);
-        if !call.top_up {
+    fn failed(&mut self, now: u64, call: Call) {
+        self.gateways[call.g as usize].failed(call.s, call.purpose, ms(now));
+        if !call.top_up() {
             self.out.tally[self.pop.class_of(call.s)].fallback += 1;
         }
     }
@@ -359,9 +356,10 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
     let mut rng = Rng::new(setup.seed);
     // Subjects land on shards as slots do: by hash, uniformly.
     let shard_of: Vec<u32> = (0..n).map(|_| rng.below(u64::from(setup.shards)) as u32).collect();
-    let gateway = Settings { window_ms: 1000, ttl_ms: 2000, relays: setup.gateways, max_subjects: 10_000 };
+    // rl-client's defaults: a lease is 1 s of the share, kept 2 s.
+    let (window_ms, ttl_ms) = (1000, 2000);
     let relays = setup.per_relay.map_or(0, |p| setup.gateways.div_ceil(p));
-    let relay = Settings { window_ms: 1000, ttl_ms: 2000, relays: relays.max(1), max_subjects: 100_000 };
+    let relay = Settings { window_ms, ttl_ms, relays: relays.max(1), max_subjects: 100_000 };
     let ns = |s: f64| (s * 1e9) as u64;
     let mut m = Model {
         setup,
@@ -369,7 +367,7 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
         keys,
         params,
         shard_of,
-        gateways: (0..setup.gateways).map(|_| Pools::new(gateway)).collect(),
+        gateways: (0..setup.gateways).map(|_| Gateway::new(setup.gateways, window_ms, ttl_ms)).collect(),
         relays: (0..relays).map(|_| Pools::new(relay)).collect(),
         buckets: vec![None; n as usize],
         busy_until: vec![0; setup.shards as usize],
@@ -379,15 +377,20 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
             tally: vec![Tally::default(); Class::ALL.len()],
             shard_calls: vec![0; Class::ALL.len()],
             admitted: vec![0; n as usize],
+            granted: vec![0; n as usize],
+            held_at_end: vec![0; n as usize],
+            admitted_second_half: vec![0; n as usize],
             per_shard: vec![0; setup.shards as usize],
             ..Outcome::default()
         },
         relay_down: setup.relay_crash.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
         failover: setup.failover.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
+        second_half: u64::MAX,
     };
     // Virtual time starts at a round epoch: the buckets' clock in ms.
     let start = 1_700_000_000_000_000_000u64;
     let end = start + ns(setup.seconds);
+    m.second_half = start + ns(setup.seconds / 2.0);
     m.relay_down = (m.relay_down.0.saturating_add(start), m.relay_down.1.saturating_add(start));
     m.failover = (m.failover.0.saturating_add(start), m.failover.1.saturating_add(start));
     let rate = pop.rate();
@@ -401,7 +404,7 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
         }
         if !crashed && now >= m.relay_down.0 {
             crashed = true;
-            m.out.crash_lost = m.relays[0].iter().map(|(_, p)| p.tokens()).sum();
+            m.out.crash_lost = m.relays[0].iter().map(|(_, p)| p.held(ms(now))).sum();
             m.relays[0] = Pools::new(relay);
         }
         if next_arrival <= event_at {
@@ -415,7 +418,7 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
             Event::Relay { r, call } => m.relay(now, r, call),
             Event::RelayLeased { r, s, asked, waiting, reply } => {
                 let keys = &m.keys[s as usize];
-                let paid = m.relays[r as usize].settle(keys, asked, reply, waiting.map(|c| c.op.need()), ms(now));
+                let paid = m.relays[r as usize].settle(keys, asked, reply, waiting.map(|c| need(c.op)), ms(now));
                 if let (Some(call), Some(paid)) = (waiting, paid) {
                     let at = now + m.hop();
                     m.heap.push(at, Event::Gateway { call, reply: paid });
@@ -423,12 +426,24 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
             }
             Event::RelayForwarded { r, call, reply } => {
                 let s = call.s as usize;
-                m.relays[r as usize].forwarded(&m.keys[s], &m.params[s], call.op.need(), reply, ms(now));
+                m.relays[r as usize].forwarded(&m.keys[s], &m.params[s], need(call.op), reply, ms(now));
                 let at = now + m.hop();
                 m.heap.push(at, Event::Gateway { call, reply });
             }
             Event::Gateway { call, reply } => m.gateway(now, call, reply),
-            Event::Failed { call } => m.failed(call),
+            Event::Failed { call } => m.failed(now, call),
+        }
+    }
+    let subject_of: std::collections::HashMap<&[Bytes], u32> =
+        m.keys.iter().enumerate().map(|(s, k)| (&k[..], s as u32)).collect();
+    for relay in &m.relays {
+        for (keys, pool) in relay.iter() {
+            m.out.held_at_end[subject_of[&keys[..]] as usize] += pool.held(ms(end));
+        }
+    }
+    for g in &m.gateways {
+        for (s, held) in g.held(ms(end)) {
+            m.out.held_at_end[s as usize] += held;
         }
     }
     m.out
