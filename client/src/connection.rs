@@ -85,6 +85,21 @@ impl Connection {
         Ok(reply.and_then(Value::extract_error)?)
     }
 
+    /// Sends `pipe` in one round trip to the primary that serves `slot`
+    /// (every command's keys must be on that node): one reply per command,
+    /// a server error among them as an `Err` of its own.
+    pub(crate) async fn query_pipeline(&self, pipe: &redis::Pipeline, slot: u16) -> Result<Vec<Result<Value>>> {
+        let count = pipe.len();
+        let replies = match self {
+            Connection::Standalone(con) => con.clone().send_packed_commands(pipe, 0, count).await,
+            Connection::Cluster(con) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                con.clone().route_pipeline(pipe.clone(), 0, count, route).await
+            }
+        }?;
+        Ok(replies.into_iter().map(|v| Ok(v.extract_error()?)).collect())
+    }
+
     /// The slot ranges of a cluster and the primary serving each
     /// (`CLUSTER SLOTS`); empty for a standalone server.
     pub(crate) async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {

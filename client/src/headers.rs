@@ -54,6 +54,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
@@ -72,9 +73,55 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 /// The headers for `decision` on `policy`, at `now` (for the Unix reset time).
 pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+    // Room for the six fields: the map allocates once.
+    let mut headers = HeaderMap::with_capacity(6);
     insert(&mut headers, policy, decision, now);
     headers
+}
+
+/// Which view of a request a decision was made for, when one policy can
+/// apply to a request twice: live rules see a request by its API key and by
+/// its address, and both views may land on one rule (with different
+/// buckets). Its members are then named `key.label.rule` and
+/// `ip.label.rule`: distinct, and the same on every response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum View {
+    /// By the API key (or the subject a request names).
+    Key,
+    /// By the client's address.
+    Ip,
+}
+
+impl View {
+    /// The word its members start with.
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Key => "key",
+            View::Ip => "ip",
+        }
+    }
+
+    /// Where a policy keeps the headers' fixed parts for this view.
+    pub(crate) fn slot(view: Option<View>) -> usize {
+        match view {
+            None => 0,
+            Some(View::Key) => 1,
+            Some(View::Ip) => 2,
+        }
+    }
+}
+
+/// What a policy's headers hold that no decision changes, built on first
+/// use, once per policy and view: the `RateLimit-Policy` value, each rule's
+/// member name, the legacy limit.
+#[derive(Clone, Debug)]
+pub(crate) struct Announced {
+    policy: HeaderValue,
+    /// Per rule of the policy: `"name";r=`, the start of its member.
+    members: Vec<Box<[u8]>>,
+    /// The smallest capacity of the enforced rules, and as a value.
+    limit: u64,
+    limit_value: HeaderValue,
 }
 
 /// Adds the headers of `decision` on `policy` to `headers`, beside those of
@@ -82,9 +129,16 @@ pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> He
 /// first: an allowed policy's `t` is capped at the `Retry-After` present.
 /// A policy of shadow rules only enforces nothing, so it announces nothing.
 pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
-    let Some(announced) = announced(policy) else { return };
-    let Some(rule) = policy.rule(decision.rule) else { return };
-    headers.append(RATELIMIT_POLICY, announced.clone());
+    insert_view(headers, policy, None, decision, now);
+}
+
+/// [`insert`] for one [`View`] of the request: its members are named by it.
+pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>, decision: &Decision, now: SystemTime) {
+    let Some(announced) = announced(policy, view) else { return };
+    let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
+        return;
+    };
+    headers.append(RATELIMIT_POLICY, announced.policy.clone());
 
     let retry = match (decision.allowed, decision.retry_after) {
         (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
@@ -99,25 +153,24 @@ pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now
         }
     };
     let remaining = decision.remaining.min(rule.capacity());
-    let mut item = String::with_capacity(64);
-    push_identifier(&mut item, policy, rule);
-    item.push_str(";r=");
-    item.push_str(&remaining.to_string());
+    // The member is written once, into the buffer the value keeps.
+    let mut item = Vec::with_capacity(member.len() + 2 * 20 + 3);
+    item.extend_from_slice(member);
+    push_u64(&mut item, remaining);
     if let Some(t) = t {
-        item.push_str(";t=");
-        item.push_str(&t.to_string());
+        item.extend_from_slice(b";t=");
+        push_u64(&mut item, t);
     }
-    // Identifiers are checked names: always a valid value.
-    if let Ok(value) = HeaderValue::from_str(&item) {
+    // Names are checked and numbers are digits: always a valid value.
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
         headers.append(RATELIMIT, value);
     }
 
-    let limit = policy.rules().iter().filter(|r| !r.is_shadow()).map(Rule::capacity).min().unwrap_or(0);
-    let remaining = remaining.min(limit);
+    let remaining = remaining.min(announced.limit);
     if header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+        headers.insert(X_RATELIMIT_LIMIT, announced.limit_value.clone());
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
@@ -128,43 +181,83 @@ pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now
     }
 }
 
-/// The policy's `RateLimit-Policy` members, built on first use.
-fn announced(policy: &Policy) -> Option<&HeaderValue> {
-    let value = policy.announced.get_or_init(|| {
+/// The policy's fixed header parts for `view`, built on first use; `None`
+/// for a policy that enforces nothing.
+fn announced(policy: &Policy, view: Option<View>) -> Option<&Announced> {
+    let slot = policy.announced.get(View::slot(view))?;
+    let built = slot.get_or_init(|| {
+        let enforced = || policy.rules().iter().filter(|r| !r.is_shadow());
+        let limit = enforced().map(Rule::capacity).min()?;
         let mut value = String::new();
-        for rule in policy.rules().iter().filter(|r| !r.is_shadow()) {
+        for rule in enforced() {
             if !value.is_empty() {
                 value.push_str(", ");
             }
-            push_identifier(&mut value, policy, rule);
+            push_identifier(&mut value, policy, view, rule);
             value.push_str(&format!(";q={};w={}", rule.capacity(), rule.window_secs()));
             if let Some(unit) = policy.unit().parameter() {
                 value.push_str(&format!(";qu=\"{unit}\""));
             }
         }
-        (!value.is_empty()).then(|| HeaderValue::from_str(&value).ok()).flatten()
+        let members = policy
+            .rules()
+            .iter()
+            .map(|rule| {
+                let mut member = String::new();
+                push_identifier(&mut member, policy, view, rule);
+                member.push_str(";r=");
+                member.into_bytes().into_boxed_slice()
+            })
+            .collect();
+        Some(Announced {
+            policy: HeaderValue::from_str(&value).ok()?,
+            members,
+            limit,
+            limit_value: HeaderValue::from(limit),
+        })
     });
-    value.as_ref()
+    built.as_ref()
 }
 
-/// How headers name rule `index` of `policy`: `rule` or `label.rule`.
-pub fn identifier(policy: &Policy, index: usize) -> String {
+/// How headers name rule `index` of `policy` for `view`: `rule`,
+/// `label.rule` or `view.label.rule`.
+pub fn identifier(policy: &Policy, view: Option<View>, index: usize) -> String {
     let mut quoted = String::new();
     if let Some(rule) = policy.rule(index) {
-        push_identifier(&mut quoted, policy, rule);
+        push_identifier(&mut quoted, policy, view, rule);
     }
     quoted.trim_matches('"').to_owned()
 }
 
-/// `"rule"` or `"label.rule"`: an sf-string of checked name characters.
-fn push_identifier(out: &mut String, policy: &Policy, rule: &Rule) {
+/// `"rule"`, `"label.rule"` or `"view.label.rule"`: an sf-string of checked
+/// name characters.
+fn push_identifier(out: &mut String, policy: &Policy, view: Option<View>, rule: &Rule) {
     out.push('"');
+    if let Some(view) = view {
+        out.push_str(view.name());
+        out.push('.');
+    }
     if let Some(label) = policy.label() {
         out.push_str(label);
         out.push('.');
     }
     out.push_str(rule.name());
     out.push('"');
+}
+
+/// `n` in decimal digits, without a formatter.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// Seconds until an allowed request's binding rule has more quota: a
@@ -238,9 +331,10 @@ mod tests {
         let one = for_decision(&p, &decision(true, Some(0)), NOW);
         let two = for_decision(&p, &Decision { rule: 0, remaining: 4000, ..decision(true, Some(0)) }, NOW);
         assert_eq!(one[&RATELIMIT_POLICY], two[&RATELIMIT_POLICY]);
-        let first = p.announced.get().unwrap().as_ref().unwrap().as_bytes().as_ptr();
+        let built = || p.announced[0].get().unwrap().as_ref().unwrap().policy.as_bytes().as_ptr();
+        let first = built();
         for_decision(&p, &decision(false, Some(5)), NOW);
-        assert_eq!(p.announced.get().unwrap().as_ref().unwrap().as_bytes().as_ptr(), first, "not rebuilt");
+        assert_eq!(built(), first, "not rebuilt");
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl LiveRules {
         Ok(Admission { permit, rule, subject, version: snapshot.version() })
     }
 
-    fn log_shadow(&self, rule: &Arc<CompiledRule>, limit: usize, subject: &str) {
+    pub(crate) fn log_shadow(&self, rule: &Arc<CompiledRule>, limit: usize, subject: &str) {
         let name = rule.policy().rule(limit).map(|r| r.name());
         self.inner.limiter.record(Event::ShadowRefused, rule.policy().prefix(), name);
         let key: (Arc<str>, Box<str>) = (rule.id().into(), subject.into());
