@@ -138,13 +138,15 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
     let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
         return;
     };
+    // A fresh map (one policy's headers) has nothing to compare with.
+    let fresh = headers.is_empty();
     headers.append(RATELIMIT_POLICY, announced.policy.clone());
 
     let retry = match (decision.allowed, decision.retry_after) {
         (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
         _ => None,
     };
-    let present_retry = header_u64(headers, &RETRY_AFTER);
+    let present_retry = if fresh { None } else { header_u64(headers, &RETRY_AFTER) };
     let t = match (decision.allowed, retry) {
         (false, retry) => retry,
         (true, _) => {
@@ -167,7 +169,7 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
     }
 
     let remaining = remaining.min(announced.limit);
-    if header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
+    if fresh || header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
         headers.insert(X_RATELIMIT_LIMIT, announced.limit_value.clone());
@@ -431,6 +433,46 @@ mod tests {
         // A second refusal with a longer wait raises Retry-After.
         insert(&mut h, &ip, &Decision { rule: 0, remaining: 0, ..decision(false, Some(4000)) }, NOW);
         assert_eq!(h[RETRY_AFTER], "4");
+    }
+
+    #[test]
+    fn one_policy_reached_by_two_views_names_two_members() {
+        // Live rules: a key and an address on the same rule, own buckets.
+        let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
+        let mut h = HeaderMap::new();
+        let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
+        insert_view(&mut h, &rule, Some(View::Ip), &refused, NOW);
+        insert_view(
+            &mut h,
+            &rule,
+            Some(View::Key),
+            &Decision { rule: 0, remaining: 2, ..decision(true, Some(0)) },
+            NOW,
+        );
+        assert_eq!(all(&h, &RATELIMIT_POLICY), [r#""ip.default.h";q=3;w=3600"#, r#""key.default.h";q=3;w=3600"#]);
+        assert_eq!(all(&h, &RATELIMIT), [r#""ip.default.h";r=0;t=2"#, r#""key.default.h";r=2;t=2"#]);
+        assert_eq!(identifier(&rule, Some(View::Ip), 0), "ip.default.h");
+        // Stable: the same names on the next response, and the plain name untouched.
+        let again = for_decision(&rule, &Decision { rule: 0, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(again[&RATELIMIT_POLICY], r#""default.h";q=3;w=3600"#);
+        let mut h2 = HeaderMap::new();
+        insert_view(
+            &mut h2,
+            &rule,
+            Some(View::Key),
+            &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) },
+            NOW,
+        );
+        assert_eq!(all(&h2, &RATELIMIT_POLICY), [r#""key.default.h";q=3;w=3600"#]);
+    }
+
+    #[test]
+    fn numbers_are_written_as_digits() {
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
     }
 
     #[test]
