@@ -65,11 +65,16 @@ impl Limiter {
     /// reloaded inside a pipeline) the checks are made in turn, with the
     /// same refunds.
     pub async fn check_batch<'a>(&self, checks: &[Check<'a>]) -> Result<Vec<Option<Decision>>> {
+        // One check is a check: its future inline, the rest boxed, so the
+        // common case carries no larger state than `check_cost` does.
+        if let [c] = checks {
+            return Ok(vec![Some(self.check_cost(c.policy, c.subject, c.cost).await?)]);
+        }
         for c in checks {
             self.check_input(c.policy, c.subject, BucketOp::Take { cost: c.cost })?;
         }
-        if checks.len() < 2 || self.inner.client.backend() == Backend::Lua {
-            return self.check_in_turn(checks).await;
+        if self.inner.client.backend() == Backend::Lua {
+            return Box::pin(self.check_in_turn(checks)).await;
         }
         let i = &self.inner;
         let now = i.now_ms();
@@ -112,7 +117,7 @@ impl Limiter {
             }
         }
         if !refused {
-            self.pipelined(checks, remote, now, &mut groups, &mut charged, &mut down).await;
+            Box::pin(self.pipelined(checks, remote, now, &mut groups, &mut charged, &mut down)).await;
         }
 
         // All or nothing: a refusal gives back what the others took.
@@ -203,7 +208,7 @@ impl Limiter {
         let shadow = if c.policy.shadow.is_empty() {
             None
         } else {
-            self.evaluate_groups(c.policy, &c.policy.shadow, true, c.subject, c.cost, now).await
+            Box::pin(self.evaluate_groups(c.policy, &c.policy.shadow, true, c.subject, c.cost, now)).await
         };
         self.finish(c.policy, enforced, shadow)
     }
