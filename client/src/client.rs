@@ -339,7 +339,8 @@ impl Client {
     ) -> Result<Decision> {
         let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
         let limits = windows.iter().map(|w| (w.limit, w.window_ms));
-        self.window_cmd(name, &keys, limits, cost, mode).await
+        let cmd = self.window_command(name, &keys, limits, cost, mode)?;
+        self.decision(&cmd, slot_of(keys[0]), keys.len()).await
     }
 
     /// RL.WINDOW for a policy's window rules, each given as its bucket
@@ -351,24 +352,13 @@ impl Client {
         params: &[BucketParams],
         cost: u64,
     ) -> Result<Decision> {
-        if keys.len() != params.len() {
-            return Err(Error::invalid("one parameter set per key"));
-        }
-        let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
-        self.window_cmd("RL.WINDOW", keys, limits, cost, mode).await
+        let cmd = self.take_command(Some(mode), keys, params, cost)?;
+        self.decision(&cmd, slot_of(&keys[0]), keys.len()).await
     }
 
-    async fn window_cmd<K: AsRef<str>>(
-        &self,
-        name: &'static str,
-        keys: &[K],
-        limits: impl Iterator<Item = (u64, u64)>,
-        cost: u64,
-        mode: WindowMode,
-    ) -> Result<Decision> {
-        let cmd = self.window_command(name, keys, limits, cost, mode)?;
-        let reply = self.integers(&cmd, slot_of(keys[0].as_ref())).await?;
-        Decision::from_reply(&reply, keys.len())
+    /// Sends `cmd` (on `keys` keys) to `slot`'s primary: its decision.
+    async fn decision(&self, cmd: &Cmd, slot: u16, keys: usize) -> Result<Decision> {
+        Decision::from_reply(&self.integers(cmd, slot).await?, keys)
     }
 
     fn window_command<K: AsRef<str>>(

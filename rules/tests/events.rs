@@ -45,30 +45,22 @@ impl Subscriber for Captured {
     fn exit(&self, _: &Id) {}
 }
 
-const GOOD: &str = r#"
-[[rules]]
-id = "default"
-reason = "everyone"
-limits = [{ name = "s", rate = 10, per = "1s" }]
-"#;
-
-const BAD: &str = r#"
-[[rules]]
-id = "default"
-reason = "everyone"
-limits = [{ name = "s", rate = 0, per = "1s" }]
-"#;
+/// One rule of `rate` a second (0 is refused by the checks).
+fn rule_set(rate: u64) -> RuleSetSpec {
+    let text = format!("[[rules]]\nid = \"default\"\nreason = \"everyone\"\nlimits = [{{ name = \"s\", rate = {rate}, per = \"1s\" }}]\n");
+    RuleSetSpec::from_toml(&text).unwrap()
+}
 
 #[tokio::test]
 async fn installed_and_refused_rule_sets_are_tracing_events() {
     let s = Server::start(&[]);
     let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();
-    let rules = LiveRules::new(limiter, &RuleSetSpec::from_toml(GOOD).unwrap()).unwrap();
+    let rules = LiveRules::new(limiter, &rule_set(10)).unwrap();
     let captured = Captured::default();
     // install is synchronous: its events go to this thread's subscriber.
     let _guard = tracing::subscriber::set_default(captured.clone());
-    rules.install(&RuleSetSpec::from_toml(GOOD).unwrap(), &[], 2, "test-good").unwrap();
-    assert!(rules.install(&RuleSetSpec::from_toml(BAD).unwrap(), &[], 3, "test-bad").is_err());
+    rules.install(&rule_set(10), &[], 2, "test-good").unwrap();
+    assert!(rules.install(&rule_set(0), &[], 3, "test-bad").is_err());
 
     let events = captured.0.lock().unwrap().clone();
     let installed: Vec<_> = events.iter().filter(|(_, _, f)| f.contains("rule set installed")).collect();
