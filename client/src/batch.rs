@@ -54,7 +54,8 @@ enum Route {
 impl Limiter {
     /// Decides every check of one request, all or nothing: one decision per
     /// check, in order, `None` for a check left undecided because another
-    /// was refused from memory first (nothing was charged then).
+    /// was refused first from memory (the deny cache, a lease): it was not
+    /// charged.
     ///
     /// A refusal the deny cache remembers refuses at once, before anything
     /// is charged; leased groups spend from their leases; the rest go to
@@ -127,7 +128,11 @@ impl Limiter {
             }
         }
         for (n, c) in checks.iter().enumerate() {
-            out[n] = Some(self.finish_check(c, groups[n], now).await?);
+            // A check whose groups were never asked (a lease refused first)
+            // is left undecided; a policy of shadow rules only still reports.
+            if groups[n].is_some() || c.policy.enforced.is_empty() {
+                out[n] = Some(self.finish_check(c, groups[n], now).await?);
+            }
         }
         Ok(out)
     }

@@ -124,6 +124,16 @@ async fn a_busy_policy_spends_its_lease_and_only_the_rest_goes_to_redis() {
     assert_eq!(d[0].unwrap().source, Source::Lease, "from memory");
     assert_eq!(d[1].unwrap().source, Source::Redis);
     assert_eq!(reads(&mut con) - before, 1 + 1, "only the quiet policy's call");
+
+    // A cost the busy policy can never pay is refused by its lease call
+    // first: the quiet policy is not asked (undecided, nothing taken).
+    let key_left = left(&mut con, &key, "k", 1000, HOUR_MS);
+    let heavy =
+        [Check { policy: &busy, subject: "ip:1", cost: 200_000 }, Check { policy: &key, subject: "k", cost: 1 }];
+    let d = l.check_batch(&heavy).await.unwrap();
+    assert_eq!(d[0].map(|d| (d.allowed, d.retry_after)), Some((false, None)), "{d:?}");
+    assert!(d[1].is_none(), "{d:?}");
+    assert_eq!(left(&mut con, &key, "k", 1000, HOUR_MS), key_left);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
