@@ -19,6 +19,9 @@
 //!   layers): each adds its list members, nothing is overwritten. Rule
 //!   names repeat across policies: give each a
 //!   [`label`](crate::PolicyBuilder::label) and its members read `label.rule`.
+//!   One policy reached through two views of a request (live rules: by key
+//!   and by address) names them apart, `key.label.rule` and
+//!   `ip.label.rule` ([`insert_view`]).
 //! - `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix seconds of `t`) for
 //!   the most restrictive policy: the one with the fewest tokens left. Its
 //!   limit is the smallest capacity of its enforced rules, the same on

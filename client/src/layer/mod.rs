@@ -3,7 +3,9 @@
 //! Per request it extracts the [`Facts`] (the client's IP address behind
 //! trusted proxies, the API key, the route, the cost), hands them to a
 //! [`Decide`] (fixed [`Policies`] here; live rules in rl-rules), which
-//! evaluates every policy that applies in one pass, and then either calls
+//! evaluates every policy that applies in one pass
+//! ([`Limiter::check_batch`]: memory first, then one round trip per shard,
+//! all or nothing), and then either calls
 //! the service and adds the rate-limit headers of every policy to its
 //! response, or answers the refusal ([`Refused`]: an
 //! `application/problem+json` body by default) with the headers. Redis
