@@ -13,7 +13,7 @@
 //! (from the limiter's counters) and how many calls reached Redis meanwhile.
 //!
 //! Two more rows put the HTTP side next to the lease spend: `headers`, the
-//! draft's headers for a decision (RateLimit-Policy is built once per
+//! draft's headers for a decision (their fixed parts are built once per
 //! policy), and `layer pass`, a whole request through `RateLimitLayer` in
 //! front of a service that answers at once: key and peer extraction, the
 //! lease spend, the headers, and building the request and response.

@@ -339,7 +339,8 @@ impl Client {
     ) -> Result<Decision> {
         let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
         let limits = windows.iter().map(|w| (w.limit, w.window_ms));
-        self.window_cmd(name, &keys, limits, cost, mode).await
+        let cmd = self.window_command(name, &keys, limits, cost, mode)?;
+        self.decision(&cmd, slot_of(keys[0]), keys.len()).await
     }
 
     /// RL.WINDOW for a policy's window rules, each given as its bucket
@@ -351,21 +352,23 @@ impl Client {
         params: &[BucketParams],
         cost: u64,
     ) -> Result<Decision> {
-        if keys.len() != params.len() {
-            return Err(Error::invalid("one parameter set per key"));
-        }
-        let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
-        self.window_cmd("RL.WINDOW", keys, limits, cost, mode).await
+        let cmd = self.take_command(Some(mode), keys, params, cost)?;
+        self.decision(&cmd, slot_of(&keys[0]), keys.len()).await
     }
 
-    async fn window_cmd<K: AsRef<str>>(
+    /// Sends `cmd` (on `keys` keys) to `slot`'s primary: its decision.
+    async fn decision(&self, cmd: &Cmd, slot: u16, keys: usize) -> Result<Decision> {
+        Decision::from_reply(&self.integers(cmd, slot).await?, keys)
+    }
+
+    fn window_command<K: AsRef<str>>(
         &self,
         name: &'static str,
         keys: &[K],
         limits: impl Iterator<Item = (u64, u64)>,
         cost: u64,
         mode: WindowMode,
-    ) -> Result<Decision> {
+    ) -> Result<Cmd> {
         if self.backend == Backend::Lua {
             return Err(Error::Unsupported("RL.WINDOW"));
         }
@@ -380,8 +383,53 @@ impl Client {
             cmd.arg(limit).arg(window_ms);
         }
         cmd.arg("COST").arg(cost).arg(mode.name());
-        let reply = self.integers(&cmd, slot_of(keys[0].as_ref())).await?;
-        Decision::from_reply(&reply, keys.len())
+        Ok(cmd)
+    }
+
+    /// The module command that takes `cost` from a policy group's keys:
+    /// RL.TAKE for buckets, RL.WINDOW for windows (`window`), checked as
+    /// the single calls check. Module only: the Lua backend's EVALSHA
+    /// cannot be reloaded inside a pipeline.
+    pub(crate) fn take_command(
+        &self,
+        window: Option<WindowMode>,
+        keys: &[String],
+        params: &[BucketParams],
+        cost: u64,
+    ) -> Result<Cmd> {
+        if keys.len() != params.len() {
+            return Err(Error::invalid("one parameter set per key"));
+        }
+        match window {
+            Some(mode) => {
+                let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
+                self.window_command("RL.WINDOW", keys, limits, cost, mode)
+            }
+            None if self.backend == Backend::Lua => Err(Error::Unsupported("a pipelined RL.TAKE")),
+            None => {
+                let op = BucketOp::Take { cost };
+                op.validate()?;
+                check_keys(keys)?;
+                Ok(module_cmd(op, keys, params))
+            }
+        }
+    }
+
+    /// Sends `cmds` (each on `keys` keys) to the primary serving `slot` in
+    /// one round trip, within one timeout: each command's decision, or its
+    /// own error. `Err` when the round trip itself failed.
+    pub(crate) async fn pipeline(&self, cmds: Vec<(Cmd, usize)>, slot: u16) -> Result<Vec<Result<Decision>>> {
+        let mut pipe = redis::pipe();
+        let mut keys = Vec::with_capacity(cmds.len());
+        for (cmd, n) in cmds {
+            pipe.add_command(cmd);
+            keys.push(n);
+        }
+        let replies = self.with_timeout(self.conn.query_pipeline(&pipe, slot)).await?;
+        if replies.len() != keys.len() {
+            return Err(Error::Reply(format!("{} replies to a pipeline of {}", replies.len(), keys.len())));
+        }
+        Ok(replies.into_iter().zip(keys).map(|(reply, n)| Decision::from_reply(&integers(reply?)?, n)).collect())
     }
 
     /// Runs a bucket operation on the backend: its decision.

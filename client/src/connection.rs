@@ -111,6 +111,18 @@ impl Connection {
         Ok(self.route(cmd, Some(route)).await.and_then(Value::extract_error)?)
     }
 
+    /// Sends `pipe` in one round trip to the primary that serves `slot`
+    /// (every command's keys must be on that node): one reply per command,
+    /// a server error among them as an `Err` of its own.
+    pub(crate) async fn query_pipeline(&self, pipe: &redis::Pipeline, slot: u16) -> Result<Vec<Result<Value>>> {
+        let route = Route::new(slot, SlotAddr::Master);
+        let replies = match &self.0 {
+            Kind::Plain(con) => con.pipeline(pipe, route).await,
+            Kind::Relayed(r) => r.call(|con| async move { con.pipeline(pipe, route).await }).await,
+        }?;
+        Ok(replies.into_iter().map(|v| Ok(v.extract_error()?)).collect())
+    }
+
     /// Sends `cmd` to the primary that serves `key`'s slot (none: any node,
     /// for a command that names no key), through the relay if there is one.
     /// A server error may come back as a value, as the server sent it.
@@ -121,7 +133,7 @@ impl Connection {
     async fn route(&self, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
         match &self.0 {
             Kind::Plain(con) => con.send(cmd, route).await,
-            Kind::Relayed(r) => r.send(cmd, route).await,
+            Kind::Relayed(r) => r.call(|con| async move { con.send(cmd, route).await }).await,
         }
     }
 
@@ -181,6 +193,17 @@ impl Plain {
         }
     }
 
+    async fn pipeline(&self, pipe: &redis::Pipeline, route: Route) -> redis::RedisResult<Vec<Value>> {
+        let count = pipe.len();
+        match self {
+            Plain::Standalone(con) => con.clone().send_packed_commands(pipe, 0, count).await,
+            Plain::Cluster(con) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(route);
+                con.clone().route_pipeline(pipe.clone(), 0, count, route).await
+            }
+        }
+    }
+
     async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
         let Plain::Cluster(con) = self else { return Ok(Vec::new()) };
         let mut cmd = redis::cmd("CLUSTER");
@@ -191,9 +214,15 @@ impl Plain {
 }
 
 impl Relayed {
-    async fn send(self: &Arc<Self>, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
+    /// Runs `call` (a command or a pipeline) on the relay while its breaker
+    /// is closed, on Redis directly otherwise.
+    async fn call<T, F, Fut>(self: &Arc<Self>, call: F) -> redis::RedisResult<T>
+    where
+        F: Fn(Plain) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let now = self.clock.now_ms();
-        let Some(ticket) = self.breaker.admit(now) else { return self.direct.send(cmd, route).await };
+        let Some(ticket) = self.breaker.admit(now) else { return call(self.direct.clone()).await };
         if self.down.load(Ordering::Acquire) {
             // The breaker's probe: a PING in the background; this call goes
             // to Redis.
@@ -208,9 +237,9 @@ impl Relayed {
                     this.breaker.failure(ticket, now);
                 }
             });
-            return self.direct.send(cmd, route).await;
+            return call(self.direct.clone()).await;
         }
-        match self.relay.send(cmd, route).await {
+        match call(self.relay.clone()).await {
             // The relay did not answer (refused, dropped, timed out); an
             // error it sent is an answer.
             Err(e) if e.kind() == redis::ErrorKind::Io => {
@@ -219,7 +248,7 @@ impl Relayed {
                 }
                 if e.is_connection_refusal() {
                     // Never reached the relay: Redis answers instead.
-                    return self.direct.send(cmd, route).await;
+                    return call(self.direct.clone()).await;
                 }
                 Err(e)
             }

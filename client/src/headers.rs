@@ -19,6 +19,9 @@
 //!   layers): each adds its list members, nothing is overwritten. Rule
 //!   names repeat across policies: give each a
 //!   [`label`](crate::PolicyBuilder::label) and its members read `label.rule`.
+//!   One policy reached through two views of a request (live rules: by key
+//!   and by address) names them apart, `key.label.rule` and
+//!   `ip.label.rule` ([`insert_view`]).
 //! - `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix seconds of `t`) for
 //!   the most restrictive policy: the one with the fewest tokens left. Its
 //!   limit is the smallest capacity of its enforced rules, the same on
@@ -54,6 +57,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
@@ -72,9 +76,55 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 /// The headers for `decision` on `policy`, at `now` (for the Unix reset time).
 pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+    // Room for the six fields: the map allocates once.
+    let mut headers = HeaderMap::with_capacity(6);
     insert(&mut headers, policy, decision, now);
     headers
+}
+
+/// Which view of a request a decision was made for, when one policy can
+/// apply to a request twice: live rules see a request by its API key and by
+/// its address, and both views may land on one rule (with different
+/// buckets). Its members are then named `key.label.rule` and
+/// `ip.label.rule`: distinct, and the same on every response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum View {
+    /// By the API key (or the subject a request names).
+    Key,
+    /// By the client's address.
+    Ip,
+}
+
+impl View {
+    /// The word its members start with.
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Key => "key",
+            View::Ip => "ip",
+        }
+    }
+
+    /// Where a policy keeps the headers' fixed parts for this view.
+    pub(crate) fn slot(view: Option<View>) -> usize {
+        match view {
+            None => 0,
+            Some(View::Key) => 1,
+            Some(View::Ip) => 2,
+        }
+    }
+}
+
+/// What a policy's headers hold that no decision changes, built on first
+/// use, once per policy and view: the `RateLimit-Policy` value, each rule's
+/// member name, the legacy limit.
+#[derive(Clone, Debug)]
+pub(crate) struct Announced {
+    policy: HeaderValue,
+    /// Per rule of the policy: `"name";r=`, the start of its member.
+    members: Vec<Box<[u8]>>,
+    /// The smallest capacity of the enforced rules, and as a value.
+    limit: u64,
+    limit_value: HeaderValue,
 }
 
 /// Adds the headers of `decision` on `policy` to `headers`, beside those of
@@ -82,15 +132,24 @@ pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> He
 /// first: an allowed policy's `t` is capped at the `Retry-After` present.
 /// A policy of shadow rules only enforces nothing, so it announces nothing.
 pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
-    let Some(announced) = announced(policy) else { return };
-    let Some(rule) = policy.rule(decision.rule) else { return };
-    headers.append(RATELIMIT_POLICY, announced.clone());
+    insert_view(headers, policy, None, decision, now);
+}
+
+/// [`insert`] for one [`View`] of the request: its members are named by it.
+pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>, decision: &Decision, now: SystemTime) {
+    let Some(announced) = announced(policy, view) else { return };
+    let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
+        return;
+    };
+    // A fresh map (one policy's headers) has nothing to compare with.
+    let fresh = headers.is_empty();
+    headers.append(RATELIMIT_POLICY, announced.policy.clone());
 
     let retry = match (decision.allowed, decision.retry_after) {
         (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
         _ => None,
     };
-    let present_retry = header_u64(headers, &RETRY_AFTER);
+    let present_retry = if fresh { None } else { header_u64(headers, &RETRY_AFTER) };
     let t = match (decision.allowed, retry) {
         (false, retry) => retry,
         (true, _) => {
@@ -99,25 +158,24 @@ pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now
         }
     };
     let remaining = decision.remaining.min(rule.capacity());
-    let mut item = String::with_capacity(64);
-    push_identifier(&mut item, policy, rule);
-    item.push_str(";r=");
-    item.push_str(&remaining.to_string());
+    // The member is written once, into the buffer the value keeps.
+    let mut item = Vec::with_capacity(member.len() + 2 * 20 + 3);
+    item.extend_from_slice(member);
+    push_u64(&mut item, remaining);
     if let Some(t) = t {
-        item.push_str(";t=");
-        item.push_str(&t.to_string());
+        item.extend_from_slice(b";t=");
+        push_u64(&mut item, t);
     }
-    // Identifiers are checked names: always a valid value.
-    if let Ok(value) = HeaderValue::from_str(&item) {
+    // Names are checked and numbers are digits: always a valid value.
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
         headers.append(RATELIMIT, value);
     }
 
-    let limit = policy.rules().iter().filter(|r| !r.is_shadow()).map(Rule::capacity).min().unwrap_or(0);
-    let remaining = remaining.min(limit);
-    if header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
+    let remaining = remaining.min(announced.limit);
+    if fresh || header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+        headers.insert(X_RATELIMIT_LIMIT, announced.limit_value.clone());
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
         headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
     }
@@ -128,43 +186,83 @@ pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now
     }
 }
 
-/// The policy's `RateLimit-Policy` members, built on first use.
-fn announced(policy: &Policy) -> Option<&HeaderValue> {
-    let value = policy.announced.get_or_init(|| {
+/// The policy's fixed header parts for `view`, built on first use; `None`
+/// for a policy that enforces nothing.
+fn announced(policy: &Policy, view: Option<View>) -> Option<&Announced> {
+    let slot = policy.announced.get(View::slot(view))?;
+    let built = slot.get_or_init(|| {
+        let enforced = || policy.rules().iter().filter(|r| !r.is_shadow());
+        let limit = enforced().map(Rule::capacity).min()?;
         let mut value = String::new();
-        for rule in policy.rules().iter().filter(|r| !r.is_shadow()) {
+        for rule in enforced() {
             if !value.is_empty() {
                 value.push_str(", ");
             }
-            push_identifier(&mut value, policy, rule);
+            push_identifier(&mut value, policy, view, rule);
             value.push_str(&format!(";q={};w={}", rule.capacity(), rule.window_secs()));
             if let Some(unit) = policy.unit().parameter() {
                 value.push_str(&format!(";qu=\"{unit}\""));
             }
         }
-        (!value.is_empty()).then(|| HeaderValue::from_str(&value).ok()).flatten()
+        let members = policy
+            .rules()
+            .iter()
+            .map(|rule| {
+                let mut member = String::new();
+                push_identifier(&mut member, policy, view, rule);
+                member.push_str(";r=");
+                member.into_bytes().into_boxed_slice()
+            })
+            .collect();
+        Some(Announced {
+            policy: HeaderValue::from_str(&value).ok()?,
+            members,
+            limit,
+            limit_value: HeaderValue::from(limit),
+        })
     });
-    value.as_ref()
+    built.as_ref()
 }
 
-/// How headers name rule `index` of `policy`: `rule` or `label.rule`.
-pub fn identifier(policy: &Policy, index: usize) -> String {
+/// How headers name rule `index` of `policy` for `view`: `rule`,
+/// `label.rule` or `view.label.rule`.
+pub fn identifier(policy: &Policy, view: Option<View>, index: usize) -> String {
     let mut quoted = String::new();
     if let Some(rule) = policy.rule(index) {
-        push_identifier(&mut quoted, policy, rule);
+        push_identifier(&mut quoted, policy, view, rule);
     }
     quoted.trim_matches('"').to_owned()
 }
 
-/// `"rule"` or `"label.rule"`: an sf-string of checked name characters.
-fn push_identifier(out: &mut String, policy: &Policy, rule: &Rule) {
+/// `"rule"`, `"label.rule"` or `"view.label.rule"`: an sf-string of checked
+/// name characters.
+fn push_identifier(out: &mut String, policy: &Policy, view: Option<View>, rule: &Rule) {
     out.push('"');
+    if let Some(view) = view {
+        out.push_str(view.name());
+        out.push('.');
+    }
     if let Some(label) = policy.label() {
         out.push_str(label);
         out.push('.');
     }
     out.push_str(rule.name());
     out.push('"');
+}
+
+/// `n` in decimal digits, without a formatter.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// Seconds until an allowed request's binding rule has more quota: a
@@ -238,9 +336,10 @@ mod tests {
         let one = for_decision(&p, &decision(true, Some(0)), NOW);
         let two = for_decision(&p, &Decision { rule: 0, remaining: 4000, ..decision(true, Some(0)) }, NOW);
         assert_eq!(one[&RATELIMIT_POLICY], two[&RATELIMIT_POLICY]);
-        let first = p.announced.get().unwrap().as_ref().unwrap().as_bytes().as_ptr();
+        let built = || p.announced[0].get().unwrap().as_ref().unwrap().policy.as_bytes().as_ptr();
+        let first = built();
         for_decision(&p, &decision(false, Some(5)), NOW);
-        assert_eq!(p.announced.get().unwrap().as_ref().unwrap().as_bytes().as_ptr(), first, "not rebuilt");
+        assert_eq!(built(), first, "not rebuilt");
     }
 
     #[test]
@@ -337,6 +436,46 @@ mod tests {
         // A second refusal with a longer wait raises Retry-After.
         insert(&mut h, &ip, &Decision { rule: 0, remaining: 0, ..decision(false, Some(4000)) }, NOW);
         assert_eq!(h[RETRY_AFTER], "4");
+    }
+
+    #[test]
+    fn one_policy_reached_by_two_views_names_two_members() {
+        // Live rules: a key and an address on the same rule, own buckets.
+        let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
+        let mut h = HeaderMap::new();
+        let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
+        insert_view(&mut h, &rule, Some(View::Ip), &refused, NOW);
+        insert_view(
+            &mut h,
+            &rule,
+            Some(View::Key),
+            &Decision { rule: 0, remaining: 2, ..decision(true, Some(0)) },
+            NOW,
+        );
+        assert_eq!(all(&h, &RATELIMIT_POLICY), [r#""ip.default.h";q=3;w=3600"#, r#""key.default.h";q=3;w=3600"#]);
+        assert_eq!(all(&h, &RATELIMIT), [r#""ip.default.h";r=0;t=2"#, r#""key.default.h";r=2;t=2"#]);
+        assert_eq!(identifier(&rule, Some(View::Ip), 0), "ip.default.h");
+        // Stable: the same names on the next response, and the plain name untouched.
+        let again = for_decision(&rule, &Decision { rule: 0, ..decision(true, Some(0)) }, NOW);
+        assert_eq!(again[&RATELIMIT_POLICY], r#""default.h";q=3;w=3600"#);
+        let mut h2 = HeaderMap::new();
+        insert_view(
+            &mut h2,
+            &rule,
+            Some(View::Key),
+            &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) },
+            NOW,
+        );
+        assert_eq!(all(&h2, &RATELIMIT_POLICY), [r#""key.default.h";q=3;w=3600"#]);
+    }
+
+    #[test]
+    fn numbers_are_written_as_digits() {
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
     }
 
     #[test]

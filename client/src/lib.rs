@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod backoff;
+mod batch;
 mod breaker;
 mod client;
 mod clock;
@@ -33,6 +34,7 @@ use std::sync::{Mutex, MutexGuard};
 use quick_cache::Equivalent;
 
 pub use backoff::Backoff;
+pub use batch::Check;
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
 pub use config::{Backend, Config};
@@ -45,8 +47,7 @@ pub use inflight::{Acquired, Inflight};
 pub use inflight_layer::{InflightLayer, InflightLimit, PermitBody};
 #[cfg(feature = "tower")]
 pub use layer::{
-    check_all, BoxFuture, By, Checked, Decide, Facts, MissingKey, PeerAddr, Policies, RateLimit, RateLimitLayer,
-    Refused,
+    BoxFuture, By, Checked, Decide, Facts, MissingKey, PeerAddr, Policies, RateLimit, RateLimitLayer, Refused,
 };
 pub use limiter::Limiter;
 pub use metrics::{Counters, Event, Metrics};

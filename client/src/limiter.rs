@@ -84,7 +84,7 @@ pub(crate) struct Inner {
 pub(crate) struct Evaluation<'a> {
     pub(crate) policy: &'a Policy,
     pub(crate) group: &'a Group,
-    shadow: bool,
+    pub(crate) shadow: bool,
     pub(crate) subject: &'a str,
 }
 
@@ -113,6 +113,18 @@ impl<'a> Evaluation<'a> {
 /// -> policy rule index) into the policy's.
 pub(crate) fn mapped(rules: &[usize], d: Decision) -> Decision {
     Decision { rule: rules.get(d.rule).copied().unwrap_or(d.rule), ..d }
+}
+
+/// Two allowed groups' decisions as one: the binding rule is the one with
+/// the fewest tokens left.
+pub(crate) fn combined(before: Option<Decision>, d: Decision) -> Decision {
+    match before {
+        Some(a) => {
+            let tighter = if d.remaining < a.remaining { d } else { a };
+            Decision { reset_after: a.reset_after.max(d.reset_after), ..tighter }
+        }
+        None => d,
+    }
 }
 
 /// A call the shard's breaker admitted: the breaker, and the ticket to
@@ -185,6 +197,20 @@ impl Limiter {
         } else {
             tokio::join!(enforced, self.evaluate_groups(policy, &policy.shadow, true, subject, cost, now))
         };
+        self.finish(policy, enforced, shadow)
+    }
+
+    /// The request's decision from its enforced groups' and its shadow
+    /// groups' (each `None` when the policy has none), counted.
+    // Inlined: called apart, it made every check 20 ns slower (measured on
+    // the lease spend, 155 -> 178 ns).
+    #[inline]
+    pub(crate) fn finish(
+        &self,
+        policy: &Policy,
+        enforced: Option<Decision>,
+        shadow: Option<Decision>,
+    ) -> Result<Decision> {
         let shadow_refused = shadow.filter(|d| !d.allowed).map(|d| d.rule);
         let decision = match (enforced, shadow) {
             (Some(d), _) => Decision { shadow_refused, ..d },
@@ -236,7 +262,7 @@ impl Limiter {
     }
 
     /// Bad input is the caller's error, never a decision.
-    fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
+    pub(crate) fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
         check_subject(subject)?;
         op.validate()?;
         let lua = self.inner.client.backend() == Backend::Lua;
@@ -315,7 +341,7 @@ impl Limiter {
     /// call fails on the shard, the groups after it (the same subject, so
     /// the same slot) are answered by the fallback without asking: a check
     /// waits at most one timeout, however many groups it has.
-    async fn evaluate_groups(
+    pub(crate) async fn evaluate_groups(
         &self,
         policy: &Policy,
         groups: &[Group],
@@ -349,14 +375,7 @@ impl Limiter {
             if !d.allowed {
                 return Some(d);
             }
-            allowed = Some(match allowed {
-                // The binding rule is the one with the fewest tokens left.
-                Some(a) => {
-                    let tighter = if d.remaining < a.remaining { d } else { a };
-                    Decision { reset_after: a.reset_after.max(d.reset_after), ..tighter }
-                }
-                None => d,
-            });
+            allowed = Some(combined(allowed, d));
         }
         allowed
     }
@@ -381,6 +400,21 @@ impl Limiter {
                 self.guarded(t.prefix(), admitted, call).await
             }
         };
+        self.answered(&t, cost, now, answer.as_ref().map_err(|e| e.is_shard_failure()).copied(), shard_down)
+    }
+
+    /// The decision for Redis's answer to `t` (a refusal is remembered in
+    /// the deny cache), or the fallback's when the call failed (`Err`:
+    /// whether the shard failed).
+    pub(crate) fn answered(
+        &self,
+        t: &Evaluation,
+        cost: u64,
+        now: u64,
+        answer: std::result::Result<Decision, bool>,
+        shard_down: &mut bool,
+    ) -> Decision {
+        let i = &self.inner;
         match answer {
             Ok(d) => {
                 // Held at least this gateway's share of the refill of `cost`:
@@ -391,9 +425,9 @@ impl Limiter {
                 i.deny.refused(&t.key(), cost, &d, now, hold);
                 d
             }
-            Err(e) => {
-                *shard_down |= e.is_shard_failure();
-                self.degraded(&t, cost, i.now_ms())
+            Err(shard_failure) => {
+                *shard_down |= shard_failure;
+                self.degraded(t, cost, i.now_ms())
             }
         }
     }
@@ -465,12 +499,19 @@ impl Limiter {
         admitted: Admitted,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
+        let result = call.await;
+        self.report(policy, admitted, result.as_ref().err());
+        result
+    }
+
+    /// Tells the breaker that admitted a call how it went (`failure`: its
+    /// error, if any).
+    pub(crate) fn report(&self, policy: &str, admitted: Admitted, failure: Option<&Error>) {
         let i = &self.inner;
         let (breaker, ticket) = admitted;
-        let result = call.await;
-        match &result {
-            Ok(_) => breaker.success(ticket, i.now_ms()),
-            Err(e) => {
+        match failure {
+            None => breaker.success(ticket, i.now_ms()),
+            Some(e) => {
                 i.record(Event::Error, policy, None);
                 if !e.is_shard_failure() {
                     breaker.success(ticket, i.now_ms()); // the shard answered; the call was at fault
@@ -479,11 +520,10 @@ impl Limiter {
                 }
             }
         }
-        result
     }
 
     /// Reads a cluster's slot map when due, in the background.
-    fn refresh_topology(&self, now: u64) {
+    pub(crate) fn refresh_topology(&self, now: u64) {
         let i = &self.inner;
         // Standalone: nothing to refresh.
         if !i.shards.is_cluster() || !i.shards.refresh_due(now) {

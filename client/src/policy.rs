@@ -4,8 +4,6 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use http::HeaderValue;
-
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{BucketParams, WindowMode};
 use serde::{Deserialize, Serialize};
@@ -327,8 +325,8 @@ pub struct Policy {
     label: Option<Arc<str>>,
     /// What a token stands for, in headers.
     unit: QuotaUnit,
-    /// The `RateLimit-Policy` value, built on first use.
-    pub(crate) announced: OnceLock<Option<HeaderValue>>,
+    /// The headers' fixed parts, built on first use, per header view.
+    pub(crate) announced: [OnceLock<Option<crate::headers::Announced>>; 3],
 }
 
 /// What one token of a policy stands for: the draft's quota unit (`qu`),
@@ -421,7 +419,7 @@ impl PolicyBuilder {
             lua_fits,
             label: self.label.map(Into::into),
             unit: self.unit,
-            announced: OnceLock::new(),
+            announced: Default::default(),
         })
     }
 }

@@ -89,6 +89,17 @@ impl Shards {
         }
     }
 
+    /// Which shard serves hash tag `tag` (an index, the same for every tag
+    /// on that primary), or `None` in a cluster whose slot map is not known
+    /// yet: calls are then sent slot by slot.
+    pub(crate) fn shard_of(&self, tag: &str) -> Option<usize> {
+        if self.standalone.is_some() {
+            return Some(0);
+        }
+        let t = self.table.load();
+        (!t.slots.is_empty()).then(|| t.slots.get(slot_of(tag) as usize).copied().unwrap_or(0) as usize)
+    }
+
     /// The breaker of the shard serving hash tag `tag`; the tag is hashed
     /// only when the slot map is known. Never `None`: a table is made with
     /// one breaker and replaced only by a non-empty map.

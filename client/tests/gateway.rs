@@ -101,25 +101,33 @@ async fn the_example_limits_by_key_and_by_ip_from_its_rules_file() {
     let r = get(gw.port, &[("x-api-key", b"vip")]).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert!(r.body.starts_with("hello from the backend: GET /hello"), "{}", r.body);
-    assert_eq!(all(&r, "ratelimit-policy"), [r#""vip.per_hour";q=100;w=3600"#, r#""default.per_hour";q=3;w=3600"#]);
-    assert_eq!(all(&r, "ratelimit"), [r#""vip.per_hour";r=99;t=36"#, r#""default.per_hour";r=2;t=1200"#]);
+    // Members name the view and the rule: key.<rule id>.<limit>, ip.<rule id>.<limit>.
+    let policies = [r#""key.vip.per_hour";q=100;w=3600"#, r#""ip.default.per_hour";q=3;w=3600"#];
+    assert_eq!(all(&r, "ratelimit-policy"), policies);
+    assert_eq!(all(&r, "ratelimit"), [r#""key.vip.per_hour";r=99;t=36"#, r#""ip.default.per_hour";r=2;t=1200"#]);
     assert_eq!(r.headers["x-ratelimit-remaining"], "2", "the tightest: the IP's");
 
     // A spoofed X-Forwarded-For from an untrusted peer is no new client.
     let r = get(gw.port, &[("x-forwarded-for", b"203.0.113.9")]).await;
-    assert_eq!(all(&r, "ratelimit"), [r#""default.per_hour";r=1;t=1200"#], "no key: the IP only");
+    assert_eq!(all(&r, "ratelimit"), [r#""ip.default.per_hour";r=1;t=1200"#], "no key: the IP only");
     // A 5000-byte key and a non-ASCII one are limited, never refused for their form.
     let long = vec![b'k'; 5000];
     let r = get(gw.port, &[("x-api-key", &long)]).await;
     assert_eq!(r.status, StatusCode::OK);
+    // Its key and its address both land on the default rule, with their own
+    // buckets: two members with two names, never one name twice.
+    let both = [r#""key.default.per_hour";r=2;t=1200"#, r#""ip.default.per_hour";r=0;t=1200"#];
+    assert_eq!(all(&r, "ratelimit"), both);
     // The IP's third and last token went to the long key's request.
     let r = get(gw.port, &[("x-api-key", b"cl\xe9")]).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.headers["content-type"], "application/problem+json");
-    assert!(r.body.contains("\"violated-policies\":[\"default.per_hour\"]"), "{}", r.body);
+    assert!(r.body.contains("\"violated-policies\":[\"ip.default.per_hour\"]"), "{}", r.body);
+    let policies = [r#""ip.default.per_hour";q=3;w=3600"#, r#""key.default.per_hour";q=3;w=3600"#];
+    assert_eq!(all(&r, "ratelimit-policy"), policies, "the refusal first, the refunded key after");
     let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
     let refused = all(&r, "ratelimit").into_iter().find(|i| i.contains("r=0")).unwrap();
-    assert_eq!(refused, format!("\"default.per_hour\";r=0;t={retry}"), "Retry-After is the same moment as t");
+    assert_eq!(refused, format!("\"ip.default.per_hour\";r=0;t={retry}"), "Retry-After is the same moment as t");
     assert!((1190..=1200).contains(&retry), "a token every 20 minutes: {retry}");
 
     // The rules file changes: read again within a second or two.

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rl_client::{BoxFuture, Checked, Decide, Error, Facts, Limiter, Policy, Result, Source};
+use rl_client::headers::View;
+use rl_client::{BoxFuture, Check, Checked, Decide, Error, Facts, Limiter, Policy, Result};
 
 use crate::live::LiveRules;
 use crate::snapshot::{CompiledRule, Request};
@@ -24,8 +25,11 @@ impl AsRef<Policy> for CompiledRule {
 /// client address (`Request::ip`), both with its endpoint. The most
 /// specific rule of each view applies (overrides and shadow rules as in
 /// [`LiveRules::check`]); when both views land on the same rule and the
-/// same buckets (a shared rule), it counts once. All are charged, or, on a
-/// refusal, the ones charged before it get their tokens back.
+/// same buckets (a shared rule), it counts once. Both are decided in one
+/// [`Limiter::check_batch`]: from memory where it can, else one round trip
+/// per shard, all or nothing. Header members carry the view
+/// (`"key.<rule id>.<limit>"`, `"ip.<rule id>.<limit>"`), so one rule
+/// reached through both views names two distinct members.
 #[derive(Clone)]
 pub struct LiveDecide {
     rules: LiveRules,
@@ -38,51 +42,67 @@ impl LiveDecide {
     }
 }
 
+/// One view of a request and what it matched.
+struct Viewed {
+    view: View,
+    rule: Arc<CompiledRule>,
+    subject: String,
+    shadow: Option<(Arc<CompiledRule>, String)>,
+}
+
 impl Decide for LiveDecide {
     fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>> {
         let rules = self.rules.clone();
         Box::pin(async move {
             let route = facts.route.as_str();
-            let mut views = Vec::with_capacity(2);
+            let mut requests = Vec::with_capacity(2);
             if let Some(key) = facts.key.as_deref() {
-                views.push(Request::new().subject(key).endpoint(route));
+                requests.push((View::Key, Request::new().subject(key).endpoint(route)));
             }
             if let Some(ip) = facts.ip {
-                views.push(Request::new().ip(ip).endpoint(route));
+                requests.push((View::Ip, Request::new().ip(ip).endpoint(route)));
             }
-            if views.is_empty() {
+            if requests.is_empty() {
                 return Err(Error::invalid("live rules need an API key or a client address: the request has neither"));
             }
-            // The same rule and buckets through both views count once.
+            // One snapshot for every view; the same rule and buckets through
+            // both views count once.
             let snapshot = rules.snapshot();
-            let mut seen = HashSet::new();
             let now = SystemTime::now();
-            views.retain(|view| {
-                let rule = snapshot.matching(view, now).enforced;
-                let subject = snapshot.bucket_subject(&rule, view).unwrap_or_default();
-                seen.insert((rule.id().to_owned(), subject))
-            });
+            let mut seen = HashSet::new();
+            let mut views = Vec::with_capacity(requests.len());
+            for (view, request) in requests {
+                let matched = snapshot.matching(&request, now);
+                let subject = snapshot.bucket_subject(&matched.enforced, &request)?;
+                if !seen.insert((matched.enforced.id().to_owned(), subject.clone())) {
+                    continue;
+                }
+                // A shadow rule never fails a request: without a subject of
+                // its own it is skipped.
+                let shadow = matched.shadow.and_then(|r| snapshot.bucket_subject(&r, &request).ok().map(|s| (r, s)));
+                views.push(Viewed { view, rule: matched.enforced, subject, shadow });
+            }
             let limiter = rules.limiter();
-            let mut out: Vec<Checked> = Vec::with_capacity(views.len());
-            let mut charged = Vec::with_capacity(views.len());
-            for view in &views {
-                let verdict = rules.check_cost(view, facts.cost).await?;
-                let allowed = verdict.decision.allowed;
-                if allowed && matches!(verdict.decision.source, Source::Redis | Source::Lease) {
-                    charged.push((verdict.rule.clone(), verdict.subject.clone()));
+            let checks: Vec<Check> = views
+                .iter()
+                .map(|v| Check { policy: v.rule.policy(), subject: &v.subject, cost: facts.cost })
+                .collect();
+            let decisions = limiter.check_batch(&checks).await?;
+            let allowed = decisions.iter().all(|d| d.is_some_and(|d| d.allowed));
+            let mut out = Vec::with_capacity(views.len());
+            for (v, decision) in views.iter().zip(decisions) {
+                let Some(decision) = decision else { continue };
+                // Only an allowed request is one a shadow rule would have changed.
+                if let (true, Some((rule, subject))) = (allowed, &v.shadow) {
+                    if let Some(limit) = limiter.shadow_refusal(rule.policy(), subject, facts.cost).await? {
+                        rules.log_shadow(rule, limit, subject);
+                    }
                 }
                 out.push(Checked {
-                    policy: verdict.rule as Arc<dyn AsRef<Policy> + Send + Sync>,
-                    decision: verdict.decision,
+                    policy: v.rule.clone() as Arc<dyn AsRef<Policy> + Send + Sync>,
+                    decision,
+                    view: Some(v.view),
                 });
-                if !allowed {
-                    for (rule, subject) in &charged {
-                        if !rule.policy().rules().iter().all(|r| r.window_mode().is_some()) {
-                            let _ = limiter.refund(rule.policy(), subject, facts.cost).await;
-                        }
-                    }
-                    break;
-                }
             }
             Ok(out)
         })

@@ -273,17 +273,19 @@ impl LiveRules {
         Ok(Admission { permit, rule, subject, version: snapshot.version() })
     }
 
-    fn log_shadow(&self, rule: &Arc<CompiledRule>, limit: usize, subject: &str) {
+    pub(crate) fn log_shadow(&self, rule: &Arc<CompiledRule>, limit: usize, subject: &str) {
         let name = rule.policy().rule(limit).map(|r| r.name());
         self.inner.limiter.record(Event::ShadowRefused, rule.policy().prefix(), name);
         let key: (Arc<str>, Box<str>) = (rule.id().into(), subject.into());
         let count = self.inner.shadow_log.get(&key).unwrap_or_else(|| {
             let fresh = Arc::new(AtomicU64::new(0));
             self.inner.shadow_log.insert(key, fresh.clone());
-            log::info!(
-                "shadow rule '{}' limit '{}' would have refused subject {subject:?} (counted from now on in LiveRules::shadow_report)",
-                rule.id(),
-                name.unwrap_or("?")
+            tracing::info!(
+                target: "rl_rules",
+                rule = rule.id(),
+                limit = name.unwrap_or("?"),
+                subject,
+                "shadow rule would have refused this subject (counted from now on in LiveRules::shadow_report)"
             );
             fresh
         });
@@ -334,7 +336,7 @@ impl LiveRules {
         match Snapshot::compile_with(spec, overrides, version, lua, Some(&current)) {
             Ok(snapshot) => {
                 for warning in snapshot.warnings() {
-                    log::warn!("rules version {version} from {source}: {warning}");
+                    tracing::warn!(target: "rl_rules", version, source, %warning, "rule set installed with a warning");
                 }
                 self.inner.current.store(Arc::new(snapshot));
                 state.source = source.to_owned();
@@ -342,7 +344,7 @@ impl LiveRules {
                 state.confirmed = Instant::now();
                 state.last_error = None;
                 state.rejected_version = state.rejected_version.filter(|&r| r > version);
-                log::info!("rules version {version} from {source} in force");
+                tracing::info!(target: "rl_rules", version, source, "rule set installed: in force");
                 Ok(Installed::Now(version))
             }
             Err(e) => {
@@ -368,7 +370,7 @@ impl LiveRules {
             Some(version) => format!("version {version} from {source}: {error}"),
             None => format!("{source}: {error}"),
         };
-        log::error!("{text}; version {current} stays in force");
+        tracing::error!(target: "rl_rules", refused = %text, in_force = current, "rule set refused: the one in force stays");
         state.last_error = Some(text);
     }
 
@@ -403,7 +405,8 @@ impl LiveRules {
         let text = format!("cannot refresh rules from {source}: {error}");
         // Logged when the failing starts, not on every poll.
         if state.last_error.as_deref() != Some(text.as_str()) {
-            log::warn!("{text}; version {} stays in force", self.inner.current.load().version());
+            let in_force = self.inner.current.load().version();
+            tracing::warn!(target: "rl_rules", error = %text, in_force, "cannot refresh rules: the ones in force stay");
         }
         state.last_error = Some(text);
     }

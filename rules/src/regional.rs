@@ -139,7 +139,7 @@ impl Regional {
         self.shares
             .set(shares)
             .map_err(|_| Error::invalid("the region's shares are set once, when the gateway starts"))?;
-        log::info!("global rules enforced at region {region:?}'s share");
+        tracing::info!(target: "rl_rules", "global rules enforced at region {region:?}'s share");
         Ok(())
     }
 
@@ -187,7 +187,7 @@ impl Regional {
             Some(shares) => shares.regional(rule.id(), global, subject, limits),
             None => {
                 if !self.warned.swap(true, Ordering::Relaxed) {
-                    log::warn!(
+                    tracing::warn!(target: "rl_rules",
                         "rule '{}' is global but this gateway has no region (LiveRules::set_region_shares): it enforces the smallest region's fixed split",
                         rule.id()
                     );

@@ -97,8 +97,12 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client,
                     // Read once subscribed: nothing published before is missed.
                     next_poll = Instant::now();
                 }
-                Ok(Err(e)) => log::debug!("rules channel {}: {e}", store.key()),
-                Err(_) => log::debug!("rules channel {}: no answer within {:?}", store.key(), source.timeout),
+                Ok(Err(e)) => {
+                    tracing::debug!(target: "rl_rules", channel = store.key(), error = %e, "cannot subscribe to the rules channel")
+                }
+                Err(_) => {
+                    tracing::debug!(target: "rl_rules", channel = store.key(), timeout = ?source.timeout, "rules channel: no answer")
+                }
             }
             next_subscribe = after(source.poll_every);
         }
@@ -114,7 +118,7 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client,
                     }
                 }
                 None => {
-                    log::warn!("rules channel {} closed; polling every {:?} until it is back", store.key(), source.poll_every);
+                    tracing::warn!(target: "rl_rules", channel = store.key(), poll_every = ?source.poll_every, "rules channel closed: polling until it is back");
                     messages = None;
                 }
             },

@@ -3,7 +3,9 @@
 //! Per request it extracts the [`Facts`] (the client's IP address behind
 //! trusted proxies, the API key, the route, the cost), hands them to a
 //! [`Decide`] (fixed [`Policies`] here; live rules in rl-rules), which
-//! evaluates every policy that applies in one pass, and then either calls
+//! evaluates every policy that applies in one pass
+//! ([`Limiter::check_batch`]: memory first, then one round trip per shard,
+//! all or nothing), and then either calls
 //! the service and adds the rate-limit headers of every policy to its
 //! response, or answers the refusal ([`Refused`]: an
 //! `application/problem+json` body by default) with the headers. Redis
@@ -31,6 +33,7 @@ use tower::{Layer, Service};
 
 pub use refusal::Refused;
 
+use crate::batch::Check;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
 use crate::extract::{ip_subject, key_subject, ClientIp};
@@ -59,6 +62,10 @@ pub struct Checked {
     pub policy: Arc<dyn AsRef<Policy> + Send + Sync>,
     /// Its decision.
     pub decision: Decision,
+    /// The view of the request it was decided for, when one policy may
+    /// apply to a request twice (live rules: by key and by address): its
+    /// header members are then named apart (see [`headers::View`]).
+    pub view: Option<headers::View>,
 }
 
 /// A boxed future, as [`Decide`] returns.
@@ -152,14 +159,18 @@ impl Decide for Policies {
                     subjects.push((policy.clone(), subject));
                 }
             }
-            let pairs = subjects.iter().map(|(p, s)| (&**p, s.as_str()));
-            let decisions = check_all(&this.limiter, pairs, facts.cost).await?;
+            let checks: Vec<Check> =
+                subjects.iter().map(|(policy, subject)| Check { policy, subject, cost: facts.cost }).collect();
+            let decisions = this.limiter.check_batch(&checks).await?;
             Ok(subjects
-                .into_iter()
+                .iter()
                 .zip(decisions)
-                .map(|((policy, _), decision)| Checked {
-                    policy: policy as Arc<dyn AsRef<Policy> + Send + Sync>,
-                    decision,
+                .filter_map(|((policy, _), decision)| {
+                    Some(Checked {
+                        policy: policy.clone() as Arc<dyn AsRef<Policy> + Send + Sync>,
+                        decision: decision?,
+                        view: None,
+                    })
                 })
                 .collect())
         })
@@ -168,33 +179,6 @@ impl Decide for Policies {
     fn limiter(&self) -> &Limiter {
         &self.limiter
     }
-}
-
-/// Decides `cost` for each (policy, subject) in order and stops at the
-/// first refusal, giving back what the policies before it took (their
-/// buckets; windows take nothing back). Returns the decisions made, in
-/// order; the last one refused if any did.
-pub async fn check_all<'a>(
-    limiter: &Limiter,
-    pairs: impl Iterator<Item = (&'a Policy, &'a str)>,
-    cost: u64,
-) -> Result<Vec<Decision>> {
-    let pairs: Vec<_> = pairs.collect();
-    let mut out = Vec::with_capacity(pairs.len());
-    for (i, &(policy, subject)) in pairs.iter().enumerate() {
-        let decision = limiter.check_cost(policy, subject, cost).await?;
-        out.push(decision);
-        if !decision.allowed {
-            for (&(policy, subject), before) in pairs[..i].iter().zip(&out) {
-                // A fallback decision took nothing from Redis.
-                if matches!(before.source, Source::Redis | Source::Lease) && !policy.buckets.is_empty() {
-                    let _ = limiter.refund(policy, subject, cost).await;
-                }
-            }
-            break;
-        }
-    }
-    Ok(out)
 }
 
 /// What a request without an API key gets (when a key header is set).
@@ -357,7 +341,7 @@ impl Shared {
             .filter(|c| !c.decision.allowed)
             .map(|c| {
                 let d = &c.decision;
-                (headers::identifier((*c.policy).as_ref(), d.rule), d.source, d.retry_after)
+                (headers::identifier((*c.policy).as_ref(), c.view, d.rule), d.source, d.retry_after)
             })
             .collect();
         let refused = Refused::new(&refusals);
@@ -387,7 +371,7 @@ fn key_of(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
 /// Every policy's headers: refusals first (see [`headers::insert`]).
 fn add_headers(map: &mut HeaderMap, checked: &[Checked], now: SystemTime) {
     for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
-        headers::insert(map, (*c.policy).as_ref(), &c.decision, now);
+        headers::insert_view(map, (*c.policy).as_ref(), c.view, &c.decision, now);
     }
 }
 

@@ -1,0 +1,78 @@
+//! Rule sets installed and refused are `tracing` events (target
+//! `rl_rules`), as the client's outage events are.
+
+#[path = "../../client/tests/common/mod.rs"]
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::config;
+use rl_client::{Backend, Limiter};
+use rl_rules::{LiveRules, RuleSetSpec};
+use testkit::Server;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+/// Every event's level, target and fields, as text.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<(Level, String, String)>>>);
+
+struct Fields(String);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
+    }
+}
+
+impl Subscriber for Captured {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        let m = event.metadata();
+        self.0.lock().unwrap().push((*m.level(), m.target().to_owned(), fields.0));
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// One rule of `rate` a second (0 is refused by the checks).
+fn rule_set(rate: u64) -> RuleSetSpec {
+    let text = format!("[[rules]]\nid = \"default\"\nreason = \"everyone\"\nlimits = [{{ name = \"s\", rate = {rate}, per = \"1s\" }}]\n");
+    RuleSetSpec::from_toml(&text).unwrap()
+}
+
+#[tokio::test]
+async fn installed_and_refused_rule_sets_are_tracing_events() {
+    let s = Server::start(&[]);
+    let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    let rules = LiveRules::new(limiter, &rule_set(10)).unwrap();
+    let captured = Captured::default();
+    // install is synchronous: its events go to this thread's subscriber.
+    let _guard = tracing::subscriber::set_default(captured.clone());
+    rules.install(&rule_set(10), &[], 2, "test-good").unwrap();
+    assert!(rules.install(&rule_set(0), &[], 3, "test-bad").is_err());
+
+    let events = captured.0.lock().unwrap().clone();
+    let installed: Vec<_> = events.iter().filter(|(_, _, f)| f.contains("rule set installed")).collect();
+    assert_eq!(installed.len(), 1, "{events:?}");
+    let (level, target, fields) = installed[0];
+    assert_eq!((*level, target.as_str()), (Level::INFO, "rl_rules"));
+    assert!(fields.contains("version=2") && fields.contains("source=\"test-good\""), "{fields}");
+
+    let refused: Vec<_> = events.iter().filter(|(_, _, f)| f.contains("rule set refused")).collect();
+    assert_eq!(refused.len(), 1, "{events:?}");
+    let (level, target, fields) = refused[0];
+    assert_eq!((*level, target.as_str()), (Level::ERROR, "rl_rules"));
+    assert!(fields.contains("in_force=2") && fields.contains("version 3 from test-bad"), "{fields}");
+    assert!(fields.contains("rate must be from 1"), "the reason is in the event: {fields}");
+}
