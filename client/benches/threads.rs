@@ -145,6 +145,10 @@ fn decisions(c: &mut Criterion) {
     // Room for every subject's leases (8,000 subjects, two groups in the full check).
     let leasing = Limiter::new(Config { lease_entries: 100_000, gateways: 1, ..config(&server) }).expect("limiter");
     let big = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
+    // Connected here, on the runtime that outlives the rows: a connection
+    // first made on a row's thread would lose its driver with that
+    // thread's runtime, and its calls (lease renewals) would fail.
+    rt.block_on(async { leasing.check(&big, "set-up").await.expect("check") });
     bench(c, &Path { name: "lease spend", limiter: &leasing, policy: &big, expected: Event::LeaseHit });
 
     // A full check: two leased rules and a leased shadow rule.
