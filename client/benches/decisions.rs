@@ -105,6 +105,9 @@ fn bench_path(c: &mut Criterion, rt: &Runtime, path: Path) {
         (Some(s), Some(before)) => format!("{} calls reached Redis meanwhile", redis_calls(s) - before),
         _ => format!("Redis down; {} calls attempted in all", limiter.counters().get(Event::Error)),
     };
+    if measured.get() == 0 {
+        return; // filtered out on the command line
+    }
     let all = if on_path.get() == measured.get() { "all on the path" } else { "NOT ALL on the path" };
     println!(
         "{name}: {} of {} measured decisions were {} ({all}); {calls}\n",
@@ -232,6 +235,9 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
             }
         })
     });
+    if measured.get() == 0 {
+        return;
+    }
     println!(
         "layer pass: {} lease spends for {} measured requests (and warm-up); {} calls reached Redis meanwhile\n",
         limiter.counters().get(Event::LeaseHit) - leased_before,

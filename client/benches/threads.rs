@@ -17,14 +17,19 @@
 //! come from has 2) threads beyond the cores take turns rather than
 //! contend: the rows past the core count show the cost of sharing, not of
 //! more parallelism. The line after each row counts the decisions that
-//! took the path, from the limiter's counters.
+//! took the path, from the limiter's counters, and the lock waits meanwhile
+//! (`rl_client::lock_waits`: a lock of the client found held, waited for):
+//! the contention a row met, which on 2 cores its CPU time alone can hide.
+//! The decision paths have no compare-and-swap loop to count retries of
+//! (the counters add with `fetch_add`; the breaker's closed path only
+//! loads and adds).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rl_client::{Config, Event, Limiter, Policy, Rule};
+use rl_client::{lock_waits, Config, Event, Limiter, Policy, Rule};
 use testkit::Server;
 use tokio::runtime::Runtime;
 
@@ -100,19 +105,26 @@ fn bench(c: &mut Criterion, path: &Path) {
             let label = if hot { "one hot subject" } else { "many subjects" };
             let (wall, measured) = (AtomicU64::new(0), AtomicU64::new(0));
             let before = path.limiter.counters().get(path.expected);
+            let waits_before = lock_waits();
             group.bench_function(BenchmarkId::new(label, format!("{threads} threads")), |b| {
                 b.iter_custom(|iters| {
                     measured.fetch_add(iters, Ordering::Relaxed);
                     run(path, hot, threads, iters, &wall)
                 })
             });
-            let n = measured.load(Ordering::Relaxed).max(1);
+            let n = measured.load(Ordering::Relaxed);
+            if n == 0 {
+                continue; // filtered out on the command line
+            }
             let on_path = path.limiter.counters().get(path.expected) - before;
+            let waits = lock_waits() - waits_before;
             println!(
-                "{} / {label} / {threads} threads: {:.1} M decisions/s wall-clock; {on_path} of {n} measured were {}\n",
+                "{} / {label} / {threads} threads: {:.1} M decisions/s wall-clock; {on_path} of {n} measured were {}; \
+                 {waits} lock waits ({:.1} per million decisions)\n",
                 path.name,
                 n as f64 / wall.load(Ordering::Relaxed).max(1) as f64 * 1000.0,
-                path.expected.name()
+                path.expected.name(),
+                waits as f64 * 1e6 / n as f64
             );
         }
     }
@@ -133,6 +145,10 @@ fn decisions(c: &mut Criterion) {
     // Room for every subject's leases (8,000 subjects, two groups in the full check).
     let leasing = Limiter::new(Config { lease_entries: 100_000, gateways: 1, ..config(&server) }).expect("limiter");
     let big = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
+    // Connected here, on the runtime that outlives the rows: a connection
+    // first made on a row's thread would lose its driver with that
+    // thread's runtime, and its calls (lease renewals) would fail.
+    rt.block_on(async { leasing.check(&big, "set-up").await.expect("check") });
     bench(c, &Path { name: "lease spend", limiter: &leasing, policy: &big, expected: Event::LeaseHit });
 
     // A full check: two leased rules and a leased shadow rule.

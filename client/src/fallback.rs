@@ -27,17 +27,30 @@
 //! once in the log. A window whose share is below one token still refuses:
 //! a token on every gateway in every window would break its bound.
 //!
+//! While the shard's breaker is open a decision consults one entry per
+//! subject and group: this one, which also keeps what the deny cache said
+//! of the subject (read again at most every `REFUSAL_READ_MS`), under one
+//! lock. Leased tokens are left unspent meanwhile (under, never over).
+//!
 //! Memory is bounded: at most `entries` subjects (quick_cache, CLOCK-Pro
 //! eviction). An evicted subject starts again with full buckets: under heavy
 //! churn during an outage a subject may get one more local burst.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use quick_cache::sync::Cache;
 use rl_core::limits::{MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{acquire_in_place, BucketParams, BucketState};
 
+use crate::decision::Decision;
 use crate::{lock, Subject, SubjectKey};
+
+/// How long the open breaker's path trusts what it read from the deny
+/// cache. While the breaker is open no answer from Redis adds a refusal,
+/// but for a late one (a call sent before it opened): such a refusal is
+/// seen at most this late, the fallback's bound holding meanwhile.
+const REFUSAL_READ_MS: u64 = 100;
 
 pub(crate) struct Fallback {
     map: Cache<SubjectKey, Arc<Mutex<Local>>>,
@@ -57,6 +70,34 @@ struct Local {
     /// The group's rules scaled to this gateway's share.
     params: Vec<BucketParams>,
     states: Vec<Option<BucketState>>,
+    /// The deny cache's answer for the subject, as last read on the open
+    /// breaker's path.
+    refusal: Option<Refusal>,
+}
+
+/// What the deny cache answered at `read_ms` for a request of `cost`.
+struct Refusal {
+    read_ms: u64,
+    cost: u64,
+    refused: Option<Decision>,
+}
+
+impl Refusal {
+    /// Its refusal at `now_ms`, the waits counted down; `None` once it ends.
+    fn at(&self, now_ms: u64) -> Option<Decision> {
+        let d = self.refused?;
+        let past = Duration::from_millis(now_ms.saturating_sub(self.read_ms));
+        let retry = d.retry_after?.checked_sub(past).filter(|left| !left.is_zero())?;
+        Some(Decision { retry_after: Some(retry), reset_after: d.reset_after.saturating_sub(past), ..d })
+    }
+}
+
+/// What a subject's entry answered on the open breaker's path.
+pub(crate) enum Answer {
+    /// The deny cache's refusal, still running.
+    Refused(Decision),
+    /// The stand-in buckets' decision.
+    Local(rl_core::Reply),
 }
 
 /// What the stand-ins of a group are scaled from: its rules as the policy
@@ -127,51 +168,93 @@ impl Fallback {
         cost: u64,
         now_ms: u64,
     ) -> Result<rl_core::Reply, usize> {
-        let entry = match self.map.get(key) {
-            Some(entry) => entry,
-            None => {
-                let params = self.local(key, scale)?;
-                let states = vec![None; params.len()];
-                let fresh = || {
-                    Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local {
-                        gateways: scale.gateways,
-                        slack: scale.slack,
-                        topped: scale.full,
-                        params,
-                        states,
-                    })))
-                };
-                match self.map.get_or_insert_with(&key.owned(), fresh) {
-                    Ok(entry) => entry,
-                    Err(never) => match never {},
-                }
-            }
-        };
+        let entry = self.entry(key, scale)?;
         let mut local = lock(&entry);
-        if local.gateways != scale.gateways || local.slack != scale.slack {
-            // The buckets keep their tokens; only their size and rate change
-            // (a new fleet size; the breaker opening or closing).
-            let params = self.local(key, scale)?;
-            if local.gateways == scale.gateways && scale.slack > local.slack && !local.topped {
-                // The breaker opened: the budget Redis no longer spends is
-                // added (a full bucket stays full), so a partial failure
-                // followed by an outage allows what an outage alone does.
-                let Local { params: old, states, .. } = &mut *local;
-                for ((old, new), state) in old.iter().zip(&params).zip(states.iter_mut()) {
-                    if let Some(state) = state {
-                        let more = new.capacity().saturating_sub(old.capacity());
-                        state.tokens = state.tokens.saturating_add(i64::try_from(more).unwrap_or(i64::MAX));
-                    }
+        self.rescale(&mut local, key, scale)?;
+        Ok(local.take(cost, now_ms))
+    }
+
+    /// [`Fallback::take`] while the breaker is open, after the subject's
+    /// refusal: `deny` reads the deny cache for a request of `cost`, at
+    /// most every `REFUSAL_READ_MS` (and when the cost changes); its answer
+    /// is kept in the entry. One lookup, one lock.
+    pub(crate) fn take_unless_refused(
+        &self,
+        key: &impl Subject,
+        scale: &Scale,
+        cost: u64,
+        now_ms: u64,
+        deny: impl FnOnce() -> Option<Decision>,
+    ) -> Result<Answer, usize> {
+        let entry = self.entry(key, scale)?;
+        let mut local = lock(&entry);
+        let fresh = |r: &Refusal| r.cost == cost && now_ms.saturating_sub(r.read_ms) < REFUSAL_READ_MS;
+        if !local.refusal.as_ref().is_some_and(fresh) {
+            local.refusal = Some(Refusal { read_ms: now_ms, cost, refused: deny() });
+        }
+        if let Some(refused) = local.refusal.as_ref().and_then(|r| r.at(now_ms)) {
+            return Ok(Answer::Refused(refused));
+        }
+        self.rescale(&mut local, key, scale)?;
+        Ok(Answer::Local(local.take(cost, now_ms)))
+    }
+
+    /// The subject's entry, made at `scale` if it has none.
+    fn entry(&self, key: &impl Subject, scale: &Scale) -> Result<Arc<Mutex<Local>>, usize> {
+        if let Some(entry) = self.map.get(key) {
+            return Ok(entry);
+        }
+        let params = self.local(key, scale)?;
+        let states = vec![None; params.len()];
+        let fresh = || {
+            Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(Local {
+                gateways: scale.gateways,
+                slack: scale.slack,
+                topped: scale.full,
+                params,
+                states,
+                refusal: None,
+            })))
+        };
+        match self.map.get_or_insert_with(&key.owned(), fresh) {
+            Ok(entry) => Ok(entry),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Rescales `local` when the fleet size or the slack changed since it
+    /// was scaled. `Err(i)` as [`Fallback::local`].
+    fn rescale(&self, local: &mut Local, key: &impl Subject, scale: &Scale) -> Result<(), usize> {
+        if local.gateways == scale.gateways && local.slack == scale.slack {
+            return Ok(());
+        }
+        // The buckets keep their tokens; only their size and rate change
+        // (a new fleet size; the breaker opening or closing).
+        let params = self.local(key, scale)?;
+        if local.gateways == scale.gateways && scale.slack > local.slack && !local.topped {
+            // The breaker opened: the budget Redis no longer spends is
+            // added (a full bucket stays full), so a partial failure
+            // followed by an outage allows what an outage alone does.
+            let Local { params: old, states, .. } = &mut *local;
+            for ((old, new), state) in old.iter().zip(&params).zip(states.iter_mut()) {
+                if let Some(state) = state {
+                    let more = new.capacity().saturating_sub(old.capacity());
+                    state.tokens = state.tokens.saturating_add(i64::try_from(more).unwrap_or(i64::MAX));
                 }
             }
-            local.topped |= scale.full;
-            local.params = params;
-            local.gateways = scale.gateways;
-            local.slack = scale.slack;
         }
-        let Local { params, states, .. } = &mut *local;
-        states.resize(params.len(), None);
-        Ok(acquire_in_place(params, states, cost, cost, now_ms))
+        local.topped |= scale.full;
+        local.states.resize(params.len(), None);
+        local.params = params;
+        local.gateways = scale.gateways;
+        local.slack = scale.slack;
+        Ok(())
+    }
+}
+
+impl Local {
+    fn take(&mut self, cost: u64, now_ms: u64) -> rl_core::Reply {
+        acquire_in_place(&self.params, &mut self.states, cost, cost, now_ms)
     }
 }
 
@@ -292,6 +375,57 @@ mod tests {
         // Saturated for a whole window, then for the next one.
         assert_eq!(admitted(0, 60_000), 200, "100 at once, 100 more over the window");
         assert_eq!(admitted(60_010, 120_000), 100, "then the rate: the limit x slack / 2");
+    }
+
+    #[test]
+    fn the_open_breakers_path_keeps_the_refusal_and_reads_it_again_when_stale() {
+        let f = Fallback::new(10);
+        let key: SubjectKey = (4, false, "u".into());
+        let rules = [p(100, 100, 60_000)];
+        let open = scale(&rules, false, 1);
+        let refused = Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after: Some(Duration::from_millis(250)),
+            reset_after: Duration::from_millis(1000),
+            limit: 100,
+            rule: 0,
+            source: crate::Source::DenyCache,
+            shadow_refused: None,
+        };
+        let reads = std::cell::Cell::new(0);
+        let answer = |cost, now, said: Option<Decision>| {
+            let deny = || {
+                reads.set(reads.get() + 1);
+                said
+            };
+            match f.take_unless_refused(&key, &open, cost, now, deny).unwrap() {
+                Answer::Refused(d) => Err(d),
+                Answer::Local(d) => Ok(d.allowed()),
+            }
+        };
+        // Refused, and counted down from the entry without reading again.
+        assert_eq!(answer(1, 0, Some(refused)).unwrap_err().retry_after, Some(Duration::from_millis(250)));
+        let later = answer(1, 60, None).unwrap_err();
+        assert_eq!(
+            (later.retry_after, later.reset_after),
+            (Some(Duration::from_millis(190)), Duration::from_millis(940))
+        );
+        assert_eq!(reads.get(), 1);
+        // Another cost is read again; so is an answer older than REFUSAL_READ_MS.
+        assert_eq!(answer(2, 60, None).map_err(|_| ()), Ok(true));
+        assert_eq!(answer(1, 61, Some(refused)).map_err(|_| ()), Err(()));
+        assert_eq!(answer(1, 61 + REFUSAL_READ_MS, None).map_err(|_| ()), Ok(true));
+        assert_eq!(reads.get(), 4);
+        // A kept refusal ends when its retry time does, before it is stale.
+        let brief = Decision { retry_after: Some(Duration::from_millis(50)), ..refused };
+        assert_eq!(answer(1, 300, Some(brief)).map_err(|_| ()), Err(()));
+        assert_eq!(answer(1, 349, None).map_err(|_| ()), Err(()));
+        assert_eq!(answer(1, 350, None).map_err(|_| ()), Ok(true));
+        assert_eq!(reads.get(), 5);
+        // Only the requests the buckets decided spent tokens: 200 - 4 left.
+        let left = (0..300).filter(|_| f.take(&key, &open, 1, 350).unwrap().allowed()).count();
+        assert_eq!(left, 196);
     }
 
     #[test]

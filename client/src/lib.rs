@@ -29,7 +29,7 @@ mod shards;
 mod slot;
 
 use std::hash::{Hash, Hasher};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use quick_cache::Equivalent;
 
@@ -50,7 +50,7 @@ pub use layer::{
     BoxFuture, By, Checked, Decide, Facts, MissingKey, PeerAddr, Policies, RateLimit, RateLimitLayer, Refused,
 };
 pub use limiter::Limiter;
-pub use metrics::{Counters, Event, Metrics};
+pub use metrics::{lock_waits, Counters, Event, Metrics};
 pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, NoPermit, Permit};
 pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use rl_core::WindowMode;
@@ -106,15 +106,42 @@ impl Subject for SubjectRef<'_> {
 }
 
 /// Locks a mutex; a poisoned one (a panic elsewhere while held) still
-/// holds consistent plain data here, so it is used as is.
+/// holds consistent plain data here, so it is used as is. Tried first
+/// without blocking: a lock found held is counted ([`lock_waits`]).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    match m.try_lock() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            metrics::lock_waited();
+            m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use quick_cache::sync::Cache;
+
+    #[test]
+    fn a_lock_found_held_is_counted_as_a_wait() {
+        let m = Mutex::new(0);
+        let before = lock_waits();
+        let held = lock(&m);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| *lock(&m) += 1);
+            // The waiter counts before it blocks; bounded in time.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while lock_waits() == before {
+                assert!(std::time::Instant::now() < deadline, "a wait on a held lock was not counted");
+                std::thread::yield_now();
+            }
+            drop(held);
+            waiter.join().unwrap();
+        });
+        assert_eq!(*lock(&m), 1);
+    }
 
     #[test]
     fn a_borrowed_subject_finds_its_owned_key() {

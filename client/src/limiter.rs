@@ -29,7 +29,7 @@ use crate::connection::Target;
 use crate::decision::{Decision, Source};
 use crate::deny_cache::DenyCache;
 use crate::error::{Error, Result};
-use crate::fallback::{Fallback, Scale};
+use crate::fallback::{Answer, Fallback, Scale};
 use crate::lease::{share_ms, Leases};
 use crate::metrics::{Counters, Event, Metrics};
 use crate::policy::{check_subject, Group, Policy, GROUP_KINDS};
@@ -352,12 +352,18 @@ impl Limiter {
     ) -> Option<Decision> {
         let i = &self.inner;
         let evaluation = |group| Evaluation { policy, group, shadow, subject };
+        // While the shard's breaker refuses, every group goes to the
+        // fallback at once: one entry, which keeps the subject's refusal,
+        // and one lock (leased tokens are left unspent: under, never over).
+        let outage = i.shards.refuses(subject, now);
         // A policy has at most one group of each kind of call.
         let gateways = i.gateways();
-        let batches: [u64; GROUP_KINDS] = std::array::from_fn(|k| groups.get(k).map_or(1, |g| self.batch(g, gateways)));
+        let batch = |k| groups.get(k).filter(|_| !outage).map_or(1, |g| self.batch(g, gateways));
+        let batches: [u64; GROUP_KINDS] = std::array::from_fn(batch);
         // A leased group checks its own entry when its lease runs short:
         // the tokens it holds are paid for.
-        for (group, _) in groups.iter().zip(batches).filter(|(_, batch)| *batch == 1) {
+        let asks_deny_cache = |(group, batch): &(&Group, u64)| *batch == 1 && (!outage || group.fail_closed.is_some());
+        for (group, _) in groups.iter().zip(batches).filter(asks_deny_cache) {
             if let Some(d) = i.deny.check(&evaluation(group).key(), cost, now) {
                 i.record(Event::DenyCacheHit, policy.prefix(), None);
                 return Some(d);
@@ -367,7 +373,9 @@ impl Limiter {
         let mut allowed: Option<Decision> = None;
         for (group, batch) in groups.iter().zip(batches) {
             let t = evaluation(group);
-            let d = if batch > 1 {
+            let d = if outage {
+                self.degraded(&t, cost, now)
+            } else if batch > 1 {
                 self.leased(t, cost, batch, now, &mut shard_down).await
             } else {
                 self.evaluate(t, cost, now, &mut shard_down).await
@@ -440,11 +448,13 @@ impl Limiter {
     /// may admit the whole limit itself (and a call that timed out may have
     /// taken its tokens there too): the fallback then allows `slack - 1`
     /// times the share, so the fleet stays within `slack` x the limit. With
-    /// the breaker open it allows `slack` x the share.
+    /// the breaker open it allows `slack` x the share, after the subject's
+    /// refusal in the deny cache, which the fallback's entry keeps (a check
+    /// during an outage comes here without asking the deny cache).
     pub(crate) fn degraded(&self, t: &Evaluation, cost: u64, now: u64) -> Decision {
         let i = &self.inner;
-        i.record(Event::Fallback, t.prefix(), None);
         let closed = |local: usize| {
+            i.record(Event::Fallback, t.prefix(), None);
             let open_for = i.config.breaker_open_for;
             t.mapped(Decision {
                 allowed: false,
@@ -470,8 +480,21 @@ impl Limiter {
             gateways: i.gateways(),
             policy: t.prefix(),
         };
-        match i.fallback.take(&t.key(), &scale, cost.min(MAX_TOKENS), now) {
-            Ok(d) => t.mapped(Decision::from_core(&d, Source::Fallback)),
+        let (key, cost) = (t.key(), cost.min(MAX_TOKENS));
+        let taken = if full {
+            i.fallback.take_unless_refused(&key, &scale, cost, now, || i.deny.check(&key, cost, now))
+        } else {
+            i.fallback.take(&key, &scale, cost, now).map(Answer::Local)
+        };
+        match taken {
+            Ok(Answer::Local(d)) => {
+                i.record(Event::Fallback, t.prefix(), None);
+                t.mapped(Decision::from_core(&d, Source::Fallback))
+            }
+            Ok(Answer::Refused(d)) => {
+                i.record(Event::DenyCacheHit, t.prefix(), None);
+                d
+            }
             // A window whose share is below one token: refused rather than a
             // token on every gateway in every window.
             Err(below) => closed(below),

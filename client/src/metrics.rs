@@ -103,6 +103,25 @@ impl Counters {
     }
 }
 
+/// Times, process-wide, a thread found one of the client's locks held (a
+/// lease, a fallback entry, a breaker's state, an in-flight slot) and
+/// waited for it, since the process started: contention that CPU time
+/// alone does not show. quick_cache's own shard locks are not counted.
+pub fn lock_waits() -> u64 {
+    LOCK_WAITS.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+}
+
+/// Striped like [`Counters`]: a wait is counted on the waiting thread's
+/// stripe, so the threads that contend do not also share this line.
+static LOCK_WAITS: [Padded; STRIPES] = [const { Padded(AtomicU64::new(0)) }; STRIPES];
+
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+pub(crate) fn lock_waited() {
+    LOCK_WAITS[stripe()].0.fetch_add(1, Ordering::Relaxed);
+}
+
 impl Metrics for Counters {
     fn record(&self, event: Event, _policy: &str, _rule: Option<&str>) {
         self.stripes[stripe()].0[event as usize].fetch_add(1, Ordering::Relaxed);

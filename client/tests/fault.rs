@@ -196,3 +196,41 @@ async fn a_hung_server_costs_a_check_one_timeout_not_one_per_group() {
     drop(s);
     let _ = sleeper.join();
 }
+
+/// While the breaker is open a check goes to the fallback at once: a
+/// refusal Redis gave before still refuses (the fallback's entry keeps it),
+/// and tokens leased before are left unspent (under, never over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_keeps_refusals_and_leaves_leases_unspent() {
+    let mut s = Server::start(&[]);
+    let l = Limiter::new(fault_config(s.url(), Backend::Module).0).unwrap();
+    let (api, _) = policies();
+    // Leased: 1,000 a second on one gateway leases 1,000 at a time.
+    let busy = Policy::builder("busy").rule(Rule::per_second("per_second", 1000)).build().unwrap();
+    assert_eq!(l.check(&busy, "b").await.unwrap().source, Source::Redis);
+    assert_eq!(l.check(&busy, "b").await.unwrap().source, Source::Lease);
+    // Refused by Redis: 10 an hour, spent.
+    for _ in 0..10 {
+        assert!(l.check(&api, "abuser").await.unwrap().allowed);
+    }
+    let refused = l.check(&api, "abuser").await.unwrap();
+    assert_eq!((refused.allowed, refused.source), (false, Source::Redis));
+
+    s.kill();
+    // Three failed calls open the breaker (the manual clock keeps it open).
+    while !l.shards().iter().all(|(_, open)| *open) {
+        assert_eq!(l.check(&api, "u").await.unwrap().source, Source::Fallback);
+    }
+    let c = l.counters();
+    let (leased, denied, fallbacks) = (c.get(Event::LeaseHit), c.get(Event::DenyCacheHit), c.get(Event::Fallback));
+    for _ in 0..5 {
+        let d = l.check(&api, "abuser").await.unwrap();
+        assert_eq!((d.allowed, d.source), (false, Source::DenyCache), "{d:?}");
+        assert!(d.retry_after.is_some_and(|r| r > Duration::from_secs(60)), "Redis's retry time: {d:?}");
+        let d = l.check(&busy, "b").await.unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+    }
+    assert_eq!(c.get(Event::LeaseHit), leased, "no leased token spent while the breaker is open");
+    assert_eq!(c.get(Event::DenyCacheHit), denied + 5);
+    assert_eq!(c.get(Event::Fallback), fallbacks + 5);
+}

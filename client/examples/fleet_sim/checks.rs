@@ -283,8 +283,8 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
     checks
 }
 
-/// Redis calls per request with and without leases, and without the
-/// subject that presses its limit.
+/// Redis calls per request with and without leases, and without the calls
+/// the subject pressing its limit waited for.
 pub fn calls_summary(w: &mut String, traffic: &Traffic, phases: &[Phase]) {
     let steady = |mode: Mode| phases.iter().find(|p| p.mode == mode && p.disturbance == Disturbance::None);
     if let (Some(plain), Some(leased)) = (steady(Mode::PerRequest), steady(Mode::Limiter)) {
@@ -295,10 +295,10 @@ pub fn calls_summary(w: &mut String, traffic: &Traffic, phases: &[Phase]) {
             "Redis calls per request: {plain_ratio:.3} with one RL.TAKE each, {leased_ratio:.3} with leases and the deny cache ({:.1}x fewer)",
             plain_ratio / leased_ratio
         );
-        // The subject pressing its limit, apart: its own requests and the
-        // calls they waited for (its background top-ups stay in).
+        // The calls the subject pressing its limit waited for, apart: what
+        // the ratio would be had those requests been answered from memory
+        // (its background top-ups stay in; every request stays counted).
         let pressing = leased.stats.tallies[traffic.row(Class::Hot(0))][Window::Running as usize];
-        let rest = leased.stats.total().requests - pressing.requests;
         let request_path: u64 = leased.stats.tallies.iter().map(|row| row[Window::Running as usize].by_source[0]).sum();
         let _ = writeln!(
             w,
@@ -308,10 +308,10 @@ pub fn calls_summary(w: &mut String, traffic: &Traffic, phases: &[Phase]) {
         );
         let _ = writeln!(
             w,
-            "  of which {} by {} requests waiting for a call; without them: {:.3} per request",
+            "  of which {} by {} requests waiting for a call; without those calls: {:.3} per request",
             thousands(pressing.by_source[0]),
             traffic.label(Class::Hot(0)),
-            (leased.calls - pressing.by_source[0]) as f64 / rest.max(1) as f64
+            leased.calls.saturating_sub(pressing.by_source[0]) as f64 / leased.stats.total().requests.max(1) as f64
         );
     }
 }
