@@ -11,6 +11,7 @@ use rl_client::headers::View;
 use rl_client::{BoxFuture, Check, Checked, Decide, Error, Facts, Limiter, Policy, Result};
 
 use crate::live::LiveRules;
+use crate::regional::{refusal, Scaled};
 use crate::snapshot::{CompiledRule, Request};
 
 impl AsRef<Policy> for CompiledRule {
@@ -83,26 +84,41 @@ impl Decide for LiveDecide {
                 views.push(Viewed { view, rule: matched.enforced, subject, shadow });
             }
             let limiter = rules.limiter();
-            let checks: Vec<Check> = views
-                .iter()
-                .map(|v| Check { policy: v.rule.policy(), subject: &v.subject, cost: facts.cost })
-                .collect();
-            let decisions = limiter.check_batch(&checks).await?;
+            let regional = rules.regional();
+            // A global rule is checked at this region's share of it.
+            let scaled = views.iter().map(|v| regional.scaled(&v.rule, &v.subject)).collect::<Result<Vec<_>>>()?;
+            let decisions = if scaled.iter().any(|s| matches!(s, Scaled::Refused)) {
+                // A share here worth less than one token refuses the
+                // request: nothing else is charged (all or nothing).
+                views.iter().zip(&scaled).map(|(v, s)| matches!(s, Scaled::Refused).then(|| refusal(&v.rule))).collect()
+            } else {
+                let checks: Vec<Check> = views
+                    .iter()
+                    .zip(&scaled)
+                    .filter_map(|(v, s)| Some(Check { policy: s.policy()?, subject: &v.subject, cost: facts.cost }))
+                    .collect();
+                limiter.check_batch(&checks).await?
+            };
             let allowed = decisions.iter().all(|d| d.is_some_and(|d| d.allowed));
             let mut out = Vec::with_capacity(views.len());
-            for (v, decision) in views.iter().zip(decisions) {
+            for ((v, decision), scaled) in views.iter().zip(decisions).zip(scaled) {
                 let Some(decision) = decision else { continue };
+                if allowed {
+                    regional.admitted(&v.rule, &v.subject, facts.cost);
+                }
                 // Only an allowed request is one a shadow rule would have changed.
                 if let (true, Some((rule, subject))) = (allowed, &v.shadow) {
-                    if let Some(limit) = limiter.shadow_refusal(rule.policy(), subject, facts.cost).await? {
+                    if let Some(limit) = regional.shadow_refusal(limiter, rule, subject, facts.cost).await? {
                         rules.log_shadow(rule, limit, subject);
                     }
                 }
-                out.push(Checked {
-                    policy: v.rule.clone() as Arc<dyn AsRef<Policy> + Send + Sync>,
-                    decision,
-                    view: Some(v.view),
-                });
+                // A global rule announces what this region enforces: its
+                // share, which `r` counts down from.
+                let policy: Arc<dyn AsRef<Policy> + Send + Sync> = match scaled {
+                    Scaled::Regional(policy) => policy,
+                    _ => v.rule.clone(),
+                };
+                out.push(Checked { policy, decision, view: Some(v.view) });
             }
             Ok(out)
         })

@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use http::HeaderMap;
 use quick_cache::sync::Cache;
 
-use rl_client::{headers, Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
+use rl_client::{headers, Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Policy, Result};
 
 use crate::regional::{Regional, RegionalShares};
 use crate::snapshot::{CompiledRule, Request, Snapshot};
@@ -44,12 +44,16 @@ pub struct Verdict {
     pub version: u64,
     /// A shadow rule that would have refused this allowed request.
     pub shadow: Option<ShadowRefusal>,
+    /// For a global rule, the region's share of its limits that decided
+    /// (what the headers announce); `None` for any other rule.
+    pub regional: Option<Arc<Policy>>,
 }
 
 impl Verdict {
     /// The rate-limit headers for this verdict (see [`headers`]).
     pub fn headers(&self, now: SystemTime) -> HeaderMap {
-        headers::for_decision(self.rule.policy(), &self.decision, now)
+        let policy = self.regional.as_deref().unwrap_or(self.rule.policy());
+        headers::for_decision(policy, &self.decision, now)
     }
 }
 
@@ -208,6 +212,11 @@ impl LiveRules {
         self.inner.regional.set(shares)
     }
 
+    /// Global rules' side: this region's share of them.
+    pub(crate) fn regional(&self) -> &Regional {
+        &self.inner.regional
+    }
+
     /// The limiter the rules decide with.
     pub fn limiter(&self) -> &Limiter {
         &self.inner.limiter
@@ -238,7 +247,7 @@ impl LiveRules {
         };
         let (decision, shadow) =
             tokio::join!(self.inner.regional.check_cost(limiter, &matched.enforced, &subject, cost), shadow_check);
-        let decision = decision?;
+        let (decision, regional) = decision?;
         // Only an allowed request is one the shadow rule would have changed.
         let shadow = match (shadow.unwrap_or(None), matched.shadow, shadow_subject) {
             (Some(limit), Some(rule), Some(s)) if decision.allowed => {
@@ -247,7 +256,7 @@ impl LiveRules {
             }
             _ => None,
         };
-        Ok(Verdict { decision, rule: matched.enforced, subject, version: snapshot.version(), shadow })
+        Ok(Verdict { decision, rule: matched.enforced, subject, version: snapshot.version(), shadow, regional })
     }
 
     /// Takes a slot in every in-flight limit of the rule `request` matches

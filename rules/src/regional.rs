@@ -123,13 +123,24 @@ pub(crate) struct Regional {
 }
 
 /// The limits a request is checked against.
-enum Scaled<'a> {
+pub(crate) enum Scaled<'a> {
     /// Not a global rule: as written.
     Whole(&'a Policy),
     /// A global rule: the region's share of it.
     Regional(Arc<Policy>),
     /// A global rule whose share here is worth less than one token.
     Refused,
+}
+
+impl Scaled<'_> {
+    /// The policy to check against; none for a refusal.
+    pub(crate) fn policy(&self) -> Option<&Policy> {
+        match self {
+            Scaled::Whole(policy) => Some(policy),
+            Scaled::Regional(policy) => Some(policy),
+            Scaled::Refused => None,
+        }
+    }
 }
 
 impl Regional {
@@ -144,23 +155,32 @@ impl Regional {
     }
 
     /// Decides `cost` for `subject` by `rule` (scaled when global), and
-    /// counts what a global rule admitted.
+    /// counts what a global rule admitted. Also the region's share of a
+    /// global rule the decision was made against.
     pub(crate) async fn check_cost(
         &self,
         limiter: &Limiter,
         rule: &CompiledRule,
         subject: &str,
         cost: u64,
-    ) -> Result<Decision> {
-        let decision = match self.scaled(rule, subject)? {
-            Scaled::Whole(policy) => return limiter.check_cost(policy, subject, cost).await,
-            Scaled::Regional(policy) => limiter.check_cost(&policy, subject, cost).await?,
-            Scaled::Refused => refusal(rule),
+    ) -> Result<(Decision, Option<Arc<Policy>>)> {
+        let (decision, regional) = match self.scaled(rule, subject)? {
+            Scaled::Whole(policy) => return Ok((limiter.check_cost(policy, subject, cost).await?, None)),
+            Scaled::Regional(policy) => (limiter.check_cost(&policy, subject, cost).await?, Some(policy)),
+            Scaled::Refused => (refusal(rule), None),
         };
-        if let (true, Some(shares)) = (decision.allowed, self.shares.get()) {
+        if decision.allowed {
+            self.admitted(rule, subject, cost);
+        }
+        Ok((decision, regional))
+    }
+
+    /// Counts `cost` admitted by global `rule` for the balancer's usage
+    /// report (nothing for a rule that is not global, or without a region).
+    pub(crate) fn admitted(&self, rule: &CompiledRule, subject: &str, cost: u64) {
+        if let (Some(_), Some(shares)) = (rule.global(), self.shares.get()) {
             shares.admitted(rule.id(), subject, cost);
         }
-        Ok(decision)
     }
 
     /// Which limit of a shadow `rule` (scaled when global) would refuse.
@@ -178,7 +198,9 @@ impl Regional {
         }
     }
 
-    fn scaled<'a>(&self, rule: &'a CompiledRule, subject: &str) -> Result<Scaled<'a>> {
+    /// `rule`'s limits for `subject` here: as written, or scaled to the
+    /// region's share when the rule is global.
+    pub(crate) fn scaled<'a>(&self, rule: &'a CompiledRule, subject: &str) -> Result<Scaled<'a>> {
         let (Some(global), Some(scaling)) = (rule.global(), rule.scaling.as_ref()) else {
             return Ok(Scaled::Whole(rule.policy()));
         };
@@ -214,7 +236,7 @@ fn smallest_split(global: &GlobalSpec, limits: &[GlobalLimit]) -> Option<Vec<(u6
 
 /// A global rule's share here is worth less than one token: refused, to
 /// be asked again after one period (the share may have grown by then).
-fn refusal(rule: &CompiledRule) -> Decision {
+pub(crate) fn refusal(rule: &CompiledRule) -> Decision {
     let period = rule.policy().rules().first().map_or(Duration::from_secs(1), Rule::period);
     Decision {
         allowed: false,

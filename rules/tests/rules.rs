@@ -745,9 +745,44 @@ async fn a_global_rule_is_enforced_at_the_regions_share() {
     let key = rules.snapshot().rule("api").unwrap().policy().keys("b").unwrap().remove(0);
     let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut s.con()).unwrap();
     assert!(exists, "{key}");
+    let v = rules.check(&Request::new().subject("b")).await.unwrap();
+    let policy = v.headers(SystemTime::now())["ratelimit-policy"].to_str().unwrap().to_owned();
+    assert!(policy.contains("q=70"), "the headers announce the region's share: {policy}");
     // A share worth less than a token refuses.
     let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
     tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, admitted: Default::default() })).unwrap();
     let v = tiny.check(&Request::new().subject("c")).await.unwrap();
     assert!(!v.decision.allowed && v.decision.retry_after == Some(Duration::from_secs(3600)), "{:?}", v.decision);
+}
+
+/// The tower layer's path (`LiveDecide`) enforces a global rule at the
+/// region's share, counts what it admitted, and announces the share.
+#[cfg(feature = "tower")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
+    use rl_client::{Decide, Facts};
+    let s = Server::start(&[]);
+    let rules = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
+    let share = Arc::new(FixedShare { ppm: 700_000, admitted: Default::default() });
+    rules.set_region_shares(share.clone()).unwrap();
+    let decide = rl_rules::LiveDecide::new(rules);
+    let facts = Facts { ip: None, key: Some("k".into()), route: "GET /".into(), cost: 1 };
+    let mut allowed = 0;
+    let mut last = None;
+    for _ in 0..100 {
+        let checked = decide.decide(facts.clone()).await.unwrap();
+        assert_eq!(checked.len(), 1);
+        allowed += usize::from(checked[0].decision.allowed);
+        last = Some(checked[0].clone());
+    }
+    assert_eq!(allowed, 70, "the region's 70% of 100 an hour");
+    assert_eq!(share.admitted.lock().unwrap().len(), 70, "admitted requests are counted for the balancer");
+    let last = last.unwrap();
+    let policy: &rl_client::Policy = (*last.policy).as_ref();
+    assert_eq!(policy.rules()[0].capacity(), 70, "headers announce what this region enforces");
+    // A share worth less than a token refuses without charging anything.
+    let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
+    tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, admitted: Default::default() })).unwrap();
+    let checked = rl_rules::LiveDecide::new(tiny).decide(facts).await.unwrap();
+    assert!(!checked[0].decision.allowed, "{:?}", checked[0].decision);
 }
