@@ -254,7 +254,7 @@ impl RegionShares {
             (Some(l), Some(ages)) => {
                 l.read.table.in_force(rule, subject, fixed, ages, self.config.stale_after, self.config.settle)
             }
-            _ => (Share { share: fixed, from: fixed }, NEVER),
+            _ => (Share::steady(fixed), NEVER),
         }
     }
 

@@ -27,6 +27,26 @@ pub struct RuleShares {
     /// Busy subjects' shares.
     #[serde(default)]
     pub subjects: BTreeMap<String, Share>,
+    /// The default share's ramp after a raise (its `from` and `ramped_ms`),
+    /// for the subjects that have no share of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_ramp: Option<(u32, u64)>,
+}
+
+impl RuleShares {
+    /// The default share with its ramp.
+    pub fn default_share(&self) -> Share {
+        match self.default_ramp {
+            Some((from, ramped_ms)) => Share { share: self.default, from, ramped_ms },
+            None => Share::steady(self.default),
+        }
+    }
+
+    /// Sets the default share and its ramp.
+    pub fn set_default(&mut self, share: Share) {
+        self.default = share.share;
+        self.default_ramp = share.ramping().then_some((share.from, share.ramped_ms));
+    }
 }
 
 /// A subject's share, and the share it was raised from by the last change
@@ -38,6 +58,27 @@ pub struct Share {
     pub share: u32,
     /// The share before the last raise, ppm (the ramp's start).
     pub from: u32,
+    /// How long the ramp from `from` had run when the table last changed
+    /// (a ramp longer than a balancer round carries on across rounds; the
+    /// gateway adds the time since the change).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ramped_ms: u64,
+}
+
+fn is_zero(ms: &u64) -> bool {
+    *ms == 0
+}
+
+impl Share {
+    /// A share that is not ramping.
+    pub fn steady(share: u32) -> Share {
+        Share { share, from: share, ramped_ms: 0 }
+    }
+
+    /// Whether its capacity may still be ramping up from `from`.
+    pub fn ramping(&self) -> bool {
+        self.from < self.share
+    }
 }
 
 /// A global limit's parameters, as the rule states them for the whole world.
@@ -81,14 +122,14 @@ impl ShareTable {
     /// table does not know the rule: use the fixed split).
     pub fn lookup(&self, rule: &str, subject: &str) -> Option<Share> {
         let r = self.rules.get(rule)?;
-        Some(r.subjects.get(subject).copied().unwrap_or(Share { share: r.default, from: r.default }))
+        Some(r.subjects.get(subject).copied().unwrap_or_else(|| r.default_share()))
     }
 
     /// The share to enforce with the table `age` old and its last change
     /// `since_change` ago (see [`share_in_force`]); `fixed` is this
-    /// region's fixed split. Answers the share and how long ago its ramp
-    /// started: a fallback that raises ramps from the smaller share, from
-    /// the moment it applies.
+    /// region's fixed split. Answers the share and how long its ramp has
+    /// run (what it had run at the last change, and since): a fallback that
+    /// raises ramps from the smaller share, from the moment it applies.
     pub fn in_force(
         &self,
         rule: &str,
@@ -98,13 +139,13 @@ impl ShareTable {
         stale_after: Duration,
         settle: Duration,
     ) -> (Share, Duration) {
-        let last = self.lookup(rule, subject).unwrap_or(Share { share: fixed, from: fixed });
+        let last = self.lookup(rule, subject).unwrap_or(Share::steady(fixed));
         let share = share_in_force(last.share, fixed, age, stale_after, settle);
         if share == last.share {
-            (last, since_change)
+            (last, since_change + Duration::from_millis(last.ramped_ms))
         } else {
             let from = last.share.min(fixed);
-            (Share { share, from }, age.saturating_sub(stale_after + settle))
+            (Share { share, from, ramped_ms: 0 }, age.saturating_sub(stale_after + settle))
         }
     }
 }
@@ -129,8 +170,8 @@ mod tests {
     fn lookup_falls_back_to_the_rule_default_then_none() {
         let json = r#"{"rules":{"api":{"default":333333,"subjects":{"acme":{"share":700000,"from":100000}}}}}"#;
         let t: ShareTable = serde_json::from_str(json).unwrap();
-        assert_eq!(t.lookup("api", "acme"), Some(Share { share: 700_000, from: 100_000 }));
-        assert_eq!(t.lookup("api", "other"), Some(Share { share: 333_333, from: 333_333 }));
+        assert_eq!(t.lookup("api", "acme"), Some(Share { share: 700_000, from: 100_000, ramped_ms: 0 }));
+        assert_eq!(t.lookup("api", "other"), Some(Share::steady(333_333)));
         assert_eq!(t.lookup("login", "acme"), None);
         let (s, settle) = (Duration::from_secs(300), Duration::from_secs(10));
         let aged = |secs| (Duration::from_secs(secs), Duration::from_secs(secs));
@@ -138,12 +179,18 @@ mod tests {
         assert_eq!(t.in_force("api", "x", 500_000, aged(301), s, settle).0.share, 333_333);
         assert_eq!(
             t.in_force("api", "x", 500_000, aged(312), s, settle),
-            (Share { share: 500_000, from: 333_333 }, Duration::from_secs(2))
+            (Share { share: 500_000, from: 333_333, ramped_ms: 0 }, Duration::from_secs(2))
         );
         assert_eq!(
             t.in_force("api", "acme", 333_333, aged(5), s, settle),
             (t.lookup("api", "acme").unwrap(), aged(5).1)
         );
         assert!(serde_json::from_str::<ShareTable>(r#"{"rules":{},"extra":1}"#).is_err());
+        // A ramp carried across rounds has run what it had, and since.
+        let json = r#"{"rules":{"api":{"default":500000,"default_ramp":[100000,4000],"subjects":{}}}}"#;
+        let t: ShareTable = serde_json::from_str(json).unwrap();
+        let ramping = Share { share: 500_000, from: 100_000, ramped_ms: 4000 };
+        assert_eq!(t.lookup("api", "x"), Some(ramping));
+        assert_eq!(t.in_force("api", "x", 333_333, aged(2), s, settle), (ramping, Duration::from_secs(6)));
     }
 }

@@ -69,7 +69,7 @@ fn gateway(server: &Server, region: &str) -> (LiveRules, Arc<RegionShares>) {
 /// `from`), every other subject `default`.
 fn table(default: u32, share: u32, from: u32) -> ShareTable {
     let mut rs = RuleShares { default, ..Default::default() };
-    rs.subjects.insert("acme".into(), Share { share, from });
+    rs.subjects.insert("acme".into(), Share { share, from, ramped_ms: 0 });
     let mut t = ShareTable::default();
     t.rules.insert("api".into(), rs);
     t

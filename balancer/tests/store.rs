@@ -10,7 +10,7 @@ use testkit::PlainServer;
 fn table(share: u32) -> ShareTable {
     let mut t = ShareTable::default();
     let mut r = RuleShares { default: 333_333, ..Default::default() };
-    r.subjects.insert("acme".into(), Share { share, from: share });
+    r.subjects.insert("acme".into(), Share::steady(share));
     t.rules.insert("api".into(), r);
     t
 }
