@@ -111,7 +111,7 @@ pub fn plan_round(
     for table in &mut raise {
         for rs in table.rules.values_mut() {
             let default = rs.default;
-            rs.subjects.retain(|_, s| !(s.share == default && !s.ramping()));
+            rs.subjects.retain(|_, s| s.share != default || s.ramping());
         }
     }
     RoundTables { lower, raise }

@@ -213,6 +213,7 @@ impl LiveRules {
     }
 
     /// Global rules' side: this region's share of them.
+    #[cfg(feature = "tower")]
     pub(crate) fn regional(&self) -> &Regional {
         &self.inner.regional
     }

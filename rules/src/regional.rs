@@ -132,6 +132,7 @@ pub(crate) enum Scaled<'a> {
     Refused,
 }
 
+#[cfg(feature = "tower")]
 impl Scaled<'_> {
     /// The policy to check against; none for a refusal.
     pub(crate) fn policy(&self) -> Option<&Policy> {
