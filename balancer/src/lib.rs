@@ -3,8 +3,10 @@
 //! where each subject's traffic is. See the README.
 #![warn(missing_docs)]
 
+pub mod link;
 pub mod ramp;
 pub mod round;
+pub mod run;
 pub mod split;
 pub mod stale;
 pub mod store;
@@ -13,6 +15,7 @@ pub mod transition;
 
 pub use ramp::{ramp_ms, ramped_capacity};
 pub use round::{plan_round, GlobalRule, RoundTables};
+pub use run::{Balancer, Config, RoundReport, Stopped};
 pub use split::{SplitParams, WHOLE};
 pub use stale::{held_by_unreachable, share_in_force};
 pub use table::{GlobalBucket, RegionalBucket, RuleShares, Share, ShareTable};

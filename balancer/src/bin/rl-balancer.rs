@@ -1,0 +1,189 @@
+//! rl-balancer: the quota balancer of global limits across regions.
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use rl_balancer::{Balancer, Config, GlobalRule, SplitParams, Stopped, WHOLE};
+
+/// Moves each region's share of every global limit toward where the traffic
+/// is, every --interval, without ever letting the shares in effect sum above
+/// the whole limit (lower everywhere first, wait for the gateways, then
+/// raise).
+///
+/// Run exactly one per deployment (under a supervisor that restarts it). A
+/// second one, or a restarted one, claims a higher epoch in every region;
+/// the older one's writes are then refused and it exits with status 3.
+///
+/// Alarms: the gateways' share-table age above 60 s (this process is down
+/// or failing), a `round` log line missing for 3 intervals, and `region
+/// unreachable` warnings. Without this process the gateways keep the last
+/// shares for --stale-after, then fall back to the fixed split: it can be
+/// restarted at any time.
+#[derive(Parser, Debug)]
+#[command(name = "rl-balancer", version, verbatim_doc_comment)]
+struct Args {
+    /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`. Repeat
+    /// for each region, in the order of the rules' weights.
+    #[arg(long = "region", value_name = "NAME=URL", required = true, value_parser = parse_region)]
+    regions: Vec<(String, String)>,
+
+    /// A global rule: `ID[:FLOOR[:W1,W2,...]]`. FLOOR is the fraction of the
+    /// limit every live region always keeps (0 <= FLOOR <= 1/regions,
+    /// default 0.05), the weights the fixed split used without traffic and
+    /// when the balancer is gone (default equal). Repeat for each rule; the
+    /// ids must be those of the rules the gateways enforce as global.
+    #[arg(long = "rule", value_name = "ID[:FLOOR[:WEIGHTS]]", required = true)]
+    rules: Vec<String>,
+
+    /// Between two rounds.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+
+    /// Subjects per rule that get shares of their own, by worldwide traffic;
+    /// the others get the rule's default split.
+    #[arg(long, default_value_t = 1000)]
+    busiest: usize,
+
+    /// The gateways' stale_after: how long they keep a table without a write
+    /// before falling back to the fixed split. Must match the gateways'.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    stale_after: Duration,
+
+    /// The gateways' settle: how long they enforce min(last, fixed) before
+    /// the fixed split. Must match the gateways'.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    settle: Duration,
+
+    /// How often the gateways re-read their region's table. Must be at
+    /// least the gateways' refresh: the balancer waits 1.5x this between
+    /// lowering and raising.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    gateway_refresh: Duration,
+
+    /// How long a region may be unreachable before the others get what it
+    /// cannot be holding any more (its fixed split once its gateways must
+    /// have fallen back). Until then nothing changes.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+
+    /// Assert that REGION is down (its gateways are stopped or cannot reach
+    /// their Redis): the others take its whole share. Wrong if the region
+    /// is only cut off from the balancer: then it goes over. When its Redis
+    /// is reachable again it gets 0 shares, then starts from the floor.
+    #[arg(long, value_name = "REGION")]
+    down: Vec<String>,
+
+    /// Bound of every call to a region's Redis.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+
+    /// The share table's hash in every region.
+    #[arg(long, default_value = rl_balancer::store::DEFAULT_KEY)]
+    key: String,
+
+    /// The fencing epoch (default: above the highest any region has seen,
+    /// so a new balancer always takes over from an old one).
+    #[arg(long)]
+    epoch: Option<u64>,
+
+    /// Testing: wait a random MIN-MAX ms before every call to a region,
+    /// e.g. 70-150, to model cross-region latency.
+    #[arg(long, value_name = "MIN-MAX", value_parser = parse_delay)]
+    inject_delay: Option<(Duration, Duration)>,
+}
+
+fn parse_region(s: &str) -> Result<(String, String), String> {
+    let (name, url) = s.split_once('=').ok_or("expected NAME=URL, e.g. eu=redis://10.0.0.5:6379")?;
+    if name.is_empty() || url.is_empty() {
+        return Err("expected NAME=URL with both parts".into());
+    }
+    Ok((name.to_string(), url.to_string()))
+}
+
+fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
+    let (lo, hi) = s.split_once('-').ok_or("expected MIN-MAX in ms, e.g. 70-150")?;
+    let ms = |v: &str| v.trim().parse::<u64>().map_err(|e| format!("{v:?}: {e}"));
+    let (lo, hi) = (ms(lo)?, ms(hi)?);
+    if lo > hi {
+        return Err(format!("{lo} is above {hi}"));
+    }
+    Ok((Duration::from_millis(lo), Duration::from_millis(hi)))
+}
+
+fn parse_rule(s: &str, regions: usize) -> Result<GlobalRule, String> {
+    let mut parts = s.split(':');
+    let id = parts.next().unwrap_or("").trim();
+    if id.is_empty() || id.contains('|') {
+        return Err(format!("--rule {s:?}: the id must be non-empty and without '|'"));
+    }
+    let floor = match parts.next() {
+        None => 0.05,
+        Some(f) => f.parse::<f64>().map_err(|e| format!("--rule {s:?}: floor {f:?}: {e}"))?,
+    };
+    if !(0.0..=1.0).contains(&floor) {
+        return Err(format!("--rule {s:?}: floor {floor} is not a fraction between 0 and 1"));
+    }
+    let weights = match parts.next() {
+        None => vec![1; regions],
+        Some(w) => w
+            .split(',')
+            .map(|x| x.trim().parse::<u32>().map_err(|e| format!("--rule {s:?}: weight {x:?}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    if weights.len() != regions {
+        return Err(format!("--rule {s:?}: {} weights for {regions} regions", weights.len()));
+    }
+    if parts.next().is_some() {
+        return Err(format!("--rule {s:?}: expected ID[:FLOOR[:W1,W2,...]]"));
+    }
+    let split = SplitParams::new((floor * WHOLE as f64) as u32, weights).map_err(|e| format!("--rule {s:?}: {e}"))?;
+    Ok(GlobalRule { id: id.to_string(), split })
+}
+
+fn config(args: Args) -> Result<Config, String> {
+    let n = args.regions.len();
+    let rules = args.rules.iter().map(|r| parse_rule(r, n)).collect::<Result<Vec<_>, _>>()?;
+    let mut c = Config::new(args.regions, rules);
+    c.interval = args.interval;
+    c.busiest = args.busiest;
+    c.stale_after = args.stale_after;
+    c.settle = args.settle;
+    c.gateway_refresh = args.gateway_refresh;
+    c.grace = args.grace;
+    c.timeout = args.timeout;
+    c.down = args.down.into_iter().collect::<BTreeSet<_>>();
+    c.key = args.key;
+    c.epoch = args.epoch;
+    c.delay = args.inject_delay;
+    Ok(c)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let balancer = match config(Args::parse()).map_err(Stopped::Config).and_then(Balancer::new) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("rl-balancer: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match balancer.run(stop).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ Stopped::Fenced(_)) => {
+            tracing::error!("{e}");
+            ExitCode::from(3)
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
