@@ -3,6 +3,7 @@
 //! where each subject's traffic is. See the README.
 #![warn(missing_docs)]
 
+pub mod gateway;
 pub mod link;
 pub mod ramp;
 pub mod round;
@@ -12,7 +13,9 @@ pub mod stale;
 pub mod store;
 pub mod table;
 pub mod transition;
+pub mod usage;
 
+pub use gateway::{GatewayConfig, RegionShares, SharesStatus};
 pub use ramp::{ramp_ms, ramped_capacity};
 pub use round::{plan_round, GlobalRule, RoundTables};
 pub use run::{Balancer, Config, RoundReport, Stopped};
@@ -20,3 +23,4 @@ pub use split::{SplitParams, WHOLE};
 pub use stale::{held_by_unreachable, share_in_force};
 pub use table::{GlobalBucket, RegionalBucket, RuleShares, Share, ShareTable};
 pub use transition::{Fence, Plan, Stale};
+pub use usage::{feed_fixed_windows, QuotaState, UsageCounts};

@@ -17,7 +17,9 @@ use rl_core::ParamError;
 use crate::snapshot::{CompiledRule, Index, Scope, Snapshot};
 #[cfg(test)]
 use crate::spec::MatchSpec;
-use crate::spec::{FleetBackend, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION, MAX_WRITTEN_VERSION};
+use crate::spec::{
+    FleetBackend, GlobalSpec, LimitKind, LimitSpec, Mode, RuleSetSpec, RuleSpec, MAX_VERSION, MAX_WRITTEN_VERSION,
+};
 
 /// The defaults of a rule set's optional settings.
 const DEFAULT_KEY_PREFIX: &str = "rl";
@@ -223,6 +225,9 @@ fn compile_rule(
     } else if spec.broad {
         errors.push(format!("{at}: broad is for overrides: a rule file's networks are reviewed with the file"));
     }
+    if let Some(global) = &spec.global {
+        check_global(global, spec, is_override, at, errors);
+    }
     if scope == Some(Scope::Default) && spec.mode == Mode::Enforce && spec.expires.is_some() {
         errors.push(format!("{at}: the enforced default rule cannot expire: every request must find a rule"));
     }
@@ -338,7 +343,56 @@ fn compile_rule(
         is_override,
         policy,
         inflight,
+        global: spec.global.clone(),
     })
+}
+
+/// Checks a rule's `global` field, naming the field at fault.
+fn check_global(g: &GlobalSpec, spec: &RuleSpec, is_override: bool, at: &str, errors: &mut Vec<String>) {
+    let at = format!("{at}: global");
+    if is_override {
+        errors.push(format!(
+            "{at}: an override is enforced as written in every region at once; global limits belong in the rule file"
+        ));
+    }
+    if g.regions.is_empty() {
+        errors.push(format!("{at}.regions: name at least one region, like [\"eu\", \"us\"]"));
+    }
+    for (i, region) in g.regions.iter().enumerate() {
+        if let Err(why) = check_name(region) {
+            errors.push(format!("{at}.regions: region {} {why}", i + 1));
+        } else if g.regions[..i].contains(region) {
+            errors.push(format!("{at}.regions: {region:?} is named twice"));
+        }
+    }
+    let n = g.regions.len().max(1) as f64;
+    if !g.floor.is_finite() || g.floor < 0.0 || g.floor * n > 1.0 + 1e-9 {
+        errors.push(format!(
+            "{at}.floor: the fraction each region always keeps is 0 to 1/{} ({:.4}) for {} regions, got {}",
+            n,
+            1.0 / n,
+            g.regions.len(),
+            g.floor
+        ));
+    }
+    if let Some(weights) = &g.weights {
+        if weights.len() != g.regions.len() {
+            errors.push(format!(
+                "{at}.weights: one weight per region: {} weights for {} regions",
+                weights.len(),
+                g.regions.len()
+            ));
+        } else if weights.iter().all(|&w| w == 0) {
+            errors.push(format!("{at}.weights: all 0: at least one region must have a positive weight"));
+        }
+    }
+    for limit in spec.limits.iter().filter(|l| l.kind != LimitKind::Bucket) {
+        errors.push(format!(
+            "{at}: limit '{}' is a {}: a global rule's limits are buckets, whose share can move between regions at any moment; a window's count cannot (for a daily quota across regions, add gateway counts in batches: rl-balancer's README)",
+            limit.name,
+            limit.kind.name()
+        ));
+    }
 }
 
 fn scope_of(
@@ -827,5 +881,91 @@ mod tests {
         assert!(e.contains("declare backend = \"lua\" in the rule file"), "{e}");
         let e = RuleSetSpec::from_toml("backend = \"redis\"").unwrap_err().to_string();
         assert!(e.contains("unknown variant `redis`, expected `module` or `lua`"), "{e}");
+    }
+
+    const GLOBAL: &str = r#"
+        [[rules]]
+        id = "default"
+        reason = "one limit across regions"
+        limits = [{ name = "s", rate = 100, per = "1s" }]
+        global = { regions = ["eu", "us", "ap"], floor = 0.1, weights = [5, 3, 2] }
+    "#;
+
+    #[test]
+    fn a_global_rule_compiles_with_its_split() {
+        let snapshot = Snapshot::compile(&set(GLOBAL), &[], 1).unwrap();
+        let global = snapshot.rule("default").unwrap().global().unwrap();
+        assert_eq!((global.regions.len(), global.floor_ppm(), global.weights()), (3, 100_000, vec![5, 3, 2]));
+        assert_eq!(global.to_string(), "eu 50%, us 30%, ap 20% (fixed split), floor 10%");
+        let even = GLOBAL.replace(", floor = 0.1, weights = [5, 3, 2]", "");
+        let snapshot = Snapshot::compile(&set(&even), &[], 1).unwrap();
+        let global = snapshot.rule("default").unwrap().global().unwrap();
+        assert_eq!((global.floor_ppm(), global.weights()), (0, vec![1, 1, 1]));
+        assert_eq!(global.to_string(), "eu 33.3%, us 33.3%, ap 33.3% (fixed split), floor 0%");
+        assert_eq!(
+            crate::global_rules(&set(GLOBAL)),
+            vec![("default".to_owned(), set(GLOBAL).rules[0].global.clone().unwrap())]
+        );
+        assert!(crate::global_rules(&set(BASE)).is_empty());
+    }
+
+    #[test]
+    fn bad_global_fields_are_named() {
+        let faults = |from: &str, to: &str| {
+            let text = GLOBAL.replace(from, to);
+            Snapshot::compile(&set(&text), &[], 1).unwrap_err().to_string()
+        };
+        let split = "regions = [\"eu\", \"us\", \"ap\"], floor = 0.1, weights = [5, 3, 2]";
+        for (to, fault) in [
+            ("regions = []", "rule 'default': global.regions: name at least one region"),
+            ("regions = [\"eu\", \"eu\"]", "global.regions: \"eu\" is named twice"),
+            ("regions = [\"eu west\"]", "global.regions: region 1 "),
+            (
+                "regions = [\"eu\", \"us\", \"ap\"], floor = 0.4",
+                "global.floor: the fraction each region always keeps is 0 to 1/3 (0.3333) for 3 regions, got 0.4",
+            ),
+            (
+                "regions = [\"eu\", \"us\"], floor = -0.1",
+                "global.floor: the fraction each region always keeps is 0 to 1/2 (0.5000) for 2 regions, got -0.1",
+            ),
+            (
+                "regions = [\"eu\", \"us\", \"ap\"], weights = [1, 2]",
+                "global.weights: one weight per region: 2 weights for 3 regions",
+            ),
+            (
+                "regions = [\"eu\", \"us\"], weights = [0, 0]",
+                "global.weights: all 0: at least one region must have a positive weight",
+            ),
+        ] {
+            let e = faults(split, to);
+            assert!(e.contains(fault), "{to}: {e}");
+        }
+        let typo = RuleSetSpec::from_toml(&GLOBAL.replace("weights", "weight")).unwrap_err().to_string();
+        assert!(typo.contains("unknown field `weight`, expected one of `regions`, `floor`, `weights`"), "{typo}");
+    }
+
+    #[test]
+    fn a_global_rule_has_bucket_limits_and_is_no_override() {
+        let quota = GLOBAL.replace(
+            "limits = [{ name = \"s\", rate = 100, per = \"1s\" }]",
+            "limits = [{ name = \"s\", rate = 100, per = \"1s\" }, { name = \"daily\", kind = \"quota\", limit = 1000, per = \"1d\" }]",
+        );
+        let e = Snapshot::compile(&set(&quota), &[], 1).unwrap_err().to_string();
+        assert!(
+            e.contains("rule 'default': global: limit 'daily' is a quota: a global rule's limits are buckets"),
+            "{e}"
+        );
+        let global = set(GLOBAL).rules[0].global.clone();
+        let o = RuleSpec {
+            id: "o".into(),
+            scope: MatchSpec { subject: Some("acme".into()), ..MatchSpec::default() },
+            limits: set(GLOBAL).rules[0].limits.clone(),
+            expires: Some("2099-01-01T00:00:00Z".into()),
+            reason: "r".into(),
+            global,
+            ..RuleSpec::default()
+        };
+        let e = Snapshot::compile(&set(GLOBAL), &[o], 1).unwrap_err().to_string();
+        assert!(e.contains("override 'o': global: an override is enforced as written"), "{e}");
     }
 }

@@ -6,6 +6,7 @@ pub mod exporter;
 #[cfg(feature = "tower")]
 mod layer;
 mod live;
+mod regional;
 mod snapshot;
 mod spec;
 mod store;
@@ -15,10 +16,11 @@ pub use compile::parse_network;
 #[cfg(feature = "tower")]
 pub use layer::LiveDecide;
 pub use live::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
+pub use regional::{GlobalLimit, RegionalShares};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{
-    FleetBackend, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION,
-    MAX_WRITTEN_VERSION,
+    global_rules, FleetBackend, GlobalSpec, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec,
+    MAX_RULES_BYTES, MAX_VERSION, MAX_WRITTEN_VERSION,
 };
 pub use store::{override_id, RulesStore, Stored, DEFAULT_KEY, MAX_OVERRIDE};
 pub use watch::{RedisSource, Watcher};

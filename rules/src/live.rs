@@ -17,6 +17,7 @@ use quick_cache::sync::Cache;
 
 use rl_client::{headers, Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
 
+use crate::regional::{Regional, RegionalShares};
 use crate::snapshot::{CompiledRule, Request, Snapshot};
 use crate::spec::{RuleSetSpec, RuleSpec};
 
@@ -144,6 +145,8 @@ struct Inner {
     /// request path.
     state: Mutex<State>,
     shadow_log: Cache<(Arc<str>, Box<str>), Arc<AtomicU64>>,
+    /// Global rules: this region's share of them (regional.rs).
+    regional: Regional,
 }
 
 struct State {
@@ -188,6 +191,7 @@ impl LiveRules {
                     rejected_version: None,
                 }),
                 shadow_log: Cache::new(SHADOW_LOG_ENTRIES),
+                regional: Regional::default(),
             }),
         })
     }
@@ -195,6 +199,13 @@ impl LiveRules {
     /// The snapshot in force: what a request starting now uses.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.inner.current.load_full()
+    }
+
+    /// Sets this gateway's region and where its shares of global rules
+    /// come from (rl-balancer's `RegionShares`), once, at start: every
+    /// global rule is then enforced at the region's share (see the README).
+    pub fn set_region_shares(&self, shares: Arc<dyn RegionalShares>) -> Result<()> {
+        self.inner.regional.set(shares)
     }
 
     /// The limiter the rules decide with.
@@ -221,12 +232,12 @@ impl LiveRules {
         let shadow_subject = matched.shadow.as_ref().and_then(|rule| snapshot.bucket_subject(rule, request).ok());
         let shadow_check = async {
             match (&matched.shadow, &shadow_subject) {
-                (Some(rule), Some(s)) => limiter.shadow_refusal(rule.policy(), s, cost).await,
+                (Some(rule), Some(s)) => self.inner.regional.shadow_refusal(limiter, rule, s, cost).await,
                 _ => Ok(None),
             }
         };
         let (decision, shadow) =
-            tokio::join!(limiter.check_cost(matched.enforced.policy(), &subject, cost), shadow_check);
+            tokio::join!(self.inner.regional.check_cost(limiter, &matched.enforced, &subject, cost), shadow_check);
         let decision = decision?;
         // Only an allowed request is one the shadow rule would have changed.
         let shadow = match (shadow.unwrap_or(None), matched.shadow, shadow_subject) {

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use ipnet::IpNet;
 use rl_client::{Error, InflightPolicy, Policy, Result};
 
-use crate::spec::Mode;
+use crate::spec::{GlobalSpec, Mode};
 
 /// Which requests a compiled rule matches, from the most specific to the
 /// least: a subject, an IP network (the longest prefix first), a plan and
@@ -62,6 +62,7 @@ pub struct CompiledRule {
     pub(crate) is_override: bool,
     pub(crate) policy: Policy,
     pub(crate) inflight: Option<InflightPolicy>,
+    pub(crate) global: Option<GlobalSpec>,
 }
 
 impl CompiledRule {
@@ -113,6 +114,12 @@ impl CompiledRule {
     /// one hash tag.
     pub fn inflight(&self) -> Option<&InflightPolicy> {
         self.inflight.as_ref()
+    }
+
+    /// Its split between regions, if its limits are global: a gateway
+    /// enforces its region's share of [`policy`](Self::policy).
+    pub fn global(&self) -> Option<&GlobalSpec> {
+        self.global.as_ref()
     }
 
     /// Whether it has stopped applying at `now`.

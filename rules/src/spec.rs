@@ -125,6 +125,77 @@ pub struct RuleSpec {
     pub broad: bool,
     /// Why the rule exists (a ticket, an incident): required.
     pub reason: String,
+    /// A global limit across regions: each region enforces its share of
+    /// the rule's limits with its own Redis (see [`GlobalSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<GlobalSpec>,
+}
+
+/// A rule whose limits are global, split between the regions it spans:
+/// `global = { regions = ["eu", "us", "ap"], floor = 0.1, weights = [5, 3, 2] }`.
+/// Each region's gateways enforce the region's share (set by the quota
+/// balancer, rl-balancer) with their own Redis; without a balancer, the
+/// fixed split by `weights`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalSpec {
+    /// The regions, as gateways name theirs; at least one, each once.
+    pub regions: Vec<String>,
+    /// The fraction of the global limit every region always keeps, so it
+    /// can absorb a sudden shift: `0 <= floor <= 1 / regions`. Default 0.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub floor: f64,
+    /// The fixed split, one weight per region in order; default equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<Vec<u32>>,
+}
+
+/// `floor` is checked finite when a set is compiled, and a NaN never
+/// reaches a snapshot; equality is only used to compare rule sets.
+impl Eq for GlobalSpec {}
+
+impl GlobalSpec {
+    /// The floor in parts per million of the global limit (rounded down).
+    pub fn floor_ppm(&self) -> u32 {
+        (self.floor.clamp(0.0, 1.0) * 1_000_000.0) as u32
+    }
+
+    /// The weights of the fixed split: as written, or 1 for every region.
+    pub fn weights(&self) -> Vec<u32> {
+        self.weights.clone().unwrap_or_else(|| vec![1; self.regions.len()])
+    }
+
+    /// Where `region` is in `regions`.
+    pub fn region_index(&self, region: &str) -> Option<usize> {
+        self.regions.iter().position(|r| r == region)
+    }
+}
+
+/// `eu 50%, us 30%, ap 20% (fixed split), floor 10%`: what rlctl shows.
+impl std::fmt::Display for GlobalSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let weights = self.weights();
+        let sum: u64 = weights.iter().map(|&w| w as u64).sum::<u64>().max(1);
+        let parts: Vec<String> = self
+            .regions
+            .iter()
+            .zip(&weights)
+            .map(|(r, &w)| format!("{r} {}%", percent(w as f64 / sum as f64)))
+            .collect();
+        write!(f, "{} (fixed split), floor {}%", parts.join(", "), percent(self.floor))
+    }
+}
+
+/// A fraction as a percentage with at most one decimal: `33.3`, `50`.
+fn percent(fraction: f64) -> String {
+    let tenths = (fraction * 1000.0).round() / 10.0;
+    format!("{tenths}")
+}
+
+/// The global rules of a set, as the quota balancer reads them: (rule id,
+/// its split). Unchecked: compile the set first ([`Snapshot::compile`](crate::Snapshot::compile)).
+pub fn global_rules(spec: &RuleSetSpec) -> Vec<(String, GlobalSpec)> {
+    spec.rules.iter().filter_map(|r| r.global.clone().map(|g| (r.id.clone(), g))).collect()
 }
 
 /// Which requests a rule matches. Allowed: nothing (the default rule),
@@ -454,5 +525,17 @@ mod tests {
             let e = LimitSpec::parse_short(bad).unwrap_err().to_string();
             assert!(e.contains("expected NAME=COUNT/PER"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_global_field_reads_and_writes_back() {
+        let toml = "[[rules]]\nid = \"api\"\nreason = \"r\"\nlimits = [{ name = \"s\", rate = 1, per = \"1s\" }]\nglobal = { regions = [\"eu\", \"us\"], floor = 0.25 }\n";
+        let spec = RuleSetSpec::from_toml(toml).unwrap();
+        let global = spec.rules[0].global.clone().unwrap();
+        assert_eq!((global.floor_ppm(), global.weights(), global.region_index("us")), (250_000, vec![1, 1], Some(1)));
+        let json = spec.to_json();
+        assert!(json.contains(r#""global":{"regions":["eu","us"],"floor":0.25}"#), "{json}");
+        assert_eq!(RuleSetSpec::from_json(&json).unwrap(), spec);
+        assert!(!RuleSetSpec::default().to_json().contains("global"));
     }
 }

@@ -613,3 +613,45 @@ async fn in_flight_limits_are_validated_published_and_overridden() {
     drop(second);
     assert!(gateway.acquire(&req).await.unwrap().permit.unwrap().is_some(), "a released slot is free again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_rules_are_validated_and_shown_with_their_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, global: &str| {
+        let path = dir.path().join(name);
+        let text = format!(
+            "[[rules]]\nid = \"api\"\nreason = \"one limit across regions\"\nlimits = [{{ name = \"s\", rate = 100, per = \"1s\" }}]\nglobal = {global}\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let good = write("good.toml", r#"{ regions = ["eu", "us", "ap"], floor = 0.1, weights = [5, 3, 2] }"#);
+    let run = rlctl(&["validate", &good]).await;
+    assert_eq!(run.code, 0, "{}", run.err);
+    assert!(
+        run.out
+            .contains("global: rule 'api' (every request (default)): eu 50%, us 30%, ap 20% (fixed split), floor 10%"),
+        "{}",
+        run.out
+    );
+    let bad = write("bad.toml", r#"{ regions = ["eu", "us"], floor = 0.6, weights = [1] }"#);
+    let run = rlctl(&["validate", &bad]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    for fault in [
+        "rule 'api': global.floor: the fraction each region always keeps is 0 to 1/2 (0.5000) for 2 regions, got 0.6",
+        "rule 'api': global.weights: one weight per region: 1 weights for 2 regions",
+    ] {
+        assert!(run.err.contains(fault), "{fault} in: {}", run.err);
+    }
+    let s = Server::start(&[]);
+    let url = s.url();
+    assert_eq!(rlctl(&["publish", &good, "--redis", &url]).await.code, 0);
+    let active = rlctl(&["active", "--redis", &url]).await;
+    assert!(
+        active.out.contains(
+            "api: every request (default): s=100/1s [global: eu 50%, us 30%, ap 20% (fixed split), floor 10%]"
+        ),
+        "{}",
+        active.out
+    );
+}

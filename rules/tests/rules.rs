@@ -681,3 +681,73 @@ async fn an_unchanged_rule_keeps_its_fallback_slots_across_versions() {
     assert_eq!((permit.source(), permit.limit()), (Source::Fallback, 6));
     drop(held);
 }
+
+/// A global rule over three regions split 5/3/2: 100 an hour worldwide.
+const GLOBAL: &str = r#"
+    [[rules]]
+    id = "api"
+    reason = "one limit across regions"
+    limits = [{ name = "h", rate = 100, per = "1h" }]
+    global = { regions = ["eu", "us", "ap"], weights = [5, 3, 2] }
+"#;
+
+/// A region whose share of every global rule is a fixed part, counting
+/// what it admitted.
+struct FixedShare {
+    ppm: u64,
+    admitted: std::sync::Mutex<Vec<(String, String, u64)>>,
+}
+
+impl rl_rules::RegionalShares for FixedShare {
+    fn region(&self) -> &str {
+        "eu"
+    }
+
+    fn regional(
+        &self,
+        _rule: &str,
+        _global: &rl_rules::GlobalSpec,
+        _subject: &str,
+        limits: &[rl_rules::GlobalLimit],
+    ) -> Option<Vec<(u64, u64)>> {
+        Some(limits.iter().map(|l| (l.capacity * self.ppm / 1_000_000, l.refill * self.ppm / 1_000_000)).collect())
+    }
+
+    fn admitted(&self, rule: &str, subject: &str, cost: u64) {
+        self.admitted.lock().unwrap().push((rule.to_owned(), subject.to_owned(), cost));
+    }
+}
+
+async fn allowed(rules: &LiveRules, subject: &str, n: usize) -> usize {
+    let mut count = 0;
+    for _ in 0..n {
+        count += usize::from(rules.check(&Request::new().subject(subject)).await.unwrap().decision.allowed);
+    }
+    count
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_rule_is_enforced_at_the_regions_share() {
+    let s = Server::start(&[]);
+    // No region set: the smallest region's fixed split (ap: 20 of 100).
+    let unset = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
+    assert_eq!(allowed(&unset, "a", 40).await, 20);
+    let rules = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
+    let share = Arc::new(FixedShare { ppm: 700_000, admitted: Default::default() });
+    rules.set_region_shares(share.clone()).unwrap();
+    let e = rules.set_region_shares(share.clone()).unwrap_err().to_string();
+    assert!(e.contains("set once"), "{e}");
+    assert_eq!(allowed(&rules, "b", 100).await, 70);
+    let admitted = share.admitted.lock().unwrap().clone();
+    assert_eq!(admitted.len(), 70, "admitted requests are counted, refused ones not");
+    assert!(admitted.iter().all(|(r, s, n)| (r.as_str(), s.as_str(), *n) == ("api", "b", 1)));
+    // Same Redis keys as the whole rule: the module took the scaled parameters.
+    let key = rules.snapshot().rule("api").unwrap().policy().keys("b").unwrap().remove(0);
+    let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut s.con()).unwrap();
+    assert!(exists, "{key}");
+    // A share worth less than a token refuses.
+    let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
+    tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, admitted: Default::default() })).unwrap();
+    let v = tiny.check(&Request::new().subject("c")).await.unwrap();
+    assert!(!v.decision.allowed && v.decision.retry_after == Some(Duration::from_secs(3600)), "{:?}", v.decision);
+}

@@ -175,7 +175,11 @@ async fn run(command: Command) -> Result<Output, Error> {
             let backend = if lua { Backend::Lua } else { Backend::Module };
             let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
             let ok = format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot));
-            let lines = std::iter::once(ok).chain(inflight_limits(&snapshot)).collect::<Vec<_>>().join("\n");
+            let lines = std::iter::once(ok)
+                .chain(inflight_limits(&snapshot))
+                .chain(global_splits(&snapshot))
+                .collect::<Vec<_>>()
+                .join("\n");
             done(with_warnings(lines, &snapshot))
         }
         Command::Publish { file, store } => {
@@ -284,6 +288,7 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         broad: add.broad,
         expires: Some(expiry(&add.expires, SystemTime::now())?),
         reason: add.reason.clone(),
+        global: None,
     })
 }
 
@@ -341,6 +346,12 @@ fn inflight_limits(snapshot: &Snapshot) -> Vec<String> {
         .collect()
 }
 
+/// One line per global rule: the regions it spans and its fixed split.
+fn global_splits(snapshot: &Snapshot) -> Vec<String> {
+    let rules = snapshot.rules().iter().filter_map(|r| Some((r, r.global()?)));
+    rules.map(|(rule, global)| format!("  global: rule '{}' ({}): {global}", rule.id(), rule.scope())).collect()
+}
+
 fn active(stored: &Stored) -> Result<Output, Error> {
     let Some(rules) = &stored.rules else {
         return Ok((format!("version {}: nothing published", stored.version), None));
@@ -378,7 +389,8 @@ fn active(stored: &Stored) -> Result<Output, Error> {
             Some(at) => format!(" (expires in {})", humantime::format_duration(round(remaining(at, now)))),
             None => String::new(),
         };
-        out.push(format!("  {}: {}{mode}{expiry}: {}", rule.id(), rule.scope(), limits.join(", ")));
+        let global = rule.global().map(|g| format!(" [global: {g}]")).unwrap_or_default();
+        out.push(format!("  {}: {}{mode}{expiry}: {}{global}", rule.id(), rule.scope(), limits.join(", ")));
     }
     if let Some(list) = overrides(stored, now) {
         out.push(list);

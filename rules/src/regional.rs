@@ -1,0 +1,216 @@
+//! Global rules in a gateway: a rule whose limits are global (its `global`
+//! field) is enforced in the gateway's region with capacity and refill
+//! scaled by the region's share of the rule, as a [`RegionalShares`] says.
+//!
+//! The scaled limits are a policy of their own, with the rule's key
+//! prefix and names, so they count in the same Redis keys (the module
+//! takes changed parameters on an existing key: a lowered capacity clamps
+//! at once, a raised one does not fill the bucket). Its local state
+//! (leases, deny cache, the outage fallback) follows the scaled limits: a
+//! gateway whose Redis is down limits locally, or refuses for a
+//! fail-closed rule, at its region's share of the rule.
+//!
+//! rl-rules only asks; rl-balancer's `RegionShares` answers from the
+//! share table the quota balancer writes to the region's Redis.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use quick_cache::sync::Cache;
+use rl_client::{Decision, Error, Limiter, Policy, Result, Rule, Source};
+
+use crate::snapshot::CompiledRule;
+use crate::spec::GlobalSpec;
+
+/// One limit of a global rule as the rule states it for the whole world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GlobalLimit {
+    /// Tokens the bucket holds at most, worldwide.
+    pub capacity: u64,
+    /// Tokens added every `period_ms`, worldwide.
+    pub refill: u64,
+    /// The refill period in ms.
+    pub period_ms: u64,
+}
+
+/// The share of global rules this gateway's region enforces: set once on
+/// [`LiveRules`](crate::LiveRules) with
+/// [`set_region_shares`](crate::LiveRules::set_region_shares).
+/// Implemented by rl-balancer's `RegionShares`; called on every request to
+/// a global rule, so it answers from memory.
+pub trait RegionalShares: Send + Sync + 'static {
+    /// The gateway's region, as rules name it in `global.regions`.
+    fn region(&self) -> &str;
+
+    /// What this region enforces now of each of `limits` (global rule
+    /// `rule`'s, in order) for `subject`: `(capacity, refill)` per limit,
+    /// rounded down. `None`: the share is worth less than one token and
+    /// the region refuses (under the limit, never over).
+    fn regional(
+        &self,
+        rule: &str,
+        global: &GlobalSpec,
+        subject: &str,
+        limits: &[GlobalLimit],
+    ) -> Option<Vec<(u64, u64)>>;
+
+    /// `cost` was admitted under global rule `rule` for `subject`: counted
+    /// for the balancer's usage report. Called on the request path: it
+    /// counts in memory.
+    fn admitted(&self, rule: &str, subject: &str, cost: u64);
+}
+
+/// Scaled policies kept: one per (rule, scaled limits) in use.
+const SCALED_POLICIES: usize = 10_000;
+
+/// The live rules' side of global rules.
+pub(crate) struct Regional {
+    shares: OnceLock<Arc<dyn RegionalShares>>,
+    /// Scaled policies by their rules: shares move every balancer interval
+    /// at most, so requests reuse one policy (and its leases) meanwhile.
+    policies: Cache<(String, Vec<Rule>), Arc<Policy>>,
+    /// Whether the warning about global rules without a region was logged.
+    warned: AtomicBool,
+}
+
+impl Default for Regional {
+    fn default() -> Regional {
+        Regional { shares: OnceLock::new(), policies: Cache::new(SCALED_POLICIES), warned: AtomicBool::new(false) }
+    }
+}
+
+/// The limits a request is checked against.
+enum Scaled<'a> {
+    /// Not a global rule: as written.
+    Whole(&'a Policy),
+    /// A global rule: the region's share of it.
+    Regional(Arc<Policy>),
+    /// A global rule whose share here is worth less than one token.
+    Refused,
+}
+
+impl Regional {
+    /// Sets where the shares come from; once.
+    pub(crate) fn set(&self, shares: Arc<dyn RegionalShares>) -> Result<()> {
+        let region = shares.region().to_owned();
+        self.shares
+            .set(shares)
+            .map_err(|_| Error::invalid("the region's shares are set once, when the gateway starts"))?;
+        log::info!("global rules enforced at region {region:?}'s share");
+        Ok(())
+    }
+
+    /// Decides `cost` for `subject` by `rule` (scaled when global), and
+    /// counts what a global rule admitted.
+    pub(crate) async fn check_cost(
+        &self,
+        limiter: &Limiter,
+        rule: &CompiledRule,
+        subject: &str,
+        cost: u64,
+    ) -> Result<Decision> {
+        let decision = match self.scaled(rule, subject)? {
+            Scaled::Whole(policy) => return limiter.check_cost(policy, subject, cost).await,
+            Scaled::Regional(policy) => limiter.check_cost(&policy, subject, cost).await?,
+            Scaled::Refused => refusal(rule),
+        };
+        if let (true, Some(shares)) = (decision.allowed, self.shares.get()) {
+            shares.admitted(rule.id(), subject, cost);
+        }
+        Ok(decision)
+    }
+
+    /// Which limit of a shadow `rule` (scaled when global) would refuse.
+    pub(crate) async fn shadow_refusal(
+        &self,
+        limiter: &Limiter,
+        rule: &CompiledRule,
+        subject: &str,
+        cost: u64,
+    ) -> Result<Option<usize>> {
+        match self.scaled(rule, subject)? {
+            Scaled::Whole(policy) => limiter.shadow_refusal(policy, subject, cost).await,
+            Scaled::Regional(policy) => limiter.shadow_refusal(&policy, subject, cost).await,
+            Scaled::Refused => Ok(Some(0)),
+        }
+    }
+
+    fn scaled<'a>(&self, rule: &'a CompiledRule, subject: &str) -> Result<Scaled<'a>> {
+        let Some(global) = rule.global() else { return Ok(Scaled::Whole(rule.policy())) };
+        let policy = rule.policy();
+        let limits: Vec<GlobalLimit> = policy
+            .rules()
+            .iter()
+            .map(|r| GlobalLimit {
+                capacity: r.capacity(),
+                refill: r.refill(),
+                period_ms: r.period().as_millis() as u64,
+            })
+            .collect();
+        let parts = match self.shares.get() {
+            Some(shares) => shares.regional(rule.id(), global, subject, &limits),
+            None => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "rule '{}' is global but this gateway has no region (LiveRules::set_region_shares): it enforces the smallest region's fixed split",
+                        rule.id()
+                    );
+                }
+                smallest_split(global, &limits)
+            }
+        };
+        let Some(parts) = parts.filter(|p| p.len() == limits.len() && p.iter().all(|&(c, r)| c >= 1 && r >= 1)) else {
+            return Ok(Scaled::Refused);
+        };
+        let rules: Vec<Rule> = policy
+            .rules()
+            .iter()
+            .zip(&parts)
+            .map(|(r, &(capacity, refill))| {
+                let scaled = Rule::new(r.name(), capacity, refill, r.period());
+                let scaled = if r.fail_mode() == rl_client::FailMode::Closed { scaled.fail_closed() } else { scaled };
+                if r.is_shadow() {
+                    scaled.shadow()
+                } else {
+                    scaled
+                }
+            })
+            .collect();
+        let key = (policy.prefix().to_owned(), rules);
+        if let Some(found) = self.policies.get(&key) {
+            return Ok(Scaled::Regional(found));
+        }
+        let built =
+            key.1.iter().cloned().fold(Policy::builder(policy.prefix()).label(rule.id()), |b, r| b.rule(r)).build()?;
+        let built = Arc::new(built);
+        self.policies.insert(key, built.clone());
+        Ok(Scaled::Regional(built))
+    }
+}
+
+/// Without a region: the smallest share any region has in the fixed split,
+/// so no region can be over whichever it is.
+fn smallest_split(global: &GlobalSpec, limits: &[GlobalLimit]) -> Option<Vec<(u64, u64)>> {
+    let weights = global.weights();
+    let sum: u128 = weights.iter().map(|&w| w as u128).sum();
+    let least = *weights.iter().min()? as u128;
+    let part = |total: u64| (total as u128 * least / sum.max(1)) as u64;
+    Some(limits.iter().map(|l| (part(l.capacity), part(l.refill))).collect())
+}
+
+/// A global rule's share here is worth less than one token: refused, to
+/// be asked again after one period (the share may have grown by then).
+fn refusal(rule: &CompiledRule) -> Decision {
+    let period = rule.policy().rules().first().map_or(Duration::from_secs(1), Rule::period);
+    Decision {
+        allowed: false,
+        remaining: 0,
+        retry_after: Some(period),
+        reset_after: period,
+        limit: 0,
+        rule: 0,
+        source: Source::Redis,
+        shadow_refused: None,
+    }
+}
