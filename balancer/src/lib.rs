@@ -7,6 +7,7 @@ pub mod gateway;
 pub mod link;
 pub mod ramp;
 pub mod round;
+pub mod rules;
 pub mod run;
 pub mod split;
 pub mod stale;

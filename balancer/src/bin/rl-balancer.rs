@@ -1,11 +1,13 @@
 //! rl-balancer: the quota balancer of global limits across regions.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use rl_balancer::{Balancer, Config, GlobalRule, SplitParams, Stopped, WHOLE};
+use rl_balancer::{Balancer, Config, Stopped};
+use rl_rules::RuleSetSpec;
 
 /// Moves each region's share of every global limit toward where the traffic
 /// is, every --interval, without ever letting the shares in effect sum above
@@ -29,13 +31,11 @@ struct Args {
     #[arg(long = "region", value_name = "NAME=URL", required = true, value_parser = parse_region)]
     regions: Vec<(String, String)>,
 
-    /// A global rule: `ID[:FLOOR[:W1,W2,...]]`. FLOOR is the fraction of the
-    /// limit every live region always keeps (0 <= FLOOR <= 1/regions,
-    /// default 0.05), the weights the fixed split used without traffic and
-    /// when the balancer is gone (default equal). Repeat for each rule; the
-    /// ids must be those of the rules the gateways enforce as global.
-    #[arg(long = "rule", value_name = "ID[:FLOOR[:WEIGHTS]]", required = true)]
-    rules: Vec<String>,
+    /// The rule set (TOML or JSON, as rlctl and the gateways read it):
+    /// its rules with `global = { regions = [...], floor, weights }` are
+    /// balanced. Each must span exactly the --region list, in its order.
+    #[arg(long, value_name = "FILE")]
+    rules: PathBuf,
 
     /// Between two rounds.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -112,39 +112,11 @@ fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
     Ok((Duration::from_millis(lo), Duration::from_millis(hi)))
 }
 
-fn parse_rule(s: &str, regions: usize) -> Result<GlobalRule, String> {
-    let mut parts = s.split(':');
-    let id = parts.next().unwrap_or("").trim();
-    if id.is_empty() || id.contains('|') {
-        return Err(format!("--rule {s:?}: the id must be non-empty and without '|'"));
-    }
-    let floor = match parts.next() {
-        None => 0.05,
-        Some(f) => f.parse::<f64>().map_err(|e| format!("--rule {s:?}: floor {f:?}: {e}"))?,
-    };
-    if !(0.0..=1.0).contains(&floor) {
-        return Err(format!("--rule {s:?}: floor {floor} is not a fraction between 0 and 1"));
-    }
-    let weights = match parts.next() {
-        None => vec![1; regions],
-        Some(w) => w
-            .split(',')
-            .map(|x| x.trim().parse::<u32>().map_err(|e| format!("--rule {s:?}: weight {x:?}: {e}")))
-            .collect::<Result<Vec<_>, _>>()?,
-    };
-    if weights.len() != regions {
-        return Err(format!("--rule {s:?}: {} weights for {regions} regions", weights.len()));
-    }
-    if parts.next().is_some() {
-        return Err(format!("--rule {s:?}: expected ID[:FLOOR[:W1,W2,...]]"));
-    }
-    let split = SplitParams::new((floor * WHOLE as f64) as u32, weights).map_err(|e| format!("--rule {s:?}: {e}"))?;
-    Ok(GlobalRule { id: id.to_string(), split })
-}
-
 fn config(args: Args) -> Result<Config, String> {
-    let n = args.regions.len();
-    let rules = args.rules.iter().map(|r| parse_rule(r, n)).collect::<Result<Vec<_>, _>>()?;
+    let spec = RuleSetSpec::from_file(&args.rules).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
+    let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
+    let rules =
+        rl_balancer::rules::from_spec(&spec, &names).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
     let mut c = Config::new(args.regions, rules);
     c.interval = args.interval;
     c.busiest = args.busiest;
