@@ -203,3 +203,139 @@ async fn two_balancers_at_once_never_sum_above_the_whole() {
     assert!(newer.is_ok(), "the newer one ran until stopped: {newer:?}");
     assert!(samples > 100 && highest > 600_000, "shares moved ({highest}) in {samples} samples");
 }
+
+fn rules_toml(rate: u64, burst: u64) -> String {
+    format!(
+        "[[rules]]\nid = \"api\"\nreason = \"test\"\nlimits = [{{ name = \"s\", rate = {rate}, per = \"1s\", burst = {burst} }}]\nglobal = {{ regions = [\"eu\", \"us\", \"ap\"], floor = 0.05 }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_balances_from_a_rules_file_and_stops_when_fenced_off() {
+    use std::process::{Command, Stdio};
+    let servers = servers();
+    let path = std::env::temp_dir().join(format!("rl-balancer-test-{}-{}.toml", std::process::id(), servers[0].port));
+    std::fs::write(&path, rules_toml(100, 100)).unwrap();
+    let bin = env!("CARGO_BIN_EXE_rl-balancer");
+    let region = |i: usize, name: &str| format!("{name}={}", servers[i].url());
+    // Bad input: the reason, status 2.
+    let out = Command::new(bin).args(["--rules", "/nonexistent.toml", "--region", &region(0, "eu")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--rules /nonexistent.toml"), "{out:?}");
+    let out = Command::new(bin)
+        .arg("--rules")
+        .arg(&path)
+        .args(["--region", &region(1, "us"), "--region", &region(0, "eu"), "--region", &region(2, "ap")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --region in the rule's order"), "{out:?}");
+    // A running one follows the traffic...
+    let mut child = Command::new(bin)
+        .arg("--rules")
+        .arg(&path)
+        .args(["--region", &region(0, "eu"), "--region", &region(1, "us"), "--region", &region(2, "ap")])
+        .args(["--interval", "200ms", "--gateway-refresh", "50ms", "--stale-after", "1500ms", "--settle", "300ms"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while in_force(&servers, "acme").await[0].unwrap() < 600_000 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the binary does not follow the traffic");
+        traffic(&servers, "acme", [800, 100, 100]).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ...until a newer balancer claims the regions: it stops with status 3.
+    let mut newer = Balancer::new(config(&servers)).unwrap();
+    newer.round().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the fenced-off binary keeps running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _ = std::fs::remove_file(&path);
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains("took over") && log.contains("round"), "{log}");
+}
+
+/// Real gateways (`LiveRules` over a `Limiter`, with `RegionShares`) in
+/// each region and the balancer's loop while the traffic moves between
+/// regions: over every window, all regions together admit at most
+/// burst + rate x (window + the longest request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_over_with_real_gateways_while_traffic_moves() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use rl_balancer::gateway::{GatewayConfig, RegionShares};
+    use rl_rules::{LiveRules, Request, RuleSetSpec};
+
+    const RATE: u64 = 200;
+    const BURST: u64 = 40;
+    const BUCKET_MS: u128 = 50;
+    const LENGTH: Duration = Duration::from_secs(7);
+    let servers = servers();
+    let spec = RuleSetSpec::from_toml(&rules_toml(RATE, BURST)).unwrap();
+    let mut c = config(&servers);
+    c.rules = rl_balancer::rules::from_spec(&spec, &["eu", "us", "ap"].map(String::from)).unwrap();
+    c.interval = Duration::from_millis(300);
+    let balancer = tokio::spawn(Balancer::new(c).unwrap().run(std::future::pending()));
+    let start = Instant::now();
+    let buckets: Arc<Vec<AtomicU64>> = Arc::new((0..200).map(|_| AtomicU64::new(0)).collect());
+    let longest_us = Arc::new(AtomicU64::new(0));
+    let mut gateways = Vec::new();
+    for (r, server) in servers.iter().enumerate() {
+        for _ in 0..3 {
+            let config = rl_client::Config {
+                gateways: 3,
+                lease_window: Duration::from_millis(1),
+                ..rl_client::Config::standalone(server.url())
+            };
+            let live = LiveRules::new(rl_client::Limiter::new(config).unwrap(), &spec).unwrap();
+            let mut gc = GatewayConfig::new(["eu", "us", "ap"][r], server.url());
+            (gc.refresh, gc.stale_after, gc.settle) = (Duration::from_millis(50), STALE_AFTER, SETTLE);
+            let shares = RegionShares::start(gc).unwrap();
+            shares.refresh_now().await.unwrap();
+            live.set_region_shares(shares.clone()).unwrap();
+            let (buckets, longest_us) = (buckets.clone(), longest_us.clone());
+            gateways.push(tokio::spawn(async move {
+                let _keep = shares;
+                // 400 a second in all, moving from region to region every 1.5 s.
+                while start.elapsed() < LENGTH {
+                    let here = (start.elapsed().as_millis() / 1500) as usize % 3 == r;
+                    let pause = if here { 1000 / 110 } else { 1000 / 11 };
+                    let sent = Instant::now();
+                    let request = Request { subject: Some("acme"), ..Request::new() };
+                    let allowed = live.check(&request).await.is_ok_and(|v| v.decision.allowed);
+                    longest_us.fetch_max(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    if allowed {
+                        buckets[(start.elapsed().as_millis() / BUCKET_MS) as usize].fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            }));
+        }
+    }
+    for g in gateways {
+        g.await.unwrap();
+    }
+    balancer.abort();
+    let counts: Vec<u64> = buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+    let slack = Duration::from_micros(longest_us.load(Ordering::Relaxed)).as_secs_f64();
+    for from in 0..counts.len() {
+        let mut sum = 0;
+        for (len, n) in counts[from..].iter().enumerate() {
+            sum += n;
+            let window = (len + 1) as f64 * BUCKET_MS as f64 / 1000.0;
+            let allowance = BURST as f64 + RATE as f64 * (window + slack);
+            assert!(sum as f64 <= allowance, "{sum} admitted in {window} s from bucket {from}: above {allowance}");
+        }
+    }
+    let total: u64 = counts.iter().sum();
+    assert!(total as f64 > 0.5 * RATE as f64 * LENGTH.as_secs_f64(), "the limit was pressed: {total} admitted");
+}

@@ -30,7 +30,7 @@ pub fn draw(path: &Path, title: &str, rec: &Recording) -> Result<(), Box<dyn std
         .x_label_area_size(30)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..end, 0.0..ymax)?;
-    chart.configure_mesh().x_desc("seconds").y_desc("admitted in the last 1 s").draw()?;
+    chart.configure_mesh().max_light_lines(2).x_desc("seconds").y_desc("admitted in the last 1 s").draw()?;
     for (r, name) in REGIONS.iter().enumerate() {
         let series = per_second(&rec.busy_admitted.iter().map(|b| b[r]).collect::<Vec<_>>());
         chart
@@ -61,7 +61,7 @@ pub fn draw(path: &Path, title: &str, rec: &Recording) -> Result<(), Box<dyn std
         .x_label_area_size(30)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..end, 0.0..100.0)?;
-    shares.configure_mesh().x_desc("seconds").y_desc("share %").draw()?;
+    shares.configure_mesh().max_light_lines(2).x_desc("seconds").y_desc("share %").draw()?;
     for (r, name) in REGIONS.iter().enumerate() {
         // A region without gateways has no line there.
         let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];

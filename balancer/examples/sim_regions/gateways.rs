@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_balancer::gateway::{GatewayConfig, RegionShares};
-use rl_client::{Config, Limiter};
+use rl_client::{Config, Limiter, Source};
 use rl_rules::{LiveRules, RegionalShares, Request, RuleSetSpec};
 use tokio::task::JoinHandle;
 
@@ -57,8 +57,9 @@ pub async fn start(r: usize, url: &str, n: usize, timing: &Timing, demand: Arc<D
     let mut tasks = Vec::with_capacity(n);
     let mut probe = None;
     for g in 0..n {
-        // Batches of one token: every request is an RL.TAKE, exact, so the
-        // figures measure the shares, not the leases' known under-admission.
+        // Batches of one token: every request is an exact RL.TAKE, so the
+        // figures measure the shares, not the leases' under-admission of a
+        // subject pressing its limit.
         let config = Config { gateways: n as u32, lease_window: LEASE_WINDOW, ..Config::standalone(url) };
         let limiter = Limiter::new(config).expect("a valid config");
         let live = LiveRules::new(limiter, &spec).expect("valid rules");
@@ -95,7 +96,10 @@ async fn gateway(
     tokio::time::sleep(TICK * g as u32 / n as u32).await;
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut busy_owed, mut quiet_owed, mut next_quiet) = (0.0, 0.0, g);
+    // Random starting fractions: otherwise every gateway of a region
+    // reaches a whole request at the same tick and the demand comes in
+    // bursts that overflow the bucket between them.
+    let (mut busy_owed, mut quiet_owed, mut next_quiet) = (fastrand::f64(), fastrand::f64(), g);
     loop {
         ticks.tick().await;
         busy_owed += demand.busy()[r] / n as f64 * TICK.as_secs_f64();
@@ -118,7 +122,17 @@ async fn gateway(
 async fn ask(live: &LiveRules, r: usize, subject: &str, busy: bool, rec: &Recorder) -> Option<bool> {
     let sent = Instant::now();
     let request = Request { subject: Some(subject), ..Request::new() };
-    let allowed = live.check(&request).await.ok().map(|v| v.decision.allowed);
+    let decision = live.check(&request).await.ok().map(|v| v.decision);
+    let allowed = decision.map(|d| d.allowed);
     rec.answer(r, busy, sent, allowed);
+    if let (true, Some(d)) = (busy, decision.filter(|d| !d.allowed)) {
+        let by = match d.source {
+            Source::DenyCache => 1,
+            Source::Fallback => 2,
+            Source::FailClosed => 3,
+            Source::Redis | Source::Lease => 0,
+        };
+        rec.refused_by[by].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     allowed
 }

@@ -25,7 +25,7 @@ pub fn header(s: &Settings, t: &Timing, command: &str, seconds: f64, quiet_refus
         "Three regions (eu, us, ap), each a real redis-server with the module on loopback (testkit) and its own {} gateways: a real rl-client `Limiter` under `LiveRules` with the global rule, its shares from `RegionShares` (the region's table read every {:?}, usage reported in the same round trip). The balancer is the real loop (`rl_balancer::Balancer::run`), {:.0}-{:.0} ms injected before every one of its calls to a region. The rule: `api`, {RATE} a second with a burst of {BURST} per subject, global over the three regions, floor {FLOOR} (5% each), equal weights. Traffic per scenario below; {} quiet customers ask {} a second each in every region throughout (never limited: {quiet_refused} quiet requests refused in all).\n",
         s.gateways, t.gateway_refresh, t.delay.0.as_millis(), t.delay.1.as_millis(), s.quiet_subjects, s.quiet_each
     );
-    let _ = writeln!(out, "The gateways run with `lease_window` {:?} (batches of one token: every request is an exact `RL.TAKE`), so the figures measure the shares; with rl-client's default leases a subject pressing its limit is admitted somewhat under its share (client/SIMULATION.md).\n", crate::gateways::LEASE_WINDOW);
+    let _ = writeln!(out, "The gateways' `Limiter`s run with `lease_window` {:?} (batches of one token: every request is an exact `RL.TAKE`; the deny cache as configured, `gateways` = {}), so the figures measure the shares, not the leases' known under-admission of a subject pressing its limit (client/SIMULATION.md).\n", crate::gateways::LEASE_WINDOW, s.gateways);
     let _ = writeln!(out, "The gateway side reports the requests it **admitted** per subject; the balancer splits in proportion to that. Scenarios 1b and 2b repeat 1 and 2 with the sim's gateways also reporting every **refused** request of the busy customer as usage (through the same `RegionalShares::admitted` call), so the balancer follows the demand: the change this report proposes for the gateway side.\n");
     let _ = writeln!(out, "Time is compressed ten times, the design's ratios kept:\n");
     let _ = writeln!(out, "| | design | here |\n|---|---|---|");
@@ -60,6 +60,8 @@ pub fn scenario(o: &Outcome) -> String {
     let quiet: u64 = r.quiet_admitted.iter().flatten().sum();
     let _ = writeln!(out, "| busy customer asked, per second on average | {:.0} |", asked as f64 / seconds);
     let _ = writeln!(out, "| quiet customers admitted / refused | {quiet} / {} |", r.quiet_refused);
+    let [redis, deny, fallback, closed] = r.refused_by;
+    let _ = writeln!(out, "| busy customer refused by Redis / deny cache / outage fallback / fail-closed | {redis} / {deny} / {fallback} / {closed} |");
     let _ = writeln!(out, "| errors (no answer from the gateway) | {} |", r.errors);
     let _ = writeln!(out, "\n| check | result | measured |\n|---|---|---|");
     for c in &o.checks {

@@ -46,6 +46,8 @@ pub struct Recorder {
     busy_asked: Vec<[AtomicU64; 3]>,
     quiet_admitted: Vec<[AtomicU64; 3]>,
     quiet_refused: AtomicU64,
+    /// The busy customer's refusals by where they came from.
+    pub refused_by: [AtomicU64; 4],
     errors: AtomicU64,
     /// The longest request, in µs: admissions happen at the server somewhere
     /// within it, so the bound's windows are widened by it.
@@ -64,6 +66,7 @@ impl Recorder {
             busy_asked: zeros(),
             quiet_admitted: zeros(),
             quiet_refused: AtomicU64::new(0),
+            refused_by: Default::default(),
             errors: AtomicU64::new(0),
             max_latency_us: AtomicU64::new(0),
             shares: Mutex::new(Vec::new()),
@@ -122,6 +125,7 @@ impl Recorder {
             busy_asked: read(&self.busy_asked),
             quiet_admitted: read(&self.quiet_admitted),
             quiet_refused: self.quiet_refused.load(Ordering::Relaxed),
+            refused_by: self.refused_by.each_ref().map(|a| a.load(Ordering::Relaxed)),
             errors: self.errors.load(Ordering::Relaxed),
             max_latency: Duration::from_micros(self.max_latency_us.load(Ordering::Relaxed)),
             shares: self.shares.lock().unwrap().clone(),
@@ -136,6 +140,8 @@ pub struct Recording {
     pub busy_asked: Vec<[u64; 3]>,
     pub quiet_admitted: Vec<[u64; 3]>,
     pub quiet_refused: u64,
+    /// By Redis, the deny cache, the outage fallback, fail-closed.
+    pub refused_by: [u64; 4],
     pub errors: u64,
     pub max_latency: Duration,
     pub shares: Vec<(f64, [Option<u32>; 3])>,

@@ -135,6 +135,7 @@ fn config(args: Args) -> Result<Config, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let balancer = match config(Args::parse()).map_err(Stopped::Config).and_then(Balancer::new) {
