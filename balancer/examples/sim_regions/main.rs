@@ -59,37 +59,22 @@ async fn main() {
     let started = Instant::now();
     let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
     let mut outcomes = Vec::new();
-    if wanted("steady") {
-        eprintln!("scenario 1: steady");
-        outcomes.push(scenarios::steady(&settings, &t).await);
-    }
-    if wanted("move") {
-        eprintln!("scenario 2: traffic moves");
-        outcomes.push(scenarios::moves(&settings, &t).await);
-    }
-    // The same two with refused requests reported as usage too: the
-    // balancer then follows the demand, not only what each share let through.
-    settings.count_refused = true;
-    if wanted("steady-asked") {
-        eprintln!("scenario 1b: steady, refused requests reported as usage");
-        outcomes.push(scenarios::steady(&settings, &t).await);
-    }
-    if wanted("move-asked") {
-        eprintln!("scenario 2b: traffic moves, refused requests reported as usage");
-        outcomes.push(scenarios::moves(&settings, &t).await);
-    }
-    settings.count_refused = false;
-    if wanted("balancer-killed") {
-        eprintln!("scenario 3: balancer killed");
-        outcomes.push(scenarios::balancer_killed(&settings, &t).await);
-    }
-    if wanted("region-killed") {
-        eprintln!("scenario 4: a region killed");
-        outcomes.push(scenarios::region_killed(&settings, &t).await);
-    }
-    if wanted("two-balancers") {
-        eprintln!("scenario 5: two balancers");
-        outcomes.push(scenarios::two_balancers(&settings, &t).await);
+    // 1b and 2b repeat 1 and 2 with refused requests reported as usage
+    // too: the balancer then follows the demand, not only what each share
+    // let through.
+    for name in ["steady", "move", "steady-asked", "move-asked", "balancer-killed", "region-killed", "two-balancers"] {
+        if !wanted(name) {
+            continue;
+        }
+        eprintln!("scenario {name}");
+        settings.count_refused = name.ends_with("-asked");
+        outcomes.push(match name.trim_end_matches("-asked") {
+            "steady" => scenarios::steady(&settings, &t).await,
+            "move" => scenarios::moves(&settings, &t).await,
+            "balancer-killed" => scenarios::balancer_killed(&settings, &t).await,
+            "region-killed" => scenarios::region_killed(&settings, &t).await,
+            _ => scenarios::two_balancers(&settings, &t).await,
+        });
     }
     let quiet_refused: u64 = outcomes.iter().map(|o| o.recording.quiet_refused).sum();
     let mut text = report::header(&settings, &t, &command, started.elapsed().as_secs_f64(), quiet_refused);

@@ -27,7 +27,7 @@ use rl_rules::RuleSetSpec;
 #[command(name = "rl-balancer", version, verbatim_doc_comment)]
 struct Args {
     /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`. Repeat
-    /// for each region, in the order of the rules' weights.
+    /// for each region, in the order the global rules list their regions.
     #[arg(long = "region", value_name = "NAME=URL", required = true, value_parser = parse_region)]
     regions: Vec<(String, String)>,
 
