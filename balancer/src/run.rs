@@ -6,8 +6,9 @@
 //! gateway has had the time to pick them up (the barrier), then write the
 //! raised tables. A raise is only ever written after the lowers it pairs
 //! with were acknowledged by every live region and the gateways' refresh
-//! interval (x1.5) has passed since the last acknowledgement: a gateway
-//! still on the old, higher share cannot coexist with a raised one.
+//! interval plus their read timeout has passed since the last
+//! acknowledgement: a gateway still on the old, higher share (not read yet,
+//! or a read sent before the lowering landed) cannot coexist with a raised one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -36,8 +37,11 @@ pub struct Config {
     pub stale_after: Duration,
     /// The gateways' `settle`: how long they enforce min(last, fixed) before the fixed split.
     pub settle: Duration,
-    /// How often gateways re-read their region's table: the barrier waits 1.5x this.
+    /// How often gateways re-read their region's table.
     pub gateway_refresh: Duration,
+    /// How long a gateway's read may take before it is dropped: a read
+    /// answered late carries the table of when it was sent.
+    pub gateway_timeout: Duration,
     /// How long a region may be unreachable before the others get what it cannot hold.
     pub grace: Duration,
     /// Bound of every call to a region.
@@ -63,6 +67,7 @@ impl Config {
             stale_after: Duration::from_secs(300),
             settle: Duration::from_secs(10),
             gateway_refresh: Duration::from_secs(1),
+            gateway_timeout: Duration::from_secs(1),
             grace: Duration::from_secs(60),
             timeout: Duration::from_secs(2),
             down: BTreeSet::new(),
@@ -70,6 +75,15 @@ impl Config {
             key: crate::store::DEFAULT_KEY.to_string(),
             epoch: None,
         }
+    }
+}
+
+impl Config {
+    /// Between the last acknowledged lowering and the raise: every gateway
+    /// has read since (a refresh), and a read sent before the lowering
+    /// landed has been answered or dropped (its timeout).
+    pub fn barrier(&self) -> Duration {
+        self.gateway_refresh + self.gateway_timeout
     }
 }
 
@@ -308,7 +322,7 @@ impl Balancer {
         }
         let raises = (0..n).any(|r| live[r] && raise[r] != lower[r]);
         if raises && (0..n).all(|r| !live[r] || acked[r]) {
-            tokio::time::sleep(self.config.gateway_refresh * 3 / 2).await;
+            tokio::time::sleep(self.config.barrier()).await;
             self.write_all(&raise, &live, &mut report).await?;
             report.raised = true;
         }
@@ -386,7 +400,7 @@ impl Balancer {
             }
             // A write before this balancer started is older than its start.
             let since = region.last_write.unwrap_or(self.started).elapsed();
-            let lag = self.config.timeout + self.config.gateway_refresh;
+            let lag = self.config.timeout + self.config.barrier();
             let gone = self.config.stale_after + self.config.settle + lag;
             let held = match &region.last {
                 Some(table) => held_in(table, &rule.id, fixed[r], |last| {

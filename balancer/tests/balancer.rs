@@ -26,6 +26,7 @@ fn config(servers: &[Server]) -> Config {
     let mut c = Config::new(regions, vec![rule]);
     c.interval = Duration::from_millis(200);
     c.gateway_refresh = Duration::from_millis(50);
+    c.gateway_timeout = Duration::from_millis(100);
     c.stale_after = STALE_AFTER;
     c.settle = SETTLE;
     c.grace = Duration::from_millis(600);
@@ -235,7 +236,8 @@ async fn the_binary_balances_from_a_rules_file_and_stops_when_fenced_off() {
         .arg("--rules")
         .arg(&path)
         .args(["--region", &region(0, "eu"), "--region", &region(1, "us"), "--region", &region(2, "ap")])
-        .args(["--interval", "200ms", "--gateway-refresh", "50ms", "--stale-after", "1500ms", "--settle", "300ms"])
+        .args(["--interval", "200ms", "--gateway-refresh", "50ms", "--gateway-timeout", "100ms"])
+        .args(["--stale-after", "1500ms", "--settle", "300ms"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -298,7 +300,8 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
             };
             let live = LiveRules::new(rl_client::Limiter::new(config).unwrap(), &spec).unwrap();
             let mut gc = GatewayConfig::new(["eu", "us", "ap"][r], server.url());
-            (gc.refresh, gc.stale_after, gc.settle) = (Duration::from_millis(50), STALE_AFTER, SETTLE);
+            (gc.refresh, gc.timeout) = (Duration::from_millis(50), Duration::from_millis(100));
+            (gc.stale_after, gc.settle) = (STALE_AFTER, SETTLE);
             let shares = RegionShares::start(gc).unwrap();
             shares.refresh_now().await.unwrap();
             live.set_region_shares(shares.clone()).unwrap();

@@ -67,7 +67,7 @@ pub async fn start(r: usize, url: &str, n: usize, timing: &Timing, demand: Arc<D
         config.refresh = timing.gateway_refresh;
         config.stale_after = timing.stale_after;
         config.settle = timing.settle;
-        config.timeout = Duration::from_millis(500);
+        config.timeout = timing.gateway_timeout;
         let shares = RegionShares::start(config).expect("a valid Redis URL");
         // A gateway serves once it has read its region's table: before
         // that it could only assume the fixed split.

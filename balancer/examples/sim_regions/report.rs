@@ -32,6 +32,7 @@ pub fn header(s: &Settings, t: &Timing, command: &str, seconds: f64, quiet_refus
     for (what, design, here) in [
         ("balancer interval", "10 s", t.interval),
         ("gateways' table refresh", "1 s", t.gateway_refresh),
+        ("gateways' read timeout (the barrier: refresh + timeout)", "1 s", t.gateway_timeout),
         ("stale_after (fixed split after)", "5 min", t.stale_after),
         ("settle", "10 s", t.settle),
         ("grace for an unreachable region", "60 s", t.grace),

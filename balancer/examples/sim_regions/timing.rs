@@ -8,6 +8,8 @@ pub struct Timing {
     pub interval: Duration,
     /// How often gateways read their region's table (design: 1 s).
     pub gateway_refresh: Duration,
+    /// How long a gateway's read may take (design: 1 s).
+    pub gateway_timeout: Duration,
     /// Gateways keep the last shares this long (design: 5 min).
     pub stale_after: Duration,
     /// Then min(last, fixed) this long, then the fixed split (design: 10 s).
@@ -23,6 +25,7 @@ impl Timing {
         Timing {
             interval: Duration::from_secs(1),
             gateway_refresh: Duration::from_millis(100),
+            gateway_timeout: Duration::from_millis(200),
             stale_after: Duration::from_secs(30),
             settle: Duration::from_secs(1),
             grace: Duration::from_secs(6),
@@ -38,6 +41,7 @@ impl Timing {
         let mut c = rl_balancer::Config::new(regions, rules);
         c.interval = self.interval;
         c.gateway_refresh = self.gateway_refresh;
+        c.gateway_timeout = self.gateway_timeout;
         c.stale_after = self.stale_after;
         c.settle = self.settle;
         c.grace = self.grace;

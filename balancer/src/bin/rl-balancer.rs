@@ -56,11 +56,16 @@ struct Args {
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     settle: Duration,
 
-    /// How often the gateways re-read their region's table. Must be at
-    /// least the gateways' refresh: the balancer waits 1.5x this between
-    /// lowering and raising.
+    /// How often the gateways re-read their region's table: at least the
+    /// gateways' refresh.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     gateway_refresh: Duration,
+
+    /// How long a gateway's read of its table may take: at least the
+    /// gateways' timeout. Between lowering and raising the balancer waits
+    /// --gateway-refresh + --gateway-timeout.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    gateway_timeout: Duration,
 
     /// How long a region may be unreachable before the others get what it
     /// cannot be holding any more (its fixed split once its gateways must
@@ -123,6 +128,7 @@ fn config(args: Args) -> Result<Config, String> {
     c.stale_after = args.stale_after;
     c.settle = args.settle;
     c.gateway_refresh = args.gateway_refresh;
+    c.gateway_timeout = args.gateway_timeout;
     c.grace = args.grace;
     c.timeout = args.timeout;
     c.down = args.down.into_iter().collect::<BTreeSet<_>>();
