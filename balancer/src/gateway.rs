@@ -104,6 +104,9 @@ pub struct SharesStatus {
     pub refresh_failures: u64,
     /// Why the last sync failed, if it did.
     pub last_error: Option<String>,
+    /// Age warnings logged since start (at most one a minute while the
+    /// table is older than `warn_after`).
+    pub age_warnings: u64,
 }
 
 #[derive(Default)]
@@ -112,6 +115,7 @@ struct Stats {
     last_error: Option<String>,
     /// When the age warning was last logged (local clock, ms).
     warned_at_ms: Option<u64>,
+    age_warnings: u64,
     /// Whether a global rule not spanning this region was logged.
     warned_region: bool,
 }
@@ -152,7 +156,8 @@ impl RegionShares {
 
     /// Shares refreshed every `config.refresh` by a tokio task, which
     /// stops when the last `Arc` is dropped. The first read happens in the
-    /// task: a gateway starts even while its Redis is down.
+    /// task: a gateway starts even while its Redis is down. Call it inside
+    /// a tokio runtime.
     pub fn start(config: GatewayConfig) -> Result<Arc<RegionShares>, redis::RedisError> {
         let shares = Arc::new(RegionShares::new(config)?);
         let weak = Arc::downgrade(&shares);
@@ -236,6 +241,7 @@ impl RegionShares {
             stale: !age.is_some_and(|a| a < self.config.stale_after),
             refresh_failures: stats.refresh_failures,
             last_error: stats.last_error.clone(),
+            age_warnings: stats.age_warnings,
         }
     }
 
@@ -291,6 +297,7 @@ impl RegionShares {
             return;
         }
         stats.warned_at_ms = Some(now);
+        stats.age_warnings += 1;
         let fallback =
             if age >= self.config.stale_after { "the fixed split applies" } else { "keeping the last shares" };
         tracing::warn!(

@@ -98,7 +98,25 @@ impl QuotaState {
 /// Adds each `(key, admitted)` batch to its FIXED-window quota of `limit`
 /// per `window_ms` (RL.WINDOW ... COST n FIXED: the module's epoch-aligned
 /// window, a day resets at UTC midnight), all in one round trip. Answers
-/// each key's state, in order.
+/// each key's state, in order. A daily quota fed from gateway counts:
+///
+/// ```no_run
+/// use rl_balancer::{feed_fixed_windows, UsageCounts};
+///
+/// # async fn run(mut con: redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
+/// let counts = UsageCounts::default();
+/// counts.add("daily", "acme", 1); // per admitted request, in memory
+/// // Every few seconds, every count (each one matters):
+/// let rows = counts.take_busiest(usize::MAX);
+/// let batch: Vec<(String, u64)> = rows.iter().map(|(_, s, n)| (format!("rl:daily:{{{s}}}:day"), *n)).collect();
+/// let states = feed_fixed_windows(&mut con, 10_000, 86_400_000, &batch).await?;
+/// for ((_, subject, _), state) in rows.iter().zip(&states) {
+///     if state.spent() {
+///         // refuse `subject` locally until state.reset_after (UTC midnight)
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn feed_fixed_windows(
     con: &mut impl ConnectionLike,
     limit: u64,

@@ -152,6 +152,12 @@ async fn without_a_balancer_the_last_shares_age_into_the_fixed_split() {
     let api = rules().rules[0].global.clone().unwrap();
     assert!(shares.status().stale && shares.status().age.is_none(), "nothing read yet");
     assert_eq!(shares.share("api", &api, "acme").0.share, 500_000, "never read: the fixed split");
+    let elsewhere = self::shares(&server, "sa", Clock::System);
+    assert_eq!(
+        elsewhere.share("api", &api, "acme").0.share,
+        200_000,
+        "a region the rule does not name: the smallest part"
+    );
     shares.refresh_now().await.unwrap();
     assert_eq!(shares.share("api", &api, "acme").0.share, 900_000);
     // The balancer stops writing; the region's Redis stays up.
@@ -172,6 +178,35 @@ async fn without_a_balancer_the_last_shares_age_into_the_fixed_split() {
     shares.refresh_now().await.unwrap();
     assert_eq!(shares.share("api", &api, "acme").0.share, 800_000);
     assert!(!shares.status().stale);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_table_is_warned_about_once_a_minute() {
+    let server = Server::start(&[]);
+    publish(&server, &table(150_000, 900_000, 900_000)).await;
+    // The balancer last wrote two minutes ago (on the region's clock).
+    let mut con = server.con();
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("written_at").arg((secs - 120) * 1000).query(&mut con).unwrap();
+    let clock = ManualClock::new();
+    let shares = shares(&server, "eu", Clock::Manual(clock.clone()));
+    shares.refresh_now().await.unwrap();
+    let status = shares.status();
+    assert!(status.age.unwrap() >= Duration::from_secs(119) && !status.stale, "{status:?}");
+    assert_eq!(status.age_warnings, 1);
+    shares.refresh_now().await.unwrap();
+    clock.advance(Duration::from_secs(59));
+    shares.refresh_now().await.unwrap();
+    assert_eq!(shares.status().age_warnings, 1, "at most once a minute");
+    clock.advance(Duration::from_secs(1));
+    shares.refresh_now().await.unwrap();
+    assert_eq!(shares.status().age_warnings, 2);
+    // The balancer writes again: no more warnings.
+    publish(&server, &table(150_000, 900_000, 900_000)).await;
+    clock.advance(Duration::from_secs(61));
+    shares.refresh_now().await.unwrap();
+    assert!(shares.status().age.unwrap() < Duration::from_secs(5));
+    assert_eq!(shares.status().age_warnings, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

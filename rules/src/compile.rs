@@ -14,6 +14,7 @@ use rl_core::inflight::{InflightParams, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::ParamError;
 
+use crate::regional::Scaling;
 use crate::snapshot::{CompiledRule, Index, Scope, Snapshot};
 #[cfg(test)]
 use crate::spec::MatchSpec;
@@ -305,11 +306,11 @@ fn compile_rule(
             }
         }
     };
-    let reused = set
+    let unchanged = set
         .previous
         .and_then(|p| p.rule(&spec.id))
-        .filter(|p| p.policy.prefix() == prefix && p.policy.rules() == limits.as_slice())
-        .map(|p| p.policy.clone());
+        .filter(|p| p.policy.prefix() == prefix && p.policy.rules() == limits.as_slice());
+    let reused = unchanged.map(|p| p.policy.clone());
     let policy = match reused {
         Some(policy) => policy,
         None => {
@@ -333,6 +334,11 @@ fn compile_rule(
             ));
         }
     }
+    // A global rule's scaled policies carry over with its policy.
+    let scaling = spec
+        .global
+        .as_ref()
+        .map(|_| unchanged.and_then(|p| p.scaling.clone()).unwrap_or_else(|| Arc::new(Scaling::new(&policy))));
     Some(CompiledRule {
         id: spec.id.clone(),
         scope,
@@ -344,6 +350,7 @@ fn compile_rule(
         policy,
         inflight,
         global: spec.global.clone(),
+        scaling,
     })
 }
 
@@ -907,6 +914,18 @@ mod tests {
             vec![("default".to_owned(), set(GLOBAL).rules[0].global.clone().unwrap())]
         );
         assert!(crate::global_rules(&set(BASE)).is_empty());
+        assert!(Snapshot::compile(&set(BASE), &[], 1).unwrap().rule("default").unwrap().scaling.is_none());
+    }
+
+    #[test]
+    fn a_global_rules_scaled_policies_carry_over_while_it_is_unchanged() {
+        let scaling = |s: &Snapshot| s.rule("default").unwrap().scaling.clone().unwrap();
+        let v1 = Snapshot::compile(&set(GLOBAL), &[], 1).unwrap();
+        let v2 = Snapshot::compile_with(&set(GLOBAL), &[], 2, false, Some(&v1)).unwrap();
+        assert!(Arc::ptr_eq(&scaling(&v1), &scaling(&v2)), "same limits: same scaled policies and their leases");
+        let changed = GLOBAL.replace("rate = 100", "rate = 200");
+        let v3 = Snapshot::compile_with(&set(&changed), &[], 3, false, Some(&v2)).unwrap();
+        assert!(!Arc::ptr_eq(&scaling(&v2), &scaling(&v3)), "new limits start fresh");
     }
 
     #[test]

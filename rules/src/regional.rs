@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
-use rl_client::{Decision, Error, Limiter, Policy, Result, Rule, Source};
+use rl_client::{Decision, Error, FailMode, Limiter, Policy, Result, Rule, Source};
 
 use crate::snapshot::CompiledRule;
 use crate::spec::GlobalSpec;
@@ -61,23 +61,65 @@ pub trait RegionalShares: Send + Sync + 'static {
     fn admitted(&self, rule: &str, subject: &str, cost: u64);
 }
 
-/// Scaled policies kept: one per (rule, scaled limits) in use.
-const SCALED_POLICIES: usize = 10_000;
+/// Scaled policies kept per global rule: one per share in use (the busy
+/// subjects', the default's, and a ramp's few steps).
+const SCALED_POLICIES: usize = 1_024;
 
-/// The live rules' side of global rules.
-pub(crate) struct Regional {
-    shares: OnceLock<Arc<dyn RegionalShares>>,
-    /// Scaled policies by their rules: shares move every balancer interval
-    /// at most, so requests reuse one policy (and its leases) meanwhile.
-    policies: Cache<(String, Vec<Rule>), Arc<Policy>>,
-    /// Whether the warning about global rules without a region was logged.
-    warned: AtomicBool,
+/// A global rule's limits as written, and its policies at the shares in
+/// use: shares move every balancer interval at most, so requests reuse one
+/// policy (and its leases) meanwhile. Made when the rule is compiled, kept
+/// with its policy across versions.
+pub(crate) struct Scaling {
+    limits: Vec<GlobalLimit>,
+    policies: Cache<Vec<(u64, u64)>, Arc<Policy>>,
 }
 
-impl Default for Regional {
-    fn default() -> Regional {
-        Regional { shares: OnceLock::new(), policies: Cache::new(SCALED_POLICIES), warned: AtomicBool::new(false) }
+impl Scaling {
+    pub(crate) fn new(policy: &Policy) -> Scaling {
+        let limits = policy
+            .rules()
+            .iter()
+            .map(|r| GlobalLimit {
+                capacity: r.capacity(),
+                refill: r.refill(),
+                period_ms: u64::try_from(r.period().as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect();
+        Scaling { limits, policies: Cache::new(SCALED_POLICIES) }
     }
+
+    /// `policy` (the rule's, as written) at `parts`: (capacity, refill) per limit.
+    fn policy(&self, policy: &Policy, label: &str, parts: Vec<(u64, u64)>) -> Result<Arc<Policy>> {
+        if let Some(found) = self.policies.get(&parts) {
+            return Ok(found);
+        }
+        let scaled = policy.rules().iter().zip(&parts).map(|(r, &(capacity, refill))| {
+            let scaled = Rule::new(r.name(), capacity, refill, r.period());
+            let scaled = if r.fail_mode() == FailMode::Closed { scaled.fail_closed() } else { scaled };
+            if r.is_shadow() {
+                scaled.shadow()
+            } else {
+                scaled
+            }
+        });
+        let built = Arc::new(scaled.fold(Policy::builder(policy.prefix()).label(label), |b, r| b.rule(r)).build()?);
+        self.policies.insert(parts, built.clone());
+        Ok(built)
+    }
+}
+
+impl std::fmt::Debug for Scaling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scaling").field("limits", &self.limits).field("policies", &self.policies.len()).finish()
+    }
+}
+
+/// The live rules' side of global rules.
+#[derive(Default)]
+pub(crate) struct Regional {
+    shares: OnceLock<Arc<dyn RegionalShares>>,
+    /// Whether the warning about global rules without a region was logged.
+    warned: AtomicBool,
 }
 
 /// The limits a request is checked against.
@@ -137,19 +179,12 @@ impl Regional {
     }
 
     fn scaled<'a>(&self, rule: &'a CompiledRule, subject: &str) -> Result<Scaled<'a>> {
-        let Some(global) = rule.global() else { return Ok(Scaled::Whole(rule.policy())) };
-        let policy = rule.policy();
-        let limits: Vec<GlobalLimit> = policy
-            .rules()
-            .iter()
-            .map(|r| GlobalLimit {
-                capacity: r.capacity(),
-                refill: r.refill(),
-                period_ms: r.period().as_millis() as u64,
-            })
-            .collect();
+        let (Some(global), Some(scaling)) = (rule.global(), rule.scaling.as_ref()) else {
+            return Ok(Scaled::Whole(rule.policy()));
+        };
+        let limits = &scaling.limits;
         let parts = match self.shares.get() {
-            Some(shares) => shares.regional(rule.id(), global, subject, &limits),
+            Some(shares) => shares.regional(rule.id(), global, subject, limits),
             None => {
                 if !self.warned.swap(true, Ordering::Relaxed) {
                     log::warn!(
@@ -157,35 +192,13 @@ impl Regional {
                         rule.id()
                     );
                 }
-                smallest_split(global, &limits)
+                smallest_split(global, limits)
             }
         };
-        let Some(parts) = parts.filter(|p| p.len() == limits.len() && p.iter().all(|&(c, r)| c >= 1 && r >= 1)) else {
-            return Ok(Scaled::Refused);
-        };
-        let rules: Vec<Rule> = policy
-            .rules()
-            .iter()
-            .zip(&parts)
-            .map(|(r, &(capacity, refill))| {
-                let scaled = Rule::new(r.name(), capacity, refill, r.period());
-                let scaled = if r.fail_mode() == rl_client::FailMode::Closed { scaled.fail_closed() } else { scaled };
-                if r.is_shadow() {
-                    scaled.shadow()
-                } else {
-                    scaled
-                }
-            })
-            .collect();
-        let key = (policy.prefix().to_owned(), rules);
-        if let Some(found) = self.policies.get(&key) {
-            return Ok(Scaled::Regional(found));
+        match parts.filter(|p| p.len() == limits.len() && p.iter().all(|&(c, r)| c >= 1 && r >= 1)) {
+            Some(parts) => Ok(Scaled::Regional(scaling.policy(rule.policy(), rule.id(), parts)?)),
+            None => Ok(Scaled::Refused),
         }
-        let built =
-            key.1.iter().cloned().fold(Policy::builder(policy.prefix()).label(rule.id()), |b, r| b.rule(r)).build()?;
-        let built = Arc::new(built);
-        self.policies.insert(key, built.clone());
-        Ok(Scaled::Regional(built))
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use ipnet::IpNet;
 use rl_client::{Error, InflightPolicy, Policy, Result};
 
+use crate::regional::Scaling;
 use crate::spec::{GlobalSpec, Mode};
 
 /// Which requests a compiled rule matches, from the most specific to the
@@ -63,6 +64,8 @@ pub struct CompiledRule {
     pub(crate) policy: Policy,
     pub(crate) inflight: Option<InflightPolicy>,
     pub(crate) global: Option<GlobalSpec>,
+    /// A global rule's limits and its scaled policies (regional.rs).
+    pub(crate) scaling: Option<Arc<Scaling>>,
 }
 
 impl CompiledRule {
