@@ -38,15 +38,16 @@ impl Timing {
         let names: Vec<String> = regions.iter().map(|r| r.0.clone()).collect();
         let rules =
             rl_balancer::rules::from_spec(&crate::gateways::rules(), &names).expect("the rules span the regions");
-        let mut c = rl_balancer::Config::new(regions, rules);
-        c.interval = self.interval;
-        c.gateway_refresh = self.gateway_refresh;
-        c.gateway_timeout = self.gateway_timeout;
-        c.stale_after = self.stale_after;
-        c.settle = self.settle;
-        c.grace = self.grace;
-        c.timeout = Duration::from_millis(500);
-        c.delay = Some(self.delay);
-        c
+        rl_balancer::Config {
+            interval: self.interval,
+            gateway_refresh: self.gateway_refresh,
+            gateway_timeout: self.gateway_timeout,
+            stale_after: self.stale_after,
+            settle: self.settle,
+            grace: self.grace,
+            timeout: Duration::from_millis(500),
+            delay: Some(self.delay),
+            ..rl_balancer::Config::new(regions, rules)
+        }
     }
 }
