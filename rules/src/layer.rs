@@ -103,9 +103,7 @@ impl Decide for LiveDecide {
             let mut out = Vec::with_capacity(views.len());
             for ((v, decision), scaled) in views.iter().zip(decisions).zip(scaled) {
                 let Some(decision) = decision else { continue };
-                if allowed {
-                    regional.admitted(&v.rule, &v.subject, facts.cost);
-                }
+                regional.demanded(&v.rule, &v.subject, facts.cost);
                 // Only an allowed request is one a shadow rule would have changed.
                 if let (true, Some((rule, subject))) = (allowed, &v.shadow) {
                     if let Some(limit) = regional.shadow_refusal(limiter, rule, subject, facts.cost).await? {

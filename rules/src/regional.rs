@@ -55,10 +55,14 @@ pub trait RegionalShares: Send + Sync + 'static {
         limits: &[GlobalLimit],
     ) -> Option<Vec<(u64, u64)>>;
 
-    /// `cost` was admitted under global rule `rule` for `subject`: counted
+    /// A request costing `cost` was checked under global rule `rule` for
+    /// `subject`, admitted or refused: the demand the balancer splits the
+    /// rule by (counting only what was admitted would keep a region's
+    /// share where it is: a subject refused for want of share never shows
+    /// the traffic that would earn it more). Counted
     /// for the balancer's usage report. Called on the request path: it
     /// counts in memory.
-    fn admitted(&self, rule: &str, subject: &str, cost: u64);
+    fn demanded(&self, rule: &str, subject: &str, cost: u64);
 }
 
 /// Scaled policies kept per global rule: one per share in use (the busy
@@ -156,7 +160,7 @@ impl Regional {
     }
 
     /// Decides `cost` for `subject` by `rule` (scaled when global), and
-    /// counts what a global rule admitted. Also the region's share of a
+    /// counts a global rule's demand. Also the region's share of a
     /// global rule the decision was made against.
     pub(crate) async fn check_cost(
         &self,
@@ -170,17 +174,15 @@ impl Regional {
             Scaled::Regional(policy) => (limiter.check_cost(&policy, subject, cost).await?, Some(policy)),
             Scaled::Refused => (refusal(rule), None),
         };
-        if decision.allowed {
-            self.admitted(rule, subject, cost);
-        }
+        self.demanded(rule, subject, cost);
         Ok((decision, regional))
     }
 
-    /// Counts `cost` admitted by global `rule` for the balancer's usage
+    /// Counts `cost` checked by global `rule` for the balancer's usage
     /// report (nothing for a rule that is not global, or without a region).
-    pub(crate) fn admitted(&self, rule: &CompiledRule, subject: &str, cost: u64) {
+    pub(crate) fn demanded(&self, rule: &CompiledRule, subject: &str, cost: u64) {
         if let (Some(_), Some(shares)) = (rule.global(), self.shares.get()) {
-            shares.admitted(rule.id(), subject, cost);
+            shares.demanded(rule.id(), subject, cost);
         }
     }
 

@@ -695,7 +695,7 @@ const GLOBAL: &str = r#"
 /// what it admitted.
 struct FixedShare {
     ppm: u64,
-    admitted: std::sync::Mutex<Vec<(String, String, u64)>>,
+    checked: std::sync::Mutex<Vec<(String, String, u64)>>,
 }
 
 impl rl_rules::RegionalShares for FixedShare {
@@ -713,8 +713,8 @@ impl rl_rules::RegionalShares for FixedShare {
         Some(limits.iter().map(|l| (l.capacity * self.ppm / 1_000_000, l.refill * self.ppm / 1_000_000)).collect())
     }
 
-    fn admitted(&self, rule: &str, subject: &str, cost: u64) {
-        self.admitted.lock().unwrap().push((rule.to_owned(), subject.to_owned(), cost));
+    fn demanded(&self, rule: &str, subject: &str, cost: u64) {
+        self.checked.lock().unwrap().push((rule.to_owned(), subject.to_owned(), cost));
     }
 }
 
@@ -733,13 +733,13 @@ async fn a_global_rule_is_enforced_at_the_regions_share() {
     let unset = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
     assert_eq!(allowed(&unset, "a", 40).await, 20);
     let rules = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
-    let share = Arc::new(FixedShare { ppm: 700_000, admitted: Default::default() });
+    let share = Arc::new(FixedShare { ppm: 700_000, checked: Default::default() });
     rules.set_region_shares(share.clone()).unwrap();
     let e = rules.set_region_shares(share.clone()).unwrap_err().to_string();
     assert!(e.contains("set once"), "{e}");
     assert_eq!(allowed(&rules, "b", 100).await, 70);
-    let admitted = share.admitted.lock().unwrap().clone();
-    assert_eq!(admitted.len(), 70, "admitted requests are counted, refused ones not");
+    let admitted = share.checked.lock().unwrap().clone();
+    assert_eq!(admitted.len(), 100, "every checked request is demand, refused ones too");
     assert!(admitted.iter().all(|(r, s, n)| (r.as_str(), s.as_str(), *n) == ("api", "b", 1)));
     // Same Redis keys as the whole rule: the module took the scaled parameters.
     let key = rules.snapshot().rule("api").unwrap().policy().keys("b").unwrap().remove(0);
@@ -750,7 +750,7 @@ async fn a_global_rule_is_enforced_at_the_regions_share() {
     assert!(policy.contains("q=70"), "the headers announce the region's share: {policy}");
     // A share worth less than a token refuses.
     let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
-    tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, admitted: Default::default() })).unwrap();
+    tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, checked: Default::default() })).unwrap();
     let v = tiny.check(&Request::new().subject("c")).await.unwrap();
     assert!(!v.decision.allowed && v.decision.retry_after == Some(Duration::from_secs(3600)), "{:?}", v.decision);
 }
@@ -763,7 +763,7 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     use rl_client::{Decide, Facts};
     let s = Server::start(&[]);
     let rules = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
-    let share = Arc::new(FixedShare { ppm: 700_000, admitted: Default::default() });
+    let share = Arc::new(FixedShare { ppm: 700_000, checked: Default::default() });
     rules.set_region_shares(share.clone()).unwrap();
     let decide = rl_rules::LiveDecide::new(rules);
     let facts = Facts { ip: None, key: Some("k".into()), route: "GET /".into(), cost: 1 };
@@ -776,13 +776,13 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
         last = Some(checked[0].clone());
     }
     assert_eq!(allowed, 70, "the region's 70% of 100 an hour");
-    assert_eq!(share.admitted.lock().unwrap().len(), 70, "admitted requests are counted for the balancer");
+    assert_eq!(share.checked.lock().unwrap().len(), 100, "checked requests are counted for the balancer");
     let last = last.unwrap();
     let policy: &rl_client::Policy = (*last.policy).as_ref();
     assert_eq!(policy.rules()[0].capacity(), 70, "headers announce what this region enforces");
     // A share worth less than a token refuses without charging anything.
     let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
-    tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, admitted: Default::default() })).unwrap();
+    tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, checked: Default::default() })).unwrap();
     let checked = rl_rules::LiveDecide::new(tiny).decide(facts).await.unwrap();
     assert!(!checked[0].decision.allowed, "{:?}", checked[0].decision);
 }

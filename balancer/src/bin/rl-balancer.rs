@@ -1,0 +1,168 @@
+//! rl-balancer: the quota balancer of global limits across regions.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use rl_balancer::{Balancer, Config, Stopped};
+use rl_rules::RuleSetSpec;
+
+/// Moves each region's share of every global limit toward where the traffic
+/// is, every --interval, without ever letting the shares in effect sum above
+/// the whole limit (lower everywhere first, wait for the gateways, then
+/// raise).
+///
+/// Run exactly one per deployment (under a supervisor that restarts it). A
+/// second one, or a restarted one, claims a higher epoch in every region;
+/// the older one's writes are then refused and it exits with status 3.
+///
+/// Alarms: the gateways' share-table age above 60 s (this process is down
+/// or failing), a `round` log line missing for 3 intervals, and `region
+/// unreachable` warnings. Without this process the gateways keep the last
+/// shares for --stale-after, then fall back to the fixed split: it can be
+/// restarted at any time.
+#[derive(Parser, Debug)]
+#[command(name = "rl-balancer", version, verbatim_doc_comment)]
+struct Args {
+    /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`. Repeat
+    /// for each region, in the order the global rules list their regions.
+    #[arg(long = "region", value_name = "NAME=URL", required = true, value_parser = parse_region)]
+    regions: Vec<(String, String)>,
+
+    /// The rule set (TOML or JSON, as rlctl and the gateways read it):
+    /// its rules with `global = { regions = [...], floor, weights }` are
+    /// balanced. Each must span exactly the --region list, in its order.
+    #[arg(long, value_name = "FILE")]
+    rules: PathBuf,
+
+    /// Between two rounds.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+
+    /// Subjects per rule that get shares of their own, by worldwide traffic;
+    /// the others get the rule's default split.
+    #[arg(long, default_value_t = 1000)]
+    busiest: usize,
+
+    /// The gateways' stale_after: how long they keep a table without a write
+    /// before falling back to the fixed split. Must match the gateways'.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    stale_after: Duration,
+
+    /// The gateways' settle: how long they enforce min(last, fixed) before
+    /// the fixed split. Must match the gateways'.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    settle: Duration,
+
+    /// How often the gateways re-read their region's table: at least the
+    /// gateways' refresh.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    gateway_refresh: Duration,
+
+    /// How long a gateway's read of its table may take: at least the
+    /// gateways' timeout. Between lowering and raising the balancer waits
+    /// --gateway-refresh + --gateway-timeout.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    gateway_timeout: Duration,
+
+    /// How long a region may be unreachable before the others get what it
+    /// cannot be holding any more (its fixed split once its gateways must
+    /// have fallen back). Until then nothing changes.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+
+    /// Assert that REGION is down (its gateways are stopped or cannot reach
+    /// their Redis): the others take its whole share. Wrong if the region
+    /// is only cut off from the balancer: then it goes over. When its Redis
+    /// is reachable again it gets 0 shares, then starts from the floor.
+    #[arg(long, value_name = "REGION")]
+    down: Vec<String>,
+
+    /// Bound of every call to a region's Redis.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+
+    /// The share table's hash in every region.
+    #[arg(long, default_value = rl_balancer::store::DEFAULT_KEY)]
+    key: String,
+
+    /// The fencing epoch (default: above the highest any region has seen,
+    /// so a new balancer always takes over from an old one).
+    #[arg(long)]
+    epoch: Option<u64>,
+
+    /// Testing: wait a random MIN-MAX ms before every call to a region,
+    /// e.g. 70-150, to model cross-region latency.
+    #[arg(long, value_name = "MIN-MAX", value_parser = parse_delay)]
+    inject_delay: Option<(Duration, Duration)>,
+}
+
+fn parse_region(s: &str) -> Result<(String, String), String> {
+    let (name, url) = s.split_once('=').ok_or("expected NAME=URL, e.g. eu=redis://10.0.0.5:6379")?;
+    if name.is_empty() || url.is_empty() {
+        return Err("expected NAME=URL with both parts".into());
+    }
+    Ok((name.to_string(), url.to_string()))
+}
+
+fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
+    let (lo, hi) = s.split_once('-').ok_or("expected MIN-MAX in ms, e.g. 70-150")?;
+    let ms = |v: &str| v.trim().parse::<u64>().map_err(|e| format!("{v:?}: {e}"));
+    let (lo, hi) = (ms(lo)?, ms(hi)?);
+    if lo > hi {
+        return Err(format!("{lo} is above {hi}"));
+    }
+    Ok((Duration::from_millis(lo), Duration::from_millis(hi)))
+}
+
+fn config(args: Args) -> Result<Config, String> {
+    let spec = RuleSetSpec::from_file(&args.rules).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
+    let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
+    let rules =
+        rl_balancer::rules::from_spec(&spec, &names).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
+    let mut c = Config::new(args.regions, rules);
+    c.interval = args.interval;
+    c.busiest = args.busiest;
+    c.stale_after = args.stale_after;
+    c.settle = args.settle;
+    c.gateway_refresh = args.gateway_refresh;
+    c.gateway_timeout = args.gateway_timeout;
+    c.grace = args.grace;
+    c.timeout = args.timeout;
+    c.down = args.down.into_iter().collect::<BTreeSet<_>>();
+    c.key = args.key;
+    c.epoch = args.epoch;
+    c.delay = args.inject_delay;
+    Ok(c)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let balancer = match config(Args::parse()).map_err(Stopped::Config).and_then(Balancer::new) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("rl-balancer: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match balancer.run(stop).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ Stopped::Fenced(_)) => {
+            tracing::error!("{e}");
+            ExitCode::from(3)
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}

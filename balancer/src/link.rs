@@ -1,0 +1,132 @@
+//! The balancer's line to one region's Redis: every call waits an optional
+//! injected delay first (the simulation's cross-region latency), is bounded
+//! by a timeout, and drops the connection on failure so the next call
+//! reconnects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::Mutex;
+
+use crate::store::{self, Read, WriteError};
+use crate::table::ShareTable;
+
+/// Why a call to a region did not answer.
+#[derive(Debug)]
+pub enum CallError {
+    /// A newer balancer has claimed the region: this one must stop.
+    Fenced(String),
+    /// No answer, a timeout or an error: a write may have landed.
+    Unreachable(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Fenced(e) => write!(f, "fenced off: {e}"),
+            CallError::Unreachable(e) => write!(f, "unreachable: {e}"),
+        }
+    }
+}
+
+impl From<WriteError> for CallError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Stale(s) => CallError::Fenced(s),
+            WriteError::Redis(e) => CallError::Unreachable(e.to_string()),
+        }
+    }
+}
+
+/// One region, cheap to clone into a task.
+#[derive(Clone)]
+pub struct Link {
+    /// The region's name.
+    pub name: String,
+    client: redis::Client,
+    con: Arc<Mutex<Option<MultiplexedConnection>>>,
+    key: String,
+    timeout: Duration,
+    delay: Option<(Duration, Duration)>,
+}
+
+impl Link {
+    /// A region at `url` (not connected yet); `key`: the share table's hash;
+    /// `delay`: an injected wait drawn from this range before every call.
+    pub fn new(
+        name: &str,
+        url: &str,
+        key: &str,
+        timeout: Duration,
+        delay: Option<(Duration, Duration)>,
+    ) -> Result<Link, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("region {name}: bad Redis URL {url:?}: {e}"))?;
+        Ok(Link { name: name.to_string(), client, con: Arc::default(), key: key.to_string(), timeout, delay })
+    }
+
+    /// Waits the injected delay, then runs `call` with a connection, within
+    /// the timeout; a failure drops the connection.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, CallError>
+    where
+        F: FnOnce(MultiplexedConnection, String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        if let Some((lo, hi)) = self.delay {
+            let ms = fastrand::u64(lo.as_millis() as u64..=hi.as_millis().max(lo.as_millis()) as u64);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let attempt = async {
+            let con = {
+                let mut slot = self.con.lock().await;
+                match slot.as_ref() {
+                    Some(con) => con.clone(),
+                    None => {
+                        let con = self
+                            .client
+                            .get_multiplexed_async_connection()
+                            .await
+                            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+                        *slot = Some(con.clone());
+                        con
+                    }
+                }
+            };
+            call(con, self.key.clone()).await
+        };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Unreachable(format!("no answer within {:?}", self.timeout))),
+        };
+        if matches!(result, Err(CallError::Unreachable(_))) {
+            *self.con.lock().await = None;
+        }
+        result
+    }
+
+    /// Claims `epoch` here; answers the epoch that was in force.
+    pub async fn claim(&self, epoch: u64) -> Result<u64, CallError> {
+        self.call(|mut con, key| async move { Ok(store::claim(&mut con, &key, epoch).await?) }).await
+    }
+
+    /// Reads and clears the region's usage since the last call.
+    pub async fn take_usage(&self) -> Result<Vec<(String, String, u64)>, CallError> {
+        self.call(|mut con, key| async move {
+            store::take_usage(&mut con, &key).await.map_err(|e| CallError::Unreachable(e.to_string()))
+        })
+        .await
+    }
+
+    /// Reads the region's table with its ages.
+    pub async fn read(&self) -> Result<Read, CallError> {
+        self.call(|mut con, key| async move {
+            store::sync(&mut con, &key, &[]).await.map_err(|e| CallError::Unreachable(e.to_string()))
+        })
+        .await
+    }
+
+    /// Writes the region's table as the balancer of `epoch`; answers its version.
+    pub async fn write(&self, epoch: u64, table: ShareTable) -> Result<u64, CallError> {
+        self.call(|mut con, key| async move { Ok(store::write(&mut con, &key, epoch, &table).await?) }).await
+    }
+}

@@ -1,0 +1,594 @@
+//! The balancer's loop: every interval, one round over every region.
+//!
+//! A round: claim the epoch in every region (fencing: a newer balancer's
+//! claim makes this one stop), read and clear each region's usage, read its
+//! table, plan (`plan_round`), write the lowered tables, wait until every
+//! gateway has had the time to pick them up (the barrier), then write the
+//! raised tables. A raise is only ever written after the lowers it pairs
+//! with were acknowledged by every live region and the gateways' refresh
+//! interval plus their read timeout has passed since the last
+//! acknowledgement: a gateway still on the old, higher share (not read yet,
+//! or a read sent before the lowering landed) cannot coexist with a raised one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use crate::link::{CallError, Link};
+use crate::round::{plan_round, GlobalRule};
+use crate::stale::held_by_unreachable;
+use crate::store::Read;
+use crate::table::{RuleShares, ShareTable};
+use crate::WHOLE;
+
+/// Everything a balancer needs, checked by [`Balancer::new`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// (name, Redis URL) of each region, in the order of the rules' weights.
+    pub regions: Vec<(String, String)>,
+    /// The global rules, their splits over `regions`.
+    pub rules: Vec<GlobalRule>,
+    /// Between the starts of two rounds (10 s).
+    pub interval: Duration,
+    /// Subjects per rule that get shares of their own (the rest: the default split).
+    pub busiest: usize,
+    /// The gateways' `stale_after`: they keep a table this long without a write (5 min).
+    pub stale_after: Duration,
+    /// The gateways' `settle`: how long they enforce min(last, fixed) before the fixed split.
+    pub settle: Duration,
+    /// How often gateways re-read their region's table.
+    pub gateway_refresh: Duration,
+    /// How long a gateway's read may take before it is dropped: a read
+    /// answered late carries the table of when it was sent.
+    pub gateway_timeout: Duration,
+    /// How long a region may be unreachable before the others get what it cannot hold.
+    pub grace: Duration,
+    /// Bound of every call to a region.
+    pub timeout: Duration,
+    /// Regions the operator asserts are down (gateways stopped or cut off from their Redis).
+    pub down: BTreeSet<String>,
+    /// Injected delay before every call to a region (the simulation's cross-region latency).
+    pub delay: Option<(Duration, Duration)>,
+    /// The share table's hash in every region.
+    pub key: String,
+    /// The fencing epoch; `None`: one above the highest any region has seen.
+    pub epoch: Option<u64>,
+}
+
+impl Config {
+    /// The defaults of the binary for these regions and rules.
+    pub fn new(regions: Vec<(String, String)>, rules: Vec<GlobalRule>) -> Config {
+        Config {
+            regions,
+            rules,
+            interval: Duration::from_secs(10),
+            busiest: 1000,
+            stale_after: Duration::from_secs(300),
+            settle: Duration::from_secs(10),
+            gateway_refresh: Duration::from_secs(1),
+            gateway_timeout: Duration::from_secs(1),
+            grace: Duration::from_secs(60),
+            timeout: Duration::from_secs(2),
+            down: BTreeSet::new(),
+            delay: None,
+            key: crate::store::DEFAULT_KEY.to_string(),
+            epoch: None,
+        }
+    }
+}
+
+impl Config {
+    /// Between the last acknowledged lowering and the raise: every gateway
+    /// has read since (a refresh), and a read sent before the lowering
+    /// landed has been answered or dropped (its timeout).
+    pub fn barrier(&self) -> Duration {
+        self.gateway_refresh + self.gateway_timeout
+    }
+}
+
+/// What one round did, for the log line and the tests.
+#[derive(Clone, Debug, Default)]
+pub struct RoundReport {
+    /// The epoch written with.
+    pub epoch: u64,
+    /// Start to end of the round.
+    pub duration: Duration,
+    /// Regions that answered, by name.
+    pub reached: Vec<String>,
+    /// Each region's table version after the round (`None`: not written).
+    pub versions: Vec<Option<u64>>,
+    /// Why nothing was planned this round (`None`: planned).
+    pub held: Option<String>,
+    /// Whether the raise phase was written.
+    pub raised: bool,
+    /// The tables in effect after the round, by region (`None`: unknown).
+    pub tables: Vec<Option<ShareTable>>,
+}
+
+/// Why a balancer stopped.
+#[derive(Debug)]
+pub enum Stopped {
+    /// A newer balancer has claimed a region: this one must not write again.
+    Fenced(String),
+    /// The configuration is wrong.
+    Config(String),
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::Fenced(e) => write!(f, "another balancer with a higher epoch took over ({e}); this one stops"),
+            Stopped::Config(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// What the balancer remembers of a region between rounds.
+struct Region {
+    link: Link,
+    /// The highest table the region may hold: the last read, or the last
+    /// write that may have landed.
+    last: Option<ShareTable>,
+    /// When this balancer last wrote (or tried to write) to it.
+    last_write: Option<Instant>,
+    unreachable_since: Option<Instant>,
+    down: bool,
+}
+
+/// One balancer: its regions, rules and epoch.
+pub struct Balancer {
+    config: Config,
+    regions: Vec<Region>,
+    epoch: u64,
+    started: Instant,
+}
+
+/// A region's answer to the first part of a round.
+struct Visit {
+    usage: Vec<(String, String, u64)>,
+    read: Read,
+}
+
+impl Balancer {
+    /// Checks the configuration and opens (lazily) a line to every region.
+    pub fn new(config: Config) -> Result<Balancer, Stopped> {
+        let n = config.regions.len();
+        if n == 0 {
+            return Err(Stopped::Config("no region: name each with --region NAME=redis://host:port".into()));
+        }
+        let names: BTreeSet<&str> = config.regions.iter().map(|r| r.0.as_str()).collect();
+        if names.len() != n {
+            return Err(Stopped::Config("a region is named twice".into()));
+        }
+        if let Some(d) = config.down.iter().find(|d| !names.contains(d.as_str())) {
+            return Err(Stopped::Config(format!("--down {d}: no such region (regions: {names:?})")));
+        }
+        for rule in &config.rules {
+            if rule.split.regions() != n {
+                return Err(Stopped::Config(format!(
+                    "rule {}: its split names {} regions, the balancer has {n}",
+                    rule.id,
+                    rule.split.regions()
+                )));
+            }
+        }
+        if config.interval.is_zero() || config.timeout.is_zero() {
+            return Err(Stopped::Config("--interval and --timeout must be above 0".into()));
+        }
+        let mut regions = Vec::with_capacity(n);
+        for (name, url) in &config.regions {
+            let link = Link::new(name, url, &config.key, config.timeout, config.delay).map_err(Stopped::Config)?;
+            regions.push(Region {
+                link,
+                last: None,
+                last_write: None,
+                unreachable_since: None,
+                down: config.down.contains(name),
+            });
+        }
+        Ok(Balancer { epoch: config.epoch.unwrap_or(0), config, regions, started: Instant::now() })
+    }
+
+    /// The epoch this balancer writes with (0 until the first round picks one).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Runs rounds every interval until `stop` resolves or a newer balancer
+    /// takes over.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) -> Result<(), Stopped> {
+        let mut ticks = tokio::time::interval(self.config.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return Ok(()),
+                _ = ticks.tick() => {}
+            }
+            let report = self.round().await?;
+            let versions: Vec<String> = report
+                .versions
+                .iter()
+                .zip(&self.config.regions)
+                .map(|(v, r)| format!("{}={}", r.0, v.map_or("-".into(), |v| v.to_string())))
+                .collect();
+            tracing::info!(
+                epoch = report.epoch,
+                ms = report.duration.as_millis() as u64,
+                reached = report.reached.len(),
+                of = self.regions.len(),
+                versions = %versions.join(","),
+                raised = report.raised,
+                held = report.held.as_deref().unwrap_or("-"),
+                "round"
+            );
+        }
+    }
+
+    /// One round. `Err` only when fenced off (or misconfigured).
+    pub async fn round(&mut self) -> Result<RoundReport, Stopped> {
+        let start = Instant::now();
+        let n = self.regions.len();
+        if self.epoch == 0 {
+            self.epoch = self.pick_epoch().await;
+        }
+        // Claim, take usage, read: every region at once.
+        let visits = self.each(|link, epoch| async move {
+            link.claim(epoch).await?;
+            let usage = link.take_usage().await?;
+            let read = link.read().await?;
+            Ok(Visit { usage, read })
+        });
+        let visits = visits.await;
+        let mut report = RoundReport { epoch: self.epoch, versions: vec![None; n], ..Default::default() };
+        let mut reached = vec![false; n];
+        let mut usage = vec![Vec::new(); n];
+        let mut current = vec![ShareTable::default(); n];
+        // How long ago each table last changed: ramps in it have run that
+        // much longer (an unreachable region's: counted as none, so its
+        // ramps only ever run slower).
+        let mut since_change = vec![Duration::ZERO; n];
+        for (r, visit) in visits.into_iter().enumerate() {
+            let region = &mut self.regions[r];
+            match visit {
+                Ok(v) => {
+                    if region.unreachable_since.take().is_some() {
+                        tracing::warn!(region = %region.link.name, "region reachable again");
+                    }
+                    reached[r] = true;
+                    report.reached.push(region.link.name.clone());
+                    current[r] = in_force_bound(&v.read, &self.config, r);
+                    since_change[r] = v.read.since_change;
+                    region.last = Some(v.read.table);
+                    usage[r] = v.usage;
+                }
+                Err(CallError::Fenced(e)) => return Err(Stopped::Fenced(e)),
+                Err(CallError::Unreachable(e)) => {
+                    let since = *region.unreachable_since.get_or_insert(start);
+                    tracing::warn!(region = %region.link.name, error = %e, for_ms = since.elapsed().as_millis() as u64, "region unreachable");
+                    current[r] = region.last.clone().unwrap_or_default();
+                }
+            }
+        }
+        if reached.iter().filter(|&&x| x).count() * 2 <= n {
+            // Without a majority this balancer may be the cut-off one:
+            // write nothing, let the tables age.
+            report.held = Some("fewer than a majority of regions reached".into());
+            return Ok(self.finish(report, start));
+        }
+        let live: Vec<bool> = (0..n).map(|r| reached[r] && !self.regions[r].down).collect();
+        let mut budgets = BTreeMap::new();
+        for rule in &self.config.rules {
+            match self.budget(rule, &reached) {
+                Ok(b) => {
+                    budgets.insert(rule.id.clone(), b);
+                }
+                Err(why) => {
+                    report.held = Some(why);
+                }
+            }
+        }
+        let tables = if report.held.is_some() {
+            // Rewrite what the gateways may enforce (an aged table bounded
+            // by the fixed split, so the heartbeat raises nobody): no change.
+            (current.clone(), current.clone())
+        } else {
+            let mut lower = vec![ShareTable::default(); n];
+            let mut raise = vec![ShareTable::default(); n];
+            for rule in &self.config.rules {
+                let t = plan_round(
+                    std::slice::from_ref(rule),
+                    &usage,
+                    &current,
+                    &since_change,
+                    &live,
+                    budgets[&rule.id],
+                    self.config.busiest,
+                );
+                for r in 0..n {
+                    lower[r].rules.extend(t.lower[r].rules.clone());
+                    raise[r].rules.extend(t.raise[r].rules.clone());
+                }
+            }
+            (lower, raise)
+        };
+        let (lower, raise) = tables;
+        // Phase one: the lowered tables to every reachable region (a region
+        // asserted down gets its zeros here and is live from the next round).
+        // A held round must not refresh a down region's old table.
+        let held = report.held.is_some();
+        let to: Vec<bool> = (0..n).map(|r| reached[r] && !(held && self.regions[r].down)).collect();
+        let acked = self.write_all(&lower, &to, &mut report).await?;
+        for (region, &acked) in self.regions.iter_mut().zip(&acked) {
+            if acked && region.down {
+                tracing::warn!(region = %region.link.name, "region asserted down is reachable: written 0 shares, it starts from the floor next round");
+                region.down = false;
+            }
+        }
+        let raises = (0..n).any(|r| live[r] && raise[r] != lower[r]);
+        if raises && (0..n).all(|r| !live[r] || acked[r]) {
+            tokio::time::sleep(self.config.barrier()).await;
+            self.write_all(&raise, &live, &mut report).await?;
+            report.raised = true;
+        }
+        Ok(self.finish(report, start))
+    }
+
+    fn finish(&self, mut report: RoundReport, start: Instant) -> RoundReport {
+        report.duration = start.elapsed();
+        report.tables = self.regions.iter().map(|r| r.last.clone()).collect();
+        report
+    }
+
+    /// Writes `tables[r]` to every region with `to[r]`, at once; answers
+    /// which acknowledged. A failed write may have landed: the region is
+    /// assumed to hold the higher of the two tables.
+    async fn write_all(
+        &mut self,
+        tables: &[ShareTable],
+        to: &[bool],
+        report: &mut RoundReport,
+    ) -> Result<Vec<bool>, Stopped> {
+        let tables_for_tasks = tables.to_vec();
+        let to_for_tasks = to.to_vec();
+        let results = self
+            .each_indexed(move |r, link, epoch| {
+                let table = tables_for_tasks[r].clone();
+                let write = to_for_tasks[r];
+                async move {
+                    if write {
+                        link.write(epoch, table).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                }
+            })
+            .await;
+        let mut acked = vec![false; tables.len()];
+        for (r, result) in results.into_iter().enumerate() {
+            let region = &mut self.regions[r];
+            if !to[r] {
+                continue;
+            }
+            region.last_write = Some(Instant::now());
+            match result {
+                Ok(version) => {
+                    acked[r] = true;
+                    report.versions[r] = version;
+                    region.last = Some(tables[r].clone());
+                }
+                Err(CallError::Fenced(e)) => return Err(Stopped::Fenced(e)),
+                Err(CallError::Unreachable(e)) => {
+                    tracing::warn!(region = %region.link.name, error = %e, "write failed (it may have landed)");
+                    let last = region.last.take().unwrap_or_default();
+                    region.last = Some(higher(&last, &tables[r]));
+                }
+            }
+        }
+        Ok(acked)
+    }
+
+    /// The part of `rule` the reachable regions may share: the whole less
+    /// what each unreachable region may still hold (0 for a region asserted
+    /// down). `Err`: hold this round (within the grace, or a region never
+    /// seen whose table could still be in force).
+    fn budget(&self, rule: &GlobalRule, reached: &[bool]) -> Result<u32, String> {
+        let fixed = rule.split.default_split();
+        let mut budget = WHOLE;
+        for (r, region) in self.regions.iter().enumerate() {
+            if reached[r] || region.down {
+                continue;
+            }
+            let since_down = region.unreachable_since.map_or(Duration::ZERO, |s| s.elapsed());
+            if since_down < self.config.grace {
+                return Err(format!("region {} unreachable for less than --grace", region.link.name));
+            }
+            // A write before this balancer started is older than its start.
+            let since = region.last_write.unwrap_or(self.started).elapsed();
+            let lag = self.config.timeout + self.config.barrier();
+            let gone = self.config.stale_after + self.config.settle + lag;
+            let held = match &region.last {
+                Some(table) => held_in(table, &rule.id, fixed[r], |last| {
+                    held_by_unreachable(last, fixed[r], since, self.config.stale_after, self.config.settle, lag)
+                }),
+                None if since >= gone => fixed[r],
+                None => {
+                    return Err(format!(
+                        "region {} never reached: its table may be in force until {:?} after start",
+                        region.link.name, gone
+                    ))
+                }
+            };
+            budget = budget.saturating_sub(held);
+        }
+        Ok(budget)
+    }
+
+    /// Epoch: above every epoch the reachable regions have seen, with random
+    /// low bits so two balancers starting together do not pick the same.
+    async fn pick_epoch(&self) -> u64 {
+        let reads = self.each(|link, _| async move { link.read().await }).await;
+        let highest = reads.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.epoch).max().unwrap_or(0);
+        ((highest >> 20) + 1) << 20 | fastrand::u64(..1 << 20)
+    }
+
+    /// Runs `f` on every region at once; answers in the regions' order.
+    async fn each<T, F, Fut>(&self, f: F) -> Vec<Result<T, CallError>>
+    where
+        T: Send + 'static,
+        F: Fn(Link, u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>> + Send + 'static,
+    {
+        self.each_indexed(|_, link, epoch| f(link, epoch)).await
+    }
+
+    async fn each_indexed<T, F, Fut>(&self, f: F) -> Vec<Result<T, CallError>>
+    where
+        T: Send + 'static,
+        F: Fn(usize, Link, u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>> + Send + 'static,
+    {
+        let mut set = JoinSet::new();
+        for (r, region) in self.regions.iter().enumerate() {
+            let call = f(r, region.link.clone(), self.epoch);
+            set.spawn(async move { (r, call.await) });
+        }
+        let mut out: Vec<Option<Result<T, CallError>>> = (0..self.regions.len()).map(|_| None).collect();
+        while let Some(joined) = set.join_next().await {
+            let (r, result) = joined.expect("a region task does not panic");
+            out[r] = Some(result);
+        }
+        out.into_iter().map(|o| o.expect("every region answered")).collect()
+    }
+}
+
+/// What a region's gateways may enforce with this table read: the table
+/// itself while it is fresh; once it is old enough that gateways may have
+/// fallen back, the smaller of it and the fixed split (a phase-one write
+/// must not raise a gateway that already fell back).
+fn in_force_bound(read: &Read, config: &Config, r: usize) -> ShareTable {
+    let margin = config.interval + config.timeout;
+    if read.age + margin < config.stale_after {
+        return read.table.clone();
+    }
+    let mut table = ShareTable::default();
+    for rule in &config.rules {
+        let fixed = rule.split.default_split()[r];
+        // A rule missing from the table: its gateways are on the fixed split.
+        let mut shares =
+            read.table.rules.get(&rule.id).cloned().unwrap_or(RuleShares { default: fixed, ..Default::default() });
+        shares.default = shares.default.min(fixed);
+        for s in shares.subjects.values_mut() {
+            s.share = s.share.min(fixed);
+            s.from = s.from.min(s.share);
+        }
+        table.rules.insert(rule.id.clone(), shares);
+    }
+    table
+}
+
+/// The most `held` gives over every share of `rule` in `table` (its
+/// default and each subject's), or over the fixed split when the table
+/// does not have the rule.
+fn held_in(table: &ShareTable, rule: &str, fixed: u32, held: impl Fn(u32) -> u32) -> u32 {
+    match table.rules.get(rule) {
+        None => held(fixed),
+        Some(r) => r.subjects.values().map(|s| held(s.share)).chain([held(r.default)]).max().unwrap_or(0),
+    }
+}
+
+/// Share by share, the higher of two tables.
+fn higher(a: &ShareTable, b: &ShareTable) -> ShareTable {
+    let mut out = a.clone();
+    for (rule, theirs) in &b.rules {
+        let ours = out.rules.entry(rule.clone()).or_insert_with(|| theirs.clone());
+        let base = ours.default;
+        // Subjects only `a` names follow `b`'s default there.
+        for (subject, s) in ours.subjects.iter_mut() {
+            if !theirs.subjects.contains_key(subject) {
+                s.share = s.share.max(theirs.default);
+            }
+        }
+        ours.default = ours.default.max(theirs.default);
+        for (subject, s) in &theirs.subjects {
+            let mine = ours.subjects.entry(subject.clone()).or_insert(crate::Share::steady(base));
+            mine.share = mine.share.max(s.share);
+            mine.from = mine.from.min(s.from);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::SplitParams;
+    use crate::Share;
+
+    fn table(default: u32, acme: Option<u32>) -> ShareTable {
+        let mut t = ShareTable::default();
+        let mut r = RuleShares { default, ..Default::default() };
+        if let Some(s) = acme {
+            r.subjects.insert("acme".into(), Share::steady(s));
+        }
+        t.rules.insert("api".into(), r);
+        t
+    }
+
+    fn config() -> Config {
+        let rule = GlobalRule {
+            id: "api".into(),
+            split: SplitParams::new(50_000, vec![1, 1, 1]).unwrap(),
+            ramp: Duration::from_secs(1),
+        };
+        let regions = ["eu", "us", "ap"].iter().map(|r| (r.to_string(), "redis://127.0.0.1:1".to_string()));
+        Config::new(regions.collect(), vec![rule])
+    }
+
+    #[test]
+    fn an_aged_table_is_bounded_by_the_fixed_split() {
+        let c = config();
+        let read = |age_s| Read {
+            version: 1,
+            epoch: 1,
+            table: table(200_000, Some(900_000)),
+            age: Duration::from_secs(age_s),
+            since_change: Duration::from_secs(age_s),
+        };
+        assert_eq!(in_force_bound(&read(5), &c, 0), table(200_000, Some(900_000)));
+        assert_eq!(in_force_bound(&read(290), &c, 0), table(200_000, Some(333_333)));
+        let never = Read { table: ShareTable::default(), ..read(u32::MAX as u64) };
+        assert_eq!(in_force_bound(&never, &c, 0), table(333_333, None), "no table: the fixed split");
+    }
+
+    #[test]
+    fn higher_takes_each_share_at_its_highest() {
+        let h = higher(&table(300_000, Some(100_000)), &table(200_000, Some(700_000)));
+        assert_eq!(h.rules["api"].default, 300_000);
+        assert_eq!(h.rules["api"].subjects["acme"].share, 700_000);
+        let with_new = higher(&table(300_000, None), &table(100_000, Some(50_000)));
+        assert_eq!(with_new.lookup("api", "acme").unwrap().share, 300_000, "a new entry never lowers the default");
+        assert_eq!(held_in(&table(300_000, Some(600_000)), "api", 333_333, |s| s), 600_000);
+        assert_eq!(held_in(&ShareTable::default(), "api", 333_333, |s| s), 333_333);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_with_the_reason() {
+        let mut c = config();
+        c.down.insert("mars".into());
+        assert!(Balancer::new(c).err().unwrap().to_string().contains("--down mars: no such region"));
+        let mut c = config();
+        c.regions.pop();
+        assert!(Balancer::new(c)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("rule api: its split names 3 regions, the balancer has 2"));
+        let c = Config::new(vec![], vec![]);
+        assert!(Balancer::new(c).err().unwrap().to_string().contains("no region"));
+        let mut c = config();
+        c.regions[0].1 = "nonsense".into();
+        assert!(Balancer::new(c).err().unwrap().to_string().contains("bad Redis URL"));
+    }
+}
