@@ -20,7 +20,7 @@ use redis::{RedisResult, Script};
 use crate::table::ShareTable;
 
 /// The table's hash (and the channel announcing a new version).
-pub const DEFAULT_KEY: &str = "rl:shares";
+pub const DEFAULT_KEY: &str = rl_rules::SHARES_KEY;
 
 /// Claim: accepted when the epoch is not below the one in force (the
 /// `Fence` model).

@@ -4,7 +4,9 @@
 //!
 //! Every scrape reads `INFO rl`, `INFO stats`, `INFO memory` and
 //! `INFO commandstats` from one server and renders them; a server that does
-//! not answer is `rl_up 0`.
+//! not answer is `rl_up 0`. Where the region's share table of global rules
+//! is (rl-balancer writes it), its age and version too: the balancer's
+//! heartbeat, on the server's clock.
 
 use std::convert::Infallible;
 use std::fmt::Write;
@@ -20,9 +22,19 @@ fn fields(info: &str) -> impl Iterator<Item = (&str, &str)> {
     info.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.trim_end().split_once(':'))
 }
 
+/// The share table's age (since the balancer last wrote it) and version.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharesSeen {
+    /// Seconds since the balancer's last write, on the server's clock.
+    pub age_seconds: f64,
+    /// The table's version.
+    pub version: u64,
+}
+
 /// The Prometheus text of one scrape: `rl` the `INFO rl` text, `server` the
-/// `INFO stats`, `INFO memory` and `INFO commandstats` texts together.
-pub fn render(rl: &str, server: &str) -> String {
+/// `INFO stats`, `INFO memory` and `INFO commandstats` texts together,
+/// `shares` the share table if the server has one.
+pub fn render(rl: &str, server: &str, shares: Option<SharesSeen>) -> String {
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -37,6 +49,12 @@ pub fn render(rl: &str, server: &str) -> String {
     family("rl_evicted_keys_total", "counter", "Keys the server evicted (any eviction resets a limit).");
     family("rl_used_memory_bytes", "gauge", "used_memory of the server.");
     family("rl_maxmemory_bytes", "gauge", "maxmemory of the server (0: none).");
+    family(
+        "rl_share_table_age_seconds",
+        "gauge",
+        "Seconds since rl-balancer last wrote this region's share table (absent: no table).",
+    );
+    family("rl_share_table_version", "gauge", "Version of this region's share table of global rules.");
     let mut samples = String::from("rl_up 1\n");
     let mut sample = |line: String| {
         samples.push_str(&line);
@@ -75,7 +93,28 @@ pub fn render(rl: &str, server: &str) -> String {
             }
         }
     }
+    if let Some(s) = shares {
+        sample(format!("rl_share_table_age_seconds {:.3}", s.age_seconds));
+        sample(format!("rl_share_table_version {}", s.version));
+    }
     out + &samples
+}
+
+/// The share table's age and version, if the server holds one.
+async fn shares_seen(con: &mut MultiplexedConnection) -> Option<SharesSeen> {
+    let (written, version, (secs, micros)): (Option<u64>, Option<u64>, (u64, u64)) = redis::pipe()
+        .cmd("HGET")
+        .arg(crate::SHARES_KEY)
+        .arg("written_at")
+        .cmd("HGET")
+        .arg(crate::SHARES_KEY)
+        .arg("version")
+        .cmd("TIME")
+        .query_async(con)
+        .await
+        .ok()?;
+    let now_ms = secs * 1000 + micros / 1000;
+    Some(SharesSeen { age_seconds: now_ms.saturating_sub(written?) as f64 / 1000.0, version: version.unwrap_or(0) })
 }
 
 /// One scrape of the server behind `con`.
@@ -89,7 +128,8 @@ pub async fn scrape(con: &mut MultiplexedConnection) -> String {
             }
         }
     }
-    render(&texts[0], &texts[1..].join("\n"))
+    let shares = shares_seen(con).await;
+    render(&texts[0], &texts[1..].join("\n"), shares)
 }
 
 /// Serves `/metrics` on `listener` for the server at `redis_url`, until the
@@ -136,7 +176,7 @@ mod tests {
         let server = "# Stats\r\nevicted_keys:9\r\n# Memory\r\nused_memory:1000\r\nmaxmemory:2000\r\n\
                       # Commandstats\r\ncmdstat_rl.take:calls=7,usec=10,rejected_calls=2,failed_calls=3\r\n\
                       cmdstat_get:calls=1,usec=1,rejected_calls=8,failed_calls=0\r\n";
-        let text = render(rl, server);
+        let text = render(rl, server, Some(SharesSeen { age_seconds: 61.5, version: 3 }));
         for line in [
             "rl_up 1",
             "rl_calls_total{command=\"take\"} 7",
@@ -150,10 +190,12 @@ mod tests {
             "rl_used_memory_bytes 1000",
             "rl_maxmemory_bytes 2000",
             "rl_rejected_calls_total{command=\"rl.take\"} 2",
+            "rl_share_table_age_seconds 61.500",
+            "rl_share_table_version 3",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }
         assert!(!text.contains("command=\"get\""), "only the limiter's commands");
-        assert_eq!(text.matches("# TYPE").count(), 10);
+        assert_eq!(text.matches("# TYPE").count(), 12);
     }
 }

@@ -16,7 +16,7 @@ pub use compile::parse_network;
 #[cfg(feature = "tower")]
 pub use layer::LiveDecide;
 pub use live::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
-pub use regional::{GlobalLimit, RegionalShares};
+pub use regional::{GlobalLimit, RegionalShares, SHARES_KEY};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{
     global_rules, FleetBackend, GlobalSpec, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec,

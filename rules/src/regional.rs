@@ -23,6 +23,11 @@ use rl_client::{Decision, Error, FailMode, Limiter, Policy, Result, Rule, Source
 use crate::snapshot::CompiledRule;
 use crate::spec::GlobalSpec;
 
+/// The hash in each region's Redis that holds the region's share table of
+/// global rules (rl-balancer writes it, gateways read it, `rlctl metrics`
+/// reports its age).
+pub const SHARES_KEY: &str = "rl:shares";
+
 /// One limit of a global rule as the rule states it for the whole world.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GlobalLimit {

@@ -67,6 +67,30 @@ fn rlctl_metrics_serves_the_counters_prometheus_scrapes() {
     ] {
         assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
     }
+    assert!(!page.lines().any(|l| l.starts_with("rl_share_table_age_seconds ")), "no share table, no age:\n{page}");
+    // A share table written 90 s ago by the server's clock (a balancer
+    // that stopped): its age is served, for the alarm above 60 s.
+    let now_ms: u64 = {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+        secs * 1000 + micros / 1000
+    };
+    let _: () = redis::cmd("HSET")
+        .arg(rl_rules::SHARES_KEY)
+        .arg("written_at")
+        .arg(now_ms - 90_000)
+        .arg("version")
+        .arg(7)
+        .query(&mut con)
+        .unwrap();
+    let page = get(port, "/metrics");
+    let age: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("rl_share_table_age_seconds "))
+        .unwrap_or_else(|| panic!("no age:\n{page}"))
+        .parse()
+        .unwrap();
+    assert!((90.0..100.0).contains(&age), "{age}");
+    assert!(page.lines().any(|l| l == "rl_share_table_version 7"), "{page}");
     assert!(get(port, "/").starts_with("HTTP/1.1 404"));
     // Redis gone: the exporter answers, and says so.
     s.kill();
@@ -78,7 +102,8 @@ fn rlctl_metrics_serves_the_counters_prometheus_scrapes() {
 fn the_example_alerts_parse_and_use_served_metrics() {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../prometheus-alerts.yml")).unwrap();
     let docs = YamlLoader::load_from_str(&text).expect("valid YAML");
-    let served = rl_rules::exporter::render("", "");
+    let seen = rl_rules::exporter::SharesSeen { age_seconds: 1.0, version: 1 };
+    let served = rl_rules::exporter::render("", "", Some(seen));
     let families: Vec<&str> = served.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
     let rules = docs[0]["groups"][0]["rules"].as_vec().expect("groups[0].rules");
     assert!(rules.len() >= 6, "{} rules", rules.len());
