@@ -18,7 +18,8 @@ use rl_rules::RuleSetSpec;
 /// second one, or a restarted one, claims a higher epoch in every region;
 /// the older one's writes are then refused and it exits with status 3.
 ///
-/// Alarms: the gateways' share-table age above 60 s (this process is down
+/// Alarms: the share table's age above 60 s (rl_share_table_age_seconds from
+/// `rlctl metrics` on each region's Redis: this process is down
 /// or failing), a `round` log line missing for 3 intervals, and `region
 /// unreachable` warnings. Without this process the gateways keep the last
 /// shares for --stale-after, then fall back to the fixed split: it can be
