@@ -194,8 +194,9 @@ impl Limiter {
         let (enforced, shadow) = if self.inner.shards.refuses(subject, now) {
             // While the shard's breaker refuses, the fallback decides, and
             // nothing is awaited.
-            let enforced = self.outage_groups(policy, &policy.enforced, false, subject, cost, now);
-            (enforced, self.outage_groups(policy, &policy.shadow, true, subject, cost, now))
+            let by = |shadow| move |group| Evaluation { policy, group, shadow, subject };
+            let enforced = self.outage_groups(&policy.enforced, by(false), cost, now);
+            (enforced, self.outage_groups(&policy.shadow, by(true), cost, now))
         } else if policy.shadow.is_empty() {
             (self.evaluate_groups(policy, &policy.enforced, false, subject, cost, now).await, None)
         } else {
@@ -359,10 +360,10 @@ impl Limiter {
         now: u64,
     ) -> Option<Decision> {
         let i = &self.inner;
-        if i.shards.refuses(subject, now) {
-            return self.outage_groups(policy, groups, shadow, subject, cost, now);
-        }
         let evaluation = |group| Evaluation { policy, group, shadow, subject };
+        if i.shards.refuses(subject, now) {
+            return self.outage_groups(groups, evaluation, cost, now);
+        }
         // A policy has at most one group of each kind of call.
         let gateways = i.gateways();
         let batch = |k| groups.get(k).map_or(1, |g| self.batch(g, gateways));
@@ -397,20 +398,17 @@ impl Limiter {
     /// subject's refusal) and one lock each; leased tokens are left unspent
     /// (under, never over). Only fail-closed groups ask the deny cache
     /// first. Nothing to await.
-    fn outage_groups(
+    fn outage_groups<'a>(
         &self,
-        policy: &Policy,
-        groups: &[Group],
-        shadow: bool,
-        subject: &str,
+        groups: &'a [Group],
+        evaluation: impl Fn(&'a Group) -> Evaluation<'a>,
         cost: u64,
         now: u64,
     ) -> Option<Decision> {
         let i = &self.inner;
-        let evaluation = |group| Evaluation { policy, group, shadow, subject };
-        for group in groups.iter().filter(|g| g.fail_closed.is_some()) {
-            if let Some(d) = i.deny.check(&evaluation(group).key(), cost, now) {
-                i.record(Event::DenyCacheHit, policy.prefix(), None);
+        for t in groups.iter().filter(|g| g.fail_closed.is_some()).map(&evaluation) {
+            if let Some(d) = i.deny.check(&t.key(), cost, now) {
+                i.record(Event::DenyCacheHit, t.prefix(), None);
                 return Some(d);
             }
         }
