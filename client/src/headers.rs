@@ -539,6 +539,17 @@ mod tests {
     }
 
     #[test]
+    fn a_response_map_with_the_services_own_fields_gets_the_same_headers_as_a_fresh_one() {
+        let d = Decision { remaining: 3, ..decision(false, Some(1500)) };
+        let fresh = for_decision(&policy(), &d, NOW);
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        insert(&mut h, &policy(), &d, NOW);
+        h.remove(http::header::CONTENT_TYPE);
+        assert_eq!(h, fresh);
+    }
+
+    #[test]
     fn one_policy_reached_by_two_views_names_two_members() {
         // Live rules: a key and an address on the same rule, own buckets.
         let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
