@@ -58,7 +58,7 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::decision::Decision;
 use crate::policy::{Policy, Rule};
@@ -130,6 +130,8 @@ pub(crate) struct Announced {
 /// Adds the headers of `decision` on `policy` to `headers`, beside those of
 /// other policies already there (see the module notes). Add refusals
 /// first: an allowed policy's `t` is capped at the `Retry-After` present.
+/// A map without a `RateLimit-Policy` field holds no policy's headers yet:
+/// its fields are written without comparing with what is there.
 /// A policy of shadow rules only enforces nothing, so it announces nothing.
 pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
     insert_view(headers, policy, None, decision, now);
@@ -141,9 +143,19 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
     let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
         return;
     };
-    // A fresh map (one policy's headers) has nothing to compare with.
-    let fresh = headers.is_empty();
-    headers.append(RATELIMIT_POLICY, announced.policy.clone());
+    // Without a RateLimit-Policy field no policy's headers are there yet:
+    // nothing to compare with (the service's own fields, such as a
+    // content-type, do not count). One lookup says it and adds ours.
+    let fresh = match headers.entry(RATELIMIT_POLICY) {
+        Entry::Vacant(vacant) => {
+            vacant.insert(announced.policy.clone());
+            true
+        }
+        Entry::Occupied(mut occupied) => {
+            occupied.append(announced.policy.clone());
+            false
+        }
+    };
 
     let retry = match (decision.allowed, decision.retry_after) {
         (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
@@ -158,13 +170,16 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
         }
     };
     let remaining = decision.remaining.min(rule.capacity());
-    // The member is written once, into the buffer the value keeps.
-    let mut item = Vec::with_capacity(member.len() + 2 * 20 + 3);
+    // The member is written once, into the buffer the value keeps: sized
+    // exactly, a `Vec` becomes `Bytes` without a second allocation.
+    let (r_digits, t_digits) = (Digits::new(remaining), t.map(Digits::new));
+    let t_len = t_digits.as_ref().map_or(0, |d| 3 + d.as_bytes().len());
+    let mut item = Vec::with_capacity(member.len() + r_digits.as_bytes().len() + t_len);
     item.extend_from_slice(member);
-    push_u64(&mut item, remaining);
-    if let Some(t) = t {
+    item.extend_from_slice(r_digits.as_bytes());
+    if let Some(t) = &t_digits {
         item.extend_from_slice(b";t=");
-        push_u64(&mut item, t);
+        item.extend_from_slice(t.as_bytes());
     }
     // Names are checked and numbers are digits: always a valid value.
     if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
@@ -176,14 +191,88 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
         headers.insert(X_RATELIMIT_LIMIT, announced.limit_value.clone());
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        headers.insert(X_RATELIMIT_REMAINING, number(remaining));
+        headers.insert(X_RATELIMIT_RESET, unix_secs(reset));
     }
     if let Some(retry) = retry {
         if present_retry.map_or(true, |present| retry > present) {
-            headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+            headers.insert(RETRY_AFTER, number(retry));
         }
     }
+}
+
+/// Numbers below this are header values without an allocation.
+const SMALL: u64 = 10_000;
+/// Bytes of the decimal digits of 0 to 9,999, one number after another.
+const SMALL_DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9000 * 4;
+/// 0 to 9,999 in decimal, written out at compile time (39 KB of the binary).
+static SMALL_DIGITS: [u8; SMALL_DIGITS_LEN] = {
+    let mut out = [0u8; SMALL_DIGITS_LEN];
+    let (mut n, mut at) = (0u64, 0usize);
+    while n < SMALL {
+        let width = small_width(n);
+        let mut i = width;
+        let mut rest = n;
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+};
+
+const fn small_width(n: u64) -> usize {
+    match n {
+        0..=9 => 1,
+        10..=99 => 2,
+        100..=999 => 3,
+        _ => 4,
+    }
+}
+
+/// `n` as a header value: below [`SMALL`] a view of the static digits (no
+/// allocation, nothing counted on clone or drop), above it a new value.
+fn number(n: u64) -> HeaderValue {
+    if n >= SMALL {
+        return HeaderValue::from(n);
+    }
+    // Where n's digits start: the widths of every number before it.
+    let at = match n {
+        0..=9 => n,
+        10..=99 => 10 + (n - 10) * 2,
+        100..=999 => 190 + (n - 100) * 3,
+        _ => 2890 + (n - 1000) * 4,
+    } as usize;
+    let digits = &SMALL_DIGITS[at..at + small_width(n)];
+    // Only ASCII digits: always UTF-8 and a valid value.
+    match std::str::from_utf8(digits) {
+        Ok(text) => HeaderValue::from_static(text),
+        Err(_) => HeaderValue::from(n),
+    }
+}
+
+thread_local! {
+    /// The last `X-RateLimit-Reset` value this thread made: responses of
+    /// the same second share it (a clone of shared bytes, no allocation).
+    static LAST_RESET: std::cell::RefCell<Option<(u64, HeaderValue)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Unix seconds as a header value, reused while the second is the same.
+fn unix_secs(secs: u64) -> HeaderValue {
+    LAST_RESET.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some((at, value)) if *at == secs => value.clone(),
+            _ => {
+                let value = number(secs);
+                *last = Some((secs, value.clone()));
+                value
+            }
+        }
+    })
 }
 
 /// The policy's fixed header parts for `view`, built on first use; `None`
@@ -250,19 +339,30 @@ fn push_identifier(out: &mut String, policy: &Policy, view: Option<View>, rule: 
     out.push('"');
 }
 
-/// `n` in decimal digits, without a formatter.
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
+/// `n` in decimal digits, written without a formatter.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn new(mut n: u64) -> Digits {
+        let mut buf = [0u8; 20];
+        let mut start = buf.len();
+        loop {
+            start -= 1;
+            buf[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
         }
+        Digits { buf, start }
     }
-    out.extend_from_slice(&digits[at..]);
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
 }
 
 /// Seconds until an allowed request's binding rule has more quota: a
@@ -439,6 +539,17 @@ mod tests {
     }
 
     #[test]
+    fn a_response_map_with_the_services_own_fields_gets_the_same_headers_as_a_fresh_one() {
+        let d = Decision { remaining: 3, ..decision(false, Some(1500)) };
+        let fresh = for_decision(&policy(), &d, NOW);
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        insert(&mut h, &policy(), &d, NOW);
+        h.remove(http::header::CONTENT_TYPE);
+        assert_eq!(h, fresh);
+    }
+
+    #[test]
     fn one_policy_reached_by_two_views_names_two_members() {
         // Live rules: a key and an address on the same rule, own buckets.
         let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
@@ -472,10 +583,20 @@ mod tests {
     #[test]
     fn numbers_are_written_as_digits() {
         for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
-            let mut out = Vec::new();
-            push_u64(&mut out, n);
-            assert_eq!(out, n.to_string().into_bytes());
+            assert_eq!(Digits::new(n).as_bytes(), n.to_string().as_bytes());
         }
+    }
+
+    #[test]
+    fn every_number_reads_as_itself_from_the_table_and_above_it() {
+        for n in (0..=SMALL + 10).chain([99_999, 1_700_000_000, u64::MAX]) {
+            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+        }
+        // The reset value is reused within a second, and changes with it.
+        assert_eq!(unix_secs(1_700_000_000), "1700000000");
+        assert_eq!(unix_secs(1_700_000_000), "1700000000");
+        assert_eq!(unix_secs(1_700_000_001), "1700000001");
+        assert_eq!(unix_secs(5), "5");
     }
 
     #[test]

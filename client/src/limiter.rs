@@ -191,11 +191,20 @@ impl Limiter {
         // The clock, read once for the decisions made from memory.
         let now = self.inner.now_ms();
         self.refresh_topology(now);
-        let enforced = self.evaluate_groups(policy, &policy.enforced, false, subject, cost, now);
-        let (enforced, shadow) = if policy.shadow.is_empty() {
-            (enforced.await, None)
+        let (enforced, shadow) = if self.inner.shards.refuses(subject, now) {
+            // While the shard's breaker refuses, the fallback decides, and
+            // nothing is awaited.
+            let by = |shadow| move |group| Evaluation { policy, group, shadow, subject };
+            let enforced = self.outage_groups(&policy.enforced, by(false), cost, now);
+            (enforced, self.outage_groups(&policy.shadow, by(true), cost, now))
+        } else if policy.shadow.is_empty() {
+            (self.evaluate_groups(policy, &policy.enforced, false, subject, cost, now).await, None)
         } else {
-            tokio::join!(enforced, self.evaluate_groups(policy, &policy.shadow, true, subject, cost, now))
+            // Boxed: inline, a second group's future would double the size
+            // of every check's future, moved on every check.
+            let enforced = self.evaluate_groups(policy, &policy.enforced, false, subject, cost, now);
+            let shadow = Box::pin(self.evaluate_groups(policy, &policy.shadow, true, subject, cost, now));
+            tokio::join!(enforced, shadow)
         };
         self.finish(policy, enforced, shadow)
     }
@@ -352,18 +361,16 @@ impl Limiter {
     ) -> Option<Decision> {
         let i = &self.inner;
         let evaluation = |group| Evaluation { policy, group, shadow, subject };
-        // While the shard's breaker refuses, every group goes to the
-        // fallback at once: one entry, which keeps the subject's refusal,
-        // and one lock (leased tokens are left unspent: under, never over).
-        let outage = i.shards.refuses(subject, now);
+        if i.shards.refuses(subject, now) {
+            return self.outage_groups(groups, evaluation, cost, now);
+        }
         // A policy has at most one group of each kind of call.
         let gateways = i.gateways();
-        let batch = |k| groups.get(k).filter(|_| !outage).map_or(1, |g| self.batch(g, gateways));
+        let batch = |k| groups.get(k).map_or(1, |g| self.batch(g, gateways));
         let batches: [u64; GROUP_KINDS] = std::array::from_fn(batch);
         // A leased group checks its own entry when its lease runs short:
         // the tokens it holds are paid for.
-        let asks_deny_cache = |(group, batch): &(&Group, u64)| *batch == 1 && (!outage || group.fail_closed.is_some());
-        for (group, _) in groups.iter().zip(batches).filter(asks_deny_cache) {
+        for (group, _) in groups.iter().zip(batches).filter(|(_, batch)| *batch == 1) {
             if let Some(d) = i.deny.check(&evaluation(group).key(), cost, now) {
                 i.record(Event::DenyCacheHit, policy.prefix(), None);
                 return Some(d);
@@ -373,13 +380,41 @@ impl Limiter {
         let mut allowed: Option<Decision> = None;
         for (group, batch) in groups.iter().zip(batches) {
             let t = evaluation(group);
-            let d = if outage {
-                self.degraded(&t, cost, now)
-            } else if batch > 1 {
+            let d = if batch > 1 {
                 self.leased(t, cost, batch, now, &mut shard_down).await
             } else {
                 self.evaluate(t, cost, now, &mut shard_down).await
             };
+            if !d.allowed {
+                return Some(d);
+            }
+            allowed = Some(combined(allowed, d));
+        }
+        allowed
+    }
+
+    /// [`Limiter::evaluate_groups`] while the shard's breaker refuses: every
+    /// group goes to the fallback at once, one entry (which keeps the
+    /// subject's refusal) and one lock each; leased tokens are left unspent
+    /// (under, never over). Only fail-closed groups ask the deny cache
+    /// first. Nothing to await.
+    fn outage_groups<'a>(
+        &self,
+        groups: &'a [Group],
+        evaluation: impl Fn(&'a Group) -> Evaluation<'a>,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let i = &self.inner;
+        for t in groups.iter().filter(|g| g.fail_closed.is_some()).map(&evaluation) {
+            if let Some(d) = i.deny.check(&t.key(), cost, now) {
+                i.record(Event::DenyCacheHit, t.prefix(), None);
+                return Some(d);
+            }
+        }
+        let mut allowed: Option<Decision> = None;
+        for group in groups {
+            let d = self.degraded(&evaluation(group), cost, now);
             if !d.allowed {
                 return Some(d);
             }

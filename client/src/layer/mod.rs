@@ -370,6 +370,9 @@ fn key_of(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
 
 /// Every policy's headers: refusals first (see [`headers::insert`]).
 fn add_headers(map: &mut HeaderMap, checked: &[Checked], now: SystemTime) {
+    // At most six fields are new to the map (five, and Retry-After on a
+    // refusal): it grows once, if at all. Failing to reserve is harmless.
+    let _ = map.try_reserve(5 + usize::from(checked.iter().any(|c| !c.decision.allowed)));
     for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
         headers::insert_view(map, (*c.policy).as_ref(), c.view, &c.decision, now);
     }
