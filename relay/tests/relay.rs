@@ -333,3 +333,41 @@ fn rl_calls(s: &Server) -> u64 {
     let calls = |line: &str| line.split(['=', ',']).nth(1).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
     info.lines().filter(|l| l.starts_with("cmdstat_rl.take:") || l.starts_with("cmdstat_rl.lease:")).map(calls).sum()
 }
+
+/// One request's several policies (`Limiter::check_batch`, the layer's path)
+/// go through the relay as one pipeline: each decided as the module would,
+/// all or nothing, never more than each bucket allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_policies_goes_through_the_relay_all_or_nothing() {
+    let s = Server::start(&[]);
+    let relay = Relay::start(&s.url(), 1, 1000);
+    let limiter = Limiter::new(Config {
+        relay: Some(relay.url()),
+        // Exact calls: each check reaches the relay.
+        lease_window: Duration::from_millis(1),
+        ..Config::standalone(s.url())
+    })
+    .unwrap();
+    let per_key = Policy::builder("key").rule(Rule::per_minute("m", 5)).build().unwrap();
+    let per_ip = Policy::builder("ip").rule(Rule::per_minute("m", 8)).build().unwrap();
+    let mut allowed = 0;
+    for _ in 0..12 {
+        let checks = [
+            rl_client::Check { policy: &per_key, subject: "k1", cost: 1 },
+            rl_client::Check { policy: &per_ip, subject: "10.0.0.1", cost: 1 },
+        ];
+        let decisions = limiter.check_batch(&checks).await.unwrap();
+        let decided: Vec<bool> = decisions.iter().flatten().map(|d| d.allowed).collect();
+        assert!(decisions.iter().flatten().all(|d| d.source != Source::Fallback), "{decisions:?}");
+        if decided.len() == 2 && decided.iter().all(|&a| a) {
+            allowed += 1;
+        } else {
+            assert!(decided.iter().any(|&a| !a), "a partial answer refuses: {decisions:?}");
+        }
+    }
+    assert_eq!(allowed, 5, "the key's 5 a minute binds both");
+    // Refused requests were refunded to the address's bucket: 3 of 8 left.
+    let d = limiter.check(&per_ip, "10.0.0.1").await.unwrap();
+    assert!(d.allowed && d.remaining == 2, "{d:?}");
+    assert!(relay.info("requests") > 0, "the batch went through the relay");
+}
