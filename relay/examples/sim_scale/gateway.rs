@@ -61,6 +61,13 @@ struct Entry {
     local: Option<Local>,
 }
 
+/// A subject's rule: its bucket, and whether it refuses while Redis cannot
+/// answer (make sim's logins) rather than falling back.
+pub struct Rule<'a> {
+    pub params: &'a [BucketParams],
+    pub fail_closed: bool,
+}
+
 /// A subject's fallback bucket (client/src/fallback.rs `Local`, one rule).
 struct Local {
     slack: f64,
@@ -143,21 +150,24 @@ impl Gateway {
         }
     }
 
-    /// Redis cannot answer for `s` (`Limiter::degraded`, a fail-open bucket
-    /// rule): while `shard`'s breaker refuses, the subject's refusal first,
-    /// then the local bucket at `slack` x the share; while it is closed
-    /// (a call failed) at `slack - 1` x. Whether the request is admitted,
-    /// and whether the local bucket decided it (not the refusal).
-    fn degraded(&mut self, s: u32, shard: u32, params: &[BucketParams], now_ms: u64) -> (bool, bool) {
+    /// Redis cannot answer for `s` (`Limiter::degraded`, a bucket rule):
+    /// while `shard`'s breaker refuses, the subject's refusal first; then a
+    /// fail-closed rule refuses, a fail-open one takes from the local
+    /// bucket at `slack` x the share (while the breaker is closed, a call
+    /// failed: `slack - 1` x). Whether the request is admitted, and whether
+    /// the fallback decided it (not the refusal).
+    fn degraded(&mut self, s: u32, shard: u32, rule: &Rule, now_ms: u64) -> (bool, bool) {
         let full = self.refuses(shard, now_ms);
         let gateways = self.gateways;
         let entry = self.subjects.entry(s).or_default();
         if full && entry.denied.is_some_and(|d| d.refuses(COST, now_ms)) {
             return (false, false);
         }
+        if rule.fail_closed {
+            return (false, true);
+        }
         let slack = if full { SLACK } else { SLACK - 1.0 };
-        let rule = params[0];
-        let scaled = [share(&rule, slack, gateways)];
+        let scaled = [share(&rule.params[0], slack, gateways)];
         let local = entry.local.get_or_insert(Local { slack, topped: full, params: scaled, states: [None] });
         if local.slack != slack {
             // `Fallback::rescale`: the breaker opened (or closed); the
@@ -177,8 +187,8 @@ impl Gateway {
     }
 
     /// The fallback's answer as a check's.
-    fn fallback(&mut self, s: u32, shard: u32, params: &[BucketParams], now_ms: u64) -> Check {
-        match self.degraded(s, shard, params, now_ms) {
+    fn fallback(&mut self, s: u32, shard: u32, rule: &Rule, now_ms: u64) -> Check {
+        match self.degraded(s, shard, rule, now_ms) {
             (admitted, true) => Check::Fallback { admitted },
             (_, false) => Check::Memory { admitted: false, top_up: None },
         }
@@ -189,12 +199,13 @@ impl Gateway {
     }
 
     /// A request for subject `s`, on `shard`, at `now_ms`.
-    pub fn check(&mut self, s: u32, shard: u32, params: &[BucketParams], now_ms: u64) -> Check {
+    pub fn check(&mut self, s: u32, shard: u32, rule: &Rule, now_ms: u64) -> Check {
+        let params = rule.params;
         // While the shard's breaker refuses, the fallback decides at once
         // (leased tokens are left unspent).
         if self.refuses(shard, now_ms) {
             self.avoided += 1;
-            return self.fallback(s, shard, params, now_ms);
+            return self.fallback(s, shard, rule, now_ms);
         }
         let batch = self.batch(params);
         let entry = self.subjects.entry(s).or_default();
@@ -206,7 +217,7 @@ impl Gateway {
             }
             return match self.admit(shard, now_ms) {
                 Some(ticket) => Check::Call { op: Op::Take, purpose: Purpose::Take, ticket },
-                None => self.fallback(s, shard, params, now_ms),
+                None => self.fallback(s, shard, rule, now_ms),
             };
         }
         // The breaker refused nothing above: a top-up may be claimed.
@@ -238,7 +249,7 @@ impl Gateway {
                     if lead {
                         entry.lease.call_done();
                     }
-                    return self.fallback(s, shard, params, now_ms);
+                    return self.fallback(s, shard, rule, now_ms);
                 };
                 Check::Call { op: Op::Lease { want, min: need }, purpose: Purpose::Short { reserved, lead }, ticket }
             }
@@ -311,7 +322,7 @@ impl Gateway {
         &mut self,
         s: u32,
         shard: u32,
-        params: &[BucketParams],
+        rule: &Rule,
         purpose: Purpose,
         ticket: Ticket,
         now_ms: u64,
@@ -331,6 +342,6 @@ impl Gateway {
                 }
             }
         }
-        Some(self.degraded(s, shard, params, now_ms))
+        Some(self.degraded(s, shard, rule, now_ms))
     }
 }

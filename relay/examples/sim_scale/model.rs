@@ -18,7 +18,7 @@ use rl_client::Ticket;
 use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 
-use crate::gateway::{Check, Gateway, Op, Purpose, OPEN_FOR_MS};
+use crate::gateway::{Check, Gateway, Op, Purpose, Rule, OPEN_FOR_MS};
 use crate::traffic::{Class, Population};
 
 const ONE: Need = Need { want: 1, min: 1 };
@@ -236,6 +236,11 @@ struct Model<'a> {
     second_half: u64,
 }
 
+/// Subject `s`'s rule; logins are fail-closed, as in make sim.
+fn rule<'a>(params: &'a [[BucketParams; 1]], pop: &Population, s: u32) -> Rule<'a> {
+    Rule { params: &params[s as usize], fail_closed: pop.class_of(s) == Class::Login as usize }
+}
+
 fn ms(ns: u64) -> u64 {
     ns / 1_000_000
 }
@@ -267,7 +272,8 @@ impl Model<'_> {
         let class = self.pop.class_of(s);
         self.out.tally[class].requests += 1;
         let shard = self.shard_of[s as usize];
-        match self.gateways[g as usize].check(s, shard, &self.params[s as usize], ms(now)) {
+        let rule = rule(&self.params, self.pop, s);
+        match self.gateways[g as usize].check(s, shard, &rule, ms(now)) {
             Check::Memory { admitted, top_up } => {
                 self.decided(s, admitted, true, now);
                 if let Some((want, ticket)) = top_up {
@@ -383,8 +389,8 @@ impl Model<'_> {
 
     fn failed(&mut self, now: u64, call: Call) {
         let (s, shard) = (call.s, self.shard_of[call.s as usize]);
-        let gateway = &mut self.gateways[call.g as usize];
-        match gateway.failed(s, shard, &self.params[s as usize], call.purpose, call.ticket, ms(now)) {
+        let rule = rule(&self.params, self.pop, s);
+        match self.gateways[call.g as usize].failed(s, shard, &rule, call.purpose, call.ticket, ms(now)) {
             Some((admitted, true)) => self.fallback(s, admitted, now),
             Some((admitted, false)) => self.decided(s, admitted, true, now),
             None => {}

@@ -119,7 +119,8 @@ pub fn write(i: &Inputs) -> String {
          ({breakers_made} breakers in the 30,000-gateway run with relays, {breaker_bytes} bytes each); a request whose call failed, or whose \
          breaker refused the call, is decided as rl-client's fallback decides it: a local bucket per gateway at \
          `rl_core::fallback::share` of the rule, `slack - 1` times the share while the breaker is closed and \
-         `slack` ({SLACK}) times once it is open, the difference added once, after the subject's refusal. Each \
+         `slack` ({SLACK}) times once it is open, the difference added once, after the subject's refusal; the \
+         login rule is fail-closed, as in make sim, and refuses instead. Each \
          relay's are `rl_relay::pool::Pools`, the relay's own, on the \
          same rl-core lease with a share of rate / relays. Each shard runs rl-core's `acquire` (the module's \
          algorithm) on its virtual clock.\n\
