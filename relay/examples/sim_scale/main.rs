@@ -199,6 +199,7 @@ fn main() {
         crashed: &crashed,
         failovers: &failovers,
         elapsed: started.elapsed(),
+        peak_mb: report::peak_mb(),
         chart: &report::chart_path(&args.out),
     });
     std::fs::write(&args.out, text).unwrap_or_else(|e| panic!("writing {}: {e}", args.out));

@@ -71,7 +71,16 @@ pub struct Inputs<'a> {
     pub crashed: &'a Scaled,
     pub failovers: &'a [Failover],
     pub elapsed: Duration,
+    /// The process's peak resident memory (MB), where the OS tells it.
+    pub peak_mb: Option<f64>,
     pub chart: &'a str,
+}
+
+/// The process's peak resident memory in MB (Linux: VmHWM).
+pub fn peak_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
 }
 
 pub fn chart_path(out: &str) -> String {
@@ -98,13 +107,17 @@ fn thousands(v: f64) -> String {
 pub fn write(i: &Inputs) -> String {
     let capacity = 1e6 / i.service_us;
     let at_scale = i.sweep.iter().find(|s| s.gateways == 30_000 && s.relays);
-    let breakers = at_scale.map_or(0, |s| s.outcome.breakers);
+    let breakers = |relays: bool| {
+        let run = i.sweep.iter().find(|s| s.gateways == 30_000 && s.relays == relays);
+        thousands(run.map_or(0, |s| s.outcome.breakers) as f64)
+    };
     let mut w = String::new();
     let _ = writeln!(w, "# Scale model: 300 to 30,000 gateways, with and without lease relays\n");
     let _ = writeln!(
         w,
-        "Written by `make sim-scale` (`cargo run --release -p rl-relay --example sim_scale`) in {:.0} s of this machine; {} virtual seconds a run. See relay/README.md.\n",
+        "Written by `make sim-scale` (`cargo run --release -p rl-relay --example sim_scale`) in {:.0} s of this machine{}; {} virtual seconds a run. See relay/README.md.\n",
         i.elapsed.as_secs_f64(),
+        i.peak_mb.map_or(String::new(), |mb| format!(" and {mb:.0} MB at most")),
         i.args_seconds
     );
     let _ = writeln!(
@@ -116,7 +129,8 @@ pub fn write(i: &Inputs) -> String {
          (relay/examples/sim_scale/gateway.rs); each gateway's calls to each shard go through that shard's circuit \
          breaker, rl-client's `Breaker` (the client's defaults: open at {TRIP_AFTER} failures in a row or half of \
          a window's calls, for {OPEN_FOR_MS} ms, then one probe), made when the gateway first calls the shard \
-         ({breakers_made} breakers in the 30,000-gateway run with relays, {breaker_bytes} bytes each); a request whose call failed, or whose \
+         ({breakers_direct} breakers in the 30,000-gateway run without relays, {breakers_made} with them, \
+         {breaker_bytes} bytes each); a request whose call failed, or whose \
          breaker refused the call, is decided as rl-client's fallback decides it: a local bucket per gateway at \
          `rl_core::fallback::share` of the rule, `slack - 1` times the share while the breaker is closed and \
          `slack` ({SLACK}) times once it is open, the difference added once, after the subject's refusal; the \
@@ -137,7 +151,8 @@ pub fn write(i: &Inputs) -> String {
          the shard's breaker only, and a dead relay's gateways call the shards at once (a refused connection).\n",
         i.service_us,
         thousands(capacity),
-        breakers_made = thousands(breakers as f64),
+        breakers_direct = breakers(false),
+        breakers_made = breakers(true),
         breaker_bytes = std::mem::size_of::<rl_client::Breaker>()
     );
     let _ = writeln!(
