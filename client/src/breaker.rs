@@ -1,4 +1,6 @@
-//! A circuit breaker for one shard.
+//! A circuit breaker for one shard: the limiter keeps one per shard (and
+//! one for its relay), and the scale model (relay/examples/sim_scale) runs
+//! the same one on its virtual clock, every time an argument.
 //!
 //! Closed, it counts consecutive failures and the failure rate: at
 //! `trip_after` failures in a row, or once at least `MIN_CALLS` calls of
@@ -38,7 +40,7 @@ enum State {
 
 /// What [`Breaker::admit`] hands a call, to report its outcome with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Ticket {
+pub struct Ticket {
     /// The breaker's epoch when the call was admitted.
     epoch: u64,
 }
@@ -46,8 +48,12 @@ pub(crate) struct Ticket {
 /// An epoch's low bit: the breaker is closed.
 const CLOSED: u64 = 1;
 
+/// The limiter's circuit breaker for one shard (see the module's notes):
+/// [`Breaker::admit`] before a call, [`Breaker::success`] or
+/// [`Breaker::failure`] with its ticket after. Times are milliseconds on
+/// any clock that only moves forward.
 #[derive(Debug)]
-pub(crate) struct Breaker {
+pub struct Breaker {
     state: Mutex<State>,
     /// Moves by two on every change of state, under the lock; its low bit
     /// says closed, so one load tells a closed call its ticket.
@@ -67,7 +73,9 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    pub(crate) fn new(trip_after: u32, open_for_ms: u64, failure_rate: f64) -> Breaker {
+    /// Opens for `open_for_ms` at `trip_after` failures in a row, or once
+    /// `failure_rate` of a 1 s window's calls failed (20 calls at least).
+    pub fn new(trip_after: u32, open_for_ms: u64, failure_rate: f64) -> Breaker {
         Breaker {
             state: Mutex::new(State::Closed),
             epoch: AtomicU64::new(CLOSED),
@@ -101,13 +109,13 @@ impl Breaker {
 
     /// Whether `admit` refuses every call at `now_ms` (open, or a probe on
     /// its way), without taking the lock.
-    pub(crate) fn refuses(&self, now_ms: u64) -> bool {
+    pub fn refuses(&self, now_ms: u64) -> bool {
         now_ms < self.refusing_until_ms.load(Ordering::Acquire)
     }
 
     /// Whether a call may go to the shard at `now_ms`: a ticket to report
     /// its outcome with, or `None`.
-    pub(crate) fn admit(&self, now_ms: u64) -> Option<Ticket> {
+    pub fn admit(&self, now_ms: u64) -> Option<Ticket> {
         if self.refuses(now_ms) {
             return None;
         }
@@ -145,7 +153,7 @@ impl Breaker {
     }
 
     /// The shard answered the call admitted with `ticket` at `now_ms`.
-    pub(crate) fn success(&self, ticket: Ticket, now_ms: u64) {
+    pub fn success(&self, ticket: Ticket, now_ms: u64) {
         if ticket.epoch != self.epoch.load(Ordering::Acquire) {
             return;
         }
@@ -163,7 +171,7 @@ impl Breaker {
 
     /// The shard failed the call admitted with `ticket`; true when this
     /// failure opened the breaker.
-    pub(crate) fn failure(&self, ticket: Ticket, now_ms: u64) -> bool {
+    pub fn failure(&self, ticket: Ticket, now_ms: u64) -> bool {
         let mut state = lock(&self.state);
         if ticket.epoch != self.epoch.load(Ordering::Acquire) {
             return false;
@@ -190,7 +198,7 @@ impl Breaker {
     }
 
     /// Whether calls are being skipped at `now_ms`.
-    pub(crate) fn is_open(&self, now_ms: u64) -> bool {
+    pub fn is_open(&self, now_ms: u64) -> bool {
         match *lock(&self.state) {
             State::Closed => false,
             State::Open { until_ms } => now_ms < until_ms,

@@ -35,6 +35,7 @@ use quick_cache::Equivalent;
 
 pub use backoff::Backoff;
 pub use batch::Check;
+pub use breaker::{Breaker, Ticket};
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
 pub use config::{Backend, Config};

@@ -10,6 +10,7 @@ pub mod bucket;
 pub mod codec;
 pub mod combine;
 pub mod deny;
+pub mod fallback;
 pub mod gcra;
 pub mod inflight;
 pub mod lease;

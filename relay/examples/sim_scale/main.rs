@@ -149,6 +149,7 @@ fn main() {
         service_ns: (service_us * 1000.0) as u64,
         relay_crash: None,
         failover: None,
+        breakers: true,
         seed: args.seed,
     };
     // Validation: make sim's fleet, whole, on one shard, no relay.
@@ -177,8 +178,17 @@ fn main() {
     let at = args.seconds / 2.0;
     let crash = Setup { relay_crash: Some((at, 1.0)), ..setup(30_000, 200, true) };
     let crashed = scaled(&crash, &sample, run(&crash, &sample), args.seed);
-    let failover = Setup { failover: Some((at, 2.0)), ..setup(30_000, 200, true) };
-    let failed = scaled(&failover, &sample, run(&failover, &sample), args.seed);
+    // A shard failover at 100x with relays and, for contrast, at today's
+    // 300 gateways without; each also with breakers that never open.
+    let failover = |fleet: Setup| {
+        let guarded = Setup { failover: Some((at, 2.0)), ..fleet };
+        let unguarded = Setup { breakers: false, ..guarded.clone() };
+        report::Failover {
+            guarded: scaled(&guarded, &sample, run(&guarded, &sample), args.seed),
+            unguarded: scaled(&unguarded, &sample, run(&unguarded, &sample), args.seed),
+        }
+    };
+    let failovers = [failover(setup(30_000, 200, true)), failover(setup(300, 2, false))];
     eprintln!("failures done at {:.0?}", started.elapsed());
     let text = report::write(&report::Inputs {
         args_seconds: args.seconds,
@@ -187,8 +197,9 @@ fn main() {
         make_sim: report::make_sim(&args.validate_against),
         sweep: &sweep,
         crashed: &crashed,
-        failed: &failed,
+        failovers: &failovers,
         elapsed: started.elapsed(),
+        peak_mb: report::peak_mb(),
         chart: &report::chart_path(&args.out),
     });
     std::fs::write(&args.out, text).unwrap_or_else(|e| panic!("writing {}: {e}", args.out));

@@ -1,7 +1,8 @@
 //! The discrete-event model: virtual time in nanoseconds, one event queue.
 //!
 //! Real code: every gateway's decisions are rl-core's lease and refusal
-//! code, driven as rl-client's limiter drives it (gateway.rs); every
+//! code, rl-client's breaker per shard and the fallback's share, driven as
+//! rl-client's limiter drives them (gateway.rs); every
 //! relay's are `rl_relay::pool::Pools`, the relay's own (the same rl-core
 //! lease, with relays for gateways in its sizing); every shard is rl-core's
 //! `acquire`, the module's algorithm, on the shard's virtual clock.
@@ -13,10 +14,11 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use bytes::Bytes;
+use rl_client::Ticket;
 use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 
-use crate::gateway::{Check, Gateway, Op, Purpose};
+use crate::gateway::{Check, Gateway, Op, Purpose, Rule, OPEN_FOR_MS};
 use crate::traffic::{Class, Population};
 
 const ONE: Need = Need { want: 1, min: 1 };
@@ -36,6 +38,9 @@ pub struct Setup {
     /// The shard of subject 0 fails over at this second, for the second value:
     /// calls to it fail until then.
     pub failover: Option<(f64, f64)>,
+    /// Whether the gateways' breakers may open (false: a comparison run
+    /// whose breakers never open, every call sent).
+    pub breakers: bool,
     pub seed: u64,
 }
 
@@ -47,13 +52,15 @@ fn need(op: Op) -> Need {
     }
 }
 
-/// A gateway's call: for a request, or a background top-up.
+/// A gateway's call: for a request, or a background top-up; `ticket`: its
+/// shard's breaker admitted it.
 #[derive(Clone, Copy, Debug)]
 struct Call {
     g: u32,
     s: u32,
     op: Op,
     purpose: Purpose,
+    ticket: Ticket,
 }
 
 impl Call {
@@ -109,8 +116,10 @@ pub struct Tally {
     pub admitted: u64,
     /// Requests answered from a gateway's memory (lease or refusal).
     pub in_memory: u64,
-    /// Requests decided by the fallback (a failed call).
+    /// Requests decided by the local fallback (a failed call, or a call
+    /// the breaker refused), and those of them it admitted.
     pub fallback: u64,
+    pub fallback_admitted: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -134,6 +143,18 @@ pub struct Outcome {
     pub crash_lost: u64,
     /// Calls that failed (the shard failing over).
     pub failed_calls: u64,
+    /// Checks the gateways' breakers sent to the fallback without a call,
+    /// and top-ups they dropped.
+    pub avoided: u64,
+    /// Breakers the gateways made (one per gateway and shard it called).
+    pub breakers: u64,
+    /// Admitted per subject by every path, the fallback's included, from
+    /// the failover's start until its last breaker can have closed again.
+    pub episode_admitted: Vec<u64>,
+    /// Where that episode starts and ends (virtual ns from the run's start).
+    pub episode: (u64, u64),
+    /// Subjects on the shard that fails over.
+    pub on_failed_shard: Vec<u32>,
 }
 
 struct Heap {
@@ -210,8 +231,14 @@ struct Model<'a> {
     out: Outcome,
     relay_down: (u64, u64),
     failover: (u64, u64),
+    episode: (u64, u64),
     /// When the run's second half starts.
     second_half: u64,
+}
+
+/// Subject `s`'s rule; logins are fail-closed, as in make sim.
+fn rule<'a>(params: &'a [[BucketParams; 1]], pop: &Population, s: u32) -> Rule<'a> {
+    Rule { params: &params[s as usize], fail_closed: pop.class_of(s) == Class::Login as usize }
 }
 
 fn ms(ns: u64) -> u64 {
@@ -244,14 +271,17 @@ impl Model<'_> {
         let g = self.rng.below(u64::from(self.setup.gateways)) as u32;
         let class = self.pop.class_of(s);
         self.out.tally[class].requests += 1;
-        match self.gateways[g as usize].check(s, &self.params[s as usize], ms(now)) {
+        let shard = self.shard_of[s as usize];
+        let rule = rule(&self.params, self.pop, s);
+        match self.gateways[g as usize].check(s, shard, &rule, ms(now)) {
             Check::Memory { admitted, top_up } => {
                 self.decided(s, admitted, true, now);
-                if let Some(want) = top_up {
-                    self.send(Call { g, s, op: Op::Lease { want, min: 1 }, purpose: Purpose::TopUp }, now);
+                if let Some((want, ticket)) = top_up {
+                    self.send(Call { g, s, op: Op::Lease { want, min: 1 }, purpose: Purpose::TopUp, ticket }, now);
                 }
             }
-            Check::Call { op, purpose } => self.send(Call { g, s, op, purpose }, now),
+            Check::Fallback { admitted } => self.fallback(s, admitted, now),
+            Check::Call { op, purpose, ticket } => self.send(Call { g, s, op, purpose, ticket }, now),
         }
     }
 
@@ -263,21 +293,36 @@ impl Model<'_> {
         if now >= self.second_half {
             self.out.admitted_second_half[s as usize] += u64::from(admitted);
         }
+        self.in_episode(s, admitted, now);
+    }
+
+    /// A request the local fallback decided.
+    fn fallback(&mut self, s: u32, admitted: bool, now: u64) {
+        let t = &mut self.out.tally[self.pop.class_of(s)];
+        t.fallback += 1;
+        t.fallback_admitted += u64::from(admitted);
+        self.in_episode(s, admitted, now);
+    }
+
+    fn in_episode(&mut self, s: u32, admitted: bool, now: u64) {
+        if now >= self.episode.0 && now < self.episode.1 {
+            self.out.episode_admitted[s as usize] += u64::from(admitted);
+        }
     }
 
     fn shard(&mut self, now: u64, s: u32, op: Op, back: Back) {
         let shard = self.shard_of[s as usize] as usize;
         if now >= self.failover.0 && now < self.failover.1 && shard == self.shard_of[0] as usize {
-            // Failing over: the call times out (the client's 50 ms).
+            // Failing over: the call times out, at the client's 50 ms; through
+            // a relay, at its connection's to the relay (half of that).
             self.out.failed_calls += 1;
             match back {
-                Back::Gateway(call) | Back::ViaRelay { call, .. } => {
-                    self.heap.push(now + 50_000_000, Event::Failed { call })
-                }
+                Back::Gateway(call) => self.heap.push(now + 50_000_000, Event::Failed { call }),
+                Back::ViaRelay { call, .. } => self.heap.push(now + 25_000_000, Event::Failed { call }),
                 Back::RelayLease { r, waiting, .. } => {
                     self.relays[r as usize].failed(&self.keys[s as usize]);
                     if let Some(call) = waiting {
-                        self.heap.push(now + 50_000_000, Event::Failed { call });
+                        self.heap.push(now + 25_000_000, Event::Failed { call });
                     }
                 }
             }
@@ -334,16 +379,21 @@ impl Model<'_> {
 
     fn gateway(&mut self, now: u64, call: Call, reply: Reply) {
         let params = &self.params[call.s as usize];
-        let admitted = self.gateways[call.g as usize].answered(call.s, params, call.op, call.purpose, reply, ms(now));
+        let gateway = &mut self.gateways[call.g as usize];
+        gateway.report(self.shard_of[call.s as usize], call.ticket, true, ms(now));
+        let admitted = gateway.answered(call.s, params, call.op, call.purpose, reply, ms(now));
         if !call.top_up() {
             self.decided(call.s, admitted, false, now);
         }
     }
 
     fn failed(&mut self, now: u64, call: Call) {
-        self.gateways[call.g as usize].failed(call.s, call.purpose, ms(now));
-        if !call.top_up() {
-            self.out.tally[self.pop.class_of(call.s)].fallback += 1;
+        let (s, shard) = (call.s, self.shard_of[call.s as usize]);
+        let rule = rule(&self.params, self.pop, s);
+        match self.gateways[call.g as usize].failed(s, shard, &rule, call.purpose, call.ticket, ms(now)) {
+            Some((admitted, true)) => self.fallback(s, admitted, now),
+            Some((admitted, false)) => self.decided(s, admitted, true, now),
+            None => {}
         }
     }
 }
@@ -367,7 +417,9 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
         keys,
         params,
         shard_of,
-        gateways: (0..setup.gateways).map(|_| Gateway::new(setup.gateways, window_ms, ttl_ms)).collect(),
+        gateways: (0..setup.gateways)
+            .map(|_| Gateway::new(setup.gateways, window_ms, ttl_ms, setup.breakers))
+            .collect(),
         relays: (0..relays).map(|_| Pools::new(relay)).collect(),
         buckets: vec![None; n as usize],
         busy_until: vec![0; setup.shards as usize],
@@ -381,10 +433,12 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
             held_at_end: vec![0; n as usize],
             admitted_second_half: vec![0; n as usize],
             per_shard: vec![0; setup.shards as usize],
+            episode_admitted: vec![0; n as usize],
             ..Outcome::default()
         },
         relay_down: setup.relay_crash.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
         failover: setup.failover.map_or((u64::MAX, u64::MAX), |(at, down)| (ns(at), ns(at + down))),
+        episode: (u64::MAX, u64::MAX),
         second_half: u64::MAX,
     };
     // Virtual time starts at a round epoch: the buckets' clock in ms.
@@ -393,6 +447,13 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
     m.second_half = start + ns(setup.seconds / 2.0);
     m.relay_down = (m.relay_down.0.saturating_add(start), m.relay_down.1.saturating_add(start));
     m.failover = (m.failover.0.saturating_add(start), m.failover.1.saturating_add(start));
+    // A breaker opened by the last failure closes at most OPEN_FOR_MS after
+    // it (its probe answered), the failure seen at most a timeout late.
+    m.episode = (m.failover.0, m.failover.1.saturating_add((OPEN_FOR_MS + 50) * 1_000_000).min(end));
+    if setup.failover.is_some() {
+        m.out.episode = (m.episode.0 - start, m.episode.1 - start);
+        m.out.on_failed_shard = (0..n).filter(|&s| m.shard_of[s as usize] == m.shard_of[0]).collect();
+    }
     let rate = pop.rate();
     let mut next_arrival = start;
     let mut crashed = false;
@@ -445,6 +506,8 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
         for (s, held) in g.held(ms(end)) {
             m.out.held_at_end[s as usize] += held;
         }
+        m.out.avoided += g.avoided;
+        m.out.breakers += g.breakers() as u64;
     }
     m.out
 }

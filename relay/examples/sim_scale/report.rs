@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
+use crate::gateway::{OPEN_FOR_MS, SLACK, TRIP_AFTER};
 use crate::traffic::Class;
 use crate::{Scaled, PER_RELAY, SAMPLE};
 
@@ -55,6 +56,12 @@ pub fn make_sim(path: &str) -> MakeSim {
     }
 }
 
+/// A shard failover, and the same run with breakers that never open.
+pub struct Failover {
+    pub guarded: Scaled,
+    pub unguarded: Scaled,
+}
+
 pub struct Inputs<'a> {
     pub args_seconds: f64,
     pub service_us: f64,
@@ -62,9 +69,18 @@ pub struct Inputs<'a> {
     pub make_sim: MakeSim,
     pub sweep: &'a [Scaled],
     pub crashed: &'a Scaled,
-    pub failed: &'a Scaled,
+    pub failovers: &'a [Failover],
     pub elapsed: Duration,
+    /// The process's peak resident memory (MB), where the OS tells it.
+    pub peak_mb: Option<f64>,
     pub chart: &'a str,
+}
+
+/// The process's peak resident memory in MB (Linux: VmHWM).
+pub fn peak_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
 }
 
 pub fn chart_path(out: &str) -> String {
@@ -90,12 +106,18 @@ fn thousands(v: f64) -> String {
 
 pub fn write(i: &Inputs) -> String {
     let capacity = 1e6 / i.service_us;
+    let at_scale = i.sweep.iter().find(|s| s.gateways == 30_000 && s.relays);
+    let breakers = |relays: bool| {
+        let run = i.sweep.iter().find(|s| s.gateways == 30_000 && s.relays == relays);
+        thousands(run.map_or(0, |s| s.outcome.breakers) as f64)
+    };
     let mut w = String::new();
     let _ = writeln!(w, "# Scale model: 300 to 30,000 gateways, with and without lease relays\n");
     let _ = writeln!(
         w,
-        "Written by `make sim-scale` (`cargo run --release -p rl-relay --example sim_scale`) in {:.0} s of this machine; {} virtual seconds a run. See relay/README.md.\n",
+        "Written by `make sim-scale` (`cargo run --release -p rl-relay --example sim_scale`) in {:.0} s of this machine{}; {} virtual seconds a run. See relay/README.md.\n",
         i.elapsed.as_secs_f64(),
+        i.peak_mb.map_or(String::new(), |mb| format!(" and {mb:.0} MB at most")),
         i.args_seconds
     );
     let _ = writeln!(
@@ -104,17 +126,34 @@ pub fn write(i: &Inputs) -> String {
          (`rl_core::lease`: batch sizing by the share of rate / gateways, top-up at half, one lease call in flight \
          per subject, pacing of contended buckets by what was granted) and refusal (`rl_core::deny`: kept until \
          Redis's retry time, quiet subjects at least their share of the refill), driven in the limiter's order \
-         (relay/examples/sim_scale/gateway.rs); each relay's are `rl_relay::pool::Pools`, the relay's own, on the \
+         (relay/examples/sim_scale/gateway.rs); each gateway's calls to each shard go through that shard's circuit \
+         breaker, rl-client's `Breaker` (the client's defaults: open at {TRIP_AFTER} failures in a row or half of \
+         a window's calls, for {OPEN_FOR_MS} ms, then one probe), made when the gateway first calls the shard \
+         ({breakers_direct} breakers in the 30,000-gateway run without relays, {breakers_made} with them, \
+         {breaker_bytes} bytes each); a request whose call failed, or whose \
+         breaker refused the call, is decided as rl-client's fallback decides it: a local bucket per gateway at \
+         `rl_core::fallback::share` of the rule, `slack - 1` times the share while the breaker is closed and \
+         `slack` ({SLACK}) times once it is open, the difference added once, after the subject's refusal; the \
+         login rule is fail-closed, as in make sim, and refuses instead. Each \
+         relay's are `rl_relay::pool::Pools`, the relay's own, on the \
          same rl-core lease with a share of rate / relays. Each shard runs rl-core's `acquire` (the module's \
          algorithm) on its virtual clock.\n\
          **Modelled**: the network (each hop 0.1-0.25 ms one way: a round trip of 0.2-0.5 ms), a shard's time per \
          call ({:.2} µs: make bench's CPU per RL.TAKE on 100,000 subjects with a replica and AOF, so a shard's \
          capacity is about {} calls a second; pipelined at 16 there, so a real shard serving one call per packet \
          has less), calls served one at a time in arrival order, Poisson arrivals spread evenly over the gateways, \
-         no cost at the relay. **Not modelled**: the limiter's locks, its async calls and its breaker and local \
-         fallback: a request whose call fails is counted as decided by the fallback.\n",
+         no cost at the relay, a failed call seen at the client's 50 ms timeout (through a relay at the relay \
+         connection's 25 ms). **Not modelled**: the limiter's locks and its async calls: each decision here is \
+         taken whole at one virtual instant, as the limiter takes each under its subject's lock, and a call in \
+         flight is an event that answers after its latency, as an awaited call does; what is left out is the \
+         time spent waiting for a lock, which make bench measures (lock waits) and which does not change what \
+         is decided. Nor the gateway's breaker for its relay: a shard's failure through a relay counts against \
+         the shard's breaker only, and a dead relay's gateways call the shards at once (a refused connection).\n",
         i.service_us,
-        thousands(capacity)
+        thousands(capacity),
+        breakers_direct = breakers(false),
+        breakers_made = breakers(true),
+        breaker_bytes = std::mem::size_of::<rl_client::Breaker>()
     );
     let _ = writeln!(
         w,
@@ -213,8 +252,8 @@ pub fn write(i: &Inputs) -> String {
         let _ = writeln!(w);
     }
 
-    let base = i.sweep.iter().find(|s| s.gateways == 30_000 && s.relays);
-    let _ = writeln!(w, "\n## Failures at 30,000 gateways with relays\n");
+    let base = at_scale;
+    let _ = writeln!(w, "\n## Failures\n");
     if let Some(base) = base {
         let extra = |s: &Scaled| {
             let calls: u64 = s.outcome.shard_calls.iter().sum();
@@ -237,23 +276,9 @@ pub fn write(i: &Inputs) -> String {
             base.pressing.0,
             extra(i.crashed)
         );
-        let fallback: u64 = i.failed.outcome.tally.iter().map(|t| t.fallback).sum();
-        let requests: u64 = i.failed.outcome.tally.iter().map(|t| t.requests).sum();
-        let _ = writeln!(
-            w,
-            "- **A shard failover** (the shard of a pressing subject answers nothing for 2 s at {:.0} s; each call \
-             then waits the client's 50 ms timeout): {} calls failed, {} requests of {} ({:.2}%) fell to the \
-             gateways' fallback (not modelled: rl-client's bound, about 2x the limit while it lasts). Pressing \
-             subjects admitted by Redis, leases and relays {:.3} of their allowance (mean; lowest {:.3}, the one on \
-             the failed shard).",
-            i.args_seconds / 2.0,
-            thousands(i.failed.outcome.failed_calls as f64),
-            thousands(fallback as f64),
-            thousands(requests as f64),
-            100.0 * fallback as f64 / requests.max(1) as f64,
-            i.failed.pressing.0,
-            i.failed.pressing.1
-        );
+        for f in i.failovers {
+            failover(&mut w, f, i.args_seconds);
+        }
     }
 
     let _ = writeln!(w, "\n## Checks\n\n```text");
@@ -275,11 +300,130 @@ pub fn write(i: &Inputs) -> String {
     }
     let over = i.sweep.iter().chain([i.validation, i.crashed]).any(|s| s.pressing.0 > 1.0 + 1e-9);
     let _ = writeln!(w, "no run admitted a pressing subject over its allowance: {}", pass(!over));
+    for f in i.failovers {
+        let bounds = bounds(&f.guarded);
+        let within = !bounds.is_empty() && bounds.iter().all(|b| b.admitted as f64 <= b.bound);
+        let shown: Vec<String> =
+            bounds.iter().map(|b| format!("{} of {}", thousands(b.admitted as f64), thousands(b.bound))).collect();
+        let _ = writeln!(
+            w,
+            "a failover at {} gateways: its pressing subject within the fallback's outage bound: {} ({})",
+            thousands(f64::from(f.guarded.gateways)),
+            pass(within),
+            shown.join(", ")
+        );
+    }
     let _ = writeln!(w, "```");
     if let Err(e) = chart(i.chart, i.sweep, one_x) {
         let _ = writeln!(w, "\n(the chart could not be drawn: {e})");
     }
     w
+}
+
+/// A failover's paragraph: its calls, its fallback, its outage bound.
+fn failover(w: &mut String, f: &Failover, seconds: f64) {
+    let (failed, u) = (&f.guarded, &f.unguarded.outcome);
+    let relays = if failed.relays { "with relays" } else { "without relays" };
+    let f = &failed.outcome;
+    let sum = |t: fn(&crate::model::Tally) -> u64, o: &crate::model::Outcome| o.tally.iter().map(t).sum::<u64>();
+    let fallback = sum(|t| t.fallback, f);
+    let fallback_admitted = sum(|t| t.fallback_admitted, f);
+    let requests = sum(|t| t.requests, f);
+    let _ = writeln!(
+            w,
+            "- **A shard failover at {} gateways {relays}** (the shard of a pressing subject answers nothing for 2 s \
+             at {:.0} s; each call then waits the client's timeout): {} calls failed ({} with breakers that never open, the same run \
+             otherwise: {:.1} calls per gateway over the outage, where a breaker opens at {TRIP_AFTER} failures in \
+             a row or half of 20 in a second); the open breakers sent {} checks to the fallback without a call (or \
+             dropped their top-ups). {} requests of {} ({:.2}%) were \
+             decided by the gateways' fallback: {} admitted, {} refused ({} and {} with breakers that never open). \
+             Pressing subjects admitted by Redis, leases and relays {:.3} of their allowance (mean; lowest {:.3}, \
+             the one on the failed shard).",
+            thousands(f64::from(failed.gateways)),
+            seconds / 2.0,
+            thousands(f.failed_calls as f64),
+            thousands(u.failed_calls as f64),
+            u.failed_calls as f64 / f64::from(failed.gateways),
+            thousands(f.avoided as f64),
+            thousands(fallback as f64),
+            thousands(requests as f64),
+            100.0 * fallback as f64 / requests.max(1) as f64,
+            thousands(fallback_admitted as f64),
+            thousands((fallback - fallback_admitted) as f64),
+            thousands(sum(|t| t.fallback_admitted, u) as f64),
+            thousands((sum(|t| t.fallback, u) - sum(|t| t.fallback_admitted, u)) as f64),
+            failed.pressing.0,
+            failed.pressing.1
+        );
+    let bounds = bounds(failed);
+    let Some(first) = bounds.first() else { return };
+    let admitted: Vec<String> = bounds
+        .iter()
+        .map(|b| {
+            format!(
+                "{} ({:.2} times its rate over that time)",
+                thousands(b.admitted as f64),
+                b.admitted as f64 / b.rate
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        w,
+        "- **The outage bound** (client/README.md: fleet-wide at most `max(slack x capacity, gateways) + slack x \
+         refill x elapsed / period`, about {SLACK}x the limit when a gateway's share is a token or more): the \
+         pressing subjects on the failed shard were admitted, by every path, from {:.1} s to {:.1} s (until the last \
+         breaker can have closed): {}, against a rate of {} and a bound of {}. {}",
+        first.from_s,
+        first.to_s,
+        admitted.join(", "),
+        thousands(first.rate),
+        thousands(first.bound),
+        share_note(failed.gateways),
+    );
+}
+
+/// Which term of the bound governs a pressing subject's fallback.
+fn share_note(gateways: u32) -> String {
+    let p = Class::Pressing.params();
+    let share = format!("{} x {SLACK} / {}", p.capacity(), thousands(f64::from(gateways)));
+    if rl_core::fallback::below_one_token(&p, SLACK, gateways) {
+        format!(
+            "Its share, {share}, is below one token, so each gateway's fallback holds one: the `gateways` term, \
+             not {SLACK}x the limit, bounds it."
+        )
+    } else {
+        format!("Its share, {share}, is a token or more: the bound is {SLACK}x what the rule admits, and a burst.")
+    }
+}
+
+/// A pressing subject on the failed shard, over the failover's episode.
+struct Bound {
+    admitted: u64,
+    /// The limit's refill over the episode, and the documented bound.
+    rate: f64,
+    bound: f64,
+    from_s: f64,
+    to_s: f64,
+}
+
+/// The outage bound for each pressing subject on the failed shard.
+fn bounds(failed: &Scaled) -> Vec<Bound> {
+    let o = &failed.outcome;
+    let p = Class::Pressing.params();
+    let elapsed_ms = (o.episode.1.saturating_sub(o.episode.0) / 1_000_000) as f64;
+    let rate = p.refill() as f64 * elapsed_ms / p.period_ms() as f64;
+    let burst = (SLACK * p.capacity() as f64).max(f64::from(failed.gateways));
+    o.on_failed_shard
+        .iter()
+        .filter(|&&s| s < SAMPLE[Class::Pressing as usize])
+        .map(|&s| Bound {
+            admitted: o.episode_admitted[s as usize],
+            rate,
+            bound: burst + SLACK * rate,
+            from_s: o.episode.0 as f64 / 1e9,
+            to_s: o.episode.1 as f64 / 1e9,
+        })
+        .collect()
 }
 
 fn pass(ok: bool) -> &'static str {
