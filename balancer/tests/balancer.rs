@@ -235,6 +235,14 @@ async fn the_binary_balances_from_a_rules_file_and_stops_when_fenced_off() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("give --region in the rule's order"), "{out:?}");
+    let out = Command::new(bin)
+        .arg("--rules")
+        .arg(&path)
+        .args(["--region", &region(0, "eu"), "--region", &region(1, "eu"), "--region", &region(2, "ap")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--region eu: named twice"), "{out:?}");
     // A running one follows the traffic...
     let mut child = Command::new(bin)
         .arg("--rules")
@@ -267,6 +275,7 @@ async fn the_binary_balances_from_a_rules_file_and_stops_when_fenced_off() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
     assert_eq!(status.code(), Some(3), "{log}");
     assert!(log.contains("took over") && log.contains("round"), "{log}");
+    assert!(!log.contains('\x1b'), "no terminal colours in a piped log: {log:?}");
 }
 
 /// Real gateways (`LiveRules` over a `Limiter`, with `RegionShares`) in

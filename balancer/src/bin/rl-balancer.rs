@@ -121,6 +121,9 @@ fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
 fn config(args: Args) -> Result<Config, String> {
     let spec = RuleSetSpec::from_file(&args.rules).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
     let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
+    if let Some(twice) = names.iter().enumerate().find_map(|(i, n)| names[..i].contains(n).then_some(n)) {
+        return Err(format!("--region {twice}: named twice (one --region per region)"));
+    }
     let rules =
         rl_balancer::rules::from_spec(&spec, &names).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
     let mut c = Config::new(args.regions, rules);
@@ -143,6 +146,8 @@ fn config(args: Args) -> Result<Config, String> {
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: logs collected from a pipe stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let balancer = match config(Args::parse()).map_err(Stopped::Config).and_then(Balancer::new) {
