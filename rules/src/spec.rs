@@ -198,6 +198,34 @@ pub fn global_rules(spec: &RuleSetSpec) -> Vec<(String, GlobalSpec)> {
     spec.rules.iter().filter_map(|r| r.global.clone().map(|g| (r.id.clone(), g))).collect()
 }
 
+/// The limits of `new` that keep the keys of a limit of `old` (same key
+/// prefix, rule id and limit name) but store something else there: each
+/// named, for a publish to refuse. Keys of the old kind would answer
+/// WRONGTYPE to every request of the subject until they expire.
+pub fn stored_kind_changes(old: &RuleSetSpec, new: &RuleSetSpec) -> Vec<String> {
+    let prefix = |s: &RuleSetSpec| s.key_prefix.clone().unwrap_or_else(|| "rl".to_owned());
+    if prefix(old) != prefix(new) {
+        return Vec::new();
+    }
+    let mut changes = Vec::new();
+    for rule in &new.rules {
+        let Some(before) = old.rules.iter().find(|r| r.id == rule.id) else { continue };
+        for limit in &rule.limits {
+            let Some(was) = before.limits.iter().find(|l| l.name == limit.name) else { continue };
+            if was.kind.stored_as() != limit.kind.stored_as() {
+                changes.push(format!(
+                    "rule '{}' limit '{}' changes from {} to {} on the same keys (their count would answer WRONGTYPE until it expires): give the limit a new name",
+                    rule.id,
+                    limit.name,
+                    was.kind.name(),
+                    limit.kind.name()
+                ));
+            }
+        }
+    }
+    changes
+}
+
 /// Which requests a rule matches. Allowed: nothing (the default rule),
 /// `subject` alone, `ip` alone, or `plan` and/or `endpoint`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,6 +314,19 @@ impl LimitKind {
             LimitKind::Exact => "exact",
             LimitKind::Quota => "quota",
             LimitKind::Inflight => "inflight",
+        }
+    }
+
+    /// What its keys hold in Redis. Kinds that hold the same may replace
+    /// one another on the same keys (SLIDING and FIXED share one count);
+    /// any other change meets keys of the old kind, which answer WRONGTYPE
+    /// until they expire.
+    pub fn stored_as(self) -> &'static str {
+        match self {
+            LimitKind::Bucket => "a token bucket",
+            LimitKind::Window | LimitKind::Quota => "a window count",
+            LimitKind::Exact => "an exact log",
+            LimitKind::Inflight => "an in-flight set",
         }
     }
 

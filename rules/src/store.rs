@@ -25,7 +25,7 @@ use rl_client::{Error, Result};
 
 use crate::compile::{parse_network, refused};
 use crate::snapshot::Snapshot;
-use crate::spec::{MatchSpec, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION};
+use crate::spec::{stored_kind_changes, MatchSpec, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION};
 
 /// The hash (and pub/sub channel) used unless told otherwise.
 pub const DEFAULT_KEY: &str = "rl:rules";
@@ -238,6 +238,10 @@ impl RulesStore {
             };
             // Checked for the backend the set declares.
             Snapshot::compile(rules, &stored.overrides, version)?;
+            let changes = stored.rules.as_ref().map(|old| stored_kind_changes(old, rules)).unwrap_or_default();
+            if !changes.is_empty() {
+                return Err(Error::Rules(format!("rule set rejected: {}", changes.join("; "))));
+            }
             // The version lives in its own field: the stored set has none.
             let body = RuleSetSpec { version: None, ..rules.clone() }.to_json();
             check_size(&body, &stored.overrides)?;

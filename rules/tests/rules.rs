@@ -786,3 +786,26 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     let checked = rl_rules::LiveDecide::new(tiny).decide(facts).await.unwrap();
     assert!(!checked[0].decision.allowed, "{:?}", checked[0].decision);
 }
+
+/// A limit that keeps its name but changes what its keys hold (a bucket
+/// becoming a window) is refused at publish: the keys in Redis would
+/// answer WRONGTYPE to the subject's every request until they expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_a_limit_that_changes_kind_under_its_name_is_refused() {
+    let s = Server::start(&[]);
+    let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
+    let set = |limit: &str| spec(&format!("[[rules]]\nid = \"default\"\nreason = \"everyone\"\nlimits = [{limit}]\n"));
+    let v1 = store.publish(&set(r#"{ name = "s", rate = 10, per = "1s" }"#)).await.unwrap();
+    let e = store.publish(&set(r#"{ name = "s", kind = "window", limit = 10, per = "1s" }"#)).await.unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains("rule 'default' limit 's' changes from bucket to window"), "{e}");
+    assert!(e.contains("give the limit a new name"), "{e}");
+    assert_eq!(store.version().await.unwrap(), v1, "nothing refused was written");
+    // A new name, or a window mode that keeps the same count, is fine.
+    store.publish(&set(r#"{ name = "s_window", kind = "window", limit = 10, per = "1s" }"#)).await.unwrap();
+    store.publish(&set(r#"{ name = "s_window", kind = "quota", limit = 10, per = "1s" }"#)).await.unwrap();
+    // Another key prefix means other keys.
+    let mut moved = set(r#"{ name = "s_window", kind = "exact", limit = 10, per = "1s" }"#);
+    moved.key_prefix = Some("rl2".into());
+    store.publish(&moved).await.unwrap();
+}
