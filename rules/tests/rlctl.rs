@@ -33,6 +33,15 @@ async fn rlctl(args: &[&str]) -> Run {
     }
 }
 
+/// `rlctl validate file` refuses it (status 1), naming every one of `faults`.
+async fn validate_refuses(file: &str, faults: &[&str]) {
+    let run = rlctl(&["validate", file]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    for fault in faults {
+        assert!(run.err.contains(fault), "{fault} in: {}", run.err);
+    }
+}
+
 fn subject_id(subject: &str) -> String {
     override_id(&MatchSpec { subject: Some(subject.to_owned()), ..MatchSpec::default() })
 }
@@ -87,16 +96,16 @@ async fn validate_accepts_the_example_and_names_every_fault() {
         ]}"#,
     )
     .unwrap();
-    let run = rlctl(&["validate", bad.to_str().unwrap()]).await;
-    assert_eq!(run.code, 1);
-    for fault in [
-        "rule set rejected: ",
-        "rule 'pro': reason is required",
-        "rule 'pro' limit 's': per \"soon\" is not a duration",
-        "rule 'net': match.ip 10.1.2.3/8 has host bits set: the network is 10.0.0.0/8",
-    ] {
-        assert!(run.err.contains(fault), "{fault} in: {}", run.err);
-    }
+    validate_refuses(
+        bad.to_str().unwrap(),
+        &[
+            "rule set rejected: ",
+            "rule 'pro': reason is required",
+            "rule 'pro' limit 's': per \"soon\" is not a duration",
+            "rule 'net': match.ip 10.1.2.3/8 has host bits set: the network is 10.0.0.0/8",
+        ],
+    )
+    .await;
     let typo = dir.path().join("typo.toml");
     std::fs::write(&typo, "[[rules]]\nid = \"default\"\nreason = \"r\"\nlimit = []\n").unwrap();
     let run = rlctl(&["validate", typo.to_str().unwrap()]).await;
@@ -559,14 +568,14 @@ async fn in_flight_limits_are_validated_published_and_overridden() {
     assert!(run.out.contains("concurrent at most 20 at once, timeout 30s"), "{}", run.out);
     // A bad timeout is named in the module's words (rl_core's ParamError).
     let bad = write("bad.toml", r#"{ name = "concurrent", kind = "inflight", limit = 0, timeout = "800d" }"#);
-    let run = rlctl(&["validate", &bad]).await;
-    assert_eq!(run.code, 1, "{}", run.out);
-    for fault in [
-        "rule set rejected: rule 'default' limit 'concurrent': limit must be from 1 to 100000, got 0",
-        "rule 'default' limit 'concurrent': timeout \"800d\": timeout_ms must be from 1 to 63072000000, got 69120000000",
-    ] {
-        assert!(run.err.contains(fault), "{fault} in: {}", run.err);
-    }
+    validate_refuses(
+        &bad,
+        &[
+            "rule set rejected: rule 'default' limit 'concurrent': limit must be from 1 to 100000, got 0",
+            "rule 'default' limit 'concurrent': timeout \"800d\": timeout_ms must be from 1 to 63072000000, got 69120000000",
+        ],
+    )
+    .await;
 
     // An override with an in-flight limit reaches a watching gateway.
     let s = Server::start(&[]);
@@ -635,14 +644,14 @@ async fn global_rules_are_validated_and_shown_with_their_split() {
         run.out
     );
     let bad = write("bad.toml", r#"{ regions = ["eu", "us"], floor = 0.6, weights = [1] }"#);
-    let run = rlctl(&["validate", &bad]).await;
-    assert_eq!(run.code, 1, "{}", run.out);
-    for fault in [
-        "rule 'api': global.floor: the fraction each region always keeps is 0 to 1/2 (0.5000) for 2 regions, got 0.6",
-        "rule 'api': global.weights: one weight per region: 1 weights for 2 regions",
-    ] {
-        assert!(run.err.contains(fault), "{fault} in: {}", run.err);
-    }
+    validate_refuses(
+        &bad,
+        &[
+            "rule 'api': global.floor: the fraction each region always keeps is 0 to 1/2 (0.5000) for 2 regions, got 0.6",
+            "rule 'api': global.weights: one weight per region: 1 weights for 2 regions",
+        ],
+    )
+    .await;
     let s = Server::start(&[]);
     let url = s.url();
     assert_eq!(rlctl(&["publish", &good, "--redis", &url]).await.code, 0);
