@@ -102,13 +102,10 @@ pub fn render(rl: &str, server: &str, shares: Option<SharesSeen>) -> String {
 
 /// The share table's age and version, if the server holds one.
 async fn shares_seen(con: &mut MultiplexedConnection) -> Option<SharesSeen> {
-    let (written, version, (secs, micros)): (Option<u64>, Option<u64>, (u64, u64)) = redis::pipe()
-        .cmd("HGET")
+    let ((written, version), (secs, micros)): ((Option<u64>, Option<u64>), (u64, u64)) = redis::pipe()
+        .cmd("HMGET")
         .arg(crate::SHARES_KEY)
-        .arg("written_at")
-        .cmd("HGET")
-        .arg(crate::SHARES_KEY)
-        .arg("version")
+        .arg(&["written_at", "version"])
         .cmd("TIME")
         .query_async(con)
         .await
