@@ -177,9 +177,13 @@ impl Limiter {
                 None => routes.push((route, vec![call])),
             }
         }
-        let sent = routes.into_iter().map(|(_, calls)| async move {
+        let sent = routes.into_iter().map(|(_, mut calls)| async move {
             let slot = slot_of(calls[0].t.subject);
-            let cmds: Vec<(Cmd, usize)> = calls.iter().filter_map(|c| c.cmd.as_ref().ok().cloned()).collect();
+            // Each command moves into the pipeline; the call keeps whether it had one.
+            let cmds: Vec<(Cmd, usize)> = calls
+                .iter_mut()
+                .filter_map(|c| c.cmd.as_mut().ok().map(|(cmd, n)| (std::mem::take(cmd), *n)))
+                .collect();
             let replies = if cmds.is_empty() { Ok(Vec::new()) } else { i.client.pipeline(cmds, slot).await };
             (calls, replies)
         });
