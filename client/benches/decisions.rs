@@ -30,7 +30,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_client::{headers, By, Config, Event, Limiter, PeerAddr, Policies, Policy, RateLimitLayer, Rule};
+use rl_client::{headers, By, Config, Decide, Event, Facts, Limiter, PeerAddr, Policies, Policy, RateLimitLayer, Rule};
 use testkit::Server;
 use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};
@@ -206,6 +206,15 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
             thread_cpu_time() - start
         })
     });
+    // A response made and dropped, nothing added: what the rows below
+    // spend besides the header step.
+    c.bench_function("response alone", |b| {
+        b.iter_custom(|iters| {
+            into_responses(iters, |map| {
+                black_box(map);
+            })
+        })
+    });
     // As the layer does it: into the map of a response the service made
     // (with the content-type a framework sets).
     c.bench_function("headers into a response", |b| {
@@ -213,6 +222,16 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
             into_responses(iters, |map| {
                 let _ = map.try_reserve(5);
                 headers::insert(map, policy, black_box(&decision), now);
+            })
+        })
+    });
+    // The same with the draft's fields only (the layer's
+    // `header_fields(Fields::Draft)`).
+    c.bench_function("draft headers into a response", |b| {
+        b.iter_custom(|iters| {
+            into_responses(iters, |map| {
+                let _ = map.try_reserve(2);
+                headers::insert_view(map, policy, None, headers::Fields::Draft, black_box(&decision), now);
             })
         })
     });
@@ -230,6 +249,36 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
                 map.insert(headers::X_RATELIMIT_REMAINING, value());
                 map.insert(headers::X_RATELIMIT_RESET, value());
             })
+        })
+    });
+    // The decision as the layer makes it: `Decide::decide` on the facts
+    // extraction found (one policy by API key, a lease spend), the checked
+    // list dropped. The facts are made untimed, in batches.
+    let policies = Policies::new(limiter.clone()).add(policy.clone(), By::Key);
+    let facts = Facts {
+        ip: Some("192.0.2.1".parse().expect("an address")),
+        key: Some("customer-1".to_owned()),
+        route: "GET /search".to_owned(),
+        cost: 1,
+    };
+    c.bench_function("layer decision", |b| {
+        b.to_async(rt).iter_custom(|iters| {
+            let (policies, facts) = (&policies, &facts);
+            async move {
+                let mut elapsed = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let batch = left.min(1024);
+                    left -= batch;
+                    let made: Vec<Facts> = (0..batch).map(|_| facts.clone()).collect();
+                    let start = thread_cpu_time();
+                    for facts in made {
+                        black_box(policies.decide(facts).await.expect("decide"));
+                    }
+                    elapsed += thread_cpu_time() - start;
+                }
+                elapsed
+            }
         })
     });
     let hello = tower::service_fn(|_req: http::Request<String>| async {
@@ -274,31 +323,21 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
     );
 }
 
-/// The thread's CPU time `add` takes on `iters` responses' maps, each
-/// holding a content-type; the responses are made and dropped untimed, in
-/// batches.
+/// The thread's CPU time for `iters` responses, each made with the
+/// content-type a framework sets, given to `add`, and dropped, as a
+/// service and the layer would: the map is in cache when the fields go in,
+/// and dropping them (frees, reference counts) is counted. The `response
+/// alone` row (`add` doing nothing) is the part that is not the header step.
 fn into_responses(iters: u64, mut add: impl FnMut(&mut http::HeaderMap)) -> Duration {
-    let mut elapsed = Duration::ZERO;
-    let mut left = iters;
-    while left > 0 {
-        let batch = left.min(1024);
-        left -= batch;
-        let mut responses: Vec<http::Response<String>> = (0..batch)
-            .map(|_| {
-                let mut response = http::Response::new(String::new());
-                let text = http::HeaderValue::from_static("text/plain; charset=utf-8");
-                response.headers_mut().insert(http::header::CONTENT_TYPE, text);
-                response
-            })
-            .collect();
-        let start = thread_cpu_time();
-        for response in &mut responses {
-            add(response.headers_mut());
-        }
-        elapsed += thread_cpu_time() - start;
-        black_box(responses);
+    let start = thread_cpu_time();
+    for _ in 0..iters {
+        let mut response = http::Response::new(String::new());
+        let text = http::HeaderValue::from_static("text/plain; charset=utf-8");
+        response.headers_mut().insert(http::header::CONTENT_TYPE, text);
+        add(response.headers_mut());
+        black_box(response);
     }
-    elapsed
+    thread_cpu_time() - start
 }
 
 criterion_group!(benches, decisions);

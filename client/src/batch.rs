@@ -71,11 +71,18 @@ impl Limiter {
         if let [c] = checks {
             return Ok(vec![Some(self.check_cost(c.policy, c.subject, c.cost).await?)]);
         }
+        Box::pin(self.check_together(checks)).await
+    }
+
+    /// [`Limiter::check_batch`] for two checks or more. Its state (leases,
+    /// pipelines, refunds) is several kilobytes: kept apart, so that a
+    /// one-check batch does not carry and move it on every request.
+    async fn check_together<'a>(&self, checks: &[Check<'a>]) -> Result<Vec<Option<Decision>>> {
         for c in checks {
             self.check_input(c.policy, c.subject, BucketOp::Take { cost: c.cost })?;
         }
         if self.inner.client.backend() == Backend::Lua {
-            return Box::pin(self.check_in_turn(checks)).await;
+            return self.check_in_turn(checks).await;
         }
         let i = &self.inner;
         let now = i.now_ms();

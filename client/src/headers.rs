@@ -82,6 +82,22 @@ pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> He
     headers
 }
 
+/// Which fields a response carries. Every set keeps `Retry-After` on
+/// refusals (HTTP's own field; a client that knows no draft still waits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Fields {
+    /// The draft's `RateLimit-Policy` and `RateLimit`, and the legacy
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` that many clients read.
+    #[default]
+    DraftAndLegacy,
+    /// The draft's fields only: two map insertions instead of five, for
+    /// clients that follow the draft (about half the cost: see the README).
+    Draft,
+    /// `Retry-After` on refusals only: limits are not disclosed (the
+    /// draft's section on information disclosure).
+    RetryAfter,
+}
+
 /// Which view of a request a decision was made for, when one policy can
 /// apply to a request twice: live rules see a request by its API key and by
 /// its address, and both views may land on one rule (with different
@@ -134,12 +150,26 @@ pub(crate) struct Announced {
 /// its fields are written without comparing with what is there.
 /// A policy of shadow rules only enforces nothing, so it announces nothing.
 pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
-    insert_view(headers, policy, None, decision, now);
+    insert_view(headers, policy, None, Fields::DraftAndLegacy, decision, now);
 }
 
-/// [`insert`] for one [`View`] of the request: its members are named by it.
-pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>, decision: &Decision, now: SystemTime) {
+/// [`insert`] for one [`View`] of the request (its members are named by
+/// it), writing only `fields`.
+pub fn insert_view(
+    headers: &mut HeaderMap,
+    policy: &Policy,
+    view: Option<View>,
+    fields: Fields,
+    decision: &Decision,
+    now: SystemTime,
+) {
     let Some(announced) = announced(policy, view) else { return };
+    if fields == Fields::RetryAfter {
+        if let Some(retry) = retry_secs(decision) {
+            raise_retry_after(headers, retry, header_u64(headers, &RETRY_AFTER));
+        }
+        return;
+    }
     let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
         return;
     };
@@ -157,10 +187,7 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
         }
     };
 
-    let retry = match (decision.allowed, decision.retry_after) {
-        (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
-        _ => None,
-    };
+    let retry = retry_secs(decision);
     let present_retry = if fresh { None } else { header_u64(headers, &RETRY_AFTER) };
     let t = match (decision.allowed, retry) {
         (false, retry) => retry,
@@ -186,6 +213,12 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
         headers.append(RATELIMIT, value);
     }
 
+    if let Some(retry) = retry {
+        raise_retry_after(headers, retry, present_retry);
+    }
+    if fields == Fields::Draft {
+        return;
+    }
     let remaining = remaining.min(announced.limit);
     if fresh || header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
@@ -194,10 +227,21 @@ pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>,
         headers.insert(X_RATELIMIT_REMAINING, number(remaining));
         headers.insert(X_RATELIMIT_RESET, unix_secs(reset));
     }
-    if let Some(retry) = retry {
-        if present_retry.map_or(true, |present| retry > present) {
-            headers.insert(RETRY_AFTER, number(retry));
-        }
+}
+
+/// A refusal's wait in whole seconds, rounded up and at least 1; `None`
+/// when allowed or when no wait helps.
+fn retry_secs(decision: &Decision) -> Option<u64> {
+    match (decision.allowed, decision.retry_after) {
+        (false, Some(retry)) => Some(ceil_secs(retry).max(1)),
+        _ => None,
+    }
+}
+
+/// `Retry-After` becomes `retry` unless a longer wait is there already.
+fn raise_retry_after(headers: &mut HeaderMap, retry: u64, present: Option<u64>) {
+    if present.map_or(true, |present| retry > present) {
+        headers.insert(RETRY_AFTER, number(retry));
     }
 }
 
@@ -307,7 +351,8 @@ fn announced(policy: &Policy, view: Option<View>) -> Option<&Announced> {
             policy: HeaderValue::from_str(&value).ok()?,
             members,
             limit,
-            limit_value: HeaderValue::from(limit),
+            // Below 10,000 a static value: its clones count no references.
+            limit_value: number(limit),
         })
     });
     built.as_ref()
@@ -555,11 +600,12 @@ mod tests {
         let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
         let mut h = HeaderMap::new();
         let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
-        insert_view(&mut h, &rule, Some(View::Ip), &refused, NOW);
+        insert_view(&mut h, &rule, Some(View::Ip), Fields::DraftAndLegacy, &refused, NOW);
         insert_view(
             &mut h,
             &rule,
             Some(View::Key),
+            Fields::DraftAndLegacy,
             &Decision { rule: 0, remaining: 2, ..decision(true, Some(0)) },
             NOW,
         );
@@ -574,6 +620,7 @@ mod tests {
             &mut h2,
             &rule,
             Some(View::Key),
+            Fields::DraftAndLegacy,
             &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) },
             NOW,
         );
@@ -597,6 +644,73 @@ mod tests {
         assert_eq!(unix_secs(1_700_000_000), "1700000000");
         assert_eq!(unix_secs(1_700_000_001), "1700000001");
         assert_eq!(unix_secs(5), "5");
+    }
+
+    #[test]
+    fn draft_fields_leave_out_the_legacy_ones_and_retry_after_stays() {
+        let p = policy();
+        let refused = Decision { remaining: 0, ..decision(false, Some(1500)) };
+        let mut h = HeaderMap::new();
+        insert_view(&mut h, &p, None, Fields::Draft, &refused, NOW);
+        let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["ratelimit", "ratelimit-policy", "retry-after"]);
+        assert_eq!(h[&RATELIMIT], r#""per_second";r=0;t=2"#);
+        assert_eq!(h[RETRY_AFTER], "2");
+        // The same fields as the full set, less the three legacy ones.
+        let mut full = for_decision(&p, &refused, NOW);
+        for legacy in [X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET] {
+            full.remove(legacy);
+        }
+        assert_eq!(h, full);
+        // An allowed policy after the refusal still caps its t at Retry-After.
+        let slow = Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)).build().unwrap();
+        insert_view(
+            &mut h,
+            &slow,
+            None,
+            Fields::Draft,
+            &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) },
+            NOW,
+        );
+        assert_eq!(all(&h, &RATELIMIT)[1], r#""day.h";r=1;t=2"#);
+    }
+
+    #[test]
+    fn retry_after_alone_discloses_no_limit() {
+        let p = policy();
+        let mut h = HeaderMap::new();
+        insert_view(&mut h, &p, None, Fields::RetryAfter, &decision(true, Some(0)), NOW);
+        assert!(h.is_empty(), "an allowed request says nothing");
+        insert_view(
+            &mut h,
+            &p,
+            None,
+            Fields::RetryAfter,
+            &Decision { remaining: 0, ..decision(false, Some(1500)) },
+            NOW,
+        );
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[RETRY_AFTER], "2");
+        // The longest wait of several refusals, never a shorter one.
+        insert_view(
+            &mut h,
+            &p,
+            None,
+            Fields::RetryAfter,
+            &Decision { remaining: 0, ..decision(false, Some(500)) },
+            NOW,
+        );
+        assert_eq!(h[RETRY_AFTER], "2");
+        insert_view(
+            &mut h,
+            &p,
+            None,
+            Fields::RetryAfter,
+            &Decision { remaining: 0, ..decision(false, Some(7000)) },
+            NOW,
+        );
+        assert_eq!(h[RETRY_AFTER], "7");
     }
 
     #[test]

@@ -34,6 +34,18 @@ fn quiet(prefix: &str, per_hour: u64) -> Policy {
 
 const HOUR_MS: u64 = 3_600_000;
 
+#[tokio::test]
+async fn a_one_check_batch_carries_no_more_state_than_a_check() {
+    // The several-check path's state (leases, pipelines, refunds) is kilobytes:
+    // a layer with one policy must not allocate and move it on every request.
+    let l = Limiter::new(Config::standalone("redis://127.0.0.1:1/")).unwrap();
+    let p = quiet("size", 1);
+    let checks = [Check { policy: &p, subject: "s", cost: 1 }];
+    let batch = std::mem::size_of_val(&l.check_batch(&checks));
+    let check = std::mem::size_of_val(&l.check_cost(&p, "s", 1));
+    assert!(batch <= check + 128, "check_batch's future is {batch} bytes, check_cost's {check}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_round_trip_for_every_policy_and_all_or_nothing() {
     let s = Server::start(&[]);

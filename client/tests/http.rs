@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{calls, config};
 use http::{Request, Response, StatusCode};
-use rl_client::{Backend, By, Limiter, MissingKey, PeerAddr, Policies, Policy, RateLimitLayer, Refused, Rule};
+use rl_client::{headers, Backend, By, Limiter, MissingKey, PeerAddr, Policies, Policy, RateLimitLayer, Refused, Rule};
 use testkit::Server;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -169,6 +169,33 @@ async fn stacked_layers_merge_their_headers() {
     assert!(items[1].starts_with(r#""ip.per_second";r="#), "{items:?}");
     assert_eq!(header(&r, "x-ratelimit-remaining"), "0");
     assert_eq!(header(&r, "x-ratelimit-limit"), "1");
+}
+
+#[tokio::test]
+async fn header_fields_choose_draft_only_or_retry_after_only() {
+    let s = Server::start(&[]);
+    let policy = || Policy::builder("api").rule(Rule::per_hour("per_hour", 1)).build().unwrap();
+    let legacy = ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"];
+    let draft = by_key(module(&s), policy()).header_fields(headers::Fields::Draft).layer(hello());
+    let r = draft.clone().oneshot(request(Some("d"), "192.0.2.1")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "ratelimit-policy"), r#""per_hour";q=1;w=3600"#);
+    assert_eq!(header(&r, "ratelimit"), r#""per_hour";r=0;t=3600"#);
+    assert!(legacy.iter().all(|name| !r.headers().contains_key(*name)), "{:?}", r.headers());
+    let r = draft.clone().oneshot(request(Some("d"), "192.0.2.1")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(&r, "retry-after").parse().unwrap();
+    assert_eq!(header(&r, "ratelimit"), format!("\"per_hour\";r=0;t={retry}"));
+    assert!(legacy.iter().all(|name| !r.headers().contains_key(*name)), "{:?}", r.headers());
+
+    let quiet = by_key(module(&s), policy()).header_fields(headers::Fields::RetryAfter).layer(hello());
+    let r = quiet.clone().oneshot(request(Some("q"), "192.0.2.1")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(!r.headers().keys().any(|name| name.as_str().contains("ratelimit")), "{:?}", r.headers());
+    let r = quiet.clone().oneshot(request(Some("q"), "192.0.2.1")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&r, "retry-after").parse::<u64>().unwrap() >= 1);
+    assert!(!r.headers().keys().any(|name| name.as_str().contains("ratelimit")), "{:?}", r.headers());
 }
 
 #[tokio::test]

@@ -151,17 +151,20 @@ impl Policies {
 
 impl Decide for Policies {
     fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>> {
-        let this = self.clone();
-        Box::pin(async move {
-            let mut subjects = Vec::with_capacity(this.list.len());
-            for (policy, by) in this.list.iter() {
-                if let Some(subject) = this.subject(by, &facts)? {
-                    subjects.push((policy.clone(), subject));
-                }
+        // The subjects are found before the future is made: it carries only
+        // what the decision needs, so its box stays small.
+        let mut subjects = Vec::with_capacity(self.list.len());
+        for (policy, by) in self.list.iter() {
+            match self.subject(by, &facts) {
+                Ok(Some(subject)) => subjects.push((policy.clone(), subject)),
+                Ok(None) => {}
+                Err(e) => return Box::pin(std::future::ready(Err(e))),
             }
-            let checks: Vec<Check> =
-                subjects.iter().map(|(policy, subject)| Check { policy, subject, cost: facts.cost }).collect();
-            let decisions = this.limiter.check_batch(&checks).await?;
+        }
+        let (limiter, cost) = (self.limiter.clone(), facts.cost);
+        Box::pin(async move {
+            let checks: Vec<Check> = subjects.iter().map(|(policy, subject)| Check { policy, subject, cost }).collect();
+            let decisions = limiter.check_batch(&checks).await?;
             Ok(subjects
                 .iter()
                 .zip(decisions)
@@ -222,6 +225,7 @@ struct Shared {
     missing_key: MissingKey,
     cost: CostFn,
     refusal: RefusalFn,
+    fields: headers::Fields,
     outage: Arc<Outage>,
 }
 
@@ -242,6 +246,7 @@ impl<D: Decide> RateLimitLayer<D> {
                 missing_key: MissingKey::Refuse,
                 cost: Arc::new(|_: &Parts| 1),
                 refusal: Arc::new(Refused::problem),
+                fields: headers::Fields::default(),
                 outage: Arc::default(),
             }),
         }
@@ -284,6 +289,12 @@ impl<D: Decide> RateLimitLayer<D> {
     /// are added to it.
     pub fn refusal(self, refusal: impl Fn(&Refused) -> Response<String> + Send + Sync + 'static) -> RateLimitLayer<D> {
         self.with(|s| s.refusal = Arc::new(refusal))
+    }
+
+    /// Which rate-limit fields responses carry (default: the draft's and
+    /// the legacy `X-RateLimit-*`).
+    pub fn header_fields(self, fields: headers::Fields) -> RateLimitLayer<D> {
+        self.with(|s| s.fields = fields)
     }
 }
 
@@ -349,7 +360,7 @@ impl Shared {
             tracing::debug!(target: "rl_client", rule = %name, "request refused");
         }
         let mut response = (self.refusal)(&refused);
-        add_headers(response.headers_mut(), checked, now);
+        add_headers(response.headers_mut(), checked, self.fields, now);
         response
     }
 }
@@ -369,12 +380,17 @@ fn key_of(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
 }
 
 /// Every policy's headers: refusals first (see [`headers::insert`]).
-fn add_headers(map: &mut HeaderMap, checked: &[Checked], now: SystemTime) {
-    // At most six fields are new to the map (five, and Retry-After on a
-    // refusal): it grows once, if at all. Failing to reserve is harmless.
-    let _ = map.try_reserve(5 + usize::from(checked.iter().any(|c| !c.decision.allowed)));
+fn add_headers(map: &mut HeaderMap, checked: &[Checked], fields: headers::Fields, now: SystemTime) {
+    // The map grows once, if at all: room for the fields that may be new
+    // (Retry-After only on a refusal). Failing to reserve is harmless.
+    let rate_limit_fields = match fields {
+        headers::Fields::DraftAndLegacy => 5,
+        headers::Fields::Draft => 2,
+        headers::Fields::RetryAfter => 0,
+    };
+    let _ = map.try_reserve(rate_limit_fields + usize::from(checked.iter().any(|c| !c.decision.allowed)));
     for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
-        headers::insert_view(map, (*c.policy).as_ref(), c.view, &c.decision, now);
+        headers::insert_view(map, (*c.policy).as_ref(), c.view, fields, &c.decision, now);
     }
 }
 
@@ -422,7 +438,7 @@ where
                 return Ok(shared.refused(&checked, now).map(ResBody::from));
             }
             let mut response = inner.call(Request::from_parts(parts, body)).await?;
-            add_headers(response.headers_mut(), &checked, now);
+            add_headers(response.headers_mut(), &checked, shared.fields, now);
             Ok(response)
         })
     }
