@@ -30,6 +30,8 @@ build:
 
 # Formatting and lints are gates: make test fails on either.
 lint:
+	@cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt || { echo "rustfmt is missing: add it to your Rust toolchain"; exit 1; }
+	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy || { echo "clippy is missing: add it to your Rust toolchain"; exit 1; }
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
@@ -41,7 +43,7 @@ bench: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
 
 # The client's fleet simulation (client/README.md): 300 gateways against one
-# server with the module, about 40 s; the report goes to client/SIMULATION.md.
+# server with the module, about 40 s once built; the report goes to client/SIMULATION.md.
 sim: deps build
 	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
 
