@@ -43,6 +43,20 @@ impl LiveDecide {
     }
 }
 
+/// Asks the shadow rules of an allowed request, in the background: what
+/// they would have said is only reported, so the response does not wait
+/// for their calls, and a shadow rule that cannot be asked never fails a
+/// request.
+async fn shadow_checks(rules: LiveRules, shadows: Vec<(Arc<CompiledRule>, String)>, cost: u64) {
+    for (rule, subject) in shadows {
+        match rules.regional().shadow_refusal(rules.limiter(), &rule, &subject, cost).await {
+            Ok(Some(limit)) => rules.log_shadow(&rule, limit, &subject),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(target: "rl_rules", rule = rule.id(), error = %e, "shadow rule not asked"),
+        }
+    }
+}
+
 /// One view of a request and what it matched.
 struct Viewed {
     view: View,
@@ -101,14 +115,13 @@ impl Decide for LiveDecide {
             };
             let allowed = decisions.iter().all(|d| d.is_some_and(|d| d.allowed));
             let mut out = Vec::with_capacity(views.len());
+            let mut shadows = Vec::new();
             for ((v, decision), scaled) in views.iter().zip(decisions).zip(scaled) {
                 let Some(decision) = decision else { continue };
                 regional.demanded(&v.rule, &v.subject, facts.cost);
                 // Only an allowed request is one a shadow rule would have changed.
-                if let (true, Some((rule, subject))) = (allowed, &v.shadow) {
-                    if let Some(limit) = regional.shadow_refusal(limiter, rule, subject, facts.cost).await? {
-                        rules.log_shadow(rule, limit, subject);
-                    }
+                if let (true, Some(shadow)) = (allowed, &v.shadow) {
+                    shadows.push(shadow.clone());
                 }
                 // A global rule announces what this region enforces: its
                 // share, which `r` counts down from.
@@ -117,6 +130,9 @@ impl Decide for LiveDecide {
                     _ => v.rule.clone(),
                 };
                 out.push(Checked { policy, decision, view: Some(v.view) });
+            }
+            if !shadows.is_empty() {
+                tokio::spawn(shadow_checks(rules.clone(), shadows, facts.cost));
             }
             Ok(out)
         })

@@ -787,6 +787,82 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     assert!(!checked[0].decision.allowed, "{:?}", checked[0].decision);
 }
 
+/// The tower layer's path (`LiveDecide`) asks a shadow rule in the
+/// background: every request is allowed and answered without waiting for
+/// it, and its refusals are reported once those calls land.
+#[cfg(feature = "tower")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
+    use rl_client::{Decide, Facts};
+    let s = Server::start(&[]);
+    let set = spec(
+        r#"
+        [[rules]]
+        id = "default"
+        reason = "everyone"
+        limits = [{ name = "s", rate = 100, per = "1h" }]
+
+        [[rules]]
+        id = "tight"
+        match = { endpoint = "GET /search" }
+        mode = "shadow"
+        reason = "proposed: one an hour"
+        limits = [{ name = "hourly", rate = 1, per = "1h" }]
+    "#,
+    );
+    let rules = LiveRules::new(limiter(&s), &set).unwrap();
+    let decide = rl_rules::LiveDecide::new(rules.clone());
+    let facts = Facts { ip: None, key: Some("cheap".into()), route: "GET /search".into(), cost: 1 };
+    for i in 0..10 {
+        let checked = decide.decide(facts.clone()).await.unwrap();
+        assert_eq!(checked.len(), 1);
+        assert!(checked[0].decision.allowed, "request {i}: {:?}", checked[0].decision);
+    }
+    eventually(Duration::from_secs(5), "nine shadow refusals reported", || {
+        rules.shadow_report().first().is_some_and(|e| e.refusals == 9)
+    })
+    .await;
+    let report = rules.shadow_report();
+    assert_eq!(report.len(), 1);
+    assert_eq!((report[0].rule.as_str(), report[0].subject.as_str()), ("tight", "cheap"));
+    assert_eq!(rules.limiter().counters().get(Event::ShadowRefused), 9);
+    // Another route is not the shadow rule's: nothing more is reported.
+    let other = Facts { route: "GET /other".into(), ..facts.clone() };
+    assert!(decide.decide(other).await.unwrap()[0].decision.allowed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rules.shadow_report()[0].refusals, 9);
+
+    // A busy subject is decided from its lease; with Redis' writes paused,
+    // its shadow calls wait out the 1 s timeout, and the answers do not.
+    let busy = spec(
+        r#"
+        [[rules]]
+        id = "default"
+        reason = "everyone"
+        limits = [{ name = "s", rate = 1000000, per = "1s" }]
+
+        [[rules]]
+        id = "tight"
+        match = { endpoint = "GET /search" }
+        mode = "shadow"
+        reason = "proposed: one an hour"
+        limits = [{ name = "hourly", rate = 1, per = "1h" }]
+    "#,
+    );
+    let busy = rl_rules::LiveDecide::new(LiveRules::new(limiter(&s), &busy).unwrap());
+    let hot = Facts { key: Some("hot".into()), ..facts };
+    assert!(busy.decide(hot.clone()).await.unwrap()[0].decision.allowed, "the lease taken");
+    let mut con = s.con();
+    redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("WRITE").query::<()>(&mut con).unwrap();
+    for i in 0..3 {
+        let started = Instant::now();
+        let checked = busy.decide(hot.clone()).await.unwrap();
+        assert_eq!(checked[0].decision.source, rl_client::Source::Lease, "request {i}");
+        assert!(started.elapsed() < Duration::from_millis(500), "request {i} waited {:?}", started.elapsed());
+    }
+    redis::cmd("CLIENT").arg("UNPAUSE").query::<()>(&mut con).unwrap();
+}
+
 /// A limit that keeps its name but changes what its keys hold (a bucket
 /// becoming a window) is refused at publish: the keys in Redis would
 /// answer WRONGTYPE to the subject's every request until they expire.
