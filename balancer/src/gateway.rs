@@ -238,7 +238,7 @@ impl RegionShares {
         SharesStatus {
             version: self.last.load().as_ref().map_or(0, |l| l.read.version),
             age,
-            stale: !age.is_some_and(|a| a < self.config.stale_after),
+            stale: age.is_none_or(|a| a >= self.config.stale_after),
             refresh_failures: stats.refresh_failures,
             last_error: stats.last_error.clone(),
             age_warnings: stats.age_warnings,

@@ -220,7 +220,7 @@ pub fn insert_view(
         return;
     }
     let remaining = remaining.min(announced.limit);
-    if fresh || header_u64(headers, &X_RATELIMIT_REMAINING).map_or(true, |present| remaining < present) {
+    if fresh || header_u64(headers, &X_RATELIMIT_REMAINING).is_none_or(|present| remaining < present) {
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
         headers.insert(X_RATELIMIT_LIMIT, announced.limit_value.clone());
@@ -240,7 +240,7 @@ fn retry_secs(decision: &Decision) -> Option<u64> {
 
 /// `Retry-After` becomes `retry` unless a longer wait is there already.
 fn raise_retry_after(headers: &mut HeaderMap, retry: u64, present: Option<u64>) {
-    if present.map_or(true, |present| retry > present) {
+    if present.is_none_or(|present| retry > present) {
         headers.insert(RETRY_AFTER, number(retry));
     }
 }

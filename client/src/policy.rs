@@ -194,7 +194,7 @@ pub(crate) fn bucket_params(capacity: u64, refill: u64, period: Duration) -> std
 pub fn period_ms(period: Duration) -> std::result::Result<u64, String> {
     let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
     match in_range("period_ms", ms, 1, MAX_PERIOD_MS) {
-        Ok(ms) if period.subsec_nanos() % 1_000_000 == 0 => Ok(ms),
+        Ok(ms) if period.subsec_nanos().is_multiple_of(1_000_000) => Ok(ms),
         _ => Err(format!(
             "period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}"
         )),

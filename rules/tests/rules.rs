@@ -236,7 +236,7 @@ async fn a_request_never_sees_half_a_rule_set() {
                 if let Some(shadow) = &v.shadow {
                     assert_eq!(shadow.rule.id(), format!("s{n}"), "the shadow rule is of the same version");
                 }
-                assert!(seen.last().map_or(true, |&last| last <= n), "versions only move forward: {seen:?} then {n}");
+                assert!(seen.last().is_none_or(|&last| last <= n), "versions only move forward: {seen:?} then {n}");
                 used.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
                 seen.push(n);
                 // A lease spend completes without awaiting anything; let the
