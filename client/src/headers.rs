@@ -682,35 +682,13 @@ mod tests {
         let mut h = HeaderMap::new();
         insert_view(&mut h, &p, None, Fields::RetryAfter, &decision(true, Some(0)), NOW);
         assert!(h.is_empty(), "an allowed request says nothing");
-        insert_view(
-            &mut h,
-            &p,
-            None,
-            Fields::RetryAfter,
-            &Decision { remaining: 0, ..decision(false, Some(1500)) },
-            NOW,
-        );
-        assert_eq!(h.len(), 1);
-        assert_eq!(h[RETRY_AFTER], "2");
-        // The longest wait of several refusals, never a shorter one.
-        insert_view(
-            &mut h,
-            &p,
-            None,
-            Fields::RetryAfter,
-            &Decision { remaining: 0, ..decision(false, Some(500)) },
-            NOW,
-        );
-        assert_eq!(h[RETRY_AFTER], "2");
-        insert_view(
-            &mut h,
-            &p,
-            None,
-            Fields::RetryAfter,
-            &Decision { remaining: 0, ..decision(false, Some(7000)) },
-            NOW,
-        );
-        assert_eq!(h[RETRY_AFTER], "7");
+        // One field; the longest wait of several refusals, never a shorter one.
+        for (retry_ms, expected) in [(1500, "2"), (500, "2"), (7000, "7")] {
+            let refused = Decision { remaining: 0, ..decision(false, Some(retry_ms)) };
+            insert_view(&mut h, &p, None, Fields::RetryAfter, &refused, NOW);
+            assert_eq!(h.len(), 1);
+            assert_eq!(h[RETRY_AFTER], expected, "after a refusal of {retry_ms} ms");
+        }
     }
 
     #[test]

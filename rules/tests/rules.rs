@@ -795,22 +795,25 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
 async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
     use rl_client::{Decide, Facts};
     let s = Server::start(&[]);
-    let set = spec(
-        r#"
-        [[rules]]
-        id = "default"
-        reason = "everyone"
-        limits = [{ name = "s", rate = 100, per = "1h" }]
+    // Everyone at `rate`, and a shadow rule of one an hour on the search.
+    let shadowed = |rate: &str| {
+        spec(&format!(
+            r#"
+            [[rules]]
+            id = "default"
+            reason = "everyone"
+            limits = [{{ name = "s", rate = {rate}, per = "1s" }}]
 
-        [[rules]]
-        id = "tight"
-        match = { endpoint = "GET /search" }
-        mode = "shadow"
-        reason = "proposed: one an hour"
-        limits = [{ name = "hourly", rate = 1, per = "1h" }]
-    "#,
-    );
-    let rules = LiveRules::new(limiter(&s), &set).unwrap();
+            [[rules]]
+            id = "tight"
+            match = {{ endpoint = "GET /search" }}
+            mode = "shadow"
+            reason = "proposed: one an hour"
+            limits = [{{ name = "hourly", rate = 1, per = "1h" }}]
+        "#
+        ))
+    };
+    let rules = LiveRules::new(limiter(&s), &shadowed("100")).unwrap();
     let decide = rl_rules::LiveDecide::new(rules.clone());
     let facts = Facts { ip: None, key: Some("cheap".into()), route: "GET /search".into(), cost: 1 };
     for i in 0..10 {
@@ -834,22 +837,7 @@ async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
 
     // A busy subject is decided from its lease; with Redis' writes paused,
     // its shadow calls wait out the 1 s timeout, and the answers do not.
-    let busy = spec(
-        r#"
-        [[rules]]
-        id = "default"
-        reason = "everyone"
-        limits = [{ name = "s", rate = 1000000, per = "1s" }]
-
-        [[rules]]
-        id = "tight"
-        match = { endpoint = "GET /search" }
-        mode = "shadow"
-        reason = "proposed: one an hour"
-        limits = [{ name = "hourly", rate = 1, per = "1h" }]
-    "#,
-    );
-    let busy = rl_rules::LiveDecide::new(LiveRules::new(limiter(&s), &busy).unwrap());
+    let busy = rl_rules::LiveDecide::new(LiveRules::new(limiter(&s), &shadowed("1000000")).unwrap());
     let hot = Facts { key: Some("hot".into()), ..facts };
     assert!(busy.decide(hot.clone()).await.unwrap()[0].decision.allowed, "the lease taken");
     let mut con = s.con();
