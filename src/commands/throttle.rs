@@ -27,8 +27,10 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, St
         })?),
     };
     let r = gcra::throttle(&a.quota, tat, now, a.quantity).map_err(|e| match e {
-        GcraError::Overflow => format!("ERR key '{}' holds a timestamp too far in the future", shown(bytes[1])),
-        _ => "ERR quantity is too large for this rate".to_string(),
+        GcraError::Overflow => {
+            "ERR max_burst is too large for this period: the key would expire after the year 2262".to_string()
+        }
+        _ => "ERR quantity must be a non-negative integer".to_string(),
     })?;
     if let Some(new_tat) = r.new_tat_ns {
         let mut digits = [0u8; 20];
