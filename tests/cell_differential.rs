@@ -376,6 +376,19 @@ const CASES: &[Case] = &[
         calls: &[("minus 1 1 3600 0", Differs(Ours::Ints([0, 2, 2, -1, 0]), Cell::Crashes))],
     },
     Case {
+        name: "a negative TAT reads as long past",
+        setup: &["SET negtat -5"],
+        calls: &[("negtat 1 1 3600", Differs(Ours::Ints([0, 2, 1, -1, 3600]), Cell::Crashes))],
+    },
+    Case {
+        name: "a TAT past 2262, as redis-cell writes for `0 1 9000000000`",
+        setup: &["SET late 10796078482407918492"],
+        calls: &[(
+            "late 0 1 9000000000 0",
+            Differs(Ours::Error("ERR key 'late' holds a time after the year 2262"), Cell::Answers),
+        )],
+    },
+    Case {
         name: "a TAT long past reads as a full bucket",
         setup: &["SET old 1000000000"],
         calls: &[("old 0 1 1 5", Differs(Ours::Ints([1, 1, 1, -1, 0]), Cell::Answers))],

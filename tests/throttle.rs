@@ -119,4 +119,8 @@ fn accepted_and_answered_as_redis_cell_does() {
     let e = call_err(&mut con, "CL.THROTTLE", &[b"late", b"0", b"1", b"9000000000"]);
     assert_eq!(e, "ERR max_burst is too large for this period: the key would expire after the year 2262");
     assert_eq!(redis::cmd("EXISTS").arg("late").query::<i64>(&mut con).unwrap(), 0);
+    // redis-cell writes such a TAT (a u64): named as what it is.
+    redis::cmd("SET").arg("late").arg("10796078482407918492").query::<()>(&mut con).unwrap();
+    let e = call_err(&mut con, "CL.THROTTLE", &[b"late", b"0", b"1", b"9000000000", b"0"]);
+    assert_eq!(e, "ERR key 'late' holds a time after the year 2262");
 }
