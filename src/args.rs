@@ -321,9 +321,14 @@ pub fn parse_throttle(argv: &[&[u8]]) -> Result<ThrottleArgs, ArgError> {
                 .into(),
         ));
     }
+    // redis-cell parses with Rust's i64 parser, which takes a sign ("+5",
+    // "-0"); the same here, so that no call it accepts is refused. Negative
+    // values are refused: redis-cell computes nonsense from them.
     let signed = |i: usize, name: &str| {
-        int(argv[i])
-            .and_then(|v| i64::try_from(v).ok())
+        std::str::from_utf8(argv[i])
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .filter(|v| *v >= 0)
             .ok_or_else(|| ArgError(format!("ERR {name} must be a non-negative integer, got '{}'", shown(argv[i]))))
     };
     let (burst, count, period) = (signed(2, "max_burst")?, signed(3, "count_per_period")?, signed(4, "period")?);
@@ -528,6 +533,14 @@ mod tests {
         );
         assert!(parse_throttle(&argv("CL.THROTTLE k 1 1 0")).unwrap_err().0.starts_with("ERR period must be"));
         assert!(parse_throttle(&argv("CL.THROTTLE k 1 1 1 x")).unwrap_err().0.starts_with("ERR quantity"));
+        // Signs as redis-cell's parser takes them.
+        let a = parse_throttle(&argv("CL.THROTTLE k +15 +30 +60 -0")).unwrap();
+        assert_eq!((a.quota.limit(), a.quantity), (16, 0));
+        for bad in
+            ["CL.THROTTLE k 1 1 1 -1", "CL.THROTTLE k 1 1 1 ++1", "CL.THROTTLE k 1 1 1 +", "CL.THROTTLE k 1 1 1 1.0"]
+        {
+            assert!(parse_throttle(&argv(bad)).unwrap_err().0.starts_with("ERR quantity must be"), "{bad}");
+        }
     }
 
     #[test]

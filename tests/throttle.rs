@@ -93,3 +93,34 @@ fn bad_keys_and_arguments() {
     }
     assert_eq!(redis::cmd("EXISTS").arg("k").query::<i64>(&mut con).unwrap(), 0);
 }
+
+/// What redis-cell accepts and answers, found by tests/cell_differential.rs:
+/// signed integers ("+5", "-0"), a quantity above the limit however large
+/// (refused, never an error) and a key holding a time centuries ahead.
+#[test]
+fn accepted_and_answered_as_redis_cell_does() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    assert_eq!(throttle(&mut con, "sign +5 +1 +3600"), [0, 6, 5, -1, 3600]);
+    assert_eq!(throttle(&mut con, "sign 5 1 3600 +2")[..3], [0, 6, 3]);
+    assert_eq!(throttle(&mut con, "zero -0 1 3600 -0"), [0, 1, 1, -1, 0]);
+    // A quantity above the limit: limited, retry -1, nothing written.
+    assert_eq!(throttle(&mut con, "q 1 1 3600 1000000000000"), [1, 2, 2, -1, 0]);
+    assert_eq!(throttle(&mut con, "q 1 1 3600 9223372036854775807"), [1, 2, 2, -1, 0]);
+    assert_eq!(redis::cmd("EXISTS").arg("q").query::<i64>(&mut con).unwrap(), 0);
+    throttle(&mut con, "q 5 1 3600 3");
+    assert_eq!(throttle(&mut con, "q 5 1 3600 1000000000000")[..4], [1, 6, 3, -1]);
+    // A TAT near the end of i64 time: a bucket empty for centuries.
+    redis::cmd("SET").arg("far").arg((i64::MAX - 10).to_string()).query::<()>(&mut con).unwrap();
+    let r = throttle(&mut con, "far 1 1 100");
+    assert_eq!(r[..3], [1, 2, 0]);
+    assert!(r[3] > 7_000_000_000 && r[4] > r[3], "{r:?}");
+    // An allowed call whose TAT would pass the year 2262 is refused, by name.
+    let e = call_err(&mut con, "CL.THROTTLE", &[b"late", b"0", b"1", b"9000000000"]);
+    assert_eq!(e, "ERR max_burst is too large for this period: the key would expire after the year 2262");
+    assert_eq!(redis::cmd("EXISTS").arg("late").query::<i64>(&mut con).unwrap(), 0);
+    // redis-cell writes such a TAT (a u64): named as what it is.
+    redis::cmd("SET").arg("late").arg("10796078482407918492").query::<()>(&mut con).unwrap();
+    let e = call_err(&mut con, "CL.THROTTLE", &[b"late", b"0", b"1", b"9000000000", b"0"]);
+    assert_eq!(e, "ERR key 'late' holds a time after the year 2262");
+}

@@ -20,9 +20,10 @@ pub enum GcraError {
     Period,
     /// count_per_period so high for the period that the interval is 0 ns.
     ZeroRate,
-    /// quantity below 0, or so large the increment overflows.
+    /// quantity below 0.
     Quantity,
-    /// The stored TAT plus the increment passes the year 2262.
+    /// An allowed call would store a TAT past the year 2262 (i64 ns): the
+    /// tolerance (max_burst and period) reaches that far.
     Overflow,
 }
 
@@ -93,10 +94,10 @@ pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64)
     let (emission, tolerance, now) = (p.emission_ns as i128, p.tolerance_ns as i128, now_ns as i128);
     let increment = emission * quantity as i128;
     let tat = tat_ns.filter(|&t| t != -1).map_or(now, i128::from);
+    // i128 holds any i64 TAT plus any increment; only a TAT that is stored
+    // must fit an i64. A quantity that can never pass (above the limit,
+    // however large) is refused like any other, as redis-cell refuses it.
     let new_tat = tat.max(now) + increment;
-    if new_tat > i64::MAX as i128 {
-        return Err(if tat > now { GcraError::Overflow } else { GcraError::Quantity });
-    }
     let allow_at = new_tat - tolerance;
     let diff = now - allow_at;
     let (limited, retry_after_ns, ttl) = if diff < 0 {
@@ -107,6 +108,9 @@ pub fn throttle(p: &GcraParams, tat_ns: Option<i64>, now_ns: i64, quantity: i64)
     } else {
         (false, -(NS_PER_S as i128), new_tat - now)
     };
+    if !limited && new_tat > i64::MAX as i128 {
+        return Err(GcraError::Overflow);
+    }
     let next = tolerance - ttl;
     let remaining = if next > -emission {
         // Microseconds through f64, truncated, as redis-cell does.
@@ -218,12 +222,22 @@ mod tests {
         assert_eq!(GcraParams::new(i64::MAX, 1, 1), Err(GcraError::MaxBurst));
         let p = GcraParams::new(1, 1, 1).unwrap();
         assert_eq!(throttle(&p, None, 0, -1), Err(GcraError::Quantity));
-        assert_eq!(throttle(&p, None, 0, i64::MAX), Err(GcraError::Quantity));
+        // A quantity above the limit is refused however large (redis-cell
+        // answers 1e12 that way; its i64 product overflows for i64::MAX).
+        for q in [3, 1_000_000_000_000, i64::MAX] {
+            let r = throttle(&p, None, S, q).unwrap();
+            assert_eq!((r.limited, r.remaining, r.retry_after_ns, r.reset_after_ns), (true, 2, -S, 0), "{q}");
+        }
         // Any stored i64 is read without overflow.
         let r = throttle(&p, Some(i64::MIN), i64::MAX / 2, 5).unwrap();
         assert!(r.limited && r.reset_after_ns == 0 && r.remaining == r.limit);
         assert!(throttle(&p, Some(i64::MAX), 0, 0).unwrap().limited);
-        assert_eq!(throttle(&p, Some(i64::MAX - 10), 0, 1), Err(GcraError::Overflow));
+        // A TAT near the end of i64 time is a bucket empty for centuries.
+        let r = throttle(&p, Some(i64::MAX - 10), 0, 1).unwrap();
+        assert!(r.limited && r.remaining == 0 && r.retry_after_ns > 0, "{r:?}");
+        // An allowed call whose TAT would pass i64 is refused, not wrapped.
+        let wide = GcraParams::new(0, 1, 9_000_000_000).unwrap();
+        assert_eq!(throttle(&wide, None, 1_796_000_000 * S, 1), Err(GcraError::Overflow));
         // -1 is redis-cell's "no value".
         assert_eq!(throttle(&p, Some(-1), S, 1), throttle(&p, None, S, 1));
     }

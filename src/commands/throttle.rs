@@ -22,13 +22,17 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, St
     let tat = match key.string() {
         Err(()) => return Err(wrongtype()),
         Ok(None) => None,
-        Ok(Some(raw)) => Some(parse_tat(raw).ok_or_else(|| {
-            format!("ERR key '{}' holds a string that is not a CL.THROTTLE timestamp", shown(bytes[1]))
+        Ok(Some(raw)) => Some(parse_tat(raw).map_err(|past_2262| {
+            let what =
+                if past_2262 { "a time after the year 2262" } else { "a string that is not a CL.THROTTLE timestamp" };
+            format!("ERR key '{}' holds {what}", shown(bytes[1]))
         })?),
     };
     let r = gcra::throttle(&a.quota, tat, now, a.quantity).map_err(|e| match e {
-        GcraError::Overflow => format!("ERR key '{}' holds a timestamp too far in the future", shown(bytes[1])),
-        _ => "ERR quantity is too large for this rate".to_string(),
+        GcraError::Overflow => {
+            "ERR max_burst is too large for this period: the key would expire after the year 2262".to_string()
+        }
+        _ => "ERR quantity must be a non-negative integer".to_string(),
     })?;
     if let Some(new_tat) = r.new_tat_ns {
         let mut digits = [0u8; 20];
@@ -51,7 +55,10 @@ pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, St
     Ok(if r.limited { Counted::Denied } else { Counted::Allowed })
 }
 
-/// A TAT as redis-cell writes it: a decimal i64 of nanoseconds.
-fn parse_tat(raw: &[u8]) -> Option<i64> {
-    std::str::from_utf8(raw).ok()?.parse().ok()
+/// A TAT as redis-cell writes it: decimal nanoseconds. Err(true) for one
+/// past i64 (redis-cell writes a u64; its calls that reach so far are
+/// refused here), Err(false) for anything else.
+fn parse_tat(raw: &[u8]) -> Result<i64, bool> {
+    let text = std::str::from_utf8(raw).map_err(|_| false)?;
+    text.parse().map_err(|_| text.parse::<u64>().is_ok())
 }
