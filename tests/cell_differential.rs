@@ -557,7 +557,7 @@ fn random_sequence_against_redis_cell() {
         if rng.random_bool(0.7) {
             args.push(quantity.to_string());
         }
-        if rng.next_u32() % 25 == 0 {
+        if rng.next_u32().is_multiple_of(25) {
             let at = rng.random_range(1..args.len());
             args[at] = odd[rng.random_range(0..odd.len())].into();
         }
