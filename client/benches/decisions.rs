@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rl_client::{headers, By, Config, Decide, Event, Facts, Limiter, PeerAddr, Policies, Policy, RateLimitLayer, Rule};
-use testkit::Server;
+use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;
 use tower::{Layer, ServiceExt};
 
@@ -54,15 +54,6 @@ fn config(server: &Server) -> Config {
         timeout: Duration::from_secs(1),
         ..Config::standalone(server.url())
     }
-}
-
-/// CPU time this thread has run.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime only writes the timespec it is given.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Calls of the limiter's commands the server has run since it started
@@ -258,35 +249,29 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
         })
     });
     // The decision as the layer makes it: `Decide::decide` on the facts
-    // extraction found (one policy by API key, a lease spend), the checked
-    // list dropped. The facts are made untimed, in batches.
-    let policies = Policies::new(limiter.clone()).add(policy.clone(), By::Key);
+    // extraction found (one policy by API key, a lease spend).
     let facts = Facts {
         ip: Some("192.0.2.1".parse().expect("an address")),
         key: Some("customer-1".to_owned()),
         route: "GET /search".to_owned(),
         cost: 1,
     };
-    c.bench_function("layer decision", |b| {
-        b.to_async(rt).iter_custom(|iters| {
-            let (policies, facts) = (&policies, &facts);
-            async move {
-                let mut elapsed = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let batch = left.min(1024);
-                    left -= batch;
-                    let made: Vec<Facts> = (0..batch).map(|_| facts.clone()).collect();
-                    let start = thread_cpu_time();
-                    for facts in made {
-                        black_box(policies.decide(facts).await.expect("decide"));
-                    }
-                    elapsed += thread_cpu_time() - start;
-                }
-                elapsed
-            }
-        })
-    });
+    let policies = Policies::new(limiter.clone()).add(policy.clone(), By::Key);
+    bench_decide(c, rt, "layer decision", &policies, &facts);
+    // The same on live rules (rl-rules' `LiveDecide`): the request seen by
+    // its key and by its address, each matching the default rule, two lease
+    // spends in one batch.
+    let spec = rl_rules::RuleSetSpec::from_toml(
+        r#"
+        [[rules]]
+        id = "default"
+        reason = "everyone"
+        limits = [{ name = "per_second", rate = 100000000, per = "1s" }]
+    "#,
+    )
+    .expect("a rule set");
+    let live = rl_rules::LiveDecide::new(rl_rules::LiveRules::new(limiter.clone(), &spec).expect("live rules"));
+    bench_decide(c, rt, "live rules decision", &live, &facts);
     let hello = tower::service_fn(|_req: http::Request<String>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     });
@@ -327,6 +312,36 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
         measured.get(),
         redis_calls(server) - calls_before
     );
+}
+
+/// `decide` on `facts`, the checked list dropped; the facts are made
+/// untimed, in batches (the layer's extraction makes them).
+fn bench_decide(c: &mut Criterion, rt: &Runtime, name: &str, decide: &impl Decide, facts: &Facts) {
+    let leased_before = decide.limiter().counters().get(Event::LeaseHit);
+    let measured = Cell::new(0u64);
+    c.bench_function(name, |b| {
+        let measured = &measured;
+        b.to_async(rt).iter_custom(|iters| async move {
+            measured.set(measured.get() + iters);
+            let mut elapsed = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let batch = left.min(1024);
+                left -= batch;
+                let made: Vec<Facts> = (0..batch).map(|_| facts.clone()).collect();
+                let start = thread_cpu_time();
+                for facts in made {
+                    black_box(decide.decide(facts).await.expect("decide"));
+                }
+                elapsed += thread_cpu_time() - start;
+            }
+            elapsed
+        })
+    });
+    if measured.get() > 0 {
+        let spends = decide.limiter().counters().get(Event::LeaseHit) - leased_before;
+        println!("{name}: {spends} lease spends for {} measured decisions (and warm-up)\n", measured.get());
+    }
 }
 
 /// A decision Redis makes: what most subjects get (one that is not busy

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rl_client::{lock_waits, Config, Event, Limiter, Policy, Rule};
-use testkit::Server;
+use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;
 
 const THREADS: [usize; 4] = [1, 2, 4, 8];
@@ -41,15 +41,6 @@ fn config(server: &Server) -> Config {
     // Generous so that set-up calls succeed on a loaded machine; the
     // measured decisions make no call.
     Config { timeout: Duration::from_secs(1), gateways: 100, ..Config::standalone(server.url()) }
-}
-
-/// CPU time this thread has run.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime only writes the timespec it is given.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// The subjects thread `t` checks: the hot one, or its own `MANY`.

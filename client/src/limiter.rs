@@ -266,7 +266,9 @@ impl Limiter {
             return Ok(None);
         };
         let keys = t.keys();
-        let call = self.inner.client.run(op, &keys, &t.group.params);
+        // Boxed, as a check's call is: held inline, the call's future (8 KB)
+        // made every caller's future that large, a batch's on every request.
+        let call = Box::pin(self.inner.client.run(op, &keys, &t.group.params));
         Ok(self.guarded(t.prefix(), admitted, call).await.ok().map(|d| t.mapped(d)))
     }
 

@@ -35,7 +35,7 @@ fn quiet(prefix: &str, per_hour: u64) -> Policy {
 const HOUR_MS: u64 = 3_600_000;
 
 #[tokio::test]
-async fn a_one_check_batch_carries_no_more_state_than_a_check() {
+async fn a_one_check_batch_and_a_refund_carry_no_more_state_than_a_check() {
     // The several-check path's state (leases, pipelines, refunds) is kilobytes:
     // a layer with one policy must not allocate and move it on every request.
     let l = Limiter::new(Config::standalone("redis://127.0.0.1:1/")).unwrap();
@@ -44,6 +44,9 @@ async fn a_one_check_batch_carries_no_more_state_than_a_check() {
     let batch = std::mem::size_of_val(&l.check_batch(&checks));
     let check = std::mem::size_of_val(&l.check_cost(&p, "s", 1));
     assert!(batch <= check + 128, "check_batch's future is {batch} bytes, check_cost's {check}");
+    // A refund (which a refused batch makes) boxes its call, as a check does.
+    let refund = std::mem::size_of_val(&l.refund(&p, "s", 1));
+    assert!(refund <= check, "refund's future is {refund} bytes, check_cost's {check}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,6 @@
 //! address matches, each with its own buckets, so sending a key does not
 //! escape the limit on the address, nor the other way round.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -65,38 +64,50 @@ struct Viewed {
     shadow: Option<(Arc<CompiledRule>, String)>,
 }
 
+impl LiveDecide {
+    /// The views of a request (its API key, its address), each with the
+    /// rule it matches and that rule's bucket subject, in one snapshot. The
+    /// same rule and buckets reached through both views count once.
+    fn views(&self, facts: &Facts) -> Result<Vec<Viewed>> {
+        let route = facts.route.as_str();
+        let mut requests = Vec::with_capacity(2);
+        if let Some(key) = facts.key.as_deref() {
+            requests.push((View::Key, Request::new().subject(key).endpoint(route)));
+        }
+        if let Some(ip) = facts.ip {
+            requests.push((View::Ip, Request::new().ip(ip).endpoint(route)));
+        }
+        if requests.is_empty() {
+            return Err(Error::invalid("live rules need an API key or a client address: the request has neither"));
+        }
+        let snapshot = self.rules.snapshot();
+        let now = SystemTime::now();
+        let mut views: Vec<Viewed> = Vec::with_capacity(requests.len());
+        for (view, request) in requests {
+            let matched = snapshot.matching(&request, now);
+            let subject = snapshot.bucket_subject(&matched.enforced, &request)?;
+            if views.iter().any(|v| v.rule.id() == matched.enforced.id() && v.subject == subject) {
+                continue;
+            }
+            // A shadow rule never fails a request: without a subject of
+            // its own it is skipped.
+            let shadow = matched.shadow.and_then(|r| snapshot.bucket_subject(&r, &request).ok().map(|s| (r, s)));
+            views.push(Viewed { view, rule: matched.enforced, subject, shadow });
+        }
+        Ok(views)
+    }
+}
+
 impl Decide for LiveDecide {
     fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>> {
-        let rules = self.rules.clone();
+        // What each view matched is found before the future is made: it
+        // carries only the views and the cost, so its box stays small.
+        let views = match self.views(&facts) {
+            Ok(views) => views,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let (rules, cost) = (self.rules.clone(), facts.cost);
         Box::pin(async move {
-            let route = facts.route.as_str();
-            let mut requests = Vec::with_capacity(2);
-            if let Some(key) = facts.key.as_deref() {
-                requests.push((View::Key, Request::new().subject(key).endpoint(route)));
-            }
-            if let Some(ip) = facts.ip {
-                requests.push((View::Ip, Request::new().ip(ip).endpoint(route)));
-            }
-            if requests.is_empty() {
-                return Err(Error::invalid("live rules need an API key or a client address: the request has neither"));
-            }
-            // One snapshot for every view; the same rule and buckets through
-            // both views count once.
-            let snapshot = rules.snapshot();
-            let now = SystemTime::now();
-            let mut seen = HashSet::new();
-            let mut views = Vec::with_capacity(requests.len());
-            for (view, request) in requests {
-                let matched = snapshot.matching(&request, now);
-                let subject = snapshot.bucket_subject(&matched.enforced, &request)?;
-                if !seen.insert((matched.enforced.id().to_owned(), subject.clone())) {
-                    continue;
-                }
-                // A shadow rule never fails a request: without a subject of
-                // its own it is skipped.
-                let shadow = matched.shadow.and_then(|r| snapshot.bucket_subject(&r, &request).ok().map(|s| (r, s)));
-                views.push(Viewed { view, rule: matched.enforced, subject, shadow });
-            }
             let limiter = rules.limiter();
             let regional = rules.regional();
             // A global rule is checked at this region's share of it.
@@ -109,7 +120,7 @@ impl Decide for LiveDecide {
                 let checks: Vec<Check> = views
                     .iter()
                     .zip(&scaled)
-                    .filter_map(|(v, s)| Some(Check { policy: s.policy()?, subject: &v.subject, cost: facts.cost }))
+                    .filter_map(|(v, s)| Some(Check { policy: s.policy()?, subject: &v.subject, cost: cost }))
                     .collect();
                 limiter.check_batch(&checks).await?
             };
@@ -118,7 +129,7 @@ impl Decide for LiveDecide {
             let mut shadows = Vec::new();
             for ((v, decision), scaled) in views.iter().zip(decisions).zip(scaled) {
                 let Some(decision) = decision else { continue };
-                regional.demanded(&v.rule, &v.subject, facts.cost);
+                regional.demanded(&v.rule, &v.subject, cost);
                 // Only an allowed request is one a shadow rule would have changed.
                 if let (true, Some(shadow)) = (allowed, &v.shadow) {
                     shadows.push(shadow.clone());
@@ -132,7 +143,7 @@ impl Decide for LiveDecide {
                 out.push(Checked { policy, decision, view: Some(v.view) });
             }
             if !shadows.is_empty() {
-                tokio::spawn(shadow_checks(rules.clone(), shadows, facts.cost));
+                tokio::spawn(shadow_checks(rules.clone(), shadows, cost));
             }
             Ok(out)
         })
