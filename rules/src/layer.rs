@@ -120,7 +120,7 @@ impl Decide for LiveDecide {
                 let checks: Vec<Check> = views
                     .iter()
                     .zip(&scaled)
-                    .filter_map(|(v, s)| Some(Check { policy: s.policy()?, subject: &v.subject, cost: cost }))
+                    .filter_map(|(v, s)| Some(Check { policy: s.policy()?, subject: &v.subject, cost }))
                     .collect();
                 limiter.check_batch(&checks).await?
             };
