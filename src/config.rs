@@ -35,22 +35,32 @@ pub fn max_inflight_limit() -> u64 {
 }
 
 /// Applies the `loadmodule` arguments: `option value` pairs, each checked
-/// (an unknown name, a value that is not an integer or out of range refuse
-/// the load with a message naming the option).
+/// (an unknown name, a value that is not an integer or out of range, or an
+/// option given twice refuse the load with a message naming the option).
+/// Nothing is applied unless every pair is valid.
 pub fn apply_load_args(args: &[&[u8]]) -> Result<(), String> {
     let names = || OPTIONS.map(|(n, ..)| n).join(", ");
+    let mut values = [None; OPTIONS.len()];
     for pair in args.chunks(2) {
         let [name, raw] = pair else {
             return Err(format!("module option '{}' has no value (options: {})", shown(pair[0]), names()));
         };
-        let Some(&(option, min, max, cell)) = OPTIONS.iter().find(|(n, ..)| name.eq_ignore_ascii_case(n.as_bytes()))
-        else {
+        let Some(i) = OPTIONS.iter().position(|(n, ..)| name.eq_ignore_ascii_case(n.as_bytes())) else {
             return Err(format!("unknown module option '{}' (options: {})", shown(name), names()));
         };
+        let (option, min, max, _) = OPTIONS[i];
+        if values[i].is_some() {
+            return Err(format!("module option '{option}' is given more than once"));
+        }
         let value = int(raw)
             .ok_or_else(|| format!("{option} must be an integer from {min} to {max}, got '{}'", shown(raw)))
             .and_then(|v| in_range(option, v, min, max).map_err(|e| e.to_string()))?;
-        cell.store(value as i64, Ordering::Relaxed);
+        values[i] = Some(value);
+    }
+    for ((.., cell), value) in OPTIONS.iter().zip(values) {
+        if let Some(v) = value {
+            cell.store(v as i64, Ordering::Relaxed);
+        }
     }
     Ok(())
 }
@@ -86,6 +96,15 @@ mod tests {
         assert_eq!(apply("max-inflight-limit 20 max-log-limit 7"), Ok(()));
         assert_eq!((max_inflight_limit(), max_log_limit()), (20, 7));
         assert_eq!(apply("MAX-LOG-LIMIT 50000"), Ok(()));
+        assert_eq!(
+            apply("max-log-limit 5 MAX-LOG-LIMIT 6").unwrap_err(),
+            "module option 'max-log-limit' is given more than once"
+        );
+        assert_eq!(
+            apply("max-log-limit 5 max-log-limt 6").unwrap_err(),
+            format!("unknown module option 'max-log-limt' {options}")
+        );
+        assert_eq!(max_log_limit(), 50_000, "a refused load applies nothing");
         assert_eq!(max_log_limit(), 50_000);
         assert_eq!(apply(""), Ok(()));
     }

@@ -118,7 +118,9 @@ impl WindowState {
 /// A reading earlier than the saved window keeps the saved counters (a
 /// backward clock step never forgets requests). If window_ms changed, a saved
 /// window that started less than one new window ago counts as the previous
-/// one, once.
+/// one, once; one that started inside the current window (window_ms made
+/// longer) is part of it, so the current window keeps its epoch-aligned
+/// start and end.
 fn rolled(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, now_ms: u64) -> WindowState {
     let start = p.start_of(now_ms);
     let Some(s) = state else {
@@ -128,7 +130,8 @@ fn rolled(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, now_m
         // FIXED counts the current window only (the key may have been
         // written by SLIDING).
         let previous = if mode == WindowMode::Fixed { 0 } else { s.previous };
-        return WindowState { previous, ..*s };
+        let start_ms = if s.start_ms < start + p.window_ms { start } else { s.start_ms };
+        return WindowState { start_ms, previous, ..*s };
     }
     let sliding = mode != WindowMode::Fixed;
     let previous = if sliding && s.start_ms + p.window_ms >= start { s.current } else { 0 };
@@ -346,6 +349,21 @@ mod tests {
         let c = check(&p, Fixed, Some(&s), 1, 5_500);
         assert!(c.check.admits);
         assert_eq!(c.after, WindowState { start_ms: 5_000, previous: 0, current: 2 });
+    }
+
+    #[test]
+    fn a_window_made_longer_keeps_its_counts_in_the_aligned_window() {
+        // Written as a 1 s window at 5_000; now a 10 s window: the count is
+        // in the window [0, 10_000), which ends at 10_000, not 15_000.
+        let s = WindowState { start_ms: 5_000, previous: 3, current: 2 };
+        for mode in [Sliding, Fixed] {
+            let c = check(&w(10, 10_000), mode, Some(&s), 1, 5_500);
+            let previous = if mode == Fixed { 0 } else { 3 };
+            assert_eq!(c.after, WindowState { start_ms: 0, previous, current: 3 }, "{mode:?}");
+        }
+        let c = check(&w(2, 10_000), Fixed, Some(&s), 1, 5_500);
+        assert!(!c.check.admits);
+        assert_eq!(c.check.wait_ms, 4_500);
     }
 
     #[test]
