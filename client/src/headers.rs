@@ -31,6 +31,9 @@
 //! - `Retry-After` in whole seconds, rounded up, on refusals only (a wait
 //!   of 200 ms says 1, never 0); the longest of the refusing policies'.
 //!
+//! [`Fields`] chooses which of these a response carries: all (the
+//! default), the draft's only, or `Retry-After` only.
+//!
 //! ```
 //! use std::time::{Duration, SystemTime};
 //! use rl_client::{headers, Decision, Policy, Rule, Source};
