@@ -210,7 +210,9 @@ type RefusalFn = Arc<dyn Fn(&Refused) -> Response<String> + Send + Sync>;
 
 const NO_PEER: &str = "the request has no peer address: serve with axum's into_make_service_with_connect_info::<SocketAddr>() and set RateLimitLayer::peer, or insert rl_client::PeerAddr";
 
-/// Wraps services with [`RateLimit`]. See the [module notes](self).
+/// Wraps services with [`RateLimit`]: per request, the facts extracted, one
+/// [`Decide`] pass over every policy that applies, and the headers merged
+/// into the response or the refusal (the README's HTTP section).
 #[derive(Clone)]
 pub struct RateLimitLayer<D> {
     decide: D,
