@@ -120,18 +120,23 @@ impl WindowState {
 /// window that started less than one new window ago counts as the previous
 /// one, once; one that started inside the current window (window_ms made
 /// longer) is part of it, so the current window keeps its epoch-aligned
-/// start and end.
+/// start and end, and counts the saved window's requests and its previous
+/// one's (those may have come a little earlier: counting them errs toward
+/// refusing, never over).
 fn rolled(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, now_ms: u64) -> WindowState {
     let start = p.start_of(now_ms);
     let Some(s) = state else {
         return WindowState { start_ms: start, ..WindowState::default() };
     };
+    if start < s.start_ms && s.start_ms < start + p.window_ms {
+        let current = s.current.saturating_add(s.previous).min(MAX_WINDOW_LIMIT);
+        return WindowState { start_ms: start, previous: 0, current };
+    }
     if start <= s.start_ms {
         // FIXED counts the current window only (the key may have been
         // written by SLIDING).
         let previous = if mode == WindowMode::Fixed { 0 } else { s.previous };
-        let start_ms = if s.start_ms < start + p.window_ms { start } else { s.start_ms };
-        return WindowState { start_ms, previous, ..*s };
+        return WindowState { previous, ..*s };
     }
     let sliding = mode != WindowMode::Fixed;
     let previous = if sliding && s.start_ms + p.window_ms >= start { s.current } else { 0 };
@@ -355,11 +360,11 @@ mod tests {
     fn a_window_made_longer_keeps_its_counts_in_the_aligned_window() {
         // Written as a 1 s window at 5_000; now a 10 s window: the count is
         // in the window [0, 10_000), which ends at 10_000, not 15_000.
+        // Its previous second's 3 requests are inside the new window too.
         let s = WindowState { start_ms: 5_000, previous: 3, current: 2 };
         for mode in [Sliding, Fixed] {
             let c = check(&w(10, 10_000), mode, Some(&s), 1, 5_500);
-            let previous = if mode == Fixed { 0 } else { 3 };
-            assert_eq!(c.after, WindowState { start_ms: 0, previous, current: 3 }, "{mode:?}");
+            assert_eq!(c.after, WindowState { start_ms: 0, previous: 0, current: 6 }, "{mode:?}");
         }
         let c = check(&w(2, 10_000), Fixed, Some(&s), 1, 5_500);
         assert!(!c.check.admits);
