@@ -8,6 +8,8 @@ use std::time::SystemTime;
 
 use rl_client::headers::View;
 use rl_client::{BoxFuture, Check, Checked, Decide, Error, Facts, Limiter, Policy, Result};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
 
 use crate::live::LiveRules;
 use crate::regional::{refusal, Scaled};
@@ -33,19 +35,33 @@ impl AsRef<Policy> for CompiledRule {
 #[derive(Clone)]
 pub struct LiveDecide {
     rules: LiveRules,
+    /// Room for requests' shadow checks running in the background.
+    shadow_slots: Arc<Semaphore>,
 }
+
+/// Shadow checks in the background at once, at most. While Redis is slow
+/// they pile up (each lasts up to the call timeout); beyond this many, a
+/// request waits for its own, as every request did before they moved to
+/// the background: the pile stops growing.
+const SHADOW_IN_FLIGHT: usize = 1024;
 
 impl LiveDecide {
     /// Decides with `rules`.
     pub fn new(rules: LiveRules) -> LiveDecide {
-        LiveDecide { rules }
+        LiveDecide { rules, shadow_slots: Arc::new(Semaphore::new(SHADOW_IN_FLIGHT)) }
+    }
+
+    /// At most `checks` shadow checks in the background at once (default
+    /// 1,024); beyond them a request waits for its own.
+    pub fn shadow_in_flight(self, checks: usize) -> LiveDecide {
+        LiveDecide { shadow_slots: Arc::new(Semaphore::new(checks)), ..self }
     }
 }
 
-/// Asks the shadow rules of an allowed request, in the background: what
-/// they would have said is only reported, so the response does not wait
-/// for their calls, and a shadow rule that cannot be asked never fails a
-/// request.
+/// Asks the shadow rules of an allowed request. What they would have said
+/// is only reported, so this runs in the background where it can (see
+/// [`SHADOW_IN_FLIGHT`]), and a shadow rule that cannot be asked never fails
+/// a request.
 async fn shadow_checks(rules: LiveRules, shadows: Vec<(Arc<CompiledRule>, String)>, cost: u64) {
     for (rule, subject) in shadows {
         match rules.regional().shadow_refusal(rules.limiter(), &rule, &subject, cost).await {
@@ -106,7 +122,7 @@ impl Decide for LiveDecide {
             Ok(views) => views,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let (rules, cost) = (self.rules.clone(), facts.cost);
+        let (rules, cost, shadow_slots) = (self.rules.clone(), facts.cost, self.shadow_slots.clone());
         Box::pin(async move {
             let limiter = rules.limiter();
             let regional = rules.regional();
@@ -143,7 +159,17 @@ impl Decide for LiveDecide {
                 out.push(Checked { policy, decision, view: Some(v.view) });
             }
             if !shadows.is_empty() {
-                tokio::spawn(shadow_checks(rules.clone(), shadows, cost));
+                let checks = shadow_checks(rules.clone(), shadows, cost);
+                match (Handle::try_current(), shadow_slots.try_acquire_owned()) {
+                    (Ok(runtime), Ok(slot)) => {
+                        runtime.spawn(async move {
+                            checks.await;
+                            drop(slot);
+                        });
+                    }
+                    // No room (Redis slow) or no runtime to spawn on: here.
+                    _ => checks.await,
+                }
             }
             Ok(out)
         })

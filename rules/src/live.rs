@@ -287,9 +287,10 @@ impl LiveRules {
         let name = rule.policy().rule(limit).map(|r| r.name());
         self.inner.limiter.record(Event::ShadowRefused, rule.policy().prefix(), name);
         let key: (Arc<str>, Box<str>) = (rule.id().into(), subject.into());
-        let count = self.inner.shadow_log.get(&key).unwrap_or_else(|| {
-            let fresh = Arc::new(AtomicU64::new(0));
-            self.inner.shadow_log.insert(key, fresh.clone());
+        // One counter per subject even when two refusals of it land at once
+        // (shadow rules are asked in the background): the cache's guard
+        // makes the second wait for the first's insert.
+        let first = || {
             tracing::info!(
                 target: "rl_rules",
                 rule = rule.id(),
@@ -297,8 +298,9 @@ impl LiveRules {
                 subject,
                 "shadow rule would have refused this subject (counted from now on in LiveRules::shadow_report)"
             );
-            fresh
-        });
+            Ok::<_, std::convert::Infallible>(Arc::new(AtomicU64::new(0)))
+        };
+        let Ok(count) = self.inner.shadow_log.get_or_insert_with(&key, first);
         count.fetch_add(1, Ordering::Relaxed);
     }
 
