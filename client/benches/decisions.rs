@@ -228,7 +228,7 @@ fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Polic
         b.iter_custom(|iters| {
             into_responses(iters, |map| {
                 let _ = map.try_reserve(2);
-                headers::insert_view(map, policy, None, headers::Fields::Draft, black_box(&decision), now);
+                headers::insert_fields(map, policy, None, headers::Fields::Draft, black_box(&decision), now);
             })
         })
     });

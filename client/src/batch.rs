@@ -68,8 +68,10 @@ impl Limiter {
     pub async fn check_batch<'a>(&self, checks: &[Check<'a>]) -> Result<Vec<Option<Decision>>> {
         // One check is a check: its future inline, the rest boxed, so the
         // common case carries no larger state than `check_cost` does.
-        if let [c] = checks {
-            return Ok(vec![Some(self.check_cost(c.policy, c.subject, c.cost).await?)]);
+        match checks {
+            [] => return Ok(Vec::new()),
+            [c] => return Ok(vec![Some(self.check_cost(c.policy, c.subject, c.cost).await?)]),
+            _ => {}
         }
         Box::pin(self.check_together(checks)).await
     }

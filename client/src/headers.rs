@@ -97,7 +97,9 @@ pub enum Fields {
     /// clients that follow the draft (about half the cost: see the README).
     Draft,
     /// `Retry-After` on refusals only: limits are not disclosed (the
-    /// draft's section on information disclosure).
+    /// draft's section on information disclosure). The layer's default
+    /// refusal body names the violated policies: give it your own
+    /// `refusal` too.
     RetryAfter,
 }
 
@@ -153,12 +155,16 @@ pub(crate) struct Announced {
 /// its fields are written without comparing with what is there.
 /// A policy of shadow rules only enforces nothing, so it announces nothing.
 pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
-    insert_view(headers, policy, None, Fields::DraftAndLegacy, decision, now);
+    insert_fields(headers, policy, None, Fields::DraftAndLegacy, decision, now);
 }
 
-/// [`insert`] for one [`View`] of the request (its members are named by
-/// it), writing only `fields`.
-pub fn insert_view(
+/// [`insert`] for one [`View`] of the request: its members are named by it.
+pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>, decision: &Decision, now: SystemTime) {
+    insert_fields(headers, policy, view, Fields::DraftAndLegacy, decision, now);
+}
+
+/// [`insert_view`] writing only `fields`.
+pub fn insert_fields(
     headers: &mut HeaderMap,
     policy: &Policy,
     view: Option<View>,
@@ -603,12 +609,11 @@ mod tests {
         let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
         let mut h = HeaderMap::new();
         let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
-        insert_view(&mut h, &rule, Some(View::Ip), Fields::DraftAndLegacy, &refused, NOW);
+        insert_view(&mut h, &rule, Some(View::Ip), &refused, NOW);
         insert_view(
             &mut h,
             &rule,
             Some(View::Key),
-            Fields::DraftAndLegacy,
             &Decision { rule: 0, remaining: 2, ..decision(true, Some(0)) },
             NOW,
         );
@@ -623,7 +628,6 @@ mod tests {
             &mut h2,
             &rule,
             Some(View::Key),
-            Fields::DraftAndLegacy,
             &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) },
             NOW,
         );
@@ -654,7 +658,7 @@ mod tests {
         let p = policy();
         let refused = Decision { remaining: 0, ..decision(false, Some(1500)) };
         let mut h = HeaderMap::new();
-        insert_view(&mut h, &p, None, Fields::Draft, &refused, NOW);
+        insert_fields(&mut h, &p, None, Fields::Draft, &refused, NOW);
         let mut names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         names.sort_unstable();
         assert_eq!(names, ["ratelimit", "ratelimit-policy", "retry-after"]);
@@ -668,7 +672,7 @@ mod tests {
         assert_eq!(h, full);
         // An allowed policy after the refusal still caps its t at Retry-After.
         let slow = Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)).build().unwrap();
-        insert_view(
+        insert_fields(
             &mut h,
             &slow,
             None,
@@ -683,12 +687,12 @@ mod tests {
     fn retry_after_alone_discloses_no_limit() {
         let p = policy();
         let mut h = HeaderMap::new();
-        insert_view(&mut h, &p, None, Fields::RetryAfter, &decision(true, Some(0)), NOW);
+        insert_fields(&mut h, &p, None, Fields::RetryAfter, &decision(true, Some(0)), NOW);
         assert!(h.is_empty(), "an allowed request says nothing");
         // One field; the longest wait of several refusals, never a shorter one.
         for (retry_ms, expected) in [(1500, "2"), (500, "2"), (7000, "7")] {
             let refused = Decision { remaining: 0, ..decision(false, Some(retry_ms)) };
-            insert_view(&mut h, &p, None, Fields::RetryAfter, &refused, NOW);
+            insert_fields(&mut h, &p, None, Fields::RetryAfter, &refused, NOW);
             assert_eq!(h.len(), 1);
             assert_eq!(h[RETRY_AFTER], expected, "after a refusal of {retry_ms} ms");
         }

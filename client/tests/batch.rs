@@ -45,6 +45,7 @@ async fn a_one_check_batch_and_a_refund_carry_no_more_state_than_a_check() {
     let check = std::mem::size_of_val(&l.check_cost(&p, "s", 1));
     assert!(batch <= check + 128, "check_batch's future is {batch} bytes, check_cost's {check}");
     // A refund (which a refused batch makes) boxes its call, as a check does.
+    assert!(l.check_batch(&[]).await.unwrap().is_empty(), "no checks, no decisions");
     let refund = std::mem::size_of_val(&l.refund(&p, "s", 1));
     assert!(refund <= check, "refund's future is {refund} bytes, check_cost's {check}");
 }

@@ -392,7 +392,7 @@ fn add_headers(map: &mut HeaderMap, checked: &[Checked], fields: headers::Fields
     };
     let _ = map.try_reserve(rate_limit_fields + usize::from(checked.iter().any(|c| !c.decision.allowed)));
     for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
-        headers::insert_view(map, (*c.policy).as_ref(), c.view, fields, &c.decision, now);
+        headers::insert_fields(map, (*c.policy).as_ref(), c.view, fields, &c.decision, now);
     }
 }
 
