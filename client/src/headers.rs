@@ -62,6 +62,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use rl_core::codec::decimal;
 
 use crate::decision::Decision;
 use crate::policy::{Policy, Rule};
@@ -208,14 +209,16 @@ pub fn insert_fields(
     let remaining = decision.remaining.min(rule.capacity());
     // The member is written once, into the buffer the value keeps: sized
     // exactly, a `Vec` becomes `Bytes` without a second allocation.
-    let (r_digits, t_digits) = (Digits::new(remaining), t.map(Digits::new));
-    let t_len = t_digits.as_ref().map_or(0, |d| 3 + d.as_bytes().len());
-    let mut item = Vec::with_capacity(member.len() + r_digits.as_bytes().len() + t_len);
+    let (mut r_buf, mut t_buf) = ([0u8; 20], [0u8; 20]);
+    let r_digits = decimal(remaining, &mut r_buf);
+    let t_digits = t.map(|t| decimal(t, &mut t_buf));
+    let t_len = t_digits.map_or(0, |d| 3 + d.len());
+    let mut item = Vec::with_capacity(member.len() + r_digits.len() + t_len);
     item.extend_from_slice(member);
-    item.extend_from_slice(r_digits.as_bytes());
-    if let Some(t) = &t_digits {
+    item.extend_from_slice(r_digits);
+    if let Some(t) = t_digits {
         item.extend_from_slice(b";t=");
-        item.extend_from_slice(t.as_bytes());
+        item.extend_from_slice(t);
     }
     // Names are checked and numbers are digits: always a valid value.
     if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
@@ -391,32 +394,6 @@ fn push_identifier(out: &mut String, policy: &Policy, view: Option<View>, rule: 
     }
     out.push_str(rule.name());
     out.push('"');
-}
-
-/// `n` in decimal digits, written without a formatter.
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn new(mut n: u64) -> Digits {
-        let mut buf = [0u8; 20];
-        let mut start = buf.len();
-        loop {
-            start -= 1;
-            buf[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        Digits { buf, start }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
 }
 
 /// Seconds until an allowed request's binding rule has more quota: a
@@ -632,13 +609,6 @@ mod tests {
             NOW,
         );
         assert_eq!(all(&h2, &RATELIMIT_POLICY), [r#""key.default.h";q=3;w=3600"#]);
-    }
-
-    #[test]
-    fn numbers_are_written_as_digits() {
-        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
-            assert_eq!(Digits::new(n).as_bytes(), n.to_string().as_bytes());
-        }
     }
 
     #[test]

@@ -11,6 +11,20 @@ use crate::inflight::{Slot, Slots, SlotsError, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
 use crate::log::{Entry, Log, LogError};
 use crate::window::{WindowState, WindowStateError};
 
+/// `v` in decimal, written into `buf` (the longest u64 is 20 digits): the
+/// numbers of replicated commands and of HTTP headers, without a formatter.
+pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
 /// Kind byte of a token bucket blob.
 pub const KIND_BUCKET: u8 = b'B';
 /// Kind byte of a SLIDING/FIXED window blob.
@@ -241,6 +255,13 @@ pub fn decode(blob: &[u8]) -> Result<Decoded, BlobError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn numbers_are_written_as_digits() {
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            assert_eq!(super::decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
+    }
+
     use super::*;
     use crate::limits::{MAX_PERIOD_MS, MAX_TIME_MS, MAX_TOKENS};
     use proptest::prelude::*;

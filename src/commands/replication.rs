@@ -21,7 +21,7 @@
 use redis_module::raw::{
     RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE,
 };
-use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
+use rl_core::codec::{self, decimal, Decoded, PackedBucket, PackedWindow};
 use rl_core::inflight::{Change, Slots};
 use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_TIME_MS};
 use rl_core::log::{Append, Log};
@@ -99,19 +99,6 @@ pub(crate) fn replicate(ctx: Ctx, effects: &[Effect]) {
         ctx.replicate(c"RL.SLOT", &slot);
     }
     created.into_iter().for_each(|s| ctx.free_string(s));
-}
-
-/// `v` in decimal, written into `buf`.
-pub(crate) fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return &buf[i..];
-        }
-    }
 }
 
 /// `RL.SET key blob pxat [...]`.

@@ -7,12 +7,12 @@ use redis_module::raw::{RedisModuleString, REDISMODULE_NOTIFY_GENERIC, REDISMODU
 use rl_core::gcra::{self, GcraError};
 
 use super::arg_bytes;
-use super::replication::decimal;
 use crate::args::{self, shown};
 use crate::clock;
 use crate::ffi::{Ctx, Key};
 use crate::stats::Counted;
 use crate::store::keys::wrongtype;
+use rl_core::codec::decimal;
 
 pub fn throttle(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
     let bytes = arg_bytes(argv);
