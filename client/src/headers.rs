@@ -173,13 +173,13 @@ pub fn insert_fields(
     decision: &Decision,
     now: SystemTime,
 ) {
-    let Some(announced) = announced(policy, view) else { return };
     if fields == Fields::RetryAfter {
         if let Some(retry) = retry_secs(decision) {
             raise_retry_after(headers, retry, header_u64(headers, &RETRY_AFTER));
         }
         return;
     }
+    let Some(announced) = announced(policy, view) else { return };
     let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
         return;
     };
