@@ -220,10 +220,7 @@ fn replicas_pauses_and_full_memory_refuse_writes_and_answer_reads() {
 /// `body` (a DUMP payload without its footer) with the footer: the RDB
 /// version `version` and a CRC64 that matches, so the server reads it.
 fn sealed(body: &[u8], version: &[u8]) -> Vec<u8> {
-    let mut p = [body, version].concat();
-    let crc = crc::Crc::<u64>::new(&crc::CRC_64_REDIS).checksum(&p);
-    p.extend_from_slice(&crc.to_le_bytes());
-    p
+    testkit::reseal([body, version, &[0; 8]].concat())
 }
 
 #[test]

@@ -4,10 +4,9 @@
 
 use std::collections::HashMap;
 
-use crc::{Crc, CRC_64_REDIS};
 use rl_core::codec::PackedBucket;
 use rl_core::BucketState;
-use testkit::{call, call_err, server_ms, Server};
+use testkit::{call, call_err, reseal, server_ms, Server};
 
 /// RL.INSPECT's field/value pairs (nested lists shown as their length).
 fn inspect(con: &mut redis::Connection, key: &str) -> HashMap<String, String> {
@@ -115,10 +114,7 @@ fn a_value_the_module_cannot_load_is_named_in_the_log() {
     // The blob starts with its kind and version: claim version 9.
     let at = dump.windows(2).position(|w| w == [b'B', 1]).expect("the blob's kind and version");
     dump[at + 1] = 9;
-    let body = dump.len() - 8;
-    let crc = Crc::<u64>::new(&CRC_64_REDIS).checksum(&dump[..body]);
-    dump[body..].copy_from_slice(&crc.to_le_bytes());
-    let e = call_err(&mut con, "RESTORE", &[b"patched", b"0", &dump]);
+    let e = call_err(&mut con, "RESTORE", &[b"patched", b"0", &reseal(dump)]);
     assert!(e.contains("Bad data format"), "{e}");
     let log = s.log();
     assert!(

@@ -2,16 +2,7 @@
 //! breaking a WATCH, a changed limit letting a key expire early, an
 //! internal command growing a state the loader refuses.
 
-use crc::{Crc, CRC_64_REDIS};
-use testkit::{call, call_err, Server};
-
-/// A DUMP payload with its 8-byte CRC64 recomputed after tampering.
-fn reseal(mut payload: Vec<u8>) -> Vec<u8> {
-    let body = payload.len() - 8;
-    let crc = Crc::<u64>::new(&CRC_64_REDIS).checksum(&payload[..body]);
-    payload[body..].copy_from_slice(&crc.to_le_bytes());
-    payload
-}
+use testkit::{call, call_err, reseal, Server};
 
 #[test]
 fn crafted_restore_payloads_are_refused_and_the_server_lives() {

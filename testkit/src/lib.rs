@@ -347,6 +347,15 @@ impl Cluster {
     }
 }
 
+/// A `DUMP` payload with its 8-byte CRC64 footer recomputed after
+/// tampering, so that the server reads what was changed.
+pub fn reseal(mut payload: Vec<u8>) -> Vec<u8> {
+    let body = payload.len() - 8;
+    let crc = crc::Crc::<u64>::new(&crc::CRC_64_REDIS).checksum(&payload[..body]);
+    payload[body..].copy_from_slice(&crc.to_le_bytes());
+    payload
+}
+
 /// The module's state blob in a key, read from `DUMP` (kind, version,
 /// payload, as `rl_core::codec` decodes it): for tests that check a state
 /// exactly.
