@@ -1,59 +1,9 @@
-//! Who a request is, as a subject: the client's IP address (behind
-//! trusted proxies, grouped by network) and API keys made safe to key on.
-//! rl-rules groups addresses with [`ip_subject`] too: one implementation.
+//! The client's IP address of a request, behind trusted proxies.
 
 use std::net::IpAddr;
 
 use http::HeaderMap;
 use ipnet::IpNet;
-use sha2::{Digest, Sha256};
-
-use crate::error::{Error, Result};
-
-/// The subject of a client address: `ip:` and its network of `ipv4_prefix`
-/// (IPv4, also when seen as `::ffff:a.b.c.d`) or `ipv6_prefix` bits. An
-/// IPv6 host owns a /64 and can rotate addresses inside it, so 64 is the
-/// usual IPv6 prefix: every address of one /64 is one client.
-///
-/// ```
-/// let ip = "2001:db8:1:2:aaaa::7".parse().unwrap();
-/// assert_eq!(rl_client::ip_subject(ip, 32, 64)?, "ip:2001:db8:1:2::/64");
-/// let v4 = "::ffff:192.0.2.9".parse().unwrap();
-/// assert_eq!(rl_client::ip_subject(v4, 24, 64)?, "ip:192.0.2.0/24");
-/// # Ok::<(), rl_client::Error>(())
-/// ```
-pub fn ip_subject(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> Result<String> {
-    let ip = ip.to_canonical();
-    let len = if ip.is_ipv4() { ipv4_prefix } else { ipv6_prefix };
-    let net = IpNet::new(ip, len).map_err(|e| Error::invalid(format!("prefix /{len} for {ip}: {e}")))?;
-    Ok(format!("ip:{}", net.trunc()))
-}
-
-/// Longest API key used as its own subject; longer ones are hashed.
-pub const MAX_PLAIN_KEY: usize = 128;
-
-/// The subject for an API key as sent: the key itself when it is 1 to
-/// [`MAX_PLAIN_KEY`] visible ASCII characters without braces, otherwise
-/// `sha256:` and the hex SHA-256 of its bytes, so a non-ASCII, huge or
-/// brace-holding key is still limited (never a bypass, never refused for
-/// its length) and two keys cannot be made to collide. `None` for an empty
-/// key.
-pub fn key_subject(key: &[u8]) -> Option<String> {
-    if key.is_empty() {
-        return None;
-    }
-    let plain = key.len() <= MAX_PLAIN_KEY && key.iter().all(|&b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-    if plain {
-        return Some(String::from_utf8_lossy(key).into_owned());
-    }
-    let digest = Sha256::digest(key);
-    let mut subject = String::with_capacity(7 + 64);
-    subject.push_str("sha256:");
-    for b in digest {
-        subject.push_str(&format!("{b:02x}"));
-    }
-    Some(subject)
-}
 
 /// Which proxies in front of the gateway are trusted to say who their
 /// client was.
@@ -207,30 +157,6 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
-    }
-
-    #[test]
-    fn networks_group_clients() {
-        assert_eq!(ip_subject(ip("2001:db8:1:2:ffff::1"), 32, 64).unwrap(), "ip:2001:db8:1:2::/64");
-        assert_eq!(ip_subject(ip("2001:db8:1:3::1"), 32, 64).unwrap(), "ip:2001:db8:1:3::/64");
-        assert_eq!(ip_subject(ip("192.0.2.77"), 32, 64).unwrap(), "ip:192.0.2.77/32");
-        assert_eq!(ip_subject(ip("::ffff:192.0.2.77"), 24, 64).unwrap(), "ip:192.0.2.0/24");
-        let e = ip_subject(ip("192.0.2.1"), 33, 64).unwrap_err().to_string();
-        assert!(e.contains("prefix /33 for 192.0.2.1"), "{e}");
-    }
-
-    #[test]
-    fn odd_keys_are_hashed_not_refused() {
-        assert_eq!(key_subject(b"key_8f3").as_deref(), Some("key_8f3"));
-        assert_eq!(key_subject(b""), None);
-        let long = [b'a'; MAX_PLAIN_KEY + 1];
-        for odd in [&long[..], "clé".as_bytes(), b"a{b}", b"a b", b"\xff\xfe"] {
-            let s = key_subject(odd).unwrap();
-            assert!(s.starts_with("sha256:") && s.len() == 71, "{s}");
-            assert_eq!(key_subject(odd), Some(s), "stable");
-        }
-        assert_ne!(key_subject(b"a{b}"), key_subject(b"a{c}"));
-        assert_eq!(key_subject(&long[..MAX_PLAIN_KEY]).unwrap().len(), MAX_PLAIN_KEY);
     }
 
     #[test]

@@ -50,7 +50,7 @@ use tower::{Layer, Service};
 use crate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
 use crate::limiter::Limiter;
 use crate::permit::{InflightPolicy, NoPermit, Permit};
-use crate::policy::check_subject;
+use crate::subject::validate_subject;
 
 /// Wraps services with [`InflightLimit`]. `K` names a request's subject:
 /// `Fn(&Request<B>) -> Option<String>`.
@@ -171,7 +171,7 @@ where
             let permit = match limiter.acquire(&policy, &subject).await {
                 Ok(Ok(permit)) => permit,
                 Ok(Err(refused)) => return Ok(refusal(&policy, &refused)),
-                Err(e) if check_subject(&subject).is_err() => {
+                Err(e) if validate_subject(&subject).is_err() => {
                     return Ok(text(StatusCode::BAD_REQUEST, format!("400 Bad Request: {e}\n")))
                 }
                 Err(e) => {

@@ -27,6 +27,7 @@ mod permit;
 mod policy;
 mod shards;
 mod slot;
+mod subject;
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -42,7 +43,7 @@ pub use config::{Backend, Config};
 pub use connection::{Connection, Target};
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
-pub use extract::{ip_subject, key_subject, ClientIp, ForwardHeader, Trust, MAX_PLAIN_KEY};
+pub use extract::{ClientIp, ForwardHeader, Trust};
 pub use inflight::{Acquired, Inflight};
 #[cfg(feature = "tower")]
 pub use inflight_layer::{InflightLayer, InflightLimit, PermitBody};
@@ -53,8 +54,9 @@ pub use layer::{
 pub use limiter::Limiter;
 pub use metrics::{lock_waits, Counters, Event, Metrics};
 pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, NoPermit, Permit};
-pub use policy::{check_name, period_ms, subject_fault, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
+pub use policy::{check_name, period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use rl_core::WindowMode;
+pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};
 
 /// What local state is kept per: (policy group id, shadow group?, subject).
 pub(crate) type SubjectKey = (u64, bool, Box<str>);

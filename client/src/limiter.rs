@@ -32,8 +32,9 @@ use crate::error::{Error, Result};
 use crate::fallback::{Answer, Fallback, Scale};
 use crate::lease::{share_ms, Leases};
 use crate::metrics::{Counters, Event, Metrics};
-use crate::policy::{check_subject, Group, Policy, GROUP_KINDS};
+use crate::policy::{Group, Policy, GROUP_KINDS};
 use crate::shards::Shards;
+use crate::subject::validate_subject;
 use crate::SubjectRef;
 
 /// Decides requests against [`Policy`] rules. Cheap to clone; clones share
@@ -274,7 +275,7 @@ impl Limiter {
 
     /// Bad input is the caller's error, never a decision.
     pub(crate) fn check_input(&self, policy: &Policy, subject: &str, op: BucketOp) -> Result<()> {
-        check_subject(subject)?;
+        validate_subject(subject)?;
         op.validate()?;
         let lua = self.inner.client.backend() == Backend::Lua;
         if lua && !policy.fits_lua() {

@@ -30,7 +30,8 @@ use crate::inflight::{check_cost, inflight_params, new_id};
 use crate::limiter::Limiter;
 use crate::local_inflight::{local_share, LocalInflight};
 use crate::metrics::Event;
-use crate::policy::{check_name, check_subject, FailMode};
+use crate::policy::{check_name, FailMode};
+use crate::subject::validate_subject;
 
 /// One in-flight limit of an [`InflightPolicy`]: at most `limit` requests
 /// of a subject at once, each holding its slot at most `timeout`.
@@ -203,7 +204,7 @@ impl InflightPolicy {
 
     /// The key of every rule for `subject`, in rule order.
     pub fn keys(&self, subject: &str) -> Result<Vec<String>> {
-        check_subject(subject)?;
+        validate_subject(subject)?;
         Ok(self.rules.iter().map(|r| format!("{}:{{{subject}}}:{}", self.prefix, r.name)).collect())
     }
 

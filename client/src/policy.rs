@@ -9,6 +9,7 @@ use rl_core::{BucketParams, WindowMode};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::subject::validate_subject;
 
 /// What a rule does when Redis cannot answer. In rule files (rl-rules):
 /// `open` or `closed`.
@@ -462,7 +463,7 @@ impl Policy {
 
     /// The bucket key of every rule for `subject`, in rule order.
     pub fn keys(&self, subject: &str) -> Result<Vec<String>> {
-        check_subject(subject)?;
+        validate_subject(subject)?;
         Ok(self.rules.iter().map(|r| self.key(subject, r)).collect())
     }
 
@@ -503,26 +504,6 @@ impl Policy {
 impl AsRef<Policy> for Policy {
     fn as_ref(&self) -> &Policy {
         self
-    }
-}
-
-/// A subject goes inside the hash tag: braces would move the tag and split
-/// a subject's buckets over several slots.
-pub(crate) fn check_subject(subject: &str) -> Result<()> {
-    subject_fault(subject).map_or(Ok(()), |why| Err(Error::invalid(why)))
-}
-
-/// Why `subject` cannot be one, if it cannot: the text of
-/// [`Policy::keys`]' error, for rule files too.
-pub fn subject_fault(subject: &str) -> Option<String> {
-    (subject.is_empty() || subject.len() > 512 || subject.contains(['{', '}']))
-        .then(|| format!("subject must be 1 to 512 bytes without '{{' or '}}', got {:?}", truncate(subject)))
-}
-
-fn truncate(s: &str) -> &str {
-    match s.char_indices().nth(40) {
-        Some((i, _)) => &s[..i],
-        None => s,
     }
 }
 

@@ -36,10 +36,11 @@ pub use refusal::Refused;
 use crate::batch::Check;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
-use crate::extract::{ip_subject, key_subject, ClientIp};
+use crate::extract::ClientIp;
 use crate::headers;
 use crate::limiter::Limiter;
 use crate::policy::Policy;
+use crate::subject::{ip_subject, key_subject};
 
 /// What the layer knows of a request when it decides.
 #[derive(Clone, Debug, PartialEq, Eq)]
