@@ -49,7 +49,7 @@ use tower::{Layer, Service};
 
 use crate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
 use crate::limiter::Limiter;
-use crate::permit::{InflightPolicy, NoPermit, Permit};
+use crate::permit::{InflightPolicy, InflightRule, NoPermit, Permit};
 use crate::subject::validate_subject;
 
 /// Wraps services with [`InflightLimit`]. `K` names a request's subject:
@@ -185,9 +185,18 @@ where
     }
 }
 
+/// The status a refusal by `rule` answers: 429, or 503 for a rule made
+/// [`unavailable`](crate::InflightRule::unavailable).
+fn status(rule: Option<&InflightRule>) -> StatusCode {
+    match rule {
+        Some(rule) if rule.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
 fn refusal<B>(policy: &InflightPolicy, r: &NoPermit) -> Response<PermitBody<B>> {
     let rule = policy.rule(r.rule);
-    let status = rule.map_or(StatusCode::TOO_MANY_REQUESTS, |r| r.status());
+    let status = status(rule);
     let when = match r.retry_after {
         Some(d) => format!("a slot frees within {:.3} s", d.as_secs_f64()),
         None => "this request weighs more than the rule ever allows".to_string(),
@@ -234,4 +243,22 @@ fn text<B>(status: StatusCode, body: String) -> Response<PermitBody<B>> {
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_rule_refuses_with_its_status() {
+        let p = InflightPolicy::builder("p")
+            .rule(InflightRule::new("long", 5, Duration::from_secs(60)))
+            .rule(InflightRule::new("short", 5, Duration::from_secs(2)).unavailable().fail_closed())
+            .build()
+            .unwrap();
+        assert_eq!(status(p.rule(0)), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status(p.rule(1)), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(status(None), StatusCode::TOO_MANY_REQUESTS);
+    }
 }

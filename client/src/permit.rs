@@ -19,7 +19,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
 use rl_core::inflight::InflightParams;
 use rl_core::limits::MAX_KEYS;
 
@@ -52,7 +51,8 @@ pub struct InflightRule {
     limit: u64,
     timeout: Duration,
     fail: FailMode,
-    status: StatusCode,
+    /// A refusal means the service is saturated, not that the client asks too much.
+    unavailable: bool,
 }
 
 impl InflightRule {
@@ -60,7 +60,7 @@ impl InflightRule {
     /// its `max-inflight-limit`, 10,000 unless configured), each slot held
     /// at most `timeout` (whole ms): pick it above the endpoint's p99.9.
     pub fn new(name: impl Into<String>, limit: u64, timeout: Duration) -> InflightRule {
-        InflightRule { name: name.into(), limit, timeout, fail: FailMode::Open, status: StatusCode::TOO_MANY_REQUESTS }
+        InflightRule { name: name.into(), limit, timeout, fail: FailMode::Open, unavailable: false }
     }
 
     /// Refuse while Redis cannot answer, instead of limiting locally.
@@ -69,11 +69,11 @@ impl InflightRule {
         self
     }
 
-    /// The tower layer refuses with `503 Service Unavailable` (the server
-    /// is saturated) rather than `429 Too Many Requests` (the client asks
-    /// too much).
+    /// A refusal by this rule says the service is saturated, not that the
+    /// client asks too much: over HTTP, `503 Service Unavailable` rather
+    /// than `429 Too Many Requests`.
     pub fn unavailable(mut self) -> InflightRule {
-        self.status = StatusCode::SERVICE_UNAVAILABLE;
+        self.unavailable = true;
         self
     }
 
@@ -97,9 +97,10 @@ impl InflightRule {
         self.fail
     }
 
-    /// The status the tower layer refuses with: 429 or 503.
-    pub fn status(&self) -> StatusCode {
-        self.status
+    /// Whether a refusal by this rule says the service is saturated
+    /// ([`InflightRule::unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable
     }
 }
 
@@ -508,7 +509,7 @@ mod tests {
     }
 
     #[test]
-    fn the_shortest_timeout_ends_a_permit_and_rules_keep_their_status() {
+    fn the_shortest_timeout_ends_a_permit_and_rules_keep_their_kind_of_refusal() {
         let p = InflightPolicy::builder("p")
             .rule(InflightRule::new("long", 5, Duration::from_secs(60)))
             .rule(InflightRule::new("short", 5, Duration::from_secs(2)).unavailable().fail_closed())
@@ -516,7 +517,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.timeout_ms, 2000);
         assert_eq!(p.fail_closed(), Some(1));
-        assert_eq!(p.rule(0).unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(p.rule(1).unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!p.rule(0).unwrap().is_unavailable());
+        assert!(p.rule(1).unwrap().is_unavailable());
     }
 }
