@@ -5,7 +5,8 @@
 //! - `RateLimit-Policy: "per_minute";q=5000;w=60` for every enforced rule:
 //!   `q` its capacity, `w` the seconds it takes to refill from empty, `qu`
 //!   the quota unit when it is not requests ([`QuotaUnit`](crate::QuotaUnit)).
-//!   Built once per policy; the same on every response of the policy.
+//!   Built once per [`PolicyHeaders`] (where the policy is registered); the
+//!   same on every response of the policy.
 //! - `RateLimit: "per_minute";r=42;t=1` for the policy's binding rule: `r`
 //!   the tokens left (never above the rule's capacity: a decision of the
 //!   local fallback does not announce its scaled bucket), `t` the seconds
@@ -36,9 +37,12 @@
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
-//! use rl_client::{headers, Decision, Policy, Rule, Source};
+//! use rl_client::headers::{self, PolicyHeaders};
+//! use rl_client::{Decision, Policy, Rule, Source};
 //!
 //! let policy = Policy::builder("api").rule(Rule::per_minute("per_minute", 5000)).build()?;
+//! // Once, where the policy is registered: its headers' fixed parts.
+//! let policy = PolicyHeaders::new(policy);
 //! let refused = Decision {
 //!     allowed: false,
 //!     remaining: 0,
@@ -58,6 +62,7 @@
 //! # Ok::<(), rl_client::Error>(())
 //! ```
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -78,8 +83,37 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// `X-RateLimit-Reset` (Unix seconds).
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// A policy with its headers' fixed parts (the `RateLimit-Policy` value,
+/// each rule's member name, the legacy limit): made once where the policy
+/// is registered (a layer's policies, a compiled rule), so a response only
+/// writes its numbers. Each view's parts are built on first use.
+#[derive(Clone, Debug)]
+pub struct PolicyHeaders {
+    policy: Arc<Policy>,
+    /// Per [`View`] (none, key, ip): what no decision changes; `None` for a
+    /// policy that enforces nothing.
+    announced: [OnceLock<Option<Announced>>; 3],
+}
+
+impl PolicyHeaders {
+    /// The headers of `policy`.
+    pub fn new(policy: impl Into<Arc<Policy>>) -> PolicyHeaders {
+        PolicyHeaders { policy: policy.into(), announced: Default::default() }
+    }
+
+    /// The policy they announce.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The fixed parts for `view`, built on first use.
+    fn announced(&self, view: Option<View>) -> Option<&Announced> {
+        self.announced[View::slot(view)].get_or_init(|| Announced::new(&self.policy, view)).as_ref()
+    }
+}
+
 /// The headers for `decision` on `policy`, at `now` (for the Unix reset time).
-pub fn for_decision(policy: &Policy, decision: &Decision, now: SystemTime) -> HeaderMap {
+pub fn for_decision(policy: &PolicyHeaders, decision: &Decision, now: SystemTime) -> HeaderMap {
     // Room for the six fields: the map allocates once.
     let mut headers = HeaderMap::with_capacity(6);
     insert(&mut headers, policy, decision, now);
@@ -126,8 +160,8 @@ impl View {
         }
     }
 
-    /// Where a policy keeps the headers' fixed parts for this view.
-    pub(crate) fn slot(view: Option<View>) -> usize {
+    /// Where [`PolicyHeaders`] keeps the fixed parts for this view.
+    fn slot(view: Option<View>) -> usize {
         match view {
             None => 0,
             Some(View::Key) => 1,
@@ -136,11 +170,10 @@ impl View {
     }
 }
 
-/// What a policy's headers hold that no decision changes, built on first
-/// use, once per policy and view: the `RateLimit-Policy` value, each rule's
-/// member name, the legacy limit.
+/// What a policy's headers hold that no decision changes, for one view:
+/// the `RateLimit-Policy` value, each rule's member name, the legacy limit.
 #[derive(Clone, Debug)]
-pub(crate) struct Announced {
+struct Announced {
     policy: HeaderValue,
     /// Per rule of the policy: `"name";r=`, the start of its member.
     members: Vec<Box<[u8]>>,
@@ -155,19 +188,25 @@ pub(crate) struct Announced {
 /// A map without a `RateLimit-Policy` field holds no policy's headers yet:
 /// its fields are written without comparing with what is there.
 /// A policy of shadow rules only enforces nothing, so it announces nothing.
-pub fn insert(headers: &mut HeaderMap, policy: &Policy, decision: &Decision, now: SystemTime) {
+pub fn insert(headers: &mut HeaderMap, policy: &PolicyHeaders, decision: &Decision, now: SystemTime) {
     insert_fields(headers, policy, None, Fields::DraftAndLegacy, decision, now);
 }
 
 /// [`insert`] for one [`View`] of the request: its members are named by it.
-pub fn insert_view(headers: &mut HeaderMap, policy: &Policy, view: Option<View>, decision: &Decision, now: SystemTime) {
+pub fn insert_view(
+    headers: &mut HeaderMap,
+    policy: &PolicyHeaders,
+    view: Option<View>,
+    decision: &Decision,
+    now: SystemTime,
+) {
     insert_fields(headers, policy, view, Fields::DraftAndLegacy, decision, now);
 }
 
 /// [`insert_view`] writing only `fields`.
 pub fn insert_fields(
     headers: &mut HeaderMap,
-    policy: &Policy,
+    policy: &PolicyHeaders,
     view: Option<View>,
     fields: Fields,
     decision: &Decision,
@@ -179,8 +218,8 @@ pub fn insert_fields(
         }
         return;
     }
-    let Some(announced) = announced(policy, view) else { return };
-    let (Some(rule), Some(member)) = (policy.rule(decision.rule), announced.members.get(decision.rule)) else {
+    let Some(announced) = policy.announced(view) else { return };
+    let (Some(rule), Some(member)) = (policy.policy().rule(decision.rule), announced.members.get(decision.rule)) else {
         return;
     };
     // Without a RateLimit-Policy field no policy's headers are there yet:
@@ -331,11 +370,10 @@ fn unix_secs(secs: u64) -> HeaderValue {
     })
 }
 
-/// The policy's fixed header parts for `view`, built on first use; `None`
-/// for a policy that enforces nothing.
-fn announced(policy: &Policy, view: Option<View>) -> Option<&Announced> {
-    let slot = policy.announced.get(View::slot(view))?;
-    let built = slot.get_or_init(|| {
+impl Announced {
+    /// `policy`'s fixed header parts for `view`; `None` for a policy that
+    /// enforces nothing.
+    fn new(policy: &Policy, view: Option<View>) -> Option<Announced> {
         let enforced = || policy.rules().iter().filter(|r| !r.is_shadow());
         let limit = enforced().map(Rule::capacity).min()?;
         let mut value = String::new();
@@ -366,8 +404,7 @@ fn announced(policy: &Policy, view: Option<View>) -> Option<&Announced> {
             // Below 10,000 a static value: its clones count no references.
             limit_value: number(limit),
         })
-    });
-    built.as_ref()
+    }
 }
 
 /// How headers name rule `index` of `policy` for `view`: `rule`,
@@ -438,13 +475,17 @@ mod tests {
         }
     }
 
-    fn policy() -> Policy {
-        Policy::builder("api")
-            .rule(Rule::per_minute("per_minute", 5000))
-            .rule(Rule::per_second("per_second", 100).burst(200))
-            .rule(Rule::per_hour("trial", 1).shadow())
-            .build()
-            .unwrap()
+    fn policy() -> PolicyHeaders {
+        headed(
+            Policy::builder("api")
+                .rule(Rule::per_minute("per_minute", 5000))
+                .rule(Rule::per_second("per_second", 100).burst(200))
+                .rule(Rule::per_hour("trial", 1).shadow()),
+        )
+    }
+
+    fn headed(policy: crate::PolicyBuilder) -> PolicyHeaders {
+        PolicyHeaders::new(policy.build().unwrap())
     }
 
     fn all(h: &HeaderMap, name: &HeaderName) -> Vec<String> {
@@ -476,11 +517,7 @@ mod tests {
     #[test]
     fn quota_units_other_than_requests_are_announced() {
         // Draft 3.1.2: qu, default "requests".
-        let bytes = Policy::builder("up")
-            .unit(QuotaUnit::ContentBytes)
-            .rule(Rule::per_second("bytes", 65_535))
-            .build()
-            .unwrap();
+        let bytes = headed(Policy::builder("up").unit(QuotaUnit::ContentBytes).rule(Rule::per_second("bytes", 65_535)));
         let h = for_decision(&bytes, &Decision { rule: 0, ..decision(true, Some(0)) }, NOW);
         assert_eq!(h[&RATELIMIT_POLICY], r#""bytes";q=65535;w=1;qu="content-bytes""#);
     }
@@ -503,17 +540,19 @@ mod tests {
         assert_eq!(h[&RATELIMIT], r#""per_second";r=7;t=1"#);
         assert_eq!(h[&X_RATELIMIT_RESET], "11");
         assert!(!h.contains_key(RETRY_AFTER), "Retry-After on refusals only");
-        let slow = Policy::builder("s").rule(Rule::per_hour("hourly", 2)).build().unwrap();
+        let slow = headed(Policy::builder("s").rule(Rule::per_hour("hourly", 2)));
         let h = for_decision(&slow, &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) }, NOW);
         assert_eq!(h[&RATELIMIT], r#""hourly";r=1;t=1800"#);
     }
 
     #[test]
     fn a_window_frees_quota_by_its_reset_at_most_one_window_on() {
-        let w = Policy::builder("w")
-            .rule(Rule::window("daily", 10, Duration::from_secs(86_400), WindowMode::Fixed))
-            .build()
-            .unwrap();
+        let w = headed(Policy::builder("w").rule(Rule::window(
+            "daily",
+            10,
+            Duration::from_secs(86_400),
+            WindowMode::Fixed,
+        )));
         let d = Decision { rule: 0, reset_after: Duration::from_millis(3_600_500), ..decision(true, Some(0)) };
         assert_eq!(for_decision(&w, &d, NOW)[&RATELIMIT], r#""daily";r=7;t=3601"#);
     }
@@ -549,8 +588,8 @@ mod tests {
     #[test]
     fn several_policies_append_members_and_the_tightest_wins_the_legacy_fields() {
         // Draft 3 and 4: lists; a refusal first, then an allowed policy.
-        let ip = Policy::builder("ip").label("ip").rule(Rule::per_second("per_second", 10)).build().unwrap();
-        let key = Policy::builder("key").label("key").rule(Rule::per_hour("per_hour", 100)).build().unwrap();
+        let ip = headed(Policy::builder("ip").label("ip").rule(Rule::per_second("per_second", 10)));
+        let key = headed(Policy::builder("key").label("key").rule(Rule::per_hour("per_hour", 100)));
         let mut h = HeaderMap::new();
         let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
         insert(&mut h, &key, &refused, NOW);
@@ -561,7 +600,7 @@ mod tests {
         assert_eq!(h[&X_RATELIMIT_REMAINING], "0");
         assert_eq!(h[RETRY_AFTER], "2");
         // An allowed policy whose next token is later than Retry-After: capped.
-        let slow = Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)).build().unwrap();
+        let slow = headed(Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)));
         insert(&mut h, &slow, &Decision { rule: 0, remaining: 1, ..decision(true, Some(0)) }, NOW);
         assert_eq!(all(&h, &RATELIMIT)[2], r#""day.h";r=1;t=2"#);
         // A second refusal with a longer wait raises Retry-After.
@@ -583,7 +622,7 @@ mod tests {
     #[test]
     fn one_policy_reached_by_two_views_names_two_members() {
         // Live rules: a key and an address on the same rule, own buckets.
-        let rule = Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)).build().unwrap();
+        let rule = headed(Policy::builder("default").label("default").rule(Rule::per_hour("h", 3)));
         let mut h = HeaderMap::new();
         let refused = Decision { rule: 0, remaining: 0, ..decision(false, Some(1500)) };
         insert_view(&mut h, &rule, Some(View::Ip), &refused, NOW);
@@ -596,7 +635,7 @@ mod tests {
         );
         assert_eq!(all(&h, &RATELIMIT_POLICY), [r#""ip.default.h";q=3;w=3600"#, r#""key.default.h";q=3;w=3600"#]);
         assert_eq!(all(&h, &RATELIMIT), [r#""ip.default.h";r=0;t=2"#, r#""key.default.h";r=2;t=2"#]);
-        assert_eq!(identifier(&rule, Some(View::Ip), 0), "ip.default.h");
+        assert_eq!(identifier(rule.policy(), Some(View::Ip), 0), "ip.default.h");
         // Stable: the same names on the next response, and the plain name untouched.
         let again = for_decision(&rule, &Decision { rule: 0, ..decision(true, Some(0)) }, NOW);
         assert_eq!(again[&RATELIMIT_POLICY], r#""default.h";q=3;w=3600"#);
@@ -641,7 +680,7 @@ mod tests {
         }
         assert_eq!(h, full);
         // An allowed policy after the refusal still caps its t at Retry-After.
-        let slow = Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)).build().unwrap();
+        let slow = headed(Policy::builder("day").label("day").rule(Rule::per_hour("h", 1)));
         insert_fields(
             &mut h,
             &slow,
@@ -670,7 +709,7 @@ mod tests {
 
     #[test]
     fn a_dry_run_announces_nothing() {
-        let dry = Policy::builder("dry").rule(Rule::per_hour("trial", 1).shadow()).build().unwrap();
+        let dry = headed(Policy::builder("dry").rule(Rule::per_hour("trial", 1).shadow()));
         let d = Decision { rule: 0, ..decision(true, Some(0)) };
         assert!(for_decision(&dry, &d, SystemTime::now()).is_empty());
     }

@@ -1,7 +1,7 @@
 //! Named rules for a subject, validated once when the policy is built.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
@@ -326,8 +326,6 @@ pub struct Policy {
     label: Option<Arc<str>>,
     /// What a token stands for, in headers.
     unit: QuotaUnit,
-    /// The headers' fixed parts, built on first use, per header view.
-    pub(crate) announced: [OnceLock<Option<crate::headers::Announced>>; 3],
 }
 
 /// What one token of a policy stands for: the draft's quota unit (`qu`),
@@ -420,7 +418,6 @@ impl PolicyBuilder {
             lua_fits,
             label: self.label.map(Into::into),
             unit: self.unit,
-            announced: Default::default(),
         })
     }
 }
@@ -498,12 +495,6 @@ impl Policy {
             key.push_str(part);
         }
         key
-    }
-}
-
-impl AsRef<Policy> for Policy {
-    fn as_ref(&self) -> &Policy {
-        self
     }
 }
 

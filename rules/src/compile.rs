@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use ipnet::{IpNet, Ipv4Net};
+use rl_client::headers::PolicyHeaders;
 use rl_client::{
     check_name, period_ms, subject_fault, Backend, Error, FailMode, InflightPolicy, InflightRule, Policy, Result, Rule,
 };
@@ -309,14 +310,14 @@ fn compile_rule(
     let unchanged = set
         .previous
         .and_then(|p| p.rule(&spec.id))
-        .filter(|p| p.policy.prefix() == prefix && p.policy.rules() == limits.as_slice());
-    let reused = unchanged.map(|p| p.policy.clone());
-    let policy = match reused {
-        Some(policy) => policy,
+        .filter(|p| p.policy().prefix() == prefix && p.policy().rules() == limits.as_slice());
+    let reused = unchanged.map(|p| p.headers.clone());
+    let headers = match reused {
+        Some(headers) => headers,
         None => {
             let built = limits.into_iter().fold(Policy::builder(prefix).label(&spec.id), |b, r| b.rule(r)).build();
             match built {
-                Ok(policy) => policy,
+                Ok(policy) => Arc::new(PolicyHeaders::new(policy)),
                 Err(e) => {
                     errors.push(format!("{at}: {e}"));
                     return None;
@@ -324,6 +325,7 @@ fn compile_rule(
             }
         }
     };
+    let policy = headers.policy();
     if let Some(why) = set.lua {
         if policy.has_windows() {
             errors.push(format!("{at}: window and quota limits need the module (RL.WINDOW); {why}"));
@@ -338,7 +340,7 @@ fn compile_rule(
     let scaling = spec
         .global
         .as_ref()
-        .map(|_| unchanged.and_then(|p| p.scaling.clone()).unwrap_or_else(|| Arc::new(Scaling::new(&policy))));
+        .map(|_| unchanged.and_then(|p| p.scaling.clone()).unwrap_or_else(|| Arc::new(Scaling::new(policy))));
     Some(CompiledRule {
         id: spec.id.clone(),
         scope,
@@ -347,7 +349,7 @@ fn compile_rule(
         expires,
         reason: spec.reason.clone(),
         is_override,
-        policy,
+        headers,
         inflight,
         global: spec.global.clone(),
         scaling,

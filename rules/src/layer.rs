@@ -7,19 +7,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use rl_client::headers::View;
-use rl_client::{BoxFuture, Check, Checked, Decide, Error, Facts, Limiter, Policy, Result};
+use rl_client::{BoxFuture, Check, Checked, Decide, Error, Facts, Limiter, Result};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 
 use crate::live::LiveRules;
 use crate::regional::{refusal, Scaled};
 use crate::snapshot::{CompiledRule, Request};
-
-impl AsRef<Policy> for CompiledRule {
-    fn as_ref(&self) -> &Policy {
-        self.policy()
-    }
-}
 
 /// [`LiveRules`] as a [`Decide`] for `RateLimitLayer`.
 ///
@@ -152,9 +146,9 @@ impl Decide for LiveDecide {
                 }
                 // A global rule announces what this region enforces: its
                 // share, which `r` counts down from.
-                let policy: Arc<dyn AsRef<Policy> + Send + Sync> = match scaled {
+                let policy = match scaled {
                     Scaled::Regional(policy) => policy,
-                    _ => v.rule.clone(),
+                    _ => v.rule.headers().clone(),
                 };
                 out.push(Checked { policy, decision, view: Some(v.view) });
             }

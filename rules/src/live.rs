@@ -15,7 +15,8 @@ use arc_swap::ArcSwap;
 use http::HeaderMap;
 use quick_cache::sync::Cache;
 
-use rl_client::{headers, Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Policy, Result};
+use rl_client::headers::{self, PolicyHeaders};
+use rl_client::{Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
 
 use crate::regional::{Regional, RegionalShares};
 use crate::snapshot::{CompiledRule, Request, Snapshot};
@@ -45,14 +46,15 @@ pub struct Verdict {
     /// A shadow rule that would have refused this allowed request.
     pub shadow: Option<ShadowRefusal>,
     /// For a global rule, the region's share of its limits that decided
-    /// (what the headers announce); `None` for any other rule.
-    pub regional: Option<Arc<Policy>>,
+    /// (what the headers announce), with its headers; `None` for any other
+    /// rule.
+    pub regional: Option<Arc<PolicyHeaders>>,
 }
 
 impl Verdict {
     /// The rate-limit headers for this verdict (see [`headers`]).
     pub fn headers(&self, now: SystemTime) -> HeaderMap {
-        let policy = self.regional.as_deref().unwrap_or(self.rule.policy());
+        let policy = self.regional.as_ref().unwrap_or(self.rule.headers());
         headers::for_decision(policy, &self.decision, now)
     }
 }

@@ -18,6 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
+use rl_client::headers::PolicyHeaders;
 use rl_client::{Decision, Error, FailMode, Limiter, Policy, Result, Rule, Source};
 
 use crate::snapshot::CompiledRule;
@@ -75,12 +76,13 @@ pub trait RegionalShares: Send + Sync + 'static {
 const SCALED_POLICIES: usize = 1_024;
 
 /// A global rule's limits as written, and its policies at the shares in
-/// use: shares move every balancer interval at most, so requests reuse one
-/// policy (and its leases) meanwhile. Made when the rule is compiled, kept
-/// with its policy across versions.
+/// use (each with its headers, built once): shares move every balancer
+/// interval at most, so requests reuse one policy (and its leases)
+/// meanwhile. Made when the rule is compiled, kept with its policy across
+/// versions.
 pub(crate) struct Scaling {
     limits: Vec<GlobalLimit>,
-    policies: Cache<Vec<(u64, u64)>, Arc<Policy>>,
+    policies: Cache<Vec<(u64, u64)>, Arc<PolicyHeaders>>,
 }
 
 impl Scaling {
@@ -98,7 +100,7 @@ impl Scaling {
     }
 
     /// `policy` (the rule's, as written) at `parts`: (capacity, refill) per limit.
-    fn policy(&self, policy: &Policy, label: &str, parts: Vec<(u64, u64)>) -> Result<Arc<Policy>> {
+    fn policy(&self, policy: &Policy, label: &str, parts: Vec<(u64, u64)>) -> Result<Arc<PolicyHeaders>> {
         if let Some(found) = self.policies.get(&parts) {
             return Ok(found);
         }
@@ -111,7 +113,8 @@ impl Scaling {
                 scaled
             }
         });
-        let built = Arc::new(scaled.fold(Policy::builder(policy.prefix()).label(label), |b, r| b.rule(r)).build()?);
+        let built = scaled.fold(Policy::builder(policy.prefix()).label(label), |b, r| b.rule(r)).build()?;
+        let built = Arc::new(PolicyHeaders::new(built));
         self.policies.insert(parts, built.clone());
         Ok(built)
     }
@@ -136,7 +139,7 @@ pub(crate) enum Scaled<'a> {
     /// Not a global rule: as written.
     Whole(&'a Policy),
     /// A global rule: the region's share of it.
-    Regional(Arc<Policy>),
+    Regional(Arc<PolicyHeaders>),
     /// A global rule whose share here is worth less than one token.
     Refused,
 }
@@ -147,7 +150,7 @@ impl Scaled<'_> {
     pub(crate) fn policy(&self) -> Option<&Policy> {
         match self {
             Scaled::Whole(policy) => Some(policy),
-            Scaled::Regional(policy) => Some(policy),
+            Scaled::Regional(policy) => Some(policy.policy()),
             Scaled::Refused => None,
         }
     }
@@ -173,10 +176,10 @@ impl Regional {
         rule: &CompiledRule,
         subject: &str,
         cost: u64,
-    ) -> Result<(Decision, Option<Arc<Policy>>)> {
+    ) -> Result<(Decision, Option<Arc<PolicyHeaders>>)> {
         let (decision, regional) = match self.scaled(rule, subject)? {
             Scaled::Whole(policy) => return Ok((limiter.check_cost(policy, subject, cost).await?, None)),
-            Scaled::Regional(policy) => (limiter.check_cost(&policy, subject, cost).await?, Some(policy)),
+            Scaled::Regional(policy) => (limiter.check_cost(policy.policy(), subject, cost).await?, Some(policy)),
             Scaled::Refused => (refusal(rule), None),
         };
         self.demanded(rule, subject, cost);
@@ -201,7 +204,7 @@ impl Regional {
     ) -> Result<Option<usize>> {
         match self.scaled(rule, subject)? {
             Scaled::Whole(policy) => limiter.shadow_refusal(policy, subject, cost).await,
-            Scaled::Regional(policy) => limiter.shadow_refusal(&policy, subject, cost).await,
+            Scaled::Regional(policy) => limiter.shadow_refusal(policy.policy(), subject, cost).await,
             Scaled::Refused => Ok(Some(0)),
         }
     }

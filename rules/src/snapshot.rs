@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
+use rl_client::headers::PolicyHeaders;
 use rl_client::{Error, InflightPolicy, Policy, Result};
 
 use crate::regional::Scaling;
@@ -61,7 +62,8 @@ pub struct CompiledRule {
     pub(crate) expires: Option<SystemTime>,
     pub(crate) reason: String,
     pub(crate) is_override: bool,
-    pub(crate) policy: Policy,
+    /// Its limits as a policy, with its headers' fixed parts.
+    pub(crate) headers: Arc<PolicyHeaders>,
     pub(crate) inflight: Option<InflightPolicy>,
     pub(crate) global: Option<GlobalSpec>,
     /// A global rule's limits and its scaled policies (regional.rs).
@@ -104,10 +106,16 @@ impl CompiledRule {
         self.is_override
     }
 
-    /// Its limits as a policy: for [`headers`](rl_client::headers) and
-    /// [`Limiter`](rl_client::Limiter) calls. Its prefix is `key_prefix:id`.
+    /// Its limits as a policy: for [`Limiter`](rl_client::Limiter) calls.
+    /// Its prefix is `key_prefix:id`.
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.headers.policy()
+    }
+
+    /// Its policy with the headers' fixed parts, built once when the rule
+    /// was compiled: for [`headers`](rl_client::headers).
+    pub fn headers(&self) -> &Arc<PolicyHeaders> {
+        &self.headers
     }
 
     /// Its in-flight limits, if it has any: for

@@ -778,7 +778,7 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     assert_eq!(allowed, 70, "the region's 70% of 100 an hour");
     assert_eq!(share.checked.lock().unwrap().len(), 100, "checked requests are counted for the balancer");
     let last = last.unwrap();
-    let policy: &rl_client::Policy = (*last.policy).as_ref();
+    let policy: &rl_client::Policy = last.policy.policy();
     assert_eq!(policy.rules()[0].capacity(), 70, "headers announce what this region enforces");
     // A share worth less than a token refuses without charging anything.
     let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();

@@ -37,7 +37,7 @@ use crate::batch::Check;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
 use crate::extract::ClientIp;
-use crate::headers;
+use crate::headers::{self, PolicyHeaders};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::subject::{ip_subject, key_subject};
@@ -59,8 +59,9 @@ pub struct Facts {
 /// One policy's decision for a request.
 #[derive(Clone)]
 pub struct Checked {
-    /// The policy (a [`Policy`], or a live rule that holds one).
-    pub policy: Arc<dyn AsRef<Policy> + Send + Sync>,
+    /// The policy, with its headers' fixed parts (made where it was
+    /// registered: [`Policies::add`], a live rule).
+    pub policy: Arc<PolicyHeaders>,
     /// Its decision.
     pub decision: Decision,
     /// The view of the request it was decided for, when one policy may
@@ -114,7 +115,8 @@ pub enum By {
 #[derive(Clone)]
 pub struct Policies {
     limiter: Limiter,
-    list: Arc<Vec<(Arc<Policy>, By)>>,
+    /// Each policy with its headers, built once here.
+    list: Arc<Vec<(Arc<PolicyHeaders>, By)>>,
     prefixes: (u8, u8),
 }
 
@@ -126,7 +128,7 @@ impl Policies {
 
     /// Adds `policy`, limiting by `by`. Policies are evaluated in order.
     pub fn add(mut self, policy: impl Into<Arc<Policy>>, by: By) -> Policies {
-        Arc::make_mut(&mut self.list).push((policy.into(), by));
+        Arc::make_mut(&mut self.list).push((Arc::new(PolicyHeaders::new(policy)), by));
         self
     }
 
@@ -164,17 +166,14 @@ impl Decide for Policies {
         }
         let (limiter, cost) = (self.limiter.clone(), facts.cost);
         Box::pin(async move {
-            let checks: Vec<Check> = subjects.iter().map(|(policy, subject)| Check { policy, subject, cost }).collect();
+            let checks: Vec<Check> =
+                subjects.iter().map(|(policy, subject)| Check { policy: policy.policy(), subject, cost }).collect();
             let decisions = limiter.check_batch(&checks).await?;
             Ok(subjects
                 .iter()
                 .zip(decisions)
                 .filter_map(|((policy, _), decision)| {
-                    Some(Checked {
-                        policy: policy.clone() as Arc<dyn AsRef<Policy> + Send + Sync>,
-                        decision: decision?,
-                        view: None,
-                    })
+                    Some(Checked { policy: policy.clone(), decision: decision?, view: None })
                 })
                 .collect())
         })
@@ -355,7 +354,7 @@ impl Shared {
             .filter(|c| !c.decision.allowed)
             .map(|c| {
                 let d = &c.decision;
-                (headers::identifier((*c.policy).as_ref(), c.view, d.rule), d.source, d.retry_after)
+                (headers::identifier(c.policy.policy(), c.view, d.rule), d.source, d.retry_after)
             })
             .collect();
         let refused = Refused::new(&refusals);
@@ -393,7 +392,7 @@ fn add_headers(map: &mut HeaderMap, checked: &[Checked], fields: headers::Fields
     };
     let _ = map.try_reserve(rate_limit_fields + usize::from(checked.iter().any(|c| !c.decision.allowed)));
     for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
-        headers::insert_fields(map, (*c.policy).as_ref(), c.view, fields, &c.decision, now);
+        headers::insert_fields(map, &c.policy, c.view, fields, &c.decision, now);
     }
 }
 
