@@ -12,18 +12,10 @@
 //! each path a line says how many of the measured decisions took that path
 //! (from the limiter's counters) and how many calls reached Redis meanwhile.
 //!
-//! More rows put the HTTP side next to the lease spend, and `Redis decision`
-//! (a check Redis answers, in wall time) next to them: `layer decision`,
-//! the decision as the layer makes it (`Policies::decide`); `headers`, the
-//! draft's headers for a decision in a new map (their fixed parts are built
-//! once per policy); `headers into a response` and `draft headers into a
-//! response`, the step as the layer takes it, with every field and with
-//! the draft's only, into a response's map that holds a content-type, next
-//! to `response alone` (the map emptied and refilled, nothing added) and
-//! `five static fields into a response` (the `http` map's own floor); and
-//! `layer pass`, a whole request through `RateLimitLayer` in front of a
-//! service that answers at once: key and peer extraction, the lease spend,
-//! the headers, and building the request and response.
+//! One more row, `Redis decision`, puts a check Redis answers (in wall
+//! time) next to them. The HTTP side of the same decisions is rl-http's
+//! bench; the deciders of its layer (fixed policies, live rules) are
+//! rl-rules'.
 //!
 //! The time reported is the CPU time of the thread making the decisions
 //! (`CLOCK_THREAD_CPUTIME_ID`), not wall time (but for `Redis decision`): on a shared machine wall time
@@ -35,10 +27,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_client::{headers, By, Config, Decide, Event, Facts, Limiter, PeerAddr, Policies, Policy, RateLimitLayer, Rule};
+use rl_client::{Config, Event, Limiter, Policy, Rule};
 use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;
-use tower::{Layer, ServiceExt};
 
 /// A multi-threaded runtime: criterion runs the measured loop with
 /// `block_on` on this thread, and the limiter's background lease top-ups
@@ -138,7 +129,6 @@ fn decisions(c: &mut Criterion) {
         },
     );
 
-    bench_http(c, &rt, &leasing, &big, &server);
     bench_redis_decision(c, &rt, &server);
 
     // Deny-cache hit: one request an hour, spent; Redis refused the next
@@ -189,163 +179,6 @@ fn decisions(c: &mut Criterion) {
     );
 }
 
-/// The headers of a decision, and a whole pass through the layer, on the
-/// lease-spend path.
-fn bench_http(c: &mut Criterion, rt: &Runtime, limiter: &Limiter, policy: &Policy, server: &Server) {
-    let decision = rt.block_on(limiter.check(policy, "customer-1")).expect("check");
-    let now = std::time::SystemTime::now();
-    // Made once, where a gateway registers its policies.
-    let headed = headers::PolicyHeaders::new(policy.clone());
-    c.bench_function("headers", |b| {
-        b.iter_custom(|iters| {
-            let start = thread_cpu_time();
-            for _ in 0..iters {
-                black_box(headers::for_decision(&headed, black_box(&decision), now));
-            }
-            thread_cpu_time() - start
-        })
-    });
-    // A response's map emptied and given its content-type, nothing added:
-    // what the rows below spend besides the header step.
-    c.bench_function("response alone", |b| {
-        b.iter_custom(|iters| {
-            into_responses(iters, |map| {
-                black_box(map);
-            })
-        })
-    });
-    // As the layer does it: into the map of a response the service made
-    // (with the content-type a framework sets).
-    c.bench_function("headers into a response", |b| {
-        b.iter_custom(|iters| {
-            into_responses(iters, |map| {
-                let _ = map.try_reserve(5);
-                headers::insert(map, &headed, black_box(&decision), now);
-            })
-        })
-    });
-    // The same with the draft's fields only (the layer's
-    // `header_fields(Fields::Draft)`).
-    c.bench_function("draft headers into a response", |b| {
-        b.iter_custom(|iters| {
-            into_responses(iters, |map| {
-                let _ = map.try_reserve(2);
-                headers::insert_fields(map, &headed, None, headers::Fields::Draft, black_box(&decision), now);
-            })
-        })
-    });
-    // The floor the http crate sets: five fields of the same names with
-    // static values (nothing allocated, nothing computed), into the same
-    // kind of map.
-    c.bench_function("five static fields into a response", |b| {
-        b.iter_custom(|iters| {
-            into_responses(iters, |map| {
-                let _ = map.try_reserve(5);
-                let value = || http::HeaderValue::from_static("1");
-                map.insert(headers::RATELIMIT_POLICY, value());
-                map.insert(headers::RATELIMIT, value());
-                map.insert(headers::X_RATELIMIT_LIMIT, value());
-                map.insert(headers::X_RATELIMIT_REMAINING, value());
-                map.insert(headers::X_RATELIMIT_RESET, value());
-            })
-        })
-    });
-    // The decision as the layer makes it: `Decide::decide` on the facts
-    // extraction found (one policy by API key, a lease spend).
-    let facts = Facts {
-        ip: Some("192.0.2.1".parse().expect("an address")),
-        key: Some("customer-1".to_owned()),
-        route: "GET /search".to_owned(),
-        cost: 1,
-    };
-    let policies = Policies::new(limiter.clone()).add(policy.clone(), By::Key);
-    bench_decide(c, rt, "layer decision", &policies, &facts);
-    // The same on live rules (rl-rules' `LiveDecide`): the request seen by
-    // its key and by its address, each matching the default rule, two lease
-    // spends in one batch.
-    let spec = rl_rules::RuleSetSpec::from_toml(
-        r#"
-        [[rules]]
-        id = "default"
-        reason = "everyone"
-        limits = [{ name = "per_second", rate = 100000000, per = "1s" }]
-    "#,
-    )
-    .expect("a rule set");
-    let live = rl_rules::LiveDecide::new(rl_rules::LiveRules::new(limiter.clone(), &spec).expect("live rules"));
-    bench_decide(c, rt, "live rules decision", &live, &facts);
-    let hello = tower::service_fn(|_req: http::Request<String>| async {
-        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    });
-    let svc = RateLimitLayer::new(Policies::new(limiter.clone()).add(policy.clone(), By::Key))
-        .key_header("x-api-key")
-        .layer(hello);
-    let peer = PeerAddr("192.0.2.1:4000".parse().expect("an address"));
-    let request = move || {
-        let built = http::Request::builder().uri("/search").header("x-api-key", "customer-1").body(String::new());
-        let mut req = built.expect("a request");
-        req.extensions_mut().insert(peer);
-        req
-    };
-    let calls_before = redis_calls(server);
-    let leased_before = limiter.counters().get(Event::LeaseHit);
-    let measured = Cell::new(0u64);
-    c.bench_function("layer pass", |b| {
-        b.to_async(rt).iter_custom(|iters| {
-            let (svc, measured) = (svc.clone(), &measured);
-            async move {
-                let start = thread_cpu_time();
-                for _ in 0..iters {
-                    let response = svc.clone().oneshot(request()).await.expect("infallible");
-                    assert_eq!(response.status(), http::StatusCode::OK);
-                    black_box(response);
-                }
-                measured.set(measured.get() + iters);
-                thread_cpu_time() - start
-            }
-        })
-    });
-    if measured.get() == 0 {
-        return;
-    }
-    println!(
-        "layer pass: {} lease spends for {} measured requests (and warm-up); {} calls reached Redis meanwhile\n",
-        limiter.counters().get(Event::LeaseHit) - leased_before,
-        measured.get(),
-        redis_calls(server) - calls_before
-    );
-}
-
-/// `decide` on `facts`, the checked list dropped; the facts are made
-/// untimed, in batches (the layer's extraction makes them).
-fn bench_decide(c: &mut Criterion, rt: &Runtime, name: &str, decide: &impl Decide, facts: &Facts) {
-    let leased_before = decide.limiter().counters().get(Event::LeaseHit);
-    let measured = Cell::new(0u64);
-    c.bench_function(name, |b| {
-        let measured = &measured;
-        b.to_async(rt).iter_custom(|iters| async move {
-            measured.set(measured.get() + iters);
-            let mut elapsed = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let batch = left.min(1024);
-                left -= batch;
-                let made: Vec<Facts> = (0..batch).map(|_| facts.clone()).collect();
-                let start = thread_cpu_time();
-                for facts in made {
-                    black_box(decide.decide(facts).await.expect("decide"));
-                }
-                elapsed += thread_cpu_time() - start;
-            }
-            elapsed
-        })
-    });
-    if measured.get() > 0 {
-        let spends = decide.limiter().counters().get(Event::LeaseHit) - leased_before;
-        println!("{name}: {spends} lease spends for {} measured decisions (and warm-up)\n", measured.get());
-    }
-}
-
 /// A decision Redis makes: what most subjects get (one that is not busy
 /// enough for a lease, nor refused). Each decision is a new subject of a
 /// 1,000-a-minute policy, so each is one RL.TAKE. Wall time, since the wait
@@ -383,25 +216,6 @@ fn bench_redis_decision(c: &mut Criterion, rt: &Runtime, server: &Server) {
         measured.get(),
         limiter.counters().get(Event::Fallback)
     );
-}
-
-/// The thread's CPU time for `iters` rounds on one response's map: emptied
-/// (what the last round added is dropped, so frees and reference counts
-/// are counted), given the content-type a framework sets, then handed to
-/// `add`. The map keeps its room, as a new response's map has it, and stays
-/// in cache, as it is in a layer; the `response alone` row (`add` doing
-/// nothing) is the part that is not the header step.
-fn into_responses(iters: u64, mut add: impl FnMut(&mut http::HeaderMap)) -> Duration {
-    let mut response = http::Response::new(String::new());
-    let start = thread_cpu_time();
-    for _ in 0..iters {
-        let map = response.headers_mut();
-        map.clear();
-        map.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; charset=utf-8"));
-        add(map);
-        black_box(&mut response);
-    }
-    thread_cpu_time() - start
 }
 
 criterion_group!(benches, decisions);

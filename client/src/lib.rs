@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-mod backoff;
 mod batch;
 mod breaker;
 mod client;
@@ -11,14 +10,8 @@ mod connection;
 mod decision;
 mod deny_cache;
 mod error;
-mod extract;
 mod fallback;
-pub mod headers;
 mod inflight;
-#[cfg(feature = "tower")]
-mod inflight_layer;
-#[cfg(feature = "tower")]
-mod layer;
 mod lease;
 mod limiter;
 mod local_inflight;
@@ -34,7 +27,6 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use quick_cache::Equivalent;
 
-pub use backoff::Backoff;
 pub use batch::Check;
 pub use breaker::{Breaker, Ticket};
 pub use client::{Bucket, Client, Window};
@@ -43,14 +35,7 @@ pub use config::{Backend, Config};
 pub use connection::{Connection, Target};
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
-pub use extract::{ClientIp, ForwardHeader, Trust};
 pub use inflight::{Acquired, Inflight};
-#[cfg(feature = "tower")]
-pub use inflight_layer::{InflightLayer, InflightLimit, PermitBody};
-#[cfg(feature = "tower")]
-pub use layer::{
-    BoxFuture, By, Checked, Decide, Facts, MissingKey, PeerAddr, Policies, RateLimit, RateLimitLayer, Refused,
-};
 pub use limiter::Limiter;
 pub use metrics::{lock_waits, Counters, Event, Metrics};
 pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, NoPermit, Permit};

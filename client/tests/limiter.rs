@@ -260,3 +260,23 @@ async fn bad_input_is_an_error_never_a_decision() {
     assert!(l.refund(&p, "u", 0).await.is_err());
     assert_eq!(limiter_calls(&s, Backend::Lua), 0);
 }
+
+/// Local state is keyed by what a policy is, not by the object: a policy
+/// built on every request (each customer's plan) shares it with an equal one.
+#[tokio::test]
+async fn a_policy_built_per_request_behaves_like_a_shared_one() {
+    let s = Server::start(&[]);
+    let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    let plan = || Policy::builder("plan").rule(Rule::per_hour("h", 2)).build().unwrap();
+    for _ in 0..2 {
+        assert!(limiter.check(&plan(), "cust").await.unwrap().allowed);
+    }
+    let refused = limiter.check(&plan(), "cust").await.unwrap();
+    assert!(!refused.allowed);
+    let takes = calls(&s, "RL.TAKE");
+    for _ in 0..5 {
+        let d = limiter.check(&plan(), "cust").await.unwrap();
+        assert_eq!(d.source, Source::DenyCache, "the deny cache of an equal policy");
+    }
+    assert_eq!(calls(&s, "RL.TAKE"), takes, "refused from memory: no call to Redis");
+}

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use ipnet::{IpNet, Ipv4Net};
-use rl_client::headers::PolicyHeaders;
 use rl_client::{
     check_name, period_ms, subject_fault, Backend, Error, FailMode, InflightPolicy, InflightRule, Policy, Result, Rule,
 };
 use rl_core::inflight::{InflightParams, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::ParamError;
+use rl_http::PolicyHeaders;
 
 use crate::regional::Scaling;
 use crate::snapshot::{CompiledRule, Index, Scope, Snapshot};

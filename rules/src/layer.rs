@@ -1,4 +1,4 @@
-//! Live rules behind rl-client's tower layer (feature `tower`): every
+//! Live rules behind rl-http's tower layer (feature `tower`): every
 //! request is checked by the rule its API key matches and by the rule its
 //! address matches, each with its own buckets, so sending a key does not
 //! escape the limit on the address, nor the other way round.
@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rl_client::headers::View;
-use rl_client::{BoxFuture, Check, Checked, Decide, Error, Facts, Limiter, Result};
+use rl_client::{Check, Error, Limiter, Result};
+use rl_http::headers::View;
+use rl_http::{BoxFuture, Checked, Decide, Facts};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 

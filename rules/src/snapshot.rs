@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use rl_client::headers::PolicyHeaders;
 use rl_client::{Error, InflightPolicy, Policy, Result};
+use rl_http::PolicyHeaders;
 
 use crate::regional::Scaling;
 use crate::spec::{GlobalSpec, Mode};
@@ -113,7 +113,7 @@ impl CompiledRule {
     }
 
     /// Its policy with the headers' fixed parts, built once when the rule
-    /// was compiled: for [`headers`](rl_client::headers).
+    /// was compiled: for [`headers`](rl_http::headers).
     pub fn headers(&self) -> &Arc<PolicyHeaders> {
         &self.headers
     }

@@ -4,9 +4,9 @@
 //!
 //! ```text
 //! make run                                      # redis-server with the module on :6379
-//! cargo run -p rl-client --example gateway      # backend on :8081, gateway on :8080
+//! cargo run -p rl-rules --example gateway       # backend on :8081, gateway on :8080
 //! curl -i -H 'x-api-key: alice' localhost:8080/hello
-//! RULES_FILE=rules/rules.example.toml cargo run -p rl-client --example gateway
+//! RULES_FILE=rules/rules.example.toml cargo run -p rl-rules --example gateway
 //! ```
 //!
 //! Without `RULES_FILE`: each client IP (an IPv6 client is its /64) may
@@ -31,9 +31,8 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Response, StatusCode};
 use axum::routing::any;
 use axum::Router;
-use rl_client::{
-    Backend, By, ClientIp, Config, Decide, Limiter, MissingKey, Policies, Policy, RateLimitLayer, Rule, Trust,
-};
+use rl_client::{Backend, Config, Limiter, Policy, Rule};
+use rl_http::{By, ClientIp, Decide, MissingKey, Policies, RateLimitLayer, Trust};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use tokio::net::TcpListener;
 

@@ -1,4 +1,4 @@
-//! The example gateway (client/examples/gateway.rs), run as a reader would
+//! The example gateway (examples/gateway.rs), run as a reader would
 //! run it, on a rules file, against a real server, with a real HTTP client.
 
 use std::path::PathBuf;
@@ -30,7 +30,7 @@ fn example() -> PathBuf {
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let binary = deps.parent().unwrap().join("examples").join("gateway");
     if !binary.exists() {
-        let built = Command::new(env!("CARGO")).args(["build", "-p", "rl-client", "--example", "gateway"]).status();
+        let built = Command::new(env!("CARGO")).args(["build", "-p", "rl-rules", "--example", "gateway"]).status();
         assert!(built.unwrap().success(), "cargo build --example gateway");
     }
     binary

@@ -8,9 +8,10 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{calls, config};
+use common::config;
 use http::{Request, Response, StatusCode};
-use rl_client::{headers, Backend, By, Limiter, MissingKey, PeerAddr, Policies, Policy, RateLimitLayer, Refused, Rule};
+use rl_client::{Backend, Limiter, Policy, Rule};
+use rl_http::{headers, By, MissingKey, PeerAddr, Policies, RateLimitLayer, Refused};
 use testkit::Server;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -245,22 +246,4 @@ async fn redis_down_never_fails_a_request_nor_leaks_the_local_bucket() {
         assert!(r.body().contains("#temporary-reduced-capacity"), "{}", r.body());
         assert!(header(&r, "retry-after").parse::<u64>().unwrap() >= 1);
     }
-}
-
-#[tokio::test]
-async fn a_policy_built_per_request_behaves_like_a_shared_one() {
-    let s = Server::start(&[]);
-    let limiter = module(&s);
-    let plan = || Policy::builder("plan").rule(Rule::per_hour("h", 2)).build().unwrap();
-    for _ in 0..2 {
-        assert!(limiter.check(&plan(), "cust").await.unwrap().allowed);
-    }
-    let refused = limiter.check(&plan(), "cust").await.unwrap();
-    assert!(!refused.allowed);
-    let takes = calls(&s, "RL.TAKE");
-    for _ in 0..5 {
-        let d = limiter.check(&plan(), "cust").await.unwrap();
-        assert_eq!(d.source, rl_client::Source::DenyCache, "the deny cache of an equal policy");
-    }
-    assert_eq!(calls(&s, "RL.TAKE"), takes, "refused from memory: no call to Redis");
 }

@@ -5,7 +5,7 @@
 //! response body has been sent (or dropped, the client gone), not merely
 //! until the handler returned. NoPermit requests are answered with the
 //! rule's status (`429 Too Many Requests`, or `503 Service Unavailable`
-//! for a rule made [`unavailable`](crate::InflightRule::unavailable)), the
+//! for a rule made [`unavailable`](rl_client::InflightRule::unavailable)), the
 //! headers and `Retry-After` when a slot's deadline is known. Requests the
 //! key extractor returns `None` for pass unlimited; a bad subject is `400`.
 //! Redis being down never fails a request: fail-open rules limit locally.
@@ -18,7 +18,8 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use http::{Request, Response};
-//! use rl_client::{Config, InflightLayer, InflightPolicy, InflightRule, Limiter};
+//! use rl_client::{Config, InflightPolicy, InflightRule, Limiter};
+//! use rl_http::InflightLayer;
 //! use tower::{service_fn, ServiceBuilder};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,10 +48,9 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tower::{Layer, Service};
 
+use rl_client::{subject_fault, InflightPolicy, InflightRule, Limiter, NoPermit, Permit};
+
 use crate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
-use crate::limiter::Limiter;
-use crate::permit::{InflightPolicy, InflightRule, NoPermit, Permit};
-use crate::subject::validate_subject;
 
 /// Wraps services with [`InflightLimit`]. `K` names a request's subject:
 /// `Fn(&Request<B>) -> Option<String>`.
@@ -171,7 +171,7 @@ where
             let permit = match limiter.acquire(&policy, &subject).await {
                 Ok(Ok(permit)) => permit,
                 Ok(Err(refused)) => return Ok(refusal(&policy, &refused)),
-                Err(e) if validate_subject(&subject).is_err() => {
+                Err(e) if subject_fault(&subject).is_some() => {
                     return Ok(text(StatusCode::BAD_REQUEST, format!("400 Bad Request: {e}\n")))
                 }
                 Err(e) => {
@@ -186,7 +186,7 @@ where
 }
 
 /// The status a refusal by `rule` answers: 429, or 503 for a rule made
-/// [`unavailable`](crate::InflightRule::unavailable).
+/// [`unavailable`](rl_client::InflightRule::unavailable).
 fn status(rule: Option<&InflightRule>) -> StatusCode {
     match rule {
         Some(rule) if rule.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::decision::Source;
+use rl_client::Source;
 
 /// A refusal, for [`RateLimitLayer::refusal`](super::RateLimitLayer::refusal).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -33,14 +33,10 @@ use tower::{Layer, Service};
 
 pub use refusal::Refused;
 
-use crate::batch::Check;
-use crate::decision::{Decision, Source};
-use crate::error::{Error, Result};
-use crate::extract::ClientIp;
+use rl_client::{ip_subject, key_subject, Check, Decision, Error, Limiter, Policy, Result, Source};
+
+use crate::client_ip::ClientIp;
 use crate::headers::{self, PolicyHeaders};
-use crate::limiter::Limiter;
-use crate::policy::Policy;
-use crate::subject::{ip_subject, key_subject};
 
 /// What the layer knows of a request when it decides.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,7 +98,8 @@ pub enum By {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use rl_client::{By, Config, Limiter, Policies, Policy, RateLimitLayer, Rule};
+/// use rl_client::{Config, Limiter, Policy, Rule};
+/// use rl_http::{By, Policies, RateLimitLayer};
 ///
 /// # async fn run() -> Result<(), rl_client::Error> {
 /// let limiter = Limiter::new(Config::standalone("redis://127.0.0.1:6379/"))?;
@@ -208,7 +205,7 @@ type PeerFn = Arc<dyn Fn(&Extensions) -> Option<IpAddr> + Send + Sync>;
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 type RefusalFn = Arc<dyn Fn(&Refused) -> Response<String> + Send + Sync>;
 
-const NO_PEER: &str = "the request has no peer address: serve with axum's into_make_service_with_connect_info::<SocketAddr>() and set RateLimitLayer::peer, or insert rl_client::PeerAddr";
+const NO_PEER: &str = "the request has no peer address: serve with axum's into_make_service_with_connect_info::<SocketAddr>() and set RateLimitLayer::peer, or insert rl_http::PeerAddr";
 
 /// Wraps services with [`RateLimit`]: per request, the facts extracted, one
 /// [`Decide`] pass over every policy that applies, and the headers merged
@@ -359,7 +356,7 @@ impl Shared {
             .collect();
         let refused = Refused::new(&refusals);
         for (name, _, _) in &refusals {
-            tracing::debug!(target: "rl_client", rule = %name, "request refused");
+            tracing::debug!(target: "rl_http", rule = %name, "request refused");
         }
         let mut response = (self.refusal)(&refused);
         add_headers(response.headers_mut(), checked, self.fields, now);
@@ -428,7 +425,7 @@ where
                 Ok(checked) => checked,
                 Err(e) => {
                     // The detail goes to the log, not to the client.
-                    tracing::error!(target: "rl_client", error = %e, "rate limit cannot decide: configuration");
+                    tracing::error!(target: "rl_http", error = %e, "rate limit cannot decide: configuration");
                     let detail = "the rate limiter is misconfigured; the server log says how";
                     let response = refusal::problem(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", detail);
                     return Ok(response.map(ResBody::from));
@@ -476,9 +473,9 @@ impl Outage {
         self.last_said_ms.store(now.max(1), Ordering::Relaxed);
         let unsaid = self.unsaid.swap(0, Ordering::Relaxed);
         if degraded {
-            tracing::warn!(target: "rl_client", unsaid, "Redis cannot answer: rate limits decided by the local fallback");
+            tracing::warn!(target: "rl_http", unsaid, "Redis cannot answer: rate limits decided by the local fallback");
         } else {
-            tracing::info!(target: "rl_client", unsaid, "Redis answers again: rate limits exact");
+            tracing::info!(target: "rl_http", unsaid, "Redis answers again: rate limits exact");
         }
     }
 }
