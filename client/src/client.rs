@@ -16,7 +16,7 @@ use crate::config::{Backend, Config};
 use crate::connection::Connection;
 use crate::decision::{Decision, Grant};
 use crate::error::{Error, Result};
-use crate::inflight::{check_cost, check_id, new_id, Acquired, Inflight};
+use crate::inflight::{new_id, validate_cost, validate_id, Acquired, Inflight};
 use crate::policy::{bucket_params, period_ms, LUA_MAX_UNITS};
 use crate::slot::slot_of;
 
@@ -258,8 +258,8 @@ impl Client {
     /// number of keys that did. An unknown, released or expired id
     /// releases nothing (0): never an error, never room not taken.
     pub async fn release<K: AsRef<str>>(&self, keys: &[K], id: &str) -> Result<u64> {
-        check_keys(keys)?;
-        check_id(id)?;
+        validate_keys(keys)?;
+        validate_id(id)?;
         let slot = slot_of(keys[0].as_ref());
         let mut cmd = match self.backend {
             Backend::Module => redis::cmd("RL.RELEASE"),
@@ -290,10 +290,10 @@ impl Client {
         if keys.len() != params.len() {
             return Err(Error::invalid("one in-flight limit per key"));
         }
-        check_keys(keys)?;
-        check_cost(cost)?;
+        validate_keys(keys)?;
+        validate_cost(cost)?;
         if let Some(id) = id {
-            check_id(id)?;
+            validate_id(id)?;
         }
         let mut cmd = match self.backend {
             Backend::Module => redis::cmd(if write { "RL.ACQUIRE" } else { "RL.INFLIGHT" }),
@@ -372,7 +372,7 @@ impl Client {
         if self.backend == Backend::Lua {
             return Err(Error::Unsupported("RL.WINDOW"));
         }
-        check_keys(keys)?;
+        validate_keys(keys)?;
         in_range("cost", cost, 1, MAX_WINDOW_LIMIT)?;
         let mut cmd = redis::cmd(name);
         cmd.arg(keys.len());
@@ -409,7 +409,7 @@ impl Client {
             None => {
                 let op = BucketOp::Take { cost };
                 op.validate()?;
-                check_keys(keys)?;
+                validate_keys(keys)?;
                 Ok(module_cmd(op, keys, params))
             }
         }
@@ -449,7 +449,7 @@ impl Client {
         if keys.len() != params.len() {
             return Err(Error::invalid("one parameter set per key"));
         }
-        check_keys(keys)?;
+        validate_keys(keys)?;
         let slot = slot_of(&keys[0]);
         match self.backend {
             Backend::Module => self.integers(&module_cmd(op, keys, params), slot).await,
@@ -528,7 +528,7 @@ fn split(buckets: &[Bucket]) -> Result<(Vec<String>, Vec<BucketParams>)> {
 }
 
 /// 1 to 32 distinct keys, as the module demands.
-fn check_keys<K: AsRef<str>>(keys: &[K]) -> Result<()> {
+fn validate_keys<K: AsRef<str>>(keys: &[K]) -> Result<()> {
     if keys.is_empty() || keys.len() > MAX_KEYS {
         return Err(Error::invalid(format!("a call takes 1 to {MAX_KEYS} keys, got {}", keys.len())));
     }
@@ -565,8 +565,8 @@ mod tests {
         assert!(Bucket::new("k", 0, 1, s).unwrap_err().to_string().contains("bucket 'k': capacity must be"));
         assert!(Window::new("w", 0, s).unwrap_err().to_string().contains("window 'w': limit must be"));
         assert!(Window::new("w", 1, Duration::ZERO).unwrap_err().to_string().contains("window must be"));
-        assert!(check_keys(&["a", "b", "a"]).unwrap_err().to_string().contains("'a' is named more than once"));
-        assert!(check_keys::<&str>(&[]).is_err());
+        assert!(validate_keys(&["a", "b", "a"]).unwrap_err().to_string().contains("'a' is named more than once"));
+        assert!(validate_keys::<&str>(&[]).is_err());
         assert!(BucketOp::Take { cost: 0 }.validate().is_err());
         assert!(BucketOp::Lease { want: 5, min: 6 }.validate().unwrap_err().to_string().contains("min must be"));
         assert!(BucketOp::Refund { tokens: MAX_TOKENS + 1 }.validate().is_err());

@@ -55,13 +55,13 @@ pub(crate) fn inflight_params(limit: u64, timeout: Duration) -> std::result::Res
 }
 
 /// A cost (slots taken in every key) in range.
-pub(crate) fn check_cost(cost: u64) -> Result<()> {
+pub(crate) fn validate_cost(cost: u64) -> Result<()> {
     in_range("cost", cost, 1, MAX_INFLIGHT_LIMIT)?;
     Ok(())
 }
 
 /// An id the module accepts: 1 to 64 bytes.
-pub(crate) fn check_id(id: &str) -> Result<()> {
+pub(crate) fn validate_id(id: &str) -> Result<()> {
     if valid_id(id.as_bytes()) {
         Ok(())
     } else {
@@ -148,8 +148,10 @@ mod tests {
         assert!(Inflight::new("k", 1, Duration::from_micros(1500)).is_err());
         assert!(Inflight::new("k", MAX_INFLIGHT_LIMIT + 1, s).is_err());
         assert_eq!(Inflight::new("k", 20, s).unwrap().timeout(), s);
-        assert!(check_id("").is_err() && check_id(&"x".repeat(65)).is_err() && check_id(&"x".repeat(64)).is_ok());
-        assert!(check_cost(0).is_err() && check_cost(MAX_INFLIGHT_LIMIT + 1).is_err());
+        assert!(
+            validate_id("").is_err() && validate_id(&"x".repeat(65)).is_err() && validate_id(&"x".repeat(64)).is_ok()
+        );
+        assert!(validate_cost(0).is_err() && validate_cost(MAX_INFLIGHT_LIMIT + 1).is_err());
         assert_eq!(new_id().len(), 32);
         assert_ne!(new_id(), new_id());
     }

@@ -1,20 +1,21 @@
-//! Tokens this gateway leased from Redis for a busy subject, spent from
-//! memory: the leases, and the limiter's path through them (spend, top up
-//! in the background, lead the one RL.LEASE in flight).
+//! Tokens this gateway leased from Redis for busy subjects: each subject's
+//! lease under its own lock, the one RL.LEASE call under way for it, and
+//! the tokens a request reserved while it waits for Redis. The limiter's
+//! path through them (spend, lease when short, top up in the background)
+//! is `limiter/leased.rs`.
 //!
 //! The decisions are rl-core's (`rl_core::lease`: batch sizing, pacing and
 //! one subject's lease state, with why they are safe: never over, only
 //! under); the relay and the scale model run the same code. Here: the
-//! locks, the calls, and the standing a request served from memory
-//! reports.
+//! locks, and the standing a request served from memory reports.
 //!
-//! At most one RL.LEASE per subject is in flight (the first request on a
+//! At most one RL.LEASE per subject is under way (the first request on a
 //! short lease, or the background top-up at half empty): requests that find
 //! the lease short meanwhile ask Redis for their own cost only, so one
 //! gateway never holds more than about a batch, however many requests
 //! arrive at once. A contended bucket is paced: a request the lease cannot
-//! pay is refused from memory (`Source::DenyCache`) until this gateway's
-//! share of the rate has refilled what the last call granted.
+//! pay is refused from memory until this gateway's share of the rate has
+//! refilled what the last call granted.
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -23,18 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
-use rl_core::lease::{batch, pace_ms, Spend as CoreSpend};
-use rl_core::BucketParams;
+use rl_core::lease::Spend as CoreSpend;
 
-pub(crate) use rl_core::lease::share_ms;
-
-use crate::clock::millis;
 use crate::decision::{Decision, Source};
-use crate::limiter::{mapped, Evaluation};
-use crate::metrics::Event;
-use crate::policy::Group;
-use crate::{lock, Limiter, Subject, SubjectKey};
-use rl_core::BucketOp;
+use crate::{lock, Subject, SubjectKey};
 
 /// One subject's lease: rl-core's state, and the buckets' standing at the
 /// last grant (for the headers) and when.
@@ -49,26 +42,27 @@ pub(crate) struct Lease {
 pub(crate) enum Spend {
     /// Paid from the lease; `refill`, when given, asks the caller to top it
     /// up in the background (it reached half of a batch).
-    Hit { decision: Decision, refill: Option<InFlight> },
+    Hit { decision: Decision, refill: Option<LeaseCall> },
     /// Not enough tokens: `reserved` (fewer than the cost) were taken out
     /// for this request, which needs the rest from Redis. With `lease`, it
-    /// is the one lease call in flight and asks for a batch; without, it
+    /// is the one lease call under way and asks for a batch; without, it
     /// asks for the rest only.
-    Short { reserved: u64, lease: Option<InFlight> },
+    Short { reserved: u64, lease: Option<LeaseCall> },
     /// The bucket is contended and this gateway has had its share for now:
     /// refused from memory until `until_ms` (nothing reserved).
     Paced { until_ms: u64 },
 }
 
-/// The one RL.LEASE in flight for a subject. Dropping it (the call answered,
-/// failed, or was abandoned: a cancelled request, a task that never ran)
-/// lets the next one go, so the flag can never stick. The flag is cleared
-/// once: [`InFlight::done`] takes the entry out, so its drop cannot clear
-/// the flag of a newer call that was claimed in between.
+/// The one RL.LEASE call under way for a subject (not an in-flight limit:
+/// those are [`Inflight`](crate::Inflight)). Dropping it (the call
+/// answered, failed, or was abandoned: a cancelled request, a task that
+/// never ran) lets the next one go, so the flag can never stick. The flag
+/// is cleared once: [`LeaseCall::done`] takes the entry out, so its drop
+/// cannot clear the flag of a newer call that was claimed in between.
 #[derive(Debug)]
-pub(crate) struct InFlight(Option<Arc<Mutex<Lease>>>);
+pub(crate) struct LeaseCall(Option<Arc<Mutex<Lease>>>);
 
-impl InFlight {
+impl LeaseCall {
     /// The call answered: `update` runs on the lease, and the next call may
     /// go, under one lock.
     pub(crate) fn done<R>(mut self, update: impl FnOnce(&mut Lease) -> R) -> Option<R> {
@@ -79,7 +73,7 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlight {
+impl Drop for LeaseCall {
     fn drop(&mut self) {
         if let Some(entry) = self.0.take() {
             lock(&entry).state.call_done();
@@ -109,6 +103,11 @@ impl<'a> Reserved<'a> {
         }
     }
 
+    /// How many tokens it holds.
+    pub(crate) fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
     /// The request was paid: the tokens are spent.
     pub(crate) fn spent(mut self) {
         self.tokens = 0;
@@ -132,7 +131,7 @@ pub(crate) fn spend(entry: &Arc<Mutex<Lease>>, cost: u64, batch: u64, now_ms: u6
 
 /// [`spend`], where `may_call` says whether a lease call could go to Redis
 /// now, asked only when one is wanted: if not (the shard's breaker refuses
-/// it), no call in flight is claimed: no top-up is asked for, and a short
+/// it), no lease call is claimed: no top-up is asked for, and a short
 /// request asks for its own cost.
 pub(crate) fn spend_with(
     entry: &Arc<Mutex<Lease>>,
@@ -142,7 +141,7 @@ pub(crate) fn spend_with(
     may_call: impl FnOnce() -> bool,
 ) -> Spend {
     let mut l = lock(entry);
-    let call = |lead: bool| lead.then(|| InFlight(Some(entry.clone())));
+    let call = |lead: bool| lead.then(|| LeaseCall(Some(entry.clone())));
     match l.state.spend(cost, batch, now_ms, may_call) {
         CoreSpend::Hit { top_up } => Spend::Hit { decision: l.estimate(now_ms), refill: call(top_up) },
         CoreSpend::Short { reserved, lead } => Spend::Short { reserved, lease: call(lead) },
@@ -214,6 +213,7 @@ impl Lease {
     }
 }
 
+/// Every busy subject's lease.
 pub(crate) struct Leases {
     map: Cache<SubjectKey, Arc<Mutex<Lease>>>,
 }
@@ -232,154 +232,6 @@ impl Leases {
             Ok(lease) => lease,
             Err(never) => match never {},
         }
-    }
-}
-
-/// A group's lease call, owned, for a background top-up to carry.
-struct Refill {
-    key: SubjectKey,
-    keys: Vec<String>,
-    params: Vec<BucketParams>,
-    /// Group index -> policy rule index.
-    rules: Vec<usize>,
-    policy: Arc<str>,
-}
-
-impl Refill {
-    fn new(t: &Evaluation) -> Refill {
-        Refill {
-            key: t.key().owned(),
-            keys: t.keys(),
-            params: t.group.params.clone(),
-            rules: t.group.rules.clone(),
-            policy: t.policy.prefix_arc(),
-        }
-    }
-}
-
-/// The lease path of a [`Limiter`]: a busy subject's requests spend from
-/// memory, and at most one RL.LEASE per subject is on its way.
-impl Limiter {
-    /// The tokens one RL.LEASE asks for in `group`; 1 is a quiet subject,
-    /// asked call by call. Windows are never leased: RL.LEASE takes tokens
-    /// from buckets only.
-    pub(crate) fn batch(&self, group: &Group, gateways: u32) -> u64 {
-        match group.window {
-            Some(_) => 1,
-            None => batch(&group.params, millis(self.inner.config.lease_window), gateways),
-        }
-    }
-
-    /// A busy subject: spend from the lease, top it up in the background at
-    /// half empty, and lease synchronously only when it runs short.
-    pub(crate) async fn leased(
-        &self,
-        t: Evaluation<'_>,
-        cost: u64,
-        batch: u64,
-        now: u64,
-        shard_down: &mut bool,
-    ) -> Decision {
-        let i = &self.inner;
-        let key = t.key();
-        let entry = i.leases.entry(&key);
-        // While the shard's breaker refuses, a top-up or a lease call would
-        // be refused: none is claimed.
-        let may_call = || !i.shards.refuses(t.subject, now);
-        let (reserved, lease) = match spend_with(&entry, cost, batch, now, may_call) {
-            Spend::Hit { decision, refill } => {
-                i.record(Event::LeaseHit, t.prefix(), None);
-                if let Some(call) = refill {
-                    let want = lock(&entry).want(batch);
-                    self.refill(Refill::new(&t), call, want, batch);
-                }
-                return decision;
-            }
-            Spend::Paced { until_ms } => {
-                i.record(Event::DenyCacheHit, t.prefix(), None);
-                return t.mapped(lock(&entry).paced_refusal(until_ms, now));
-            }
-            Spend::Short { reserved, lease } => (reserved, lease),
-        };
-        // Given back if this request is dropped while it waits.
-        let reserved = Reserved::new(&entry, reserved, &i.config.clock);
-        // Leased tokens are already paid for; only a short lease checks the
-        // deny cache.
-        let need = cost - reserved.tokens;
-        if let Some(d) = i.deny.check(&key, need, now) {
-            reserved.put_back(0, now);
-            i.record(Event::DenyCacheHit, t.prefix(), None);
-            return d;
-        }
-        let Some(admitted) = self.admit(&t, now, shard_down) else {
-            reserved.put_back(0, now);
-            return self.degraded(&t, cost, now);
-        };
-        // The one lease call in flight asks for a batch (two while
-        // contended); requests that come while it is on its way ask for what
-        // they lack, nothing more.
-        let want = if lease.is_some() { lock(&entry).want(batch).max(need) } else { need };
-        let keys = t.keys();
-        // Boxed: a call's future is kilobytes, and held inline it would make
-        // every check's future as big, moved on every check, even one
-        // answered from memory.
-        let call = Box::pin(i.client.grant(BucketOp::Lease { want, min: need }, &keys, &t.group.params));
-        let answer = self.guarded(t.prefix(), admitted, call).await;
-        let (after, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-        let pace = |granted| pace_ms(&t.group.params, granted, batch, i.gateways());
-        match answer {
-            Ok(g) if g.tokens >= need => {
-                reserved.spent();
-                let standing = t.mapped(g.decision);
-                let update = |l: &mut Lease| {
-                    l.answered(want, g.tokens, pace(g.tokens), after);
-                    l.add(g.tokens - need, &standing, after, ttl);
-                    Decision { source: Source::Redis, ..l.estimate(after) }
-                };
-                lease.and_then(|lease| lease.done(update)).unwrap_or(standing)
-            }
-            Ok(g) => {
-                // RL.LEASE grants nothing below MIN; should it ever, keep what came.
-                reserved.put_back(g.tokens, after);
-                if let Some(lease) = lease {
-                    lease.done(|l| l.answered(want, g.tokens, pace(g.tokens), after));
-                }
-                let d = t.mapped(g.decision);
-                i.deny.refused(&key, need, &d, now, 0);
-                Decision { allowed: false, ..d }
-            }
-            Err(e) => {
-                *shard_down |= e.is_shard_failure();
-                reserved.put_back(0, after);
-                self.degraded(&t, cost, after)
-            }
-        }
-    }
-
-    /// Tops a lease up off the request path, asking for `want`. `call` is
-    /// the subject's one lease call in flight: however this task ends (or if
-    /// it never runs), dropping it lets the next one go.
-    fn refill(&self, r: Refill, call: InFlight, want: u64, batch: u64) {
-        let this = self.clone();
-        self.inner.spawn(async move {
-            let i = &this.inner;
-            let now = i.now_ms();
-            // An open breaker: spend what is left; the request path and its
-            // fallback take over.
-            let Some(admitted) = i.shards.admit(&r.key.2, now) else { return };
-            let grant = i.client.grant(BucketOp::Lease { want, min: 1 }, &r.keys, &r.params);
-            // Spend what is left on an error; the request path and its
-            // fallback take over.
-            if let Ok(g) = this.guarded(&r.policy, admitted, grant).await {
-                let (now, ttl) = (i.now_ms(), millis(i.config.lease_ttl));
-                let pace = pace_ms(&r.params, g.tokens, batch, i.gateways());
-                // Empty: requests spend what is left, then are paced.
-                call.done(|l| {
-                    l.answered(want, g.tokens, pace, now);
-                    l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl);
-                });
-            }
-        });
     }
 }
 
@@ -409,7 +261,7 @@ mod tests {
         lock(l).add(tokens, &standing(remaining), now_ms, 1000);
     }
 
-    /// (reserved, whether it is the lease call in flight) of a short spend.
+    /// (reserved, whether it is the lease call under way) of a short spend.
     fn short(s: Spend) -> (u64, bool) {
         match s {
             Spend::Short { reserved, lease } => (reserved, lease.is_some()),
@@ -421,7 +273,7 @@ mod tests {
     fn spends_from_memory_and_refills_at_half_empty_once() {
         let l = new_lease();
         add(&l, 9, 500, 0);
-        let mut refills: Vec<Option<InFlight>> = (0..5)
+        let mut refills: Vec<Option<LeaseCall>> = (0..5)
             .map(|_| match spend(&l, 1, 10, 0) {
                 Spend::Hit { refill, .. } => refill,
                 short => panic!("{short:?}"),

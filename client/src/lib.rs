@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-mod batch;
 mod breaker;
 mod client;
 mod clock;
@@ -12,11 +11,11 @@ mod deny_cache;
 mod error;
 mod fallback;
 mod inflight;
+mod inflight_policy;
 mod lease;
 mod limiter;
 mod local_inflight;
 mod metrics;
-mod permit;
 mod policy;
 mod shards;
 mod slot;
@@ -27,7 +26,6 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use quick_cache::Equivalent;
 
-pub use batch::Check;
 pub use breaker::{Breaker, Ticket};
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
@@ -36,9 +34,9 @@ pub use connection::{Connection, Target};
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
-pub use limiter::Limiter;
+pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
+pub use limiter::{Check, Limiter, NoPermit, Permit};
 pub use metrics::{lock_waits, Counters, Event, Metrics};
-pub use permit::{InflightPolicy, InflightPolicyBuilder, InflightRule, NoPermit, Permit};
 pub use policy::{check_name, period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use rl_core::WindowMode;
 pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};

@@ -14,13 +14,14 @@
 use redis::Cmd;
 use rl_core::BucketOp;
 
-use crate::decision::{Decision, Source};
+use super::evaluate::{took_tokens, Evaluation, Outcome};
+use super::inner::Admitted;
+use super::Limiter;
+use crate::config::Backend;
+use crate::decision::Decision;
 use crate::error::{Error, Result};
-use crate::limiter::{combined, Admitted, Evaluation, Limiter};
-use crate::metrics::Event;
 use crate::policy::{Group, Policy};
 use crate::slot::slot_of;
-use crate::Backend;
 
 /// One check of a request: `cost` tokens of every rule of `policy`, for
 /// `subject`.
@@ -81,33 +82,31 @@ impl Limiter {
     /// one-check batch does not carry and move it on every request.
     async fn check_together<'a>(&self, checks: &[Check<'a>]) -> Result<Vec<Option<Decision>>> {
         for c in checks {
-            self.check_input(c.policy, c.subject, BucketOp::Take { cost: c.cost })?;
+            self.validate_input(c.policy, c.subject, BucketOp::Take { cost: c.cost })?;
         }
-        if self.inner.client.backend() == Backend::Lua {
+        if self.inner.client().backend() == Backend::Lua {
             return self.check_in_turn(checks).await;
         }
         let i = &self.inner;
         let now = i.now_ms();
-        self.refresh_topology(now);
+        i.refresh_topology(now);
         let gateways = i.gateways();
         let mut out = vec![None; checks.len()];
         let evaluation =
             |c: &Check<'a>, group| Evaluation { policy: c.policy, group, shadow: false, subject: c.subject };
 
         // A refusal remembered for any unleased group: nothing is charged.
-        for (n, c) in checks.iter().enumerate() {
-            for group in c.policy.enforced.iter().filter(|g| self.batch(g, gateways) == 1) {
-                if let Some(d) = i.deny.check(&evaluation(c, group).key(), c.cost, now) {
-                    i.record(Event::DenyCacheHit, c.policy.prefix(), None);
-                    out[n] = Some(self.finish_check(c, Some(d), now).await?);
-                    return Ok(out);
-                }
-            }
+        let quiet = checks.iter().enumerate().flat_map(|(n, c)| {
+            let groups = c.policy.enforced.iter().filter(move |g| self.batch(g, gateways) == 1);
+            groups.map(move |group| (n, evaluation(c, group), c.cost))
+        });
+        if let Some((n, d)) = self.remembered_refusal(quiet, now) {
+            out[n] = Some(self.finish_check(&checks[n], Some(d), now).await?);
+            return Ok(out);
         }
 
         // Leased groups spend from memory; the others go to Redis.
-        let mut groups: Vec<Option<Decision>> = vec![None; checks.len()];
-        let mut charged = vec![false; checks.len()];
+        let mut outcomes = vec![Outcome::default(); checks.len()];
         let mut down = vec![false; checks.len()];
         let mut remote = Vec::new();
         let mut refused = false;
@@ -122,38 +121,30 @@ impl Limiter {
                     continue;
                 }
                 let d = self.leased(evaluation(c, group), c.cost, batch, now, &mut down[n]).await;
-                Self::add(&mut groups[n], &mut charged[n], d);
+                outcomes[n].add(d);
                 refused |= !d.allowed;
             }
         }
         if !refused {
-            Box::pin(self.pipelined(checks, remote, now, &mut groups, &mut charged, &mut down)).await;
+            Box::pin(self.pipelined(checks, remote, now, &mut outcomes, &mut down)).await;
         }
 
         // All or nothing: a refusal gives back what the others took.
-        if groups.iter().flatten().any(|d| !d.allowed) {
-            for (c, _) in checks.iter().zip(&charged).filter(|(c, charged)| **charged && !c.policy.buckets.is_empty()) {
+        if outcomes.iter().filter_map(Outcome::decision).any(|d| !d.allowed) {
+            let charged = checks.iter().zip(&outcomes).filter(|(c, o)| o.charged() && !c.policy.buckets.is_empty());
+            for (c, _) in charged {
                 let _ = self.refund(c.policy, c.subject, c.cost).await;
             }
         }
         for (n, c) in checks.iter().enumerate() {
             // A check whose groups were never asked (a lease refused first)
             // is left undecided; a policy of shadow rules only still reports.
-            if groups[n].is_some() || c.policy.enforced.is_empty() {
-                out[n] = Some(self.finish_check(c, groups[n], now).await?);
+            let decided = outcomes[n].decision();
+            if decided.is_some() || c.policy.enforced.is_empty() {
+                out[n] = Some(self.finish_check(c, decided, now).await?);
             }
         }
         Ok(out)
-    }
-
-    /// A group's decision joined to its check's: the first refusal stays.
-    fn add(check: &mut Option<Decision>, charged: &mut bool, d: Decision) {
-        *charged |= d.allowed && matches!(d.source, Source::Redis | Source::Lease);
-        *check = Some(match *check {
-            Some(before) if !before.allowed => before,
-            _ if !d.allowed => d,
-            before => combined(before, d),
-        });
     }
 
     /// Asks Redis for `remote` groups: one pipeline per shard, all shards at
@@ -164,8 +155,7 @@ impl Limiter {
         checks: &[Check<'a>],
         remote: Vec<(usize, &'a Group)>,
         now: u64,
-        groups: &mut [Option<Decision>],
-        charged: &mut [bool],
+        outcomes: &mut [Outcome],
         down: &mut [bool],
     ) {
         let i = &self.inner;
@@ -173,13 +163,13 @@ impl Limiter {
         for (n, group) in remote {
             let c = &checks[n];
             let t = Evaluation { policy: c.policy, group, shadow: false, subject: c.subject };
-            let Some(admitted) = self.admit(&t, now, &mut down[n]) else {
-                Self::add(&mut groups[n], &mut charged[n], self.degraded(&t, c.cost, now));
+            let Some(admitted) = self.admit(c.subject, now, &mut down[n]) else {
+                outcomes[n].add(self.degraded(&t, c.cost, now));
                 continue;
             };
             let keys = t.keys();
-            let cmd = i.client.take_command(group.window, &keys, &group.params, c.cost).map(|cmd| (cmd, keys.len()));
-            let route = i.shards.shard_of(c.subject).map_or_else(|| Route::Slot(slot_of(c.subject)), Route::Shard);
+            let cmd = i.client().take_command(group.window, &keys, &group.params, c.cost).map(|cmd| (cmd, keys.len()));
+            let route = i.shard_of(c.subject).map_or_else(|| Route::Slot(slot_of(c.subject)), Route::Shard);
             let call = Call { check: n, t, admitted, cmd };
             match routes.iter_mut().find(|(r, _)| *r == route) {
                 Some((_, calls)) => calls.push(call),
@@ -193,7 +183,7 @@ impl Limiter {
                 .iter_mut()
                 .filter_map(|c| c.cmd.as_mut().ok().map(|(cmd, n)| (std::mem::take(cmd), *n)))
                 .collect();
-            let replies = if cmds.is_empty() { Ok(Vec::new()) } else { i.client.pipeline(cmds, slot).await };
+            let replies = if cmds.is_empty() { Ok(Vec::new()) } else { i.client().pipeline(cmds, slot).await };
             (calls, replies)
         });
         for (calls, replies) in futures_util::future::join_all(sent).await {
@@ -215,7 +205,7 @@ impl Limiter {
                 };
                 self.report(call.t.prefix(), call.admitted, answer.err());
                 let d = self.answered(&call.t, cost, now, answer.map_err(Error::is_shard_failure), &mut down[n]);
-                Self::add(&mut groups[n], &mut charged[n], d);
+                outcomes[n].add(d);
             }
         }
     }
@@ -241,7 +231,7 @@ impl Limiter {
             if !d.allowed {
                 for (before, d) in checks[..n].iter().zip(&out) {
                     // A fallback decision took nothing from Redis.
-                    let charged = d.is_some_and(|d| matches!(d.source, Source::Redis | Source::Lease));
+                    let charged = d.as_ref().is_some_and(took_tokens);
                     if charged && !before.policy.buckets.is_empty() {
                         let _ = self.refund(before.policy, before.subject, before.cost).await;
                     }
