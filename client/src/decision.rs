@@ -15,6 +15,12 @@ pub enum Source {
     /// Refused from memory: Redis refused this subject moments ago and said
     /// when to come back. Never over.
     DenyCache,
+    /// Refused from memory without a refusal from Redis: the subject's
+    /// bucket is contended (a lease call got fewer tokens than it asked
+    /// for) and this gateway has had its share of the rate for now; it asks
+    /// again once that share has refilled what the last call granted. Never
+    /// over.
+    Pacing,
     /// Redis could not answer; a local bucket at this gateway's share of the
     /// limit decided (one token at least). Approximate: about `slack` times
     /// the limit fleet-wide; a rule whose share is below one token admits up

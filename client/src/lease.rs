@@ -173,7 +173,7 @@ impl Lease {
             allowed: false,
             remaining: 0,
             retry_after: Some(Duration::from_millis(until_ms.saturating_sub(now_ms))),
-            source: Source::DenyCache,
+            source: Source::Pacing,
             ..self.estimate(now_ms)
         }
     }
@@ -363,7 +363,7 @@ mod tests {
         }
         assert!(matches!(spend(&l, 1, 10, 10), Spend::Paced { until_ms: 50 }), "refused from memory");
         let d = lock(&l).paced_refusal(50, 10);
-        assert_eq!((d.allowed, d.retry_after, d.source), (false, Some(Duration::from_millis(40)), Source::DenyCache));
+        assert_eq!((d.allowed, d.retry_after, d.source), (false, Some(Duration::from_millis(40)), Source::Pacing));
         // The pace ends: one call leads, the others are refused meanwhile.
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 50) else { panic!("leads") };
         assert!(matches!(spend(&l, 1, 10, 50), Spend::Paced { .. }));

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 pub enum Event {
     /// A request was allowed (by Redis, a lease, or the fallback).
     Allowed,
-    /// A request was refused (by Redis, the deny cache, the fallback, or a
-    /// fail-closed rule); the rule is named.
+    /// A request was refused (by Redis, the deny cache, lease pacing, the
+    /// fallback, or a fail-closed rule); the rule is named.
     Refused,
     /// A shadow rule would have refused a request that was allowed.
     ShadowRefused,
@@ -22,6 +22,9 @@ pub enum Event {
     LeaseHit,
     /// A request was refused from the deny cache, without calling Redis.
     DenyCacheHit,
+    /// A request was refused by lease pacing (a contended bucket, this
+    /// gateway's share spent for now), without calling Redis.
+    PacingRefusal,
     /// Redis could not answer: a local bucket or a fail-closed rule decided.
     Fallback,
     /// A call to Redis failed (timeout, connection, or an error reply).
@@ -32,12 +35,13 @@ pub enum Event {
 
 impl Event {
     /// Every event, in counter order.
-    pub const ALL: [Event; 8] = [
+    pub const ALL: [Event; 9] = [
         Event::Allowed,
         Event::Refused,
         Event::ShadowRefused,
         Event::LeaseHit,
         Event::DenyCacheHit,
+        Event::PacingRefusal,
         Event::Fallback,
         Event::Error,
         Event::BreakerOpened,
@@ -51,6 +55,7 @@ impl Event {
             Event::ShadowRefused => "shadow_refused",
             Event::LeaseHit => "lease_hits",
             Event::DenyCacheHit => "deny_cache_hits",
+            Event::PacingRefusal => "pacing_refusals",
             Event::Fallback => "fallbacks",
             Event::Error => "errors",
             Event::BreakerOpened => "breaker_opened",
@@ -80,7 +85,7 @@ const STRIPES: usize = 8;
 /// CPUs that fetch lines in pairs).
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Stripe([AtomicU64; 8]);
+struct Stripe([AtomicU64; Event::ALL.len()]);
 
 /// This thread's stripe: threads take stripes in turn as they first count.
 fn stripe() -> usize {

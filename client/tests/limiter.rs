@@ -280,3 +280,34 @@ async fn a_policy_built_per_request_behaves_like_a_shared_one() {
     }
     assert_eq!(calls(&s, "RL.TAKE"), takes, "refused from memory: no call to Redis");
 }
+
+/// A contended bucket's lease is paced: its refusals from memory say
+/// `Source::Pacing` and count as pacing refusals, apart from the deny
+/// cache's (Redis refused nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pacing_refusals_are_reported_apart_from_the_deny_cache() {
+    let s = Server::start(&[]);
+    // The limiter's clock stands still: once paced, it stays paced.
+    let (c, _clock) = on_manual_clock(config(s.url(), Backend::Module));
+    let l = Limiter::new(c).unwrap();
+    // Leases of 100 (one gateway, 1 s of 100 a second).
+    let p = Policy::builder("api").rule(Rule::per_second("s", 100)).build().unwrap();
+    let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 100, 100, Duration::from_secs(1)).unwrap();
+    // Someone else empties the bucket: the first lease call gets less than it asks.
+    assert!(l.client().take(std::slice::from_ref(&bucket), 100).await.unwrap().allowed);
+    let (mut paced, mut denied) = (0, 0);
+    for _ in 0..20 {
+        let d = l.check(&p, "u").await.unwrap();
+        match d.source {
+            Source::Pacing => {
+                assert!(!d.allowed && d.retry_after.is_some(), "{d:?}");
+                paced += 1;
+            }
+            Source::DenyCache => denied += 1,
+            _ => {}
+        }
+    }
+    assert!(paced > 0, "a contended lease is paced");
+    assert_eq!(l.counters().get(Event::PacingRefusal), paced);
+    assert_eq!(l.counters().get(Event::DenyCacheHit), denied);
+}

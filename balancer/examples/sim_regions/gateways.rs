@@ -116,7 +116,7 @@ async fn ask(live: &LiveRules, r: usize, subject: &str, busy: bool, rec: &Record
     rec.answer(r, busy, sent, allowed);
     if let (true, Some(d)) = (busy, decision.filter(|d| !d.allowed)) {
         let by = match d.source {
-            Source::DenyCache => 1,
+            Source::DenyCache | Source::Pacing => 1,
             Source::Fallback => 2,
             Source::FailClosed => 3,
             Source::Redis | Source::Lease => 0,

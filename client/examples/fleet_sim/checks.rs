@@ -37,10 +37,10 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
          is checked against it (the local fallback answers only when a call fails, and has its own bound: see the \
          outage). Quiet subjects are checked one by one (the row shows the busiest); the logins' allowance is all \
          their subjects' together. The last columns count requests by what decided them: Redis (the request waited \
-         for a call), the lease or the deny cache (memory), the fallback.\n"
+         for a call), the lease, lease pacing or the deny cache (memory), the fallback.\n"
     );
-    let _ = writeln!(w, "| subject | limit | phase | requests | admitted | by Redis and leases | allowance | by Redis and leases / allowance | Redis | lease | deny cache | fallback |");
-    let _ = writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(w, "| subject | limit | phase | requests | admitted | by Redis and leases | allowance | by Redis and leases / allowance | Redis | lease | pacing | deny cache | fallback |");
+    let _ = writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut never_over = true;
     let mut exact = true;
     let mut fallbacks = 0;
@@ -80,7 +80,7 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
             };
             let _ = writeln!(
                 w,
-                "| {} | {} / {:?} | {} | {} | {} | {checked_text} | {allowed_text} | {:.3} | {} | {} | {} | {} |",
+                "| {} | {} / {:?} | {} | {} | {} | {checked_text} | {allowed_text} | {:.3} | {} | {} | {} | {} | {} |",
                 traffic.label(class),
                 thousands(limit.refill()),
                 limit.period(),
@@ -90,6 +90,7 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
                 checked as f64 / allowed,
                 thousands(t.by_source[0]),
                 thousands(t.by_source[1]),
+                thousands(t.by_source[6]),
                 thousands(t.by_source[2]),
                 thousands(t.by_source[3]),
             );

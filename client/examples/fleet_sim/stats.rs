@@ -8,7 +8,7 @@ use rl_client::Source;
 use crate::traffic::Traffic;
 
 /// What decided a request; `Error` is a failed call of the per-request mode.
-pub const SOURCES: [&str; 6] = ["Redis", "lease", "deny cache", "fallback", "fail-closed", "error"];
+pub const SOURCES: [&str; 7] = ["Redis", "lease", "deny cache", "fallback", "fail-closed", "error", "pacing"];
 
 pub fn source_index(source: Option<Source>) -> usize {
     match source {
@@ -18,6 +18,7 @@ pub fn source_index(source: Option<Source>) -> usize {
         Some(Source::Fallback) => 3,
         Some(Source::FailClosed) => 4,
         None => 5,
+        Some(Source::Pacing) => 6,
     }
 }
 
@@ -27,7 +28,7 @@ pub struct Tally {
     pub admitted: u64,
     /// Admitted by the local fallback (its bound is checked apart).
     pub fallback_admitted: u64,
-    pub by_source: [u64; 6],
+    pub by_source: [u64; 7],
 }
 
 impl Tally {

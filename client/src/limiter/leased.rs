@@ -76,7 +76,7 @@ impl Limiter {
                 return decision;
             }
             Spend::Paced { until_ms } => {
-                i.record(Event::DenyCacheHit, t.prefix(), None);
+                i.record(Event::PacingRefusal, t.prefix(), None);
                 return t.mapped(lock(&entry).paced_refusal(until_ms, now));
             }
             Spend::Short { reserved, lease } => (reserved, lease),
