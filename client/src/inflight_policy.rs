@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rl_core::inflight::InflightParams;
-use rl_core::limits::MAX_KEYS;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::inflight::inflight_params;
 use crate::local_inflight::LocalInflight;
-use crate::policy::{check_name, FailMode};
+use crate::names::validate_rules;
+use crate::policy::FailMode;
 use crate::subject::validate_subject;
 
 /// One in-flight limit of an [`InflightPolicy`]: at most `limit` requests
@@ -131,29 +131,9 @@ impl InflightPolicyBuilder {
     /// rule and the value at fault.
     pub fn build(self) -> Result<InflightPolicy> {
         let prefix = self.prefix;
-        if prefix.is_empty() || prefix.contains(['{', '}']) || prefix.bytes().any(|b| b.is_ascii_control()) {
-            return Err(Error::invalid(format!(
-                "in-flight policy prefix must be non-empty, without '{{', '}}' or control characters, got {prefix:?}"
-            )));
-        }
-        if self.rules.is_empty() || self.rules.len() > MAX_KEYS {
-            return Err(Error::invalid(format!(
-                "in-flight policy '{prefix}' needs 1 to {MAX_KEYS} rules, got {}",
-                self.rules.len()
-            )));
-        }
-        let mut params = Vec::with_capacity(self.rules.len());
-        for (i, rule) in self.rules.iter().enumerate() {
-            let name = &rule.name;
-            check_name(name).map_err(|why| Error::invalid(format!("rule {}: name {why}", i + 1)))?;
-            if self.rules[..i].iter().any(|r| &r.name == name) {
-                return Err(Error::invalid(format!("in-flight policy '{prefix}' names rule '{name}' twice")));
-            }
-            params.push(
-                inflight_params(rule.limit, rule.timeout)
-                    .map_err(|why| Error::invalid(format!("rule '{name}': {why}")))?,
-            );
-        }
+        let params = validate_rules("in-flight policy", &prefix, &self.rules, InflightRule::name, |r| {
+            inflight_params(r.limit, r.timeout)
+        })?;
         Ok(InflightPolicy {
             timeout_ms: params.iter().map(|p| p.timeout_ms()).min().unwrap_or(1),
             prefix: prefix.into(),

@@ -16,6 +16,7 @@ mod lease;
 mod limiter;
 mod local_inflight;
 mod metrics;
+mod names;
 mod policy;
 mod shards;
 mod slot;
@@ -37,7 +38,8 @@ pub use inflight::{Acquired, Inflight};
 pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
 pub use limiter::{Check, Limiter, NoPermit, Permit};
 pub use metrics::{lock_waits, Counters, Event, Metrics};
-pub use policy::{check_name, period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
+pub use names::validate_name;
+pub use policy::{period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use rl_core::WindowMode;
 pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};
 

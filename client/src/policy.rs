@@ -4,11 +4,12 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
+use rl_core::limits::{in_range, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::{BucketParams, WindowMode};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::names::{validate_name, validate_rules};
 use crate::subject::validate_subject;
 
 /// What a rule does when Redis cannot answer. In rule files (rl-rules):
@@ -152,14 +153,13 @@ impl Rule {
         ms.div_ceil(per_s).max(1).min(u64::MAX as u128) as u64
     }
 
-    fn validate(&self, index: usize) -> Result<BucketParams> {
-        let name = &self.name;
-        check_name(name).map_err(|why| Error::invalid(format!("rule {}: name {why}", index + 1)))?;
-        let checked = match self.window {
+    /// Its parameters, checked against the module's limits; the text names
+    /// the field at fault.
+    fn params(&self) -> std::result::Result<BucketParams, String> {
+        match self.window {
             None => bucket_params(self.capacity, self.refill, self.period),
             Some(mode) => window_params(self.capacity, self.refill, self.period, mode),
-        };
-        checked.map_err(|why| Error::invalid(format!("rule '{name}': {why}")))
+        }
     }
 }
 
@@ -200,18 +200,6 @@ pub fn period_ms(period: Duration) -> std::result::Result<u64, String> {
             "period must be a whole number of milliseconds from 1 ms to {MAX_PERIOD_MS} ms, got {period:?}"
         )),
     }
-}
-
-/// Rule names (and rule ids) go into keys and into HTTP headers: keep them
-/// plain.
-pub fn check_name(name: &str) -> std::result::Result<(), &'static str> {
-    if name.is_empty() || name.len() > 64 {
-        return Err("must be 1 to 64 characters");
-    }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) {
-        return Err("may hold only ASCII letters, digits, '_', '-' and '.'");
-    }
-    Ok(())
 }
 
 /// The rules evaluated together in one call: all of them give or none does.
@@ -387,26 +375,9 @@ impl PolicyBuilder {
     /// or an error naming the rule and the value at fault.
     pub fn build(self) -> Result<Policy> {
         let prefix = self.prefix;
-        if prefix.is_empty() || prefix.contains(['{', '}']) || prefix.bytes().any(|b| b.is_ascii_control()) {
-            return Err(Error::invalid(format!(
-                "policy prefix must be non-empty, without '{{', '}}' or control characters, got {prefix:?}"
-            )));
-        }
-        if self.rules.is_empty() || self.rules.len() > MAX_KEYS {
-            return Err(Error::invalid(format!(
-                "policy '{prefix}' needs 1 to {MAX_KEYS} rules, got {}",
-                self.rules.len()
-            )));
-        }
-        let mut params = Vec::with_capacity(self.rules.len());
-        for (i, rule) in self.rules.iter().enumerate() {
-            if self.rules[..i].iter().any(|r| r.name == rule.name) {
-                return Err(Error::invalid(format!("policy '{prefix}' names rule '{}' twice", rule.name)));
-            }
-            params.push(rule.validate(i)?);
-        }
+        let params = validate_rules("policy", &prefix, &self.rules, Rule::name, Rule::params)?;
         if let Some(label) = &self.label {
-            check_name(label).map_err(|why| Error::invalid(format!("policy '{prefix}': label {why}")))?;
+            validate_name(label).map_err(|why| Error::invalid(format!("policy '{prefix}': label {why}")))?;
         }
         let lua_fits = params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
         Ok(Policy {

@@ -8,7 +8,8 @@ use std::time::SystemTime;
 
 use ipnet::{IpNet, Ipv4Net};
 use rl_client::{
-    check_name, period_ms, subject_fault, Backend, Error, FailMode, InflightPolicy, InflightRule, Policy, Result, Rule,
+    period_ms, subject_fault, validate_name, Backend, Error, FailMode, InflightPolicy, InflightRule, Policy, Result,
+    Rule,
 };
 use rl_core::inflight::{InflightParams, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
@@ -179,7 +180,7 @@ fn compile_rule(
     warnings: &mut Vec<String>,
 ) -> Option<CompiledRule> {
     let before = errors.len();
-    if let Err(why) = check_name(&spec.id) {
+    if let Err(why) = validate_name(&spec.id) {
         errors.push(format!("{at}: id {why}"));
     }
     if spec.reason.trim().is_empty() {
@@ -368,7 +369,7 @@ fn check_global(g: &GlobalSpec, spec: &RuleSpec, is_override: bool, at: &str, er
         errors.push(format!("{at}.regions: name at least one region, like [\"eu\", \"us\"]"));
     }
     for (i, region) in g.regions.iter().enumerate() {
-        if let Err(why) = check_name(region) {
+        if let Err(why) = validate_name(region) {
             errors.push(format!("{at}.regions: region {} {why}", i + 1));
         } else if g.regions[..i].contains(region) {
             errors.push(format!("{at}.regions: {region:?} is named twice"));
@@ -489,7 +490,7 @@ enum Limit {
 }
 
 fn compile_limit(limit: &LimitSpec, at: &str, errors: &mut Vec<String>) -> Option<Limit> {
-    if let Err(why) = check_name(&limit.name) {
+    if let Err(why) = validate_name(&limit.name) {
         errors.push(format!("{at}: name {why}"));
     }
     if limit.kind == LimitKind::Inflight {
