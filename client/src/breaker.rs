@@ -1,6 +1,6 @@
 //! A circuit breaker for one shard: the limiter keeps one per shard (and
-//! one for its relay), and the scale model (relay/examples/sim_scale) runs
-//! the same one on its virtual clock, every time an argument.
+//! one for its relay), and rl-relay's scale model runs the same one on its
+//! virtual clock, every time an argument.
 //!
 //! Closed, it counts consecutive failures and the failure rate: at
 //! `trip_after` failures in a row, or once at least `MIN_CALLS` calls of

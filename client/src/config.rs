@@ -45,10 +45,9 @@ pub struct Config {
     /// Default [`Backend::Module`].
     pub backend: Backend,
     /// Longest wait for any call to Redis; past it the call counts as failed
-    /// and the fallback answers. Default 50 ms: with 5 ms, `make sim` (300
-    /// gateways on two cores) had 4,362 failed calls and 213 breakers opened
-    /// in its steady leases phase, the fallback deciding 13% of requests;
-    /// with 50 ms, none (client/README.md, the timeout).
+    /// and the fallback answers. Default 50 ms: a timeout below Redis's tail
+    /// latency under load turns load into an outage of the limits (the
+    /// crate README's fleet simulation shows it with 5 ms).
     pub timeout: Duration,
     /// Longest wait to (re)connect, in the background. Default 250 ms.
     pub connect_timeout: Duration,
@@ -57,8 +56,8 @@ pub struct Config {
     /// Sizes leases and the outage fallback. Default 1.
     pub gateways: u32,
     /// A lease is this much of this gateway's share of the rate. Default 1 s:
-    /// with 100 ms a subject at a quarter of a 100,000/s plan on 300
-    /// gateways cost 2.5 calls a second per gateway (client/SIMULATION.md).
+    /// a shorter window means smaller batches, so more calls per busy
+    /// subject on every gateway.
     pub lease_window: Duration,
     /// Leased tokens unspent this long after their last refill are dropped
     /// (never handed back), so a lowered limit bites within it. Default 2 s:
