@@ -160,7 +160,7 @@ impl InflightPolicy {
         &self.rules
     }
 
-    /// A rule by index (as in [`NoPermit::rule`]).
+    /// A rule by index (as in [`NoPermit::rule`](crate::NoPermit::rule)).
     pub fn rule(&self, index: usize) -> Option<&InflightRule> {
         self.rules.get(index)
     }

@@ -19,6 +19,7 @@ mod metrics;
 mod names;
 mod policy;
 mod shards;
+pub mod sim;
 mod slot;
 mod subject;
 
@@ -27,7 +28,6 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use quick_cache::Equivalent;
 
-pub use breaker::{Breaker, Ticket};
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
 pub use config::{Backend, Config};
@@ -37,7 +37,7 @@ pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
 pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
 pub use limiter::{Check, Limiter, NoPermit, Permit};
-pub use metrics::{lock_waits, Counters, Event, Metrics};
+pub use metrics::{Counters, Event, Metrics};
 pub use names::validate_name;
 pub use policy::{period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use rl_core::WindowMode;
@@ -95,7 +95,7 @@ impl Subject for SubjectRef<'_> {
 
 /// Locks a mutex; a poisoned one (a panic elsewhere while held) still
 /// holds consistent plain data here, so it is used as is. Tried first
-/// without blocking: a lock found held is counted ([`lock_waits`]).
+/// without blocking: a lock found held is counted ([`sim::lock_waits`]).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.try_lock() {
         Ok(guard) => guard,
@@ -110,6 +110,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::lock_waits;
     use quick_cache::sync::Cache;
 
     #[test]

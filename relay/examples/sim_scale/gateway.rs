@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use rl_client::{Breaker, Ticket};
+use rl_client::sim::{Breaker, Ticket};
 use rl_core::deny::Denial;
 use rl_core::fallback::share;
 use rl_core::lease::{batch, pace_ms, share_ms, Lease, Spend};

@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use bytes::Bytes;
-use rl_client::Ticket;
+use rl_client::sim::Ticket;
 use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 

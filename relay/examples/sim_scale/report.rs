@@ -153,7 +153,7 @@ pub fn write(i: &Inputs) -> String {
         thousands(capacity),
         breakers_direct = breakers(false),
         breakers_made = breakers(true),
-        breaker_bytes = std::mem::size_of::<rl_client::Breaker>()
+        breaker_bytes = std::mem::size_of::<rl_client::sim::Breaker>()
     );
     let _ = writeln!(
         w,
