@@ -4,8 +4,16 @@
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::connection::Target;
 use crate::error::{Error, Result};
+
+/// Where Redis is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// One server (or a primary behind a failover proxy): `redis://host:port/`.
+    Standalone(String),
+    /// Redis Cluster: the URLs of some of its nodes, to discover the rest.
+    Cluster(Vec<String>),
+}
 
 /// How the bucket commands run on the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

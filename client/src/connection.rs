@@ -32,17 +32,8 @@ use redis::{Cmd, IntoConnectionInfo, Value};
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Config, Target};
 use crate::error::{Error, Result};
-
-/// Where Redis is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
-    /// One server (or a primary behind a failover proxy): `redis://host:port/`.
-    Standalone(String),
-    /// Redis Cluster: the URLs of some of its nodes, to discover the rest.
-    Cluster(Vec<String>),
-}
 
 /// A connection to Redis (and, in a client, to its relay), reconnecting by
 /// itself. Cheap to clone: clones share it.

@@ -30,8 +30,8 @@ use quick_cache::Equivalent;
 
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
-pub use config::{Backend, Config};
-pub use connection::{Connection, Target};
+pub use config::{Backend, Config, Target};
+pub use connection::Connection;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
