@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use rl_client::{Config, Policy};
 
 use crate::phases::{Disturbance, Mode, Phase, Window, BEFORE_OUTAGE};
-use crate::report::{pass, thousands};
 use crate::stats::SOURCES;
+use crate::text::{pass, thousands};
 use crate::traffic::{Class, Plans, Traffic};
 use crate::Settings;
 

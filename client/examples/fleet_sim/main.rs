@@ -35,6 +35,7 @@ mod checks;
 mod phases;
 mod report;
 mod stats;
+mod text;
 mod traffic;
 
 use std::path::PathBuf;

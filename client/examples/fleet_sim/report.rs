@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use crate::checks::{allowance_table, calls_by_class, calls_summary, outage_table, slow_table};
 use crate::phases::{Mode, Phase, AFTER_OUTAGE, BEFORE_OUTAGE};
+use crate::text::{per_second, thousands};
 use crate::traffic::Traffic;
 use crate::Settings;
 
@@ -66,30 +67,6 @@ pub fn calls_table(w: &mut String, settings: &Settings, phases: &[Phase]) {
         "\nRequests that fell due but were not sent before their phase ended (the machine could not keep up): {}.",
         behind.join(", ")
     );
-}
-
-pub fn pass(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "FAIL"
-    }
-}
-
-pub fn per_second(n: u64, seconds: f64) -> String {
-    thousands((n as f64 / seconds).round() as u64)
-}
-
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `YYYY-MM-DD HH:MM UTC` from the system clock.
