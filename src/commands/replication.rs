@@ -31,7 +31,7 @@ use super::arg_bytes;
 use crate::args::{int, named_twice, shown};
 use crate::ffi::{Ctx, Key};
 use crate::stats::Counted;
-use crate::store::keys::{distinct, load, wrongtype};
+use crate::store::keys::{load, wrongtype, DistinctKeys};
 use crate::store::{self, Value};
 
 /// A write to one key, as replicas and the AOF must see it.
@@ -116,14 +116,15 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
         };
         writes.push((1 + 3 * i, state, pxat(ctx, t[2], !t[1].is_empty())?));
     }
-    distinct(bytes[1..].iter().step_by(3).copied()).map_err(named_twice)?;
+    let names: SmallVec<[*mut RedisModuleString; 4]> = writes.iter().map(|&(pos, ..)| argv[pos]).collect();
+    let keys = DistinctKeys::new(&names).map_err(named_twice)?;
     let ours = [
         store::handle::<PackedBucket>(),
         store::handle::<PackedWindow>(),
         store::handle::<Log>(),
         store::handle::<Slots>(),
     ];
-    let keys: SmallVec<[Key; 4]> = writes.iter().map(|&(pos, ..)| Key::open(ctx, argv[pos], true)).collect();
+    let keys = keys.open(ctx, true);
     for key in &keys {
         match key.module_type() {
             Ok(None) => {}
@@ -185,9 +186,8 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
         };
         appends.push((append, pxat(ctx, g[4], true)?));
     }
-    distinct(bytes[1..].iter().step_by(5).copied()).map_err(named_twice)?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..appends.len()).map(|i| argv[1 + 5 * i]).collect();
-    let mut loaded = load::<Log>(ctx, &names, true)?;
+    let mut loaded = load::<Log>(ctx, DistinctKeys::new(&names).map_err(named_twice)?, true)?;
     for (i, (a, _)) in appends.iter().enumerate() {
         let empty = Log::default();
         let key = shown(bytes[1 + 5 * i]);
@@ -231,9 +231,8 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
         let at = pxat(ctx, g[5], true)?;
         changes.push((change, at));
     }
-    distinct(bytes[1..].iter().step_by(6).copied()).map_err(named_twice)?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..changes.len()).map(|i| argv[1 + 6 * i]).collect();
-    let mut loaded = load::<Slots>(ctx, &names, true)?;
+    let mut loaded = load::<Slots>(ctx, DistinctKeys::new(&names).map_err(named_twice)?, true)?;
     for (i, (c, _)) in changes.iter().enumerate() {
         let key = shown(bytes[1 + 6 * i]);
         loaded.get(i).unwrap_or(&Slots::default()).accepts(c).map_err(|e| format!("ERR RL.SLOT key '{key}': {e}"))?;
