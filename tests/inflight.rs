@@ -61,6 +61,42 @@ fn acquire_release_and_peek() {
     assert_eq!(redis::cmd("TYPE").arg("g").query::<String>(&mut con).unwrap(), "rl-flight");
 }
 
+/// Field `name` of RL.INSPECT's answer for `key`.
+fn inspected(con: &mut redis::Connection, key: &str, name: &str) -> i64 {
+    let fields: Vec<redis::Value> = redis::cmd("RL.INSPECT").arg(key).query(con).unwrap();
+    let at = fields.iter().position(|v| *v == redis::Value::BulkString(name.as_bytes().to_vec())).unwrap();
+    redis::from_redis_value(fields[at + 1].clone()).unwrap()
+}
+
+#[test]
+fn the_reply_counts_every_slot_held_even_above_a_lowered_limit() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    for i in 0..20 {
+        assert_eq!(acquire(&mut con, &format!("1 f 20 60000 ID s{i}")).0, 1);
+    }
+    // The limit lowered to 5 with 20 held: refused, and the reply says 20,
+    // as RL.INSPECT does; the wait is until 16 of them reach their deadline.
+    let a = acquire(&mut con, "1 f 5 60000 ID new");
+    assert_eq!((a.0, a.1, a.3, a.4), (0, 20, 5, 0), "{a:?}");
+    assert!((59_000..=60_000).contains(&a.2), "retry_after_ms {}", a.2);
+    let peek: Acquired = redis::cmd("RL.INFLIGHT").arg(&["1", "f", "5", "60000"]).query(&mut con).unwrap();
+    assert_eq!((peek.0, peek.1, peek.3), (0, 20, 5), "{peek:?}");
+    assert_eq!(inspected(&mut con, "f", "in_flight"), 20);
+    // A refused renewal: the caller's own slot is still held, and counted.
+    let renewal = acquire(&mut con, "1 f 20 60000 ID s0 COST 2");
+    assert_eq!((renewal.0, renewal.1), (0, 20), "{renewal:?}");
+    // The binding key of two answers for itself.
+    let two = acquire(&mut con, "2 g f 100 60000 5 60000 ID new");
+    assert_eq!((two.0, two.1, two.3, two.4), (0, 20, 5, 1), "{two:?}");
+    // Back under the limit: admitted, and the count after the call.
+    for i in 4..20 {
+        assert_eq!(release(&mut con, &format!("1 f ID s{i}")), 1);
+    }
+    assert_eq!(acquire(&mut con, "1 f 5 60000 ID new"), (1, 5, 0, 5, 0, "new".into()));
+    assert_eq!(inspected(&mut con, "f", "in_flight"), 5);
+}
+
 #[test]
 fn fifty_connections_never_see_more_than_the_limit_in_flight() {
     let s = Arc::new(Server::start(&[]));

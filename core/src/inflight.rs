@@ -256,6 +256,20 @@ pub fn acquire(
     })
 }
 
+/// The `in_flight` an acquire answers for the key `set` (its binding key):
+/// the requests in flight there after the call when `admitted` (`id`'s
+/// earlier slot replaced by `cost`), else now, `id`'s own slot included.
+/// The count RL.INSPECT shows, above the limit too (slots taken before the
+/// limit was lowered stay until released or their deadline).
+pub fn in_flight(set: Option<&Slots>, id: &[u8], cost: u64, admitted: bool, now_ms: u64) -> u64 {
+    let Some(set) = set else { return if admitted { cost } else { 0 } };
+    if admitted {
+        set.live_count(now_ms, id) + cost
+    } else {
+        set.live(now_ms).map(|s| s.count).sum()
+    }
+}
+
 /// Releases `id`'s slot in each key that holds it live at `now_ms`. A key
 /// left with no live slot is removed; a key where `id` holds nothing is not
 /// touched (so a release never makes room that was not taken).
@@ -288,6 +302,7 @@ mod tests {
 
     /// Runs an acquire and applies it; returns (allowed, in flight, retry).
     fn take(limits: &[InflightParams], sets: &mut [Slots], id: &str, cost: u64, now: u64) -> (bool, u64, i64) {
+        let before = sets.to_vec();
         let views: Vec<Option<&Slots>> = sets.iter().map(Some).collect();
         let out = acquire(limits, &views, id.as_bytes(), cost, now);
         for (s, u) in sets.iter_mut().zip(&out.updates) {
@@ -296,7 +311,8 @@ mod tests {
             }
         }
         let d = out.decision;
-        (d.allowed(), d.limit - d.remaining, d.retry_after_ms)
+        let held = in_flight(Some(&before[d.binding]), id.as_bytes(), cost, d.allowed(), now);
+        (d.allowed(), held, d.retry_after_ms)
     }
 
     #[test]
@@ -347,6 +363,20 @@ mod tests {
         assert_eq!(take(&l, &mut s, "upload", 1, 900), (true, 2, 0), "renewed, not a second slot");
         assert_eq!(s[0].slots().iter().find(|s| &*s.id == b"upload").unwrap().deadline_ms, 1900);
         assert!(!take(&l, &mut s, "upload", 2, 950).0, "a renewal with more weight must fit");
+    }
+
+    #[test]
+    fn in_flight_is_the_true_count_above_a_lowered_limit() {
+        let mut s = [Slots::default()];
+        for i in 0..20 {
+            assert!(take(&[p(20, 1000)], &mut s, &format!("s{i}"), 1, i).0);
+        }
+        // 16 must reach their deadlines (the 16th at 1015) before one more fits.
+        assert_eq!(take(&[p(5, 1000)], &mut s, "new", 1, 100), (false, 20, 915));
+        assert_eq!(take(&[p(20, 1000)], &mut s, "s0", 2, 100), (false, 20, 901), "its own slot still held");
+        assert_eq!(take(&[p(20, 1000)], &mut s, "s0", 1, 100), (true, 20, 0), "renewed in place");
+        assert_eq!(in_flight(None, b"x", 3, true, 0), 3);
+        assert_eq!(in_flight(None, b"x", 3, false, 0), 0);
     }
 
     #[test]

@@ -45,9 +45,12 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted
         None => b"",
     };
     let mut loaded = load::<Slots>(ctx, keys, write)?;
-    let outcome = {
+    let (outcome, in_flight) = {
         let sets: SmallVec<[Option<&Slots>; INLINE]> = (0..a.numkeys).map(|i| loaded.get(i)).collect();
-        inflight::acquire(&a.limits, &sets, id, a.cost, now)
+        let outcome = inflight::acquire(&a.limits, &sets, id, a.cost, now);
+        let d = &outcome.decision;
+        let in_flight = inflight::in_flight(sets[d.binding], id, a.cost, d.allowed(), now);
+        (outcome, in_flight)
     };
     if write {
         carry_out(ctx, c"rl.acquire", names, &mut loaded, &outcome)?;
@@ -55,7 +58,7 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted
     let d = &outcome.decision;
     ctx.reply_array(6);
     ctx.reply_integer(d.allowed() as i64);
-    ctx.reply_integer(d.limit.saturating_sub(d.remaining) as i64);
+    ctx.reply_integer(in_flight as i64);
     ctx.reply_integer(d.retry_after_ms);
     ctx.reply_integer(d.limit as i64);
     ctx.reply_integer(d.binding as i64);
