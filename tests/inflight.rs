@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use testkit::{call_err, server_ms, state, Server};
+use rl_core::codec::inflight_blob;
+use rl_core::inflight::{Slot, Slots};
+use rl_core::limits::{MAX_PERIOD_MS, MAX_TIME_MS};
+use testkit::{call_err, dump_with_blob, server_ms, state, Server};
 
 /// `[allowed, in_flight, retry_after_ms, limit, binding, id]`.
 type Acquired = (i64, i64, i64, i64, i64, String);
@@ -293,4 +296,56 @@ fn bad_input_is_refused_and_writes_nothing() {
     assert_eq!(acquire(&mut con, "1 big 20000 1000").0, 1);
     let e = call_err(&mut con, "CONFIG", &[b"SET", b"rl.max-inflight-limit", b"100001"]);
     assert!(e.starts_with("ERR"), "{e}");
+}
+
+fn restore(con: &mut redis::Connection, key: &str, payload: &[u8]) -> redis::RedisResult<String> {
+    redis::cmd("RESTORE").arg(key).arg(0).arg(payload).query(con)
+}
+
+#[test]
+fn restore_and_the_internal_commands_refuse_far_deadlines_and_empty_sets() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    acquire(&mut con, "1 f 5 60000 ID a");
+    let now = server_ms(&mut con);
+    let one = |deadline_ms: u64| {
+        inflight_blob(&Slots::from_slots(vec![Slot { id: (*b"a").into(), deadline_ms, count: 1 }]).unwrap())
+    };
+    let longest = now + MAX_PERIOD_MS;
+    // A slot held the longest timeout loads; one in the year 2527 (it would
+    // never heal, and the key's TTL would follow it) and one a few days past
+    // the longest timeout are refused, as is a set with no slot (the module
+    // deletes such a key: it is never written).
+    let payload = dump_with_blob(&mut con, "f", &one(longest));
+    assert_eq!(restore(&mut con, "ok", &payload).unwrap(), "OK");
+    let empty = [b'I', 1];
+    for (name, blob) in
+        [("y2527", one(MAX_TIME_MS)), ("days", one(longest + 3 * 86_400_000)), ("empty", empty.to_vec())]
+    {
+        let payload = dump_with_blob(&mut con, "f", &blob);
+        let e = restore(&mut con, name, &payload).unwrap_err();
+        assert_eq!(e.code(), Some("ERR"), "{name}: {e}");
+        let pxat = (now + 60_000).to_string();
+        let e = call_err(&mut con, "RL.SET", &[name.as_bytes(), &blob, pxat.as_bytes()]);
+        assert!(e.starts_with(&format!("ERR RL.SET key '{name}': state blob")), "{name}: {e}");
+    }
+    let log = s.log();
+    assert!(log.contains("cannot load key 'y2527'") && log.contains("slot deadline"), "{log}");
+    assert!(log.contains("cannot load key 'empty'") && log.contains("no slot"), "{log}");
+    // RL.SLOT, what replicas and the AOF apply: the same bounds on the
+    // deadline and on expired_at (a clock reading).
+    let far = (longest + 3 * 86_400_000).to_string();
+    let (at, fine) = (now.to_string(), (now + 60_000).to_string());
+    for (args, want) in [
+        ([&at, "b", &far, "1", &fine], "ERR RL.SLOT key 'f': slot deadline"),
+        ([&far, "b", &fine, "1", &fine], "ERR RL.SLOT key 'f': expired_at"),
+    ] {
+        let argv: Vec<&[u8]> = std::iter::once(&b"f"[..]).chain(args.iter().map(|a| a.as_bytes())).collect();
+        let e = call_err(&mut con, "RL.SLOT", &argv);
+        assert!(e.starts_with(want), "{args:?}: {e}");
+    }
+    assert_eq!(inspected(&mut con, "f", "slots"), 1, "nothing written");
+    let ok: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).unwrap();
+    assert_eq!(ok, "OK", "what was accepted saves and loads again");
+    assert_eq!(inspected(&mut con, "ok", "latest_deadline_ms"), longest as i64);
 }

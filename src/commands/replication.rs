@@ -29,6 +29,7 @@ use smallvec::SmallVec;
 
 use super::arg_bytes;
 use crate::args::{int, named_twice, shown};
+use crate::clock;
 use crate::ffi::{Ctx, Key};
 use crate::stats::Counted;
 use crate::store::keys::{load, wrongtype, DistinctKeys};
@@ -108,11 +109,12 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
         return Err("ERR wrong number of arguments for 'rl.set' command: expected key blob pxat triples".into());
     }
     at_most_max_keys("RL.SET", "key blob pxat triples", (bytes.len() - 1) / 3)?;
+    let now = clock::now_ms()?;
     let mut writes: SmallVec<[(usize, Option<Decoded>, u64); 4]> = SmallVec::new();
     for (i, t) in bytes[1..].chunks_exact(3).enumerate() {
         let state = match t[1] {
             [] => None,
-            blob => Some(codec::decode(blob).map_err(|e| format!("ERR RL.SET key '{}': {e}", shown(t[0])))?),
+            blob => Some(codec::decode_at(blob, now).map_err(|e| format!("ERR RL.SET key '{}': {e}", shown(t[0])))?),
         };
         writes.push((1 + 3 * i, state, pxat(ctx, t[2], !t[1].is_empty())?));
     }
@@ -170,6 +172,7 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
         );
     }
     at_most_max_keys("RL.LOGADD", "key drop_before at count pxat groups", (bytes.len() - 1) / 5)?;
+    let now = clock::now_ms()?;
     let mut appends: SmallVec<[(Append, u64); 4]> = SmallVec::new();
     for g in bytes[1..].chunks_exact(5) {
         let time = |raw: &[u8], what: &str| {
@@ -191,7 +194,8 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
     for (i, (a, _)) in appends.iter().enumerate() {
         let empty = Log::default();
         let key = shown(bytes[1 + 5 * i]);
-        loaded.get(i).unwrap_or(&empty).accepts(a).map_err(|e| format!("ERR RL.LOGADD key '{key}': {e}"))?;
+        let log = loaded.get(i).unwrap_or(&empty);
+        log.accepts(a).and_then(|()| a.fits_clock(now)).map_err(|e| format!("ERR RL.LOGADD key '{key}': {e}"))?;
     }
     for (i, (a, at)) in appends.iter().enumerate() {
         // Accepted above: this cannot fail.
@@ -217,6 +221,7 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
         );
     }
     at_most_max_keys("RL.SLOT", "key expired_at id deadline count pxat groups", (bytes.len() - 1) / 6)?;
+    let now = clock::now_ms()?;
     let mut changes: SmallVec<[(Change, u64); 4]> = SmallVec::new();
     for g in bytes[1..].chunks_exact(6) {
         let number = |raw: &[u8], what: &str| {
@@ -235,7 +240,9 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
     let mut loaded = load::<Slots>(ctx, DistinctKeys::new(&names).map_err(named_twice)?, true)?;
     for (i, (c, _)) in changes.iter().enumerate() {
         let key = shown(bytes[1 + 6 * i]);
-        loaded.get(i).unwrap_or(&Slots::default()).accepts(c).map_err(|e| format!("ERR RL.SLOT key '{key}': {e}"))?;
+        let empty = Slots::default();
+        let set = loaded.get(i).unwrap_or(&empty);
+        set.accepts(c).and_then(|()| c.fits_clock(now)).map_err(|e| format!("ERR RL.SLOT key '{key}': {e}"))?;
     }
     for (i, (c, at)) in changes.iter().enumerate() {
         let slots = loaded.get_or_create(i, Slots::default)?;
