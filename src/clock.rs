@@ -19,6 +19,12 @@ pub fn now_ns() -> Result<i64, &'static str> {
     now_us().map(|us| us as i64 * 1000)
 }
 
+/// Milliseconds since the Unix epoch on the system clock, outside any
+/// command (loading a value, freeing one); 0 if it reads before 1970.
+pub fn system_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 fn now_us() -> Result<u64, &'static str> {
     // SAFETY: the server fills these pointers before OnLoad; None on servers
     // that lack the function.

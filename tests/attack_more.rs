@@ -3,7 +3,12 @@
 //! scripts, out of memory, crafted DUMP payloads of every native type) seen
 //! through the module's commands.
 
-use testkit::{call, call_err, server_ms, Server};
+use rl_core::codec::{log_blob, PackedBucket, PackedWindow};
+use rl_core::limits::MAX_TIME_MS;
+use rl_core::log::{Entry, Log};
+use rl_core::window::WindowState;
+use rl_core::BucketState;
+use testkit::{call, call_err, dump_with_blob, server_ms, Server};
 
 #[test]
 fn a_load_option_given_twice_is_refused() {
@@ -308,4 +313,60 @@ fn resp3_replies_are_the_resp2_replies() {
     }
     let v = query(&mut three, "RL.INSPECT", &["twob".to_string()]).unwrap();
     assert!(matches!(v, redis::Value::Array(ref f) if f.len() % 2 == 0), "field/value pairs: {v:?}");
+}
+
+#[test]
+fn windows_and_logs_stamped_far_ahead_of_the_clock_or_empty_are_refused() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.WINDOW", "1 w 10 60000");
+    call(&mut con, "RL.WINDOW", "1 e 10 60000 EXACT");
+    call(&mut con, "RL.TAKE", "1 b 10 1 60000");
+    let now = server_ms(&mut con);
+    let window = |start_ms| PackedWindow::pack(&WindowState { start_ms, previous: 0, current: 10 }).to_blob().to_vec();
+    let log = |at: &[u64]| log_blob(&Log::from_entries(at.iter().map(|&t| Entry::new(t, 1))).unwrap());
+    // A window or log stamped in 2527 would count its requests until then
+    // (the window never rolls, the entries never leave it), and the key's
+    // TTL would follow: refused, as is a log with no entry (never written:
+    // an EXACT key always holds one). A stamp a little ahead, as from a
+    // primary whose clock runs ahead, loads.
+    let refused =
+        [("w2527", "w", window(MAX_TIME_MS)), ("e2527", "e", log(&[now, MAX_TIME_MS])), ("e0", "e", log(&[]))];
+    for (name, from, blob) in &refused {
+        let payload = dump_with_blob(&mut con, from, blob);
+        let r: redis::RedisResult<String> = redis::cmd("RESTORE").arg(name).arg(0).arg(payload).query(&mut con);
+        assert_eq!(r.unwrap_err().code(), Some("ERR"), "{name}");
+        let pxat = (now + 60_000).to_string();
+        let e = call_err(&mut con, "RL.SET", &[name.as_bytes(), blob, pxat.as_bytes()]);
+        assert!(e.starts_with(&format!("ERR RL.SET key '{name}': state blob")), "{name}: {e}");
+    }
+    let log_text = s.log();
+    assert!(log_text.contains("cannot load key 'w2527'") && log_text.contains("ahead"), "{log_text}");
+    assert!(log_text.contains("cannot load key 'e0'") && log_text.contains("no entry"), "{log_text}");
+    let ahead = now + 60_000;
+    for (name, from, blob) in [("w+1m", "w", window(ahead)), ("e+1m", "e", log(&[now, ahead]))] {
+        let payload = dump_with_blob(&mut con, from, &blob);
+        let r: String = redis::cmd("RESTORE").arg(name).arg(0).arg(payload).query(&mut con).unwrap();
+        assert_eq!(r, "OK", "{name}");
+    }
+    // A bucket stamped ahead is taken: its next call re-stamps it at now.
+    let bucket = PackedBucket::pack(&BucketState { tokens: 0, fraction: 0, updated_ms: MAX_TIME_MS }).to_blob();
+    let payload = dump_with_blob(&mut con, "b", &bucket);
+    let _: String = redis::cmd("RESTORE").arg("b2527").arg(60_000).arg(payload).query(&mut con).unwrap();
+    assert_eq!(call(&mut con, "RL.TAKE", "1 b2527 10 1 60000")[0], 0);
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    assert_eq!(call(&mut con, "RL.TAKE", "1 b2527 10 1 1000")[0], 1, "refilled from now on");
+    // RL.LOGADD, what replicas and the AOF apply: the same bound.
+    let (far, pxat) = (MAX_TIME_MS.to_string(), (now + 60_000).to_string());
+    let at = now.to_string();
+    for (args, want) in [
+        ([at.as_str(), &far, "1", &pxat], "ERR RL.LOGADD key 'e': at"),
+        ([far.as_str(), &at, "1", &pxat], "ERR RL.LOGADD key 'e': at or drop_before"),
+    ] {
+        let argv: Vec<&[u8]> = std::iter::once(&b"e"[..]).chain(args.iter().map(|a| a.as_bytes())).collect();
+        let e = call_err(&mut con, "RL.LOGADD", &argv);
+        assert!(e.starts_with(want), "{args:?}: {e}");
+    }
+    let ok: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).unwrap();
+    assert_eq!(ok, "OK", "what was accepted saves and loads again");
 }

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use testkit::{call_err, server_ms, state, Server};
+use rl_core::codec::inflight_blob;
+use rl_core::inflight::{Slot, Slots};
+use rl_core::limits::{MAX_PERIOD_MS, MAX_TIME_MS};
+use testkit::{call_err, dump_with_blob, server_ms, state, Server};
 
 /// `[allowed, in_flight, retry_after_ms, limit, binding, id]`.
 type Acquired = (i64, i64, i64, i64, i64, String);
@@ -59,6 +62,42 @@ fn acquire_release_and_peek() {
     let pttl: i64 = redis::cmd("PTTL").arg("g").query(&mut con).unwrap();
     assert!((4_000..=5_000).contains(&pttl), "{pttl}");
     assert_eq!(redis::cmd("TYPE").arg("g").query::<String>(&mut con).unwrap(), "rl-flight");
+}
+
+/// Field `name` of RL.INSPECT's answer for `key`.
+fn inspected(con: &mut redis::Connection, key: &str, name: &str) -> i64 {
+    let fields: Vec<redis::Value> = redis::cmd("RL.INSPECT").arg(key).query(con).unwrap();
+    let at = fields.iter().position(|v| *v == redis::Value::BulkString(name.as_bytes().to_vec())).unwrap();
+    redis::from_redis_value(fields[at + 1].clone()).unwrap()
+}
+
+#[test]
+fn the_reply_counts_every_slot_held_even_above_a_lowered_limit() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    for i in 0..20 {
+        assert_eq!(acquire(&mut con, &format!("1 f 20 60000 ID s{i}")).0, 1);
+    }
+    // The limit lowered to 5 with 20 held: refused, and the reply says 20,
+    // as RL.INSPECT does; the wait is until 16 of them reach their deadline.
+    let a = acquire(&mut con, "1 f 5 60000 ID new");
+    assert_eq!((a.0, a.1, a.3, a.4), (0, 20, 5, 0), "{a:?}");
+    assert!((59_000..=60_000).contains(&a.2), "retry_after_ms {}", a.2);
+    let peek: Acquired = redis::cmd("RL.INFLIGHT").arg(&["1", "f", "5", "60000"]).query(&mut con).unwrap();
+    assert_eq!((peek.0, peek.1, peek.3), (0, 20, 5), "{peek:?}");
+    assert_eq!(inspected(&mut con, "f", "in_flight"), 20);
+    // A refused renewal: the caller's own slot is still held, and counted.
+    let renewal = acquire(&mut con, "1 f 20 60000 ID s0 COST 2");
+    assert_eq!((renewal.0, renewal.1), (0, 20), "{renewal:?}");
+    // The binding key of two answers for itself.
+    let two = acquire(&mut con, "2 g f 100 60000 5 60000 ID new");
+    assert_eq!((two.0, two.1, two.3, two.4), (0, 20, 5, 1), "{two:?}");
+    // Back under the limit: admitted, and the count after the call.
+    for i in 4..20 {
+        assert_eq!(release(&mut con, &format!("1 f ID s{i}")), 1);
+    }
+    assert_eq!(acquire(&mut con, "1 f 5 60000 ID new"), (1, 5, 0, 5, 0, "new".into()));
+    assert_eq!(inspected(&mut con, "f", "in_flight"), 5);
 }
 
 #[test]
@@ -257,4 +296,56 @@ fn bad_input_is_refused_and_writes_nothing() {
     assert_eq!(acquire(&mut con, "1 big 20000 1000").0, 1);
     let e = call_err(&mut con, "CONFIG", &[b"SET", b"rl.max-inflight-limit", b"100001"]);
     assert!(e.starts_with("ERR"), "{e}");
+}
+
+fn restore(con: &mut redis::Connection, key: &str, payload: &[u8]) -> redis::RedisResult<String> {
+    redis::cmd("RESTORE").arg(key).arg(0).arg(payload).query(con)
+}
+
+#[test]
+fn restore_and_the_internal_commands_refuse_far_deadlines_and_empty_sets() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    acquire(&mut con, "1 f 5 60000 ID a");
+    let now = server_ms(&mut con);
+    let one = |deadline_ms: u64| {
+        inflight_blob(&Slots::from_slots(vec![Slot { id: (*b"a").into(), deadline_ms, count: 1 }]).unwrap())
+    };
+    let longest = now + MAX_PERIOD_MS;
+    // A slot held the longest timeout loads; one in the year 2527 (it would
+    // never heal, and the key's TTL would follow it) and one a few days past
+    // the longest timeout are refused, as is a set with no slot (the module
+    // deletes such a key: it is never written).
+    let payload = dump_with_blob(&mut con, "f", &one(longest));
+    assert_eq!(restore(&mut con, "ok", &payload).unwrap(), "OK");
+    let empty = [b'I', 1];
+    for (name, blob) in
+        [("y2527", one(MAX_TIME_MS)), ("days", one(longest + 3 * 86_400_000)), ("empty", empty.to_vec())]
+    {
+        let payload = dump_with_blob(&mut con, "f", &blob);
+        let e = restore(&mut con, name, &payload).unwrap_err();
+        assert_eq!(e.code(), Some("ERR"), "{name}: {e}");
+        let pxat = (now + 60_000).to_string();
+        let e = call_err(&mut con, "RL.SET", &[name.as_bytes(), &blob, pxat.as_bytes()]);
+        assert!(e.starts_with(&format!("ERR RL.SET key '{name}': state blob")), "{name}: {e}");
+    }
+    let log = s.log();
+    assert!(log.contains("cannot load key 'y2527'") && log.contains("slot deadline"), "{log}");
+    assert!(log.contains("cannot load key 'empty'") && log.contains("no slot"), "{log}");
+    // RL.SLOT, what replicas and the AOF apply: the same bounds on the
+    // deadline and on expired_at (a clock reading).
+    let far = (longest + 3 * 86_400_000).to_string();
+    let (at, fine) = (now.to_string(), (now + 60_000).to_string());
+    for (args, want) in [
+        ([&at, "b", &far, "1", &fine], "ERR RL.SLOT key 'f': slot deadline"),
+        ([&far, "b", &fine, "1", &fine], "ERR RL.SLOT key 'f': expired_at"),
+    ] {
+        let argv: Vec<&[u8]> = std::iter::once(&b"f"[..]).chain(args.iter().map(|a| a.as_bytes())).collect();
+        let e = call_err(&mut con, "RL.SLOT", &argv);
+        assert!(e.starts_with(want), "{args:?}: {e}");
+    }
+    assert_eq!(inspected(&mut con, "f", "slots"), 1, "nothing written");
+    let ok: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).unwrap();
+    assert_eq!(ok, "OK", "what was accepted saves and loads again");
+    assert_eq!(inspected(&mut con, "ok", "latest_deadline_ms"), longest as i64);
 }

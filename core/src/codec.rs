@@ -207,9 +207,35 @@ impl std::fmt::Display for BlobError {
             BlobError::Log(LogError::Length) => f.write_str("state blob log is longer than any log may be"),
             BlobError::Log(LogError::Entry) => f.write_str("state blob log entry out of range"),
             BlobError::Log(LogError::Order) => f.write_str("state blob log entries out of time order"),
+            BlobError::Log(LogError::Empty) => f.write_str(
+                "state blob log has no entry (an EXACT key always holds one, so the module never writes it)",
+            ),
+            BlobError::Log(LogError::Ahead) => {
+                f.write_str("state blob log entry more than a day ahead of this server's clock")
+            }
+            BlobError::WindowState(WindowStateError::Ahead) => {
+                f.write_str("state blob window start more than a day ahead of this server's clock")
+            }
             BlobError::Inflight(e) => write!(f, "state blob: {e}"),
         }
     }
+}
+
+/// Decodes a blob read at `now_ms` on the server's clock (RDB load,
+/// `RESTORE`, `RL.SET`): [`decode`], and nothing the module never writes,
+/// however well formed: an EXACT log or in-flight set with nothing in it
+/// (the module deletes such a key), a window or log time more than a day
+/// ahead of the clock, a slot deadline past the longest timeout from it. A
+/// bucket stamped ahead is taken: its next call re-stamps it at now.
+pub fn decode_at(blob: &[u8], now_ms: u64) -> Result<Decoded, BlobError> {
+    let decoded = decode(blob)?;
+    match &decoded {
+        Decoded::Bucket(_) => {}
+        Decoded::Window(w) => w.unpack().fits_clock(now_ms).map_err(BlobError::WindowState)?,
+        Decoded::Log(l) => l.fits_clock(now_ms).map_err(BlobError::Log)?,
+        Decoded::Inflight(s) => s.fits_clock(now_ms).map_err(BlobError::Inflight)?,
+    }
+    Ok(decoded)
 }
 
 /// Decodes and validates a blob written by this or an earlier version.
@@ -376,5 +402,31 @@ mod tests {
             inflight_blob(&Slots::from_slots(vec![slot(b"a", 258, 3)]).unwrap()),
             [b'I', 1, 1, b'a', 2, 1, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]
         );
+    }
+
+    #[test]
+    fn blobs_read_at_a_time_refuse_what_no_server_with_that_clock_wrote() {
+        use crate::limits::MAX_CLOCK_AHEAD_MS as DAY;
+        let now = 1_700_000_000_000;
+        let slots = |deadline_ms| {
+            inflight_blob(&Slots::from_slots(vec![Slot { id: (*b"a").into(), deadline_ms, count: 1 }]).unwrap())
+        };
+        let longest = now + MAX_PERIOD_MS + DAY;
+        assert!(decode_at(&slots(longest), now).is_ok());
+        assert_eq!(decode_at(&slots(longest + 1), now), Err(BlobError::Inflight(SlotsError::Deadline)));
+        assert_eq!(decode_at(&slots(MAX_TIME_MS), now), Err(BlobError::Inflight(SlotsError::Deadline)));
+        assert_eq!(decode_at(&[KIND_INFLIGHT, VERSION_1], now), Err(BlobError::Inflight(SlotsError::Empty)));
+        let window = |start_ms| PackedWindow::pack(&WindowState { start_ms, previous: 1, current: 2 }).to_blob();
+        assert!(decode_at(&window(now + DAY), now).is_ok());
+        assert_eq!(decode_at(&window(now + DAY + 1), now), Err(BlobError::WindowState(WindowStateError::Ahead)));
+        let log = |at: &[u64]| log_blob(&Log::from_entries(at.iter().map(|&t| Entry::new(t, 1))).unwrap());
+        assert!(decode_at(&log(&[now, now + DAY]), now).is_ok());
+        assert_eq!(decode_at(&log(&[now, now + DAY + 1]), now), Err(BlobError::Log(LogError::Ahead)));
+        assert_eq!(decode_at(&log(&[]), now), Err(BlobError::Log(LogError::Empty)));
+        // A bucket stamped ahead is re-stamped by its next call: taken.
+        let bucket = PackedBucket::pack(&BucketState { tokens: 0, fraction: 0, updated_ms: MAX_TIME_MS }).to_blob();
+        assert!(decode_at(&bucket, now).is_ok());
+        // What decode alone takes, the format, is unchanged.
+        assert!(decode(&slots(MAX_TIME_MS)).is_ok() && decode(&log(&[])).is_ok());
     }
 }

@@ -14,7 +14,9 @@
 use smallvec::SmallVec;
 
 use crate::combine::{Check, Outcome, Update, INLINE, NEVER};
-use crate::limits::{in_range, ParamError, MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS};
+use crate::limits::{
+    in_range, latest_period_end_ms, latest_reading_ms, ParamError, MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS,
+};
 
 /// Hard ceiling of an in-flight limit (and of the slots a key holds): the
 /// module's configurable maximum can be raised up to this and no further.
@@ -78,6 +80,14 @@ pub enum SlotsError {
     Slot,
     /// One id twice.
     Repeated,
+    /// No slot at all: the module deletes an emptied set, so never writes one.
+    Empty,
+    /// A deadline later than the longest timeout from the reading server's
+    /// clock (and a day of clock difference).
+    Deadline,
+    /// `expired_at` (a clock reading) more than a day ahead of the reading
+    /// server's clock.
+    Ahead,
 }
 
 impl std::fmt::Display for SlotsError {
@@ -86,6 +96,9 @@ impl std::fmt::Display for SlotsError {
             SlotsError::Length => "more slots than an in-flight key may hold",
             SlotsError::Slot => "slot id, deadline or count out of range",
             SlotsError::Repeated => "an id holds two slots",
+            SlotsError::Empty => "no slot (the module deletes an empty in-flight set, so never writes one)",
+            SlotsError::Deadline => "slot deadline later than the longest timeout from this server's clock and a day",
+            SlotsError::Ahead => "expired_at more than a day ahead of this server's clock",
         })
     }
 }
@@ -102,6 +115,21 @@ pub struct Change {
     pub id: SmallVec<[u8; 32]>,
     pub deadline_ms: u64,
     pub count: u64,
+}
+
+impl Change {
+    /// Whether a server whose clock reads `now_ms` could have made this
+    /// change: `expired_at` is a clock reading, the deadline a reading plus
+    /// a timeout.
+    pub fn fits_clock(&self, now_ms: u64) -> Result<(), SlotsError> {
+        if self.expired_at_ms > latest_reading_ms(now_ms) {
+            return Err(SlotsError::Ahead);
+        }
+        if self.count > 0 && self.deadline_ms > latest_period_end_ms(now_ms) {
+            return Err(SlotsError::Deadline);
+        }
+        Ok(())
+    }
 }
 
 impl Slots {
@@ -155,6 +183,16 @@ impl Slots {
     /// Slots past their deadline at `now_ms`: releases that never came.
     pub fn expired(&self, now_ms: u64) -> u64 {
         self.slots.iter().filter(|s| s.deadline_ms <= now_ms).count() as u64
+    }
+
+    /// Whether a server whose clock reads `now_ms` could hold this set:
+    /// not empty, and no deadline past the longest timeout from its clock.
+    pub fn fits_clock(&self, now_ms: u64) -> Result<(), SlotsError> {
+        match self.latest_deadline_ms() {
+            None => Err(SlotsError::Empty),
+            Some(d) if d > latest_period_end_ms(now_ms) => Err(SlotsError::Deadline),
+            Some(_) => Ok(()),
+        }
     }
 
     /// Whether `c` can be applied (what the RDB loader would accept after).
@@ -256,6 +294,20 @@ pub fn acquire(
     })
 }
 
+/// The `in_flight` an acquire answers for the key `set` (its binding key):
+/// the requests in flight there after the call when `admitted` (`id`'s
+/// earlier slot replaced by `cost`), else now, `id`'s own slot included.
+/// The count RL.INSPECT shows, above the limit too (slots taken before the
+/// limit was lowered stay until released or their deadline).
+pub fn in_flight(set: Option<&Slots>, id: &[u8], cost: u64, admitted: bool, now_ms: u64) -> u64 {
+    let Some(set) = set else { return if admitted { cost } else { 0 } };
+    if admitted {
+        set.live_count(now_ms, id) + cost
+    } else {
+        set.live(now_ms).map(|s| s.count).sum()
+    }
+}
+
 /// Releases `id`'s slot in each key that holds it live at `now_ms`. A key
 /// left with no live slot is removed; a key where `id` holds nothing is not
 /// touched (so a release never makes room that was not taken).
@@ -288,6 +340,7 @@ mod tests {
 
     /// Runs an acquire and applies it; returns (allowed, in flight, retry).
     fn take(limits: &[InflightParams], sets: &mut [Slots], id: &str, cost: u64, now: u64) -> (bool, u64, i64) {
+        let before = sets.to_vec();
         let views: Vec<Option<&Slots>> = sets.iter().map(Some).collect();
         let out = acquire(limits, &views, id.as_bytes(), cost, now);
         for (s, u) in sets.iter_mut().zip(&out.updates) {
@@ -296,7 +349,8 @@ mod tests {
             }
         }
         let d = out.decision;
-        (d.allowed(), d.limit - d.remaining, d.retry_after_ms)
+        let held = in_flight(Some(&before[d.binding]), id.as_bytes(), cost, d.allowed(), now);
+        (d.allowed(), held, d.retry_after_ms)
     }
 
     #[test]
@@ -350,6 +404,20 @@ mod tests {
     }
 
     #[test]
+    fn in_flight_is_the_true_count_above_a_lowered_limit() {
+        let mut s = [Slots::default()];
+        for i in 0..20 {
+            assert!(take(&[p(20, 1000)], &mut s, &format!("s{i}"), 1, i).0);
+        }
+        // 16 must reach their deadlines (the 16th at 1015) before one more fits.
+        assert_eq!(take(&[p(5, 1000)], &mut s, "new", 1, 100), (false, 20, 915));
+        assert_eq!(take(&[p(20, 1000)], &mut s, "s0", 2, 100), (false, 20, 901), "its own slot still held");
+        assert_eq!(take(&[p(20, 1000)], &mut s, "s0", 1, 100), (true, 20, 0), "renewed in place");
+        assert_eq!(in_flight(None, b"x", 3, true, 0), 3);
+        assert_eq!(in_flight(None, b"x", 3, false, 0), 0);
+    }
+
+    #[test]
     fn all_or_nothing_across_keys_and_costs() {
         let l = [p(10, 1000), p(2, 5000)];
         let mut s = [Slots::default(), Slots::default()];
@@ -359,6 +427,31 @@ mod tests {
         assert_eq!(retry, 5000);
         assert_eq!(s[0].slots().len(), 1, "the first key lost nothing to the refusal");
         assert_eq!(take(&l, &mut s, "big", 3, 0).2, NEVER, "more than a limit never fits");
+    }
+
+    #[test]
+    fn sets_and_changes_are_bounded_by_the_reading_clock() {
+        use crate::limits::MAX_CLOCK_AHEAD_MS as DAY;
+        let now = 1_700_000_000_000;
+        let longest = now + DAY + MAX_PERIOD_MS;
+        let set = |d: u64| Slots::from_slots(vec![Slot { id: (*b"a").into(), deadline_ms: d, count: 1 }]).unwrap();
+        assert_eq!(set(longest).fits_clock(now), Ok(()));
+        assert_eq!(set(longest + 1).fits_clock(now), Err(SlotsError::Deadline));
+        assert_eq!(Slots::default().fits_clock(now), Err(SlotsError::Empty));
+        let change = |expired_at_ms, deadline_ms, count| Change {
+            expired_at_ms,
+            id: SmallVec::from_slice(b"a"),
+            deadline_ms,
+            count,
+        };
+        assert_eq!(change(now + DAY, longest, 1).fits_clock(now), Ok(()));
+        assert_eq!(change(now + DAY + 1, longest, 1).fits_clock(now), Err(SlotsError::Ahead));
+        assert_eq!(change(now, longest + 1, 1).fits_clock(now), Err(SlotsError::Deadline));
+        assert_eq!(change(now, u64::MAX, 0).fits_clock(now), Ok(()), "a release has no deadline");
+        // Every change the module makes fits the clock it was made at.
+        let out = acquire(&[p(2, MAX_PERIOD_MS)], &[Some(&set(now + 5))], b"b", 1, now);
+        let Update::Store { state, expires_at_ms } = &out.updates[0] else { panic!("{out:?}") };
+        assert_eq!((state.fits_clock(now), *expires_at_ms), (Ok(()), now + MAX_PERIOD_MS));
     }
 
     #[test]

@@ -17,6 +17,27 @@ pub const MAX_KEYS: usize = 32;
 /// epoch (the year 2527). The stored form keeps 44 bits of time.
 pub const MAX_TIME_MS: u64 = (1 << 44) - 1;
 
+/// How far ahead of a server's clock a stored time may lie when that server
+/// reads it: one day. The module stamps a state with its own clock, so a
+/// state read where the clock is a little behind (a replica, the host a dump
+/// is restored on, a clock that stepped back) is a little ahead; years
+/// ahead, it would hold its key as long (a window that never rolls, a slot
+/// that never heals), and no server the module ran on wrote it.
+pub const MAX_CLOCK_AHEAD_MS: u64 = 86_400_000;
+
+/// The latest clock reading (a window's start, a log entry, the time a call
+/// left expired slots out) a state may hold when read at `now_ms`.
+pub fn latest_reading_ms(now_ms: u64) -> u64 {
+    now_ms.saturating_add(MAX_CLOCK_AHEAD_MS).min(MAX_TIME_MS)
+}
+
+/// The latest time a reading plus the longest period or timeout may reach
+/// when read at `now_ms`: a slot's deadline, the expiry of an in-flight or
+/// EXACT key.
+pub fn latest_period_end_ms(now_ms: u64) -> u64 {
+    latest_reading_ms(now_ms).saturating_add(MAX_PERIOD_MS).min(MAX_TIME_MS)
+}
+
 /// Longest wait ever reported (retry_after_ms, reset_after_ms) or used for a
 /// key's TTL: 10^15 ms, about 31,700 years. Only absurd parameter mixes
 /// (huge capacity, one token a year) reach it.

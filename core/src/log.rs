@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use smallvec::SmallVec;
 
 use crate::combine::{Check, Outcome, Update, INLINE, NEVER};
-use crate::limits::{MAX_LOG_LIMIT, MAX_TIME_MS, MAX_WAIT_MS};
+use crate::limits::{latest_reading_ms, MAX_LOG_LIMIT, MAX_TIME_MS, MAX_WAIT_MS};
 use crate::window::WindowParams;
 
 const TIME_BITS: u32 = 44;
@@ -59,6 +59,11 @@ pub enum LogError {
     Entry,
     /// Entries out of time order.
     Order,
+    /// No entry at all: an EXACT key always holds one, so the module never
+    /// writes an empty log.
+    Empty,
+    /// A time more than a day ahead of the reading server's clock.
+    Ahead,
 }
 
 impl std::fmt::Display for LogError {
@@ -67,6 +72,8 @@ impl std::fmt::Display for LogError {
             LogError::Order => "at is older than the log's newest entry",
             LogError::Length => "the log would exceed its largest size",
             LogError::Entry => "count or at out of range",
+            LogError::Empty => "the log has no entry",
+            LogError::Ahead => "at or drop_before more than a day ahead of this server's clock",
         })
     }
 }
@@ -79,6 +86,17 @@ pub struct Append {
     pub drop_before_ms: u64,
     pub at_ms: u64,
     pub count: u64,
+}
+
+impl Append {
+    /// Whether a server whose clock reads `now_ms` could have made this
+    /// admission: both times are clock readings.
+    pub fn fits_clock(&self, now_ms: u64) -> Result<(), LogError> {
+        if self.at_ms.max(self.drop_before_ms) > latest_reading_ms(now_ms) {
+            return Err(LogError::Ahead);
+        }
+        Ok(())
+    }
 }
 
 impl Log {
@@ -129,6 +147,16 @@ impl Log {
     fn live_count(&self, drop_before_ms: u64) -> u64 {
         let dead: u64 = self.entries.range(..self.dead(drop_before_ms)).map(|e| e.count()).sum();
         self.total - dead
+    }
+
+    /// Whether a server whose clock reads `now_ms` could hold this log: not
+    /// empty, and no entry more than a day ahead of its clock.
+    pub fn fits_clock(&self, now_ms: u64) -> Result<(), LogError> {
+        match self.entries.back() {
+            None => Err(LogError::Empty),
+            Some(e) if e.at_ms() > latest_reading_ms(now_ms) => Err(LogError::Ahead),
+            Some(_) => Ok(()),
+        }
     }
 
     /// The newest live entry's time, if any.
@@ -329,6 +357,22 @@ mod tests {
         // At 1_500 the entries of 0 and 400 have left: 4 + 1 remain.
         assert_eq!(log.total, 5);
         assert_eq!(check(&p, Some(&log), 1, 1_500).check.remaining_now, 95);
+    }
+
+    #[test]
+    fn logs_and_appends_are_bounded_by_the_reading_clock() {
+        use crate::limits::MAX_CLOCK_AHEAD_MS as DAY;
+        let now = 1_700_000_000_000;
+        let log = |at: u64| Log::from_entries([Entry::new(now - 5, 1), Entry::new(at, 1)]).unwrap();
+        assert_eq!(log(now + DAY).fits_clock(now), Ok(()));
+        assert_eq!(log(now + DAY + 1).fits_clock(now), Err(LogError::Ahead));
+        assert_eq!(Log::default().fits_clock(now), Err(LogError::Empty));
+        let append = |drop_before_ms, at_ms| Append { drop_before_ms, at_ms, count: 1 };
+        assert_eq!(append(now, now + DAY).fits_clock(now), Ok(()));
+        assert_eq!(append(now, now + DAY + 1).fits_clock(now), Err(LogError::Ahead));
+        assert_eq!(append(now + DAY + 1, now).fits_clock(now), Err(LogError::Ahead));
+        let c = check(&p(5, 1000), Some(&log(now)), 1, now);
+        assert_eq!(c.append.fits_clock(now), Ok(()));
     }
 
     #[test]

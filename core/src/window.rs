@@ -13,7 +13,9 @@
 use smallvec::SmallVec;
 
 use crate::combine::{Check, Outcome, Update, INLINE, NEVER};
-use crate::limits::{in_range, ParamError, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
+use crate::limits::{
+    in_range, latest_reading_ms, ParamError, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TIME_MS, MAX_WAIT_MS, MAX_WINDOW_LIMIT,
+};
 
 /// How a window counts: the one definition the module's parser, the
 /// client's calls and the rules all use.
@@ -99,6 +101,8 @@ pub struct WindowState {
 pub enum WindowStateError {
     Count,
     Time,
+    /// A start more than a day ahead of the reading server's clock.
+    Ahead,
 }
 
 impl WindowState {
@@ -108,6 +112,16 @@ impl WindowState {
         }
         if self.start_ms > MAX_TIME_MS {
             return Err(WindowStateError::Time);
+        }
+        Ok(())
+    }
+
+    /// Whether a server whose clock reads `now_ms` could hold this window:
+    /// its start is a clock reading (a window stamped years ahead would
+    /// never roll, counting its requests until then).
+    pub fn fits_clock(&self, now_ms: u64) -> Result<(), WindowStateError> {
+        if self.start_ms > latest_reading_ms(now_ms) {
+            return Err(WindowStateError::Ahead);
         }
         Ok(())
     }

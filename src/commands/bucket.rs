@@ -7,9 +7,9 @@ use rl_core::codec::PackedBucket;
 use rl_core::{BucketOp, BucketState, INLINE};
 use smallvec::SmallVec;
 
-use super::arg_bytes;
 use super::outcome::{carry_out, reply};
-use crate::args::{self, ArgError, BucketArgs, FIRST_KEY};
+use super::{arg_bytes, numkeys_keys};
+use crate::args::{self, ArgError, BucketArgs};
 use crate::clock;
 use crate::ffi::Ctx;
 use crate::stats::Counted;
@@ -36,11 +36,13 @@ pub fn refund(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
 /// Loads the buckets, lets the core run the operation, carries out what it
 /// decided and replies (a lease's first field is the tokens granted).
 fn run(ctx: Ctx, argv: &[*mut RedisModuleString], parse: Parse) -> Result<Counted, String> {
-    let a = parse(&arg_bytes(argv)).map_err(|e| e.0)?;
+    let bytes = arg_bytes(argv);
+    let keys = numkeys_keys(argv, &bytes)?;
+    let a = parse(&bytes).map_err(|e| e.0)?;
     let now = clock::now_ms()?;
-    let names = &argv[FIRST_KEY..FIRST_KEY + a.numkeys];
+    let names = keys.names();
     let write = a.op.writes();
-    let mut loaded = load::<PackedBucket>(ctx, names, write)?;
+    let mut loaded = load::<PackedBucket>(ctx, keys, write)?;
     let states: SmallVec<[Option<BucketState>; INLINE]> =
         (0..a.numkeys).map(|i| loaded.get(i).map(PackedBucket::unpack)).collect();
     let outcome = a.op.run(&a.buckets, &states, now);

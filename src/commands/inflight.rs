@@ -8,9 +8,9 @@ use rl_core::inflight::{self, Slots};
 use rl_core::INLINE;
 use smallvec::SmallVec;
 
-use super::arg_bytes;
 use super::outcome::{carry_out, write};
-use crate::args::{self, FIRST_KEY};
+use super::{arg_bytes, numkeys_keys};
+use crate::args;
 use crate::ffi::Ctx;
 use crate::stats::{self, Counted};
 use crate::store::keys::load;
@@ -30,9 +30,10 @@ pub fn peek(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
 /// Reply: `[allowed, in_flight, retry_after_ms, limit, binding, id]`.
 fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted, String> {
     let bytes = arg_bytes(argv);
+    let keys = numkeys_keys(argv, &bytes)?;
     let a = args::parse_acquire(&bytes, config::max_inflight_limit()).map_err(|e| e.0)?;
     let now = clock::now_ms()?;
-    let names = &argv[FIRST_KEY..FIRST_KEY + a.numkeys];
+    let names = keys.names();
     let mut generated = [0u8; GENERATED_ID_LEN];
     let id: &[u8] = match a.id {
         Some(id) => id,
@@ -43,10 +44,13 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted
         // RL.INFLIGHT without an id: no slot is held by "nobody".
         None => b"",
     };
-    let mut loaded = load::<Slots>(ctx, names, write)?;
-    let outcome = {
+    let mut loaded = load::<Slots>(ctx, keys, write)?;
+    let (outcome, in_flight) = {
         let sets: SmallVec<[Option<&Slots>; INLINE]> = (0..a.numkeys).map(|i| loaded.get(i)).collect();
-        inflight::acquire(&a.limits, &sets, id, a.cost, now)
+        let outcome = inflight::acquire(&a.limits, &sets, id, a.cost, now);
+        let d = &outcome.decision;
+        let in_flight = inflight::in_flight(sets[d.binding], id, a.cost, d.allowed(), now);
+        (outcome, in_flight)
     };
     if write {
         carry_out(ctx, c"rl.acquire", names, &mut loaded, &outcome)?;
@@ -54,7 +58,7 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted
     let d = &outcome.decision;
     ctx.reply_array(6);
     ctx.reply_integer(d.allowed() as i64);
-    ctx.reply_integer(d.limit.saturating_sub(d.remaining) as i64);
+    ctx.reply_integer(in_flight as i64);
     ctx.reply_integer(d.retry_after_ms);
     ctx.reply_integer(d.limit as i64);
     ctx.reply_integer(d.binding as i64);
@@ -66,10 +70,11 @@ fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted
 /// unknown, released or expired id; nothing is written then).
 pub fn release(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
     let bytes = arg_bytes(argv);
+    let keys = numkeys_keys(argv, &bytes)?;
     let (numkeys, id) = args::parse_release(&bytes).map_err(|e| e.0)?;
     let now = clock::now_ms()?;
-    let names = &argv[FIRST_KEY..FIRST_KEY + numkeys];
-    let mut loaded = load::<Slots>(ctx, names, true)?;
+    let names = keys.names();
+    let mut loaded = load::<Slots>(ctx, keys, true)?;
     let updates = {
         let sets: SmallVec<[Option<&Slots>; INLINE]> = (0..numkeys).map(|i| loaded.get(i)).collect();
         inflight::release(&sets, id, now)

@@ -7,10 +7,12 @@ use rl_core::codec::{PackedBucket, PackedWindow, VERSION_1};
 use rl_core::inflight::Slots;
 use rl_core::log::Log;
 
+use crate::args::named_twice;
 use crate::clock;
 use crate::ffi::{Ctx, Key};
 use crate::stats::Counted;
-use crate::store::{self, keys::load};
+use crate::store;
+use crate::store::keys::{load, DistinctKeys};
 
 /// Slots listed at most (the counts cover all of them).
 const LISTED_SLOTS: usize = 20;
@@ -28,6 +30,8 @@ pub fn inspect(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
     };
     let now = clock::now_ms()? as i64;
     let key = Key::open(ctx, *name, false);
+    // One name: distinct by itself.
+    let one = DistinctKeys::new(std::slice::from_ref(name)).map_err(named_twice)?;
     let expires_at = key.expire_at().unwrap_or(-1);
     let mut fields: Vec<(&str, Field)> = Vec::new();
     let ty = key.module_type();
@@ -38,7 +42,7 @@ pub fn inspect(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
     let kind: &[u8] = match ty {
         Ok(None) => b"none",
         Ok(Some(t)) if t == store::handle::<PackedBucket>() => {
-            loaded_bucket = load::<PackedBucket>(ctx, std::slice::from_ref(name), false)?;
+            loaded_bucket = load::<PackedBucket>(ctx, one, false)?;
             let s = loaded_bucket.get(0).map(PackedBucket::unpack).ok_or("ERR the key vanished")?;
             fields.extend([
                 ("tokens", Field::Int(s.tokens)),
@@ -50,7 +54,7 @@ pub fn inspect(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
             b"bucket"
         }
         Ok(Some(t)) if t == store::handle::<PackedWindow>() => {
-            loaded_window = load::<PackedWindow>(ctx, std::slice::from_ref(name), false)?;
+            loaded_window = load::<PackedWindow>(ctx, one, false)?;
             let s = loaded_window.get(0).map(PackedWindow::unpack).ok_or("ERR the key vanished")?;
             fields.extend([
                 ("window_start_ms", Field::Int(s.start_ms as i64)),
@@ -60,7 +64,7 @@ pub fn inspect(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
             b"window"
         }
         Ok(Some(t)) if t == store::handle::<Log>() => {
-            loaded_log = load::<Log>(ctx, std::slice::from_ref(name), false)?;
+            loaded_log = load::<Log>(ctx, one, false)?;
             let log = loaded_log.get(0).ok_or("ERR the key vanished")?;
             let at = |e: Option<rl_core::log::Entry>| e.map_or(-1, |e| e.at_ms() as i64);
             fields.extend([
@@ -72,7 +76,7 @@ pub fn inspect(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
             b"exact-log"
         }
         Ok(Some(t)) if t == store::handle::<Slots>() => {
-            loaded_slots = load::<Slots>(ctx, std::slice::from_ref(name), false)?;
+            loaded_slots = load::<Slots>(ctx, one, false)?;
             let set = loaded_slots.get(0).ok_or("ERR the key vanished")?;
             let live = set.slots().iter().filter(|s| s.deadline_ms as i64 > now);
             fields.extend([

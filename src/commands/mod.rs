@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 use crate::args::{self, FIRST_KEY};
 use crate::ffi::{self, api, Ctx};
 use crate::stats::{self, CommandStats, Counted};
+use crate::store::keys::DistinctKeys;
 use docs::{Access, Doc, Keys};
 
 mod bucket;
@@ -338,4 +339,15 @@ pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
 /// The arguments as byte slices (inline for calls of up to three keys).
 pub(crate) fn arg_bytes<'a>(argv: &[*mut RedisModuleString]) -> SmallVec<[&'a [u8]; 16]> {
     argv.iter().map(|&a| ffi::bytes(a)).collect()
+}
+
+/// The keys of a `CMD numkeys key ...` call, refused if one is named twice:
+/// checked before the arguments after the keys are read, so a repeated key
+/// is the error a call gets first.
+pub(crate) fn numkeys_keys<'a>(
+    argv: &'a [*mut RedisModuleString],
+    bytes: &[&[u8]],
+) -> Result<DistinctKeys<'a>, String> {
+    let n = args::numkeys(bytes).map_err(|e| e.0)?;
+    DistinctKeys::new(&argv[FIRST_KEY..FIRST_KEY + n]).map_err(args::named_twice)
 }

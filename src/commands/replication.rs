@@ -29,9 +29,10 @@ use smallvec::SmallVec;
 
 use super::arg_bytes;
 use crate::args::{int, named_twice, shown};
+use crate::clock;
 use crate::ffi::{Ctx, Key};
 use crate::stats::Counted;
-use crate::store::keys::{distinct, load, wrongtype};
+use crate::store::keys::{load, wrongtype, DistinctKeys};
 use crate::store::{self, Value};
 
 /// A write to one key, as replicas and the AOF must see it.
@@ -108,22 +109,24 @@ pub fn set(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String>
         return Err("ERR wrong number of arguments for 'rl.set' command: expected key blob pxat triples".into());
     }
     at_most_max_keys("RL.SET", "key blob pxat triples", (bytes.len() - 1) / 3)?;
+    let now = clock::now_ms()?;
     let mut writes: SmallVec<[(usize, Option<Decoded>, u64); 4]> = SmallVec::new();
     for (i, t) in bytes[1..].chunks_exact(3).enumerate() {
         let state = match t[1] {
             [] => None,
-            blob => Some(codec::decode(blob).map_err(|e| format!("ERR RL.SET key '{}': {e}", shown(t[0])))?),
+            blob => Some(codec::decode_at(blob, now).map_err(|e| format!("ERR RL.SET key '{}': {e}", shown(t[0])))?),
         };
         writes.push((1 + 3 * i, state, pxat(ctx, t[2], !t[1].is_empty())?));
     }
-    distinct(bytes[1..].iter().step_by(3).copied()).map_err(named_twice)?;
+    let names: SmallVec<[*mut RedisModuleString; 4]> = writes.iter().map(|&(pos, ..)| argv[pos]).collect();
+    let keys = DistinctKeys::new(&names).map_err(named_twice)?;
     let ours = [
         store::handle::<PackedBucket>(),
         store::handle::<PackedWindow>(),
         store::handle::<Log>(),
         store::handle::<Slots>(),
     ];
-    let keys: SmallVec<[Key; 4]> = writes.iter().map(|&(pos, ..)| Key::open(ctx, argv[pos], true)).collect();
+    let keys = keys.open(ctx, true);
     for key in &keys {
         match key.module_type() {
             Ok(None) => {}
@@ -169,6 +172,7 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
         );
     }
     at_most_max_keys("RL.LOGADD", "key drop_before at count pxat groups", (bytes.len() - 1) / 5)?;
+    let now = clock::now_ms()?;
     let mut appends: SmallVec<[(Append, u64); 4]> = SmallVec::new();
     for g in bytes[1..].chunks_exact(5) {
         let time = |raw: &[u8], what: &str| {
@@ -185,13 +189,13 @@ pub fn logadd(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Stri
         };
         appends.push((append, pxat(ctx, g[4], true)?));
     }
-    distinct(bytes[1..].iter().step_by(5).copied()).map_err(named_twice)?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..appends.len()).map(|i| argv[1 + 5 * i]).collect();
-    let mut loaded = load::<Log>(ctx, &names, true)?;
+    let mut loaded = load::<Log>(ctx, DistinctKeys::new(&names).map_err(named_twice)?, true)?;
     for (i, (a, _)) in appends.iter().enumerate() {
         let empty = Log::default();
         let key = shown(bytes[1 + 5 * i]);
-        loaded.get(i).unwrap_or(&empty).accepts(a).map_err(|e| format!("ERR RL.LOGADD key '{key}': {e}"))?;
+        let log = loaded.get(i).unwrap_or(&empty);
+        log.accepts(a).and_then(|()| a.fits_clock(now)).map_err(|e| format!("ERR RL.LOGADD key '{key}': {e}"))?;
     }
     for (i, (a, at)) in appends.iter().enumerate() {
         // Accepted above: this cannot fail.
@@ -217,6 +221,7 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
         );
     }
     at_most_max_keys("RL.SLOT", "key expired_at id deadline count pxat groups", (bytes.len() - 1) / 6)?;
+    let now = clock::now_ms()?;
     let mut changes: SmallVec<[(Change, u64); 4]> = SmallVec::new();
     for g in bytes[1..].chunks_exact(6) {
         let number = |raw: &[u8], what: &str| {
@@ -231,12 +236,13 @@ pub fn slot(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
         let at = pxat(ctx, g[5], true)?;
         changes.push((change, at));
     }
-    distinct(bytes[1..].iter().step_by(6).copied()).map_err(named_twice)?;
     let names: SmallVec<[*mut RedisModuleString; 4]> = (0..changes.len()).map(|i| argv[1 + 6 * i]).collect();
-    let mut loaded = load::<Slots>(ctx, &names, true)?;
+    let mut loaded = load::<Slots>(ctx, DistinctKeys::new(&names).map_err(named_twice)?, true)?;
     for (i, (c, _)) in changes.iter().enumerate() {
         let key = shown(bytes[1 + 6 * i]);
-        loaded.get(i).unwrap_or(&Slots::default()).accepts(c).map_err(|e| format!("ERR RL.SLOT key '{key}': {e}"))?;
+        let empty = Slots::default();
+        let set = loaded.get(i).unwrap_or(&empty);
+        set.accepts(c).and_then(|()| c.fits_clock(now)).map_err(|e| format!("ERR RL.SLOT key '{key}': {e}"))?;
     }
     for (i, (c, at)) in changes.iter().enumerate() {
         let slots = loaded.get_or_create(i, Slots::default)?;

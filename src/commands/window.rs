@@ -9,12 +9,12 @@ use rl_core::window::{self, WindowState};
 use rl_core::{Reply, WindowMode, INLINE};
 use smallvec::SmallVec;
 
-use super::arg_bytes;
 use super::outcome::{carry_out, reply};
-use crate::args::{self, WindowArgs, FIRST_KEY};
+use super::{arg_bytes, numkeys_keys};
+use crate::args::{self, WindowArgs};
 use crate::ffi::Ctx;
 use crate::stats::Counted;
-use crate::store::keys::load;
+use crate::store::keys::{load, DistinctKeys};
 use crate::{clock, config};
 
 pub fn window(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String> {
@@ -26,42 +26,43 @@ pub fn peek(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, String
 }
 
 fn run(ctx: Ctx, argv: &[*mut RedisModuleString], write: bool) -> Result<Counted, String> {
-    let a = args::parse_window(&arg_bytes(argv), config::max_log_limit()).map_err(|e| e.0)?;
+    let bytes = arg_bytes(argv);
+    let keys = numkeys_keys(argv, &bytes)?;
+    let a = args::parse_window(&bytes, config::max_log_limit()).map_err(|e| e.0)?;
     let now = clock::now_ms()?;
-    let names = &argv[FIRST_KEY..FIRST_KEY + a.numkeys];
     let d = match a.mode {
-        WindowMode::Exact => exact(ctx, names, &a, write, now)?,
-        mode => counters(ctx, names, &a, mode, write, now)?,
+        WindowMode::Exact => exact(ctx, keys, &a, write, now)?,
+        mode => counters(ctx, keys, &a, mode, write, now)?,
     };
     Ok(reply(ctx, &d, d.allowed() as i64))
 }
 
 fn counters(
     ctx: Ctx,
-    names: &[*mut RedisModuleString],
+    keys: DistinctKeys,
     a: &WindowArgs,
     mode: WindowMode,
     write: bool,
     now: u64,
 ) -> Result<Reply, String> {
-    let mut loaded = load::<PackedWindow>(ctx, names, write)?;
+    let mut loaded = load::<PackedWindow>(ctx, keys, write)?;
     let states: SmallVec<[Option<WindowState>; INLINE]> =
         (0..a.numkeys).map(|i| loaded.get(i).map(PackedWindow::unpack)).collect();
     let outcome = window::decide(&a.windows, mode, &states, a.cost, now);
     if write {
-        carry_out(ctx, c"rl.window", names, &mut loaded, &outcome)?;
+        carry_out(ctx, c"rl.window", keys.names(), &mut loaded, &outcome)?;
     }
     Ok(outcome.decision)
 }
 
-fn exact(ctx: Ctx, names: &[*mut RedisModuleString], a: &WindowArgs, write: bool, now: u64) -> Result<Reply, String> {
-    let mut loaded = load::<Log>(ctx, names, write)?;
+fn exact(ctx: Ctx, keys: DistinctKeys, a: &WindowArgs, write: bool, now: u64) -> Result<Reply, String> {
+    let mut loaded = load::<Log>(ctx, keys, write)?;
     let outcome = {
         let logs: SmallVec<[Option<&Log>; INLINE]> = (0..a.numkeys).map(|i| loaded.get(i)).collect();
         log::decide(&a.windows, &logs, a.cost, now)
     };
     if write {
-        carry_out(ctx, c"rl.window", names, &mut loaded, &outcome)?;
+        carry_out(ctx, c"rl.window", keys.names(), &mut loaded, &outcome)?;
     }
     Ok(outcome.decision)
 }

@@ -113,9 +113,7 @@ impl Value for Slots {
         // Slots still held when the key goes (it expired at its latest
         // deadline, or was deleted) and past their deadline: releases that
         // never came.
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        crate::stats::INFLIGHT_HEALED.add(self.expired(now));
+        crate::stats::INFLIGHT_HEALED.add(self.expired(crate::clock::system_ms()));
     }
 }
 
@@ -172,7 +170,9 @@ unsafe extern "C" fn rdb_load<T: Value>(rdb: *mut RedisModuleIO, encver: c_int) 
         return std::ptr::null_mut();
     };
     let blob = buf.as_ref();
-    match codec::decode(blob) {
+    // What the module could have written, read on this server's clock: the
+    // rule RESTORE, an RDB and RL.SET share.
+    match codec::decode_at(blob, crate::clock::system_ms()) {
         Ok(decoded) => match T::from_stored(decoded) {
             Some(v) => Box::into_raw(Box::new(v)).cast(),
             None => {

@@ -387,6 +387,17 @@ pub fn module_blob(con: &mut redis::Connection, key: &str) -> Vec<u8> {
     dump[at..at + n].to_vec()
 }
 
+/// `key`'s DUMP payload with its state blob replaced by `blob` and the
+/// footer resealed: a crafted payload RESTORE reads (both blobs under 64
+/// bytes, so their length is one byte).
+pub fn dump_with_blob(con: &mut redis::Connection, key: &str, blob: &[u8]) -> Vec<u8> {
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query(con).expect("DUMP");
+    let old = module_blob(con, key);
+    let at = dump.windows(old.len()).position(|w| w == old).expect("the blob in its DUMP");
+    assert!(dump[at - 1] as usize == old.len() && blob.len() < 64, "blobs of 64 bytes or more");
+    reseal([&dump[..at - 1], &[blob.len() as u8], blob, &dump[at + old.len()..]].concat())
+}
+
 /// A redis-server without this module, as a managed Redis service offers
 /// one (they refuse MODULE LOAD): for the client's Lua backend; or with
 /// another module (`start_with`), as the bench runs redis-cell. On a free
