@@ -660,7 +660,7 @@ fn higher(a: &ShareTable, b: &ShareTable) -> ShareTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::split::SplitParams;
     use crate::Share;
@@ -675,7 +675,8 @@ mod tests {
         t
     }
 
-    fn config() -> Config {
+    /// Three regions and one rule, the defaults otherwise (nothing listens).
+    pub(crate) fn config() -> Config {
         let rule = GlobalRule {
             id: "api".into(),
             split: SplitParams::new(50_000, vec![1, 1, 1]).unwrap(),

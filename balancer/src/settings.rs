@@ -308,18 +308,7 @@ fn inject_delay(c: &Config, _: &Spans) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::round::GlobalRule;
-    use crate::split::SplitParams;
-
-    fn config() -> Config {
-        let rule = GlobalRule {
-            id: "api".into(),
-            split: SplitParams::new(50_000, vec![1, 1, 1]).unwrap(),
-            ramp: Duration::from_secs(1),
-        };
-        let regions = ["eu", "us", "ap"].iter().map(|r| (r.to_string(), "redis://127.0.0.1:1".to_string()));
-        Config::new(regions.collect(), vec![rule])
-    }
+    use crate::run::tests::config;
 
     fn refused(c: &Config) -> String {
         Settings::new(c.clone()).err().unwrap_or_default()
