@@ -28,7 +28,7 @@ use rl_client::Clock;
 use rl_rules::{GlobalLimit, GlobalSpec, RegionalShares};
 
 use crate::split::SplitParams;
-use crate::store::{self, Read};
+use crate::store::{self, Read, StoreError};
 use crate::table::{GlobalBucket, Share};
 use crate::usage::UsageCounts;
 
@@ -187,8 +187,10 @@ impl RegionShares {
     /// One sync, one round trip: the busiest subjects' usage added to the
     /// region's usage hash, the table read with the region's clock. On a
     /// failure the last table stays (and ages) and that interval's usage
-    /// is dropped: usage steers shares, it is not a bill.
-    pub async fn refresh_now(&self) -> Result<u64, redis::RedisError> {
+    /// is dropped: usage steers shares, it is not a bill. A corrupt table
+    /// (a share above the whole, a field no balancer writes) is never
+    /// enforced: it is logged, with what is enforced instead.
+    pub async fn refresh_now(&self) -> Result<u64, StoreError> {
         let batch = self.usage.take_busiest(self.config.busiest);
         let increments: Vec<(&str, &str, u64)> = batch.iter().map(|(r, s, n)| (r.as_str(), s.as_str(), *n)).collect();
         let result = self.sync(&increments).await;
@@ -201,9 +203,14 @@ impl RegionShares {
                 Ok(version)
             }
             Err(e) => {
+                let text = e.to_string();
                 let mut stats = self.stats();
                 stats.refresh_failures += 1;
-                stats.last_error = Some(e.to_string());
+                if matches!(e, StoreError::Corrupt(_)) && stats.last_error.as_deref() != Some(text.as_str()) {
+                    // Once per new corruption, not every refresh.
+                    tracing::warn!(region = %self.config.region, "{text}; enforcing {}", self.enforced_instead(now));
+                }
+                stats.last_error = Some(text);
                 Err(e)
             }
         };
@@ -211,13 +218,28 @@ impl RegionShares {
         outcome
     }
 
-    async fn sync(&self, increments: &[(&str, &str, u64)]) -> Result<Read, redis::RedisError> {
-        let timed_out = || redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out"));
+    /// What a gateway enforces while its table cannot be read.
+    fn enforced_instead(&self, now: u64) -> String {
+        match self.last.load().as_ref() {
+            Some(l) => format!(
+                "the last table read (version {}, read {} s ago) until it is {} old, then the fixed split",
+                l.read.version,
+                now.saturating_sub(l.read_at_ms) / 1000,
+                humantime::format_duration(self.config.stale_after)
+            ),
+            None => "the fixed split (no table read yet)".into(),
+        }
+    }
+
+    async fn sync(&self, increments: &[(&str, &str, u64)]) -> Result<Read, StoreError> {
+        let timed_out =
+            || StoreError::Redis(redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out")));
         let mut con = self.con.lock().await;
         if con.is_none() {
             let fresh = tokio::time::timeout(self.config.timeout, self.client.get_multiplexed_async_connection())
                 .await
-                .map_err(|_| timed_out())??;
+                .map_err(|_| timed_out())?
+                .map_err(StoreError::Redis)?;
             *con = Some(fresh);
         }
         let c = con.as_mut().expect("connected above");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::Mutex;
 
-use crate::store::{self, Read, WriteError};
+use crate::store::{self, Corrupt, Read, StoreError};
 use crate::table::ShareTable;
 
 /// Why a call to a region did not answer.
@@ -17,6 +17,9 @@ use crate::table::ShareTable;
 pub enum CallError {
     /// A newer balancer has claimed the region: this one must stop.
     Fenced(String),
+    /// The region's share table holds what no balancer writes: nothing
+    /// was written there; it needs an operator.
+    Corrupt(Corrupt),
     /// No answer, a timeout or an error: a write may have landed.
     Unreachable(String),
 }
@@ -25,16 +28,18 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Fenced(e) => write!(f, "fenced off: {e}"),
+            CallError::Corrupt(c) => write!(f, "{c}"),
             CallError::Unreachable(e) => write!(f, "unreachable: {e}"),
         }
     }
 }
 
-impl From<WriteError> for CallError {
-    fn from(e: WriteError) -> Self {
+impl From<StoreError> for CallError {
+    fn from(e: StoreError) -> Self {
         match e {
-            WriteError::Stale(s) => CallError::Fenced(s),
-            WriteError::Redis(e) => CallError::Unreachable(e.to_string()),
+            StoreError::Stale(s) => CallError::Fenced(s),
+            StoreError::Corrupt(c) => CallError::Corrupt(c),
+            StoreError::Redis(e) => CallError::Unreachable(e.to_string()),
         }
     }
 }
@@ -61,7 +66,8 @@ impl Link {
         timeout: Duration,
         delay: Option<(Duration, Duration)>,
     ) -> Result<Link, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("region {name}: bad Redis URL {url:?}: {e}"))?;
+        // The URL may carry a password: the message names the region only.
+        let client = redis::Client::open(url).map_err(|e| format!("region {name}: bad Redis URL: {e}"))?;
         Ok(Link { name: name.to_string(), client, con: Arc::default(), key: key.to_string(), timeout, delay })
     }
 
@@ -104,9 +110,38 @@ impl Link {
         result
     }
 
+    /// The server's address (host:port, no credentials), for messages.
+    pub fn address(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
+    }
+
+    /// Whether the server has the redis-rl module (its gateways enforce
+    /// shares with it): a read-only `RL.INSPECT` of the table's key, which
+    /// only a server without the module answers "unknown command".
+    pub async fn has_module(&self) -> Result<bool, CallError> {
+        self.call(|mut con, key| async move {
+            let answer: redis::RedisResult<redis::Value> =
+                redis::cmd("RL.INSPECT").arg(&key).query_async(&mut con).await;
+            match answer {
+                Ok(_) => Ok(true),
+                // Any other answer of the server (WRONGTYPE, NOPERM) names a command it has.
+                Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_) | redis::ErrorKind::Extension) => {
+                    Ok(!e.to_string().to_lowercase().contains("unknown command"))
+                }
+                Err(e) => Err(CallError::Unreachable(e.to_string())),
+            }
+        })
+        .await
+    }
+
     /// Claims `epoch` here; answers the epoch that was in force.
     pub async fn claim(&self, epoch: u64) -> Result<u64, CallError> {
         self.call(|mut con, key| async move { Ok(store::claim(&mut con, &key, epoch).await?) }).await
+    }
+
+    /// Claims `epoch` here over whatever is stored; answers what was.
+    pub async fn take_over(&self, epoch: u64) -> Result<String, CallError> {
+        self.call(|mut con, key| async move { Ok(store::take_over(&mut con, &key, epoch).await?) }).await
     }
 
     /// Reads and clears the region's usage since the last call.
@@ -117,12 +152,14 @@ impl Link {
         .await
     }
 
+    /// The epoch in force here.
+    pub async fn epoch(&self) -> Result<u64, CallError> {
+        self.call(|mut con, key| async move { Ok(store::epoch(&mut con, &key).await?) }).await
+    }
+
     /// Reads the region's table with its ages.
     pub async fn read(&self) -> Result<Read, CallError> {
-        self.call(|mut con, key| async move {
-            store::sync(&mut con, &key, &[]).await.map_err(|e| CallError::Unreachable(e.to_string()))
-        })
-        .await
+        self.call(|mut con, key| async move { Ok(store::sync(&mut con, &key, &[]).await?) }).await
     }
 
     /// Writes the region's table as the balancer of `epoch`; answers its version.

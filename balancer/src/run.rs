@@ -15,14 +15,17 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
+use crate::epoch::{self, parse_stored, MAX_EPOCH};
 use crate::link::{CallError, Link};
 use crate::round::{plan_round, GlobalRule};
+use crate::settings::{Settings, Spans};
 use crate::stale::held_by_unreachable;
-use crate::store::Read;
+use crate::store::{Corrupt, Read};
 use crate::table::{RuleShares, ShareTable};
 use crate::WHOLE;
 
-/// Everything a balancer needs, checked by [`Balancer::new`].
+/// Everything a balancer needs, checked by [`Balancer::new`] (the
+/// relations between its durations: [`Settings`]).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// (name, Redis URL) of each region, in the order of the rules' weights.
@@ -52,8 +55,13 @@ pub struct Config {
     pub delay: Option<(Duration, Duration)>,
     /// The share table's hash in every region.
     pub key: String,
-    /// The fencing epoch; `None`: one above the highest any region has seen.
+    /// The fencing epoch (1 to [`MAX_EPOCH`]); `None`: one above the
+    /// highest any region has seen.
     pub epoch: Option<u64>,
+    /// The operator takes over deliberately: this balancer's first claim in
+    /// each region replaces whatever epoch is stored (higher, corrupt or
+    /// above the ceiling). Only when no other balancer runs.
+    pub take_over: bool,
 }
 
 impl Config {
@@ -74,16 +82,8 @@ impl Config {
             delay: None,
             key: crate::store::DEFAULT_KEY.to_string(),
             epoch: None,
+            take_over: false,
         }
-    }
-}
-
-impl Config {
-    /// Between the last acknowledged lowering and the raise: every gateway
-    /// has read since (a refresh), and a read sent before the lowering
-    /// landed has been answered or dropped (its timeout).
-    pub fn barrier(&self) -> Duration {
-        self.gateway_refresh + self.gateway_timeout
     }
 }
 
@@ -109,17 +109,18 @@ pub struct RoundReport {
 /// Why a balancer stopped.
 #[derive(Debug)]
 pub enum Stopped {
-    /// A newer balancer has claimed a region: this one must not write again.
+    /// A region holds a higher epoch (a newer balancer claimed it, or
+    /// `--epoch` was below it): this one must not write again.
     Fenced(String),
-    /// The configuration is wrong.
+    /// The configuration is wrong, or a region cannot be balanced (no
+    /// module, no epoch left).
     Config(String),
 }
 
 impl std::fmt::Display for Stopped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Stopped::Fenced(e) => write!(f, "another balancer with a higher epoch took over ({e}); this one stops"),
-            Stopped::Config(e) => write!(f, "{e}"),
+            Stopped::Fenced(e) | Stopped::Config(e) => write!(f, "{e}"),
         }
     }
 }
@@ -132,13 +133,36 @@ struct Region {
     last: Option<ShareTable>,
     /// When this balancer last wrote (or tried to write) to it.
     last_write: Option<Instant>,
-    unreachable_since: Option<Instant>,
+    /// Since when it has not been usable (unreachable or corrupt), and why.
+    out: Option<(Instant, Out)>,
     down: bool,
+    /// Whether this balancer's claim landed here once (until then
+    /// `--take-over` applies).
+    claimed: bool,
+    /// Whether the server was seen to have the module.
+    has_module: bool,
+}
+
+/// Why a region is not usable this round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Out {
+    Unreachable,
+    Corrupt,
+}
+
+impl Out {
+    fn text(self) -> &'static str {
+        match self {
+            Out::Unreachable => "unreachable",
+            Out::Corrupt => "corrupt (its share table)",
+        }
+    }
 }
 
 /// One balancer: its regions, rules and epoch.
 pub struct Balancer {
     config: Config,
+    spans: Spans,
     regions: Vec<Region>,
     epoch: u64,
     started: Instant,
@@ -148,46 +172,34 @@ pub struct Balancer {
 struct Visit {
     usage: Vec<(String, String, u64)>,
     read: Read,
+    /// With `--take-over`, the epoch that was stored and replaced.
+    replaced: Option<String>,
 }
 
 impl Balancer {
-    /// Checks the configuration and opens (lazily) a line to every region.
+    /// Checks the configuration ([`Settings`]: refused with every relation
+    /// it breaks, warned about what only weakens it) and opens (lazily) a
+    /// line to every region.
     pub fn new(config: Config) -> Result<Balancer, Stopped> {
-        let n = config.regions.len();
-        if n == 0 {
-            return Err(Stopped::Config("no region: name each with --region NAME=redis://host:port".into()));
+        let settings = Settings::new(config).map_err(Stopped::Config)?;
+        for warning in settings.warnings() {
+            tracing::warn!("{warning}");
         }
-        let names: BTreeSet<&str> = config.regions.iter().map(|r| r.0.as_str()).collect();
-        if names.len() != n {
-            return Err(Stopped::Config("a region is named twice".into()));
-        }
-        if let Some(d) = config.down.iter().find(|d| !names.contains(d.as_str())) {
-            return Err(Stopped::Config(format!("--down {d}: no such region (regions: {names:?})")));
-        }
-        for rule in &config.rules {
-            if rule.split.regions() != n {
-                return Err(Stopped::Config(format!(
-                    "rule {}: its split names {} regions, the balancer has {n}",
-                    rule.id,
-                    rule.split.regions()
-                )));
-            }
-        }
-        if config.interval.is_zero() || config.timeout.is_zero() {
-            return Err(Stopped::Config("--interval and --timeout must be above 0".into()));
-        }
-        let mut regions = Vec::with_capacity(n);
+        let (config, spans) = (settings.config().clone(), settings.spans());
+        let mut regions = Vec::with_capacity(config.regions.len());
         for (name, url) in &config.regions {
             let link = Link::new(name, url, &config.key, config.timeout, config.delay).map_err(Stopped::Config)?;
             regions.push(Region {
                 link,
                 last: None,
                 last_write: None,
-                unreachable_since: None,
+                out: None,
                 down: config.down.contains(name),
+                claimed: false,
+                has_module: false,
             });
         }
-        Ok(Balancer { epoch: config.epoch.unwrap_or(0), config, regions, started: Instant::now() })
+        Ok(Balancer { epoch: config.epoch.unwrap_or(0), config, spans, regions, started: Instant::now() })
     }
 
     /// The epoch this balancer writes with (0 until the first round picks one).
@@ -226,19 +238,42 @@ impl Balancer {
         }
     }
 
-    /// One round. `Err` only when fenced off (or misconfigured).
+    /// One round. `Err` only when fenced off, misconfigured, or a region
+    /// cannot be balanced (no module; no epoch left below the ceiling).
     pub async fn round(&mut self) -> Result<RoundReport, Stopped> {
         let start = Instant::now();
         let n = self.regions.len();
+        self.check_modules().await?;
         if self.epoch == 0 {
-            self.epoch = self.pick_epoch().await;
+            match self.pick_epoch().await? {
+                Some(epoch) => self.epoch = epoch,
+                None => {
+                    let held =
+                        "fewer than a majority of regions answered: the epoch is picked above every one they hold";
+                    let report = RoundReport { versions: vec![None; n], held: Some(held.into()), ..Default::default() };
+                    return Ok(self.finish(report, start));
+                }
+            }
         }
         // Claim, take usage, read: every region at once.
-        let visits = self.each(|link, epoch| async move {
-            link.claim(epoch).await?;
-            let usage = link.take_usage().await?;
-            let read = link.read().await?;
-            Ok(Visit { usage, read })
+        let take_over: Vec<bool> = self.regions.iter().map(|r| self.config.take_over && !r.claimed).collect();
+        let checked: Vec<bool> = self.regions.iter().map(|r| r.has_module).collect();
+        let visits = self.each_indexed(|r, link, epoch| {
+            let (take_over, checked) = (take_over[r], checked[r]);
+            async move {
+                if !checked {
+                    // Nothing is written before the module check answered.
+                    return Err(CallError::Unreachable("no answer to the module check yet".into()));
+                }
+                let replaced = if take_over {
+                    Some(link.take_over(epoch).await?)
+                } else {
+                    link.claim(epoch).await.map(|_| None)?
+                };
+                let usage = link.take_usage().await?;
+                let read = link.read().await?;
+                Ok(Visit { usage, read, replaced })
+            }
         });
         let visits = visits.await;
         let mut report = RoundReport { epoch: self.epoch, versions: vec![None; n], ..Default::default() };
@@ -250,23 +285,48 @@ impl Balancer {
         // ramps only ever run slower).
         let mut since_change = vec![Duration::ZERO; n];
         for (r, visit) in visits.into_iter().enumerate() {
+            let epoch = self.epoch;
+            let explicit = self.config.epoch.is_some();
             let region = &mut self.regions[r];
             match visit {
                 Ok(v) => {
-                    if region.unreachable_since.take().is_some() {
-                        tracing::warn!(region = %region.link.name, "region reachable again");
+                    match region.out.take() {
+                        Some((_, Out::Unreachable)) => {
+                            tracing::warn!(region = %region.link.name, "region reachable again")
+                        }
+                        Some((_, Out::Corrupt)) => {
+                            tracing::warn!(region = %region.link.name, "region's share table is readable again")
+                        }
+                        None => {}
                     }
+                    if let Some(stored) = v.replaced.filter(|s| parse_stored(s).map_or(true, |e| e >= epoch)) {
+                        tracing::warn!(region = %region.link.name, replaced = %stored, epoch, "epoch taken over (--take-over): the stored epoch is replaced by this balancer's");
+                    }
+                    region.claimed = true;
                     reached[r] = true;
                     report.reached.push(region.link.name.clone());
-                    current[r] = in_force_bound(&v.read, &self.config, r);
+                    current[r] = in_force_bound(&v.read, &self.config, self.spans.aged_margin, r);
                     since_change[r] = v.read.since_change;
                     region.last = Some(v.read.table);
                     usage[r] = v.usage;
                 }
-                Err(CallError::Fenced(e)) => return Err(Stopped::Fenced(e)),
+                Err(CallError::Fenced(e)) if !region.claimed && explicit => {
+                    return Err(Stopped::Fenced(format!(
+                        "--{e} in force in region {}: a balancer with a higher epoch runs or ran; leave --epoch out to pick one above it (or, if no other balancer runs, add --take-over)",
+                        region.link.name
+                    )))
+                }
+                Err(CallError::Fenced(e)) => return Err(fenced(&region.link.name, &e)),
+                Err(CallError::Corrupt(c)) => {
+                    region.out.get_or_insert((start, Out::Corrupt)).1 = Out::Corrupt;
+                    warn_corrupt(&region.link.name, &c);
+                    current[r] = region.last.clone().unwrap_or_default();
+                }
                 Err(CallError::Unreachable(e)) => {
-                    let since = *region.unreachable_since.get_or_insert(start);
-                    tracing::warn!(region = %region.link.name, error = %e, for_ms = since.elapsed().as_millis() as u64, "region unreachable");
+                    let since = region.out.get_or_insert((start, Out::Unreachable));
+                    since.1 = Out::Unreachable;
+                    let for_ms = since.0.elapsed().as_millis() as u64;
+                    tracing::warn!(region = %region.link.name, error = %e, for_ms, "region unreachable");
                     current[r] = region.last.clone().unwrap_or_default();
                 }
             }
@@ -328,7 +388,7 @@ impl Balancer {
         }
         let raises = (0..n).any(|r| live[r] && raise[r] != lower[r]);
         if raises && (0..n).all(|r| !live[r] || acked[r]) {
-            tokio::time::sleep(self.config.barrier()).await;
+            tokio::time::sleep(self.spans.barrier).await;
             self.write_all(&raise, &live, &mut report).await?;
             report.raised = true;
         }
@@ -378,7 +438,9 @@ impl Balancer {
                     report.versions[r] = version;
                     region.last = Some(tables[r].clone());
                 }
-                Err(CallError::Fenced(e)) => return Err(Stopped::Fenced(e)),
+                Err(CallError::Fenced(e)) => return Err(fenced(&region.link.name, &e)),
+                // Refused before any write: the region holds what it held.
+                Err(CallError::Corrupt(c)) => warn_corrupt(&region.link.name, &c),
                 Err(CallError::Unreachable(e)) => {
                     tracing::warn!(region = %region.link.name, error = %e, "write failed (it may have landed)");
                     let last = region.last.take().unwrap_or_default();
@@ -400,14 +462,14 @@ impl Balancer {
             if reached[r] || region.down {
                 continue;
             }
-            let since_down = region.unreachable_since.map_or(Duration::ZERO, |s| s.elapsed());
-            if since_down < self.config.grace {
-                return Err(format!("region {} unreachable for less than --grace", region.link.name));
+            let (out_since, why) = region.out.map_or((Duration::ZERO, Out::Unreachable), |(s, why)| (s.elapsed(), why));
+            if out_since < self.config.grace {
+                return Err(format!("region {} {} for less than --grace", region.link.name, why.text()));
             }
             // A write before this balancer started is older than its start.
             let since = region.last_write.unwrap_or(self.started).elapsed();
-            let lag = self.config.timeout + self.config.barrier();
-            let gone = self.config.stale_after + self.config.settle + lag;
+            let lag = self.spans.unreachable_lag;
+            let gone = self.config.stale_after.saturating_add(self.config.settle).saturating_add(lag);
             let held = match &region.last {
                 Some(table) => held_in(table, &rule.id, fixed[r], |last| {
                     held_by_unreachable(last, fixed[r], since, self.config.stale_after, self.config.settle, lag)
@@ -415,7 +477,7 @@ impl Balancer {
                 None if since >= gone => fixed[r],
                 None => {
                     return Err(format!(
-                        "region {} never reached: its table may be in force until {:?} after start",
+                        "region {} never read: its table may be in force until {:?} after start",
                         region.link.name, gone
                     ))
                 }
@@ -425,12 +487,71 @@ impl Balancer {
         Ok(budget)
     }
 
-    /// Epoch: above every epoch the reachable regions have seen, with random
+    /// Epoch: `--epoch`, or above every epoch the regions hold, with random
     /// low bits so two balancers starting together do not pick the same.
-    async fn pick_epoch(&self) -> u64 {
-        let reads = self.each(|link, _| async move { link.read().await }).await;
-        let highest = reads.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.epoch).max().unwrap_or(0);
-        ((highest >> 20) + 1) << 20 | fastrand::u64(..1 << 20)
+    /// `None` until a majority answered (a minority may not hold the
+    /// highest). A corrupt epoch is left to the claims to report.
+    async fn pick_epoch(&self) -> Result<Option<u64>, Stopped> {
+        if let Some(epoch) = self.config.epoch {
+            return Ok(Some(epoch));
+        }
+        let epochs = self.each(|link, _| async move { link.epoch().await }).await;
+        let answered = epochs.iter().filter(|e| !matches!(e, Err(CallError::Unreachable(_)))).count();
+        if answered * 2 <= self.regions.len() {
+            return Ok(None);
+        }
+        let (highest, at) = epochs
+            .iter()
+            .zip(&self.regions)
+            .filter_map(|(e, region)| e.as_ref().ok().map(|&e| (e, region.link.name.as_str())))
+            .max()
+            .unwrap_or((0, "-"));
+        match epoch::next_above(highest) {
+            Some(epoch) => Ok(Some(epoch)),
+            None if self.config.take_over => {
+                tracing::warn!(highest, region = %at, "no epoch left above the highest: --take-over starts over from the bottom");
+                Ok(Some(epoch::from_the_bottom()))
+            }
+            None => Err(Stopped::Config(format!(
+                "no epoch is left above {highest}, the epoch in force in region {at} (the ceiling is {MAX_EPOCH}; only an epoch given by hand gets this high): if no other balancer runs, restart with --take-over, which starts the epochs over from the bottom"
+            ))),
+        }
+    }
+
+    /// Every region first reached is checked for the module (its gateways
+    /// enforce shares with it) before anything is written there.
+    async fn check_modules(&mut self) -> Result<(), Stopped> {
+        if self.regions.iter().all(|r| r.has_module) {
+            return Ok(());
+        }
+        let checked: Vec<bool> = self.regions.iter().map(|r| r.has_module).collect();
+        let answers = self
+            .each_indexed(|r, link, _| {
+                let checked = checked[r];
+                async move {
+                    if checked {
+                        Ok(true)
+                    } else {
+                        link.has_module().await
+                    }
+                }
+            })
+            .await;
+        for (region, answer) in self.regions.iter_mut().zip(answers) {
+            match answer {
+                Ok(true) => region.has_module = true,
+                Ok(false) => {
+                    return Err(Stopped::Config(format!(
+                        "region {} ({}): the server has no redis-rl module (RL.INSPECT is an unknown command there), so its gateways cannot enforce shares in it: load the module there (loadmodule /path/to/libredis_rl.so), or leave the region out of --region and of the rules",
+                        region.link.name,
+                        region.link.address()
+                    )))
+                }
+                // Unreachable or worse: checked when it answers.
+                Err(_) => {}
+            }
+        }
+        Ok(())
     }
 
     /// Runs `f` on every region at once; answers in the regions' order.
@@ -464,12 +585,12 @@ impl Balancer {
 }
 
 /// What a region's gateways may enforce with this table read: the table
-/// itself while it is fresh; once it is old enough that gateways may have
-/// fallen back, the smaller of it and the fixed split (a phase-one write
-/// must not raise a gateway that already fell back).
-fn in_force_bound(read: &Read, config: &Config, r: usize) -> ShareTable {
-    let margin = config.interval + config.timeout;
-    if read.age + margin < config.stale_after {
+/// itself while it is fresh; once it is old enough (within `margin`,
+/// [`Spans::aged_margin`], of `stale_after`) that gateways may have fallen
+/// back before the lowering lands, the smaller of it and the fixed split
+/// (a phase-one write must not raise a gateway that already fell back).
+fn in_force_bound(read: &Read, config: &Config, margin: Duration, r: usize) -> ShareTable {
+    if read.age.saturating_add(margin) < config.stale_after {
         return read.table.clone();
     }
     let mut table = ShareTable::default();
@@ -486,6 +607,24 @@ fn in_force_bound(read: &Read, config: &Config, r: usize) -> ShareTable {
         table.rules.insert(rule.id.clone(), shares);
     }
     table
+}
+
+/// A newer balancer's claim refused this one's in `region`.
+fn fenced(region: &str, e: &str) -> Stopped {
+    Stopped::Fenced(format!("another balancer with a higher epoch took over in region {region} ({e}); this one stops"))
+}
+
+/// A corrupt share table, reported as what it is, with what to do.
+fn warn_corrupt(region: &str, c: &Corrupt) {
+    let remedy = if c.field == "epoch" {
+        "this balancer cannot fence the region and leaves it alone; if no other balancer runs, restart with --take-over to claim it over the stored value".to_string()
+    } else {
+        format!(
+            "the balancer leaves the region alone: its gateways keep their last table, then fall back to the fixed split after --stale-after; once they have, repair it with HDEL {} {} (the next write rewrites it)",
+            c.key, c.field
+        )
+    };
+    tracing::warn!(region = %region, "{c}; {remedy}");
 }
 
 /// The most `held` gives over every share of `rule` in `table` (its
@@ -521,7 +660,7 @@ fn higher(a: &ShareTable, b: &ShareTable) -> ShareTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::split::SplitParams;
     use crate::Share;
@@ -536,7 +675,8 @@ mod tests {
         t
     }
 
-    fn config() -> Config {
+    /// Three regions and one rule, the defaults otherwise (nothing listens).
+    pub(crate) fn config() -> Config {
         let rule = GlobalRule {
             id: "api".into(),
             split: SplitParams::new(50_000, vec![1, 1, 1]).unwrap(),
@@ -551,15 +691,30 @@ mod tests {
         let c = config();
         let read = |age_s| Read {
             version: 1,
-            epoch: 1,
+            epoch: Ok(1),
             table: table(200_000, Some(900_000)),
             age: Duration::from_secs(age_s),
             since_change: Duration::from_secs(age_s),
         };
-        assert_eq!(in_force_bound(&read(5), &c, 0), table(200_000, Some(900_000)));
-        assert_eq!(in_force_bound(&read(290), &c, 0), table(200_000, Some(333_333)));
+        let margin = Spans::of(&c).aged_margin;
+        assert_eq!(in_force_bound(&read(5), &c, margin, 0), table(200_000, Some(900_000)));
+        assert_eq!(in_force_bound(&read(290), &c, margin, 0), table(200_000, Some(333_333)));
         let never = Read { table: ShareTable::default(), ..read(u32::MAX as u64) };
-        assert_eq!(in_force_bound(&never, &c, 0), table(333_333, None), "no table: the fixed split");
+        assert_eq!(in_force_bound(&never, &c, margin, 0), table(333_333, None), "no table: the fixed split");
+        // Calls slower than the interval: the read, the round's other
+        // calls and the lowering (four calls) may all come before a
+        // gateway falls back.
+        let mut c = config();
+        (c.interval, c.timeout, c.stale_after) =
+            (Duration::from_millis(200), Duration::from_millis(400), Duration::from_secs(3));
+        let margin = Spans::of(&c).aged_margin;
+        let read_ms = |age_ms| Read { age: Duration::from_millis(age_ms), ..read(0) };
+        assert_eq!(in_force_bound(&read_ms(1100), &c, margin, 0), table(200_000, Some(900_000)));
+        assert_eq!(
+            in_force_bound(&read_ms(1300), &c, margin, 0),
+            table(200_000, Some(333_333)),
+            "1.3 s + 4 x 400 ms reach 3 s"
+        );
     }
 
     #[test]
@@ -579,16 +734,8 @@ mod tests {
         c.down.insert("mars".into());
         assert!(Balancer::new(c).err().unwrap().to_string().contains("--down mars: no such region"));
         let mut c = config();
-        c.regions.pop();
-        assert!(Balancer::new(c)
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("rule api: its split names 3 regions, the balancer has 2"));
-        let c = Config::new(vec![], vec![]);
-        assert!(Balancer::new(c).err().unwrap().to_string().contains("no region"));
-        let mut c = config();
-        c.regions[0].1 = "nonsense".into();
-        assert!(Balancer::new(c).err().unwrap().to_string().contains("bad Redis URL"));
+        c.regions[0].1 = "nonsense://me:secret@host".into();
+        let e = Balancer::new(c).err().unwrap().to_string();
+        assert!(e.contains("region eu: bad Redis URL") && !e.contains("secret"), "{e}");
     }
 }

@@ -105,8 +105,12 @@ pub struct RegionalBucket {
 
 impl GlobalBucket {
     /// This region's part at `share` ppm, raised from `from` ppm
-    /// `since_change` ago (see [`ramped_capacity`]).
+    /// `since_change` ago (see [`ramped_capacity`]). A share or a start
+    /// above the whole is no share: refused, never enforced above the limit.
     pub fn regional(&self, share: u32, from: u32, since_change: Duration) -> Option<RegionalBucket> {
+        if share > crate::WHOLE || from > crate::WHOLE {
+            return None;
+        }
         let part = |total: u64, ppm: u32| (total as u128 * ppm as u128 / crate::WHOLE as u128) as u64;
         let refill = part(self.refill, share);
         let to = part(self.capacity, share);
@@ -117,6 +121,36 @@ impl GlobalBucket {
 }
 
 impl ShareTable {
+    /// Every share within the whole: a table holding one above it was not
+    /// written by a balancer, and enforcing it would admit more than the
+    /// whole limit in one region. `Err` names the rule, the share and by
+    /// how much.
+    pub fn check(&self) -> Result<(), String> {
+        let above = |rule: &str, what: &str, ppm: u32| {
+            format!(
+                "has rule {rule}'s {what} of {ppm} ppm, above the whole ({} ppm): enforced, it would admit {} times the limit in this region alone",
+                crate::WHOLE,
+                ppm / crate::WHOLE
+            )
+        };
+        for (id, r) in &self.rules {
+            let default = r.default_share();
+            for (what, ppm) in [("default share", default.share), ("default share's ramp start", default.from)] {
+                if ppm > crate::WHOLE {
+                    return Err(above(id, what, ppm));
+                }
+            }
+            for (subject, s) in &r.subjects {
+                for (what, ppm) in [("share", s.share), ("ramp start", s.from)] {
+                    if ppm > crate::WHOLE {
+                        return Err(above(id, &format!("{what} for subject {subject:?}"), ppm));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The share of `subject` under `rule`, with the one it was raised
     /// from: the subject's own, else the rule's default, else `None` (the
     /// table does not know the rule: use the fixed split).
@@ -164,6 +198,21 @@ mod tests {
             Some(RegionalBucket { capacity: 450, refill: 700 })
         );
         assert_eq!(g.regional(500, 500, Duration::ZERO), None, "half a token: refused, never rounded up");
+        assert_eq!(g.regional(crate::WHOLE + 1, 0, Duration::from_secs(9)), None, "above the whole: no share");
+    }
+
+    #[test]
+    fn a_share_above_the_whole_is_named() {
+        let t: ShareTable = serde_json::from_str(r#"{"rules":{"api":{"default":99999999}}}"#).unwrap();
+        let e = t.check().unwrap_err();
+        assert!(e.contains("api's default share of 99999999 ppm") && e.contains("99 times"), "{e}");
+        let t: ShareTable = serde_json::from_str(
+            r#"{"rules":{"api":{"default":1000,"subjects":{"acme":{"share":5,"from":1000001}}}}}"#,
+        )
+        .unwrap();
+        assert!(t.check().unwrap_err().contains("ramp start for subject \"acme\" of 1000001 ppm"));
+        let whole: ShareTable = serde_json::from_str(r#"{"rules":{"api":{"default":1000000}}}"#).unwrap();
+        assert_eq!(whole.check(), Ok(()));
     }
 
     #[test]

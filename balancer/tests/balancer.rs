@@ -12,8 +12,10 @@ use rl_balancer::store::{self, DEFAULT_KEY};
 use rl_balancer::{Balancer, Config, GlobalRule, SplitParams, Stopped, WHOLE};
 use testkit::Server;
 
-const STALE_AFTER: Duration = Duration::from_millis(1500);
-const SETTLE: Duration = Duration::from_millis(300);
+// The shortest the relations allow with rounds every 200 ms and calls
+// bounded by 400 ms (rl_balancer::Settings).
+const STALE_AFTER: Duration = Duration::from_secs(3);
+const SETTLE: Duration = Duration::from_secs(1);
 const FIXED: u32 = 333_333;
 
 fn servers() -> Vec<Server> {
@@ -249,7 +251,7 @@ async fn the_binary_balances_from_a_rules_file_and_stops_when_fenced_off() {
         .arg(&path)
         .args(["--region", &region(0, "eu"), "--region", &region(1, "us"), "--region", &region(2, "ap")])
         .args(["--interval", "200ms", "--gateway-refresh", "50ms", "--gateway-timeout", "100ms"])
-        .args(["--stale-after", "1500ms", "--settle", "300ms"])
+        .args(["--stale-after", "3s", "--settle", "1s", "--timeout", "400ms"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

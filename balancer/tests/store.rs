@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rl_balancer::store::{self, WriteError, DEFAULT_KEY};
+use rl_balancer::store::{self, StoreError, DEFAULT_KEY};
 use rl_balancer::{RuleShares, Share, ShareTable};
 use testkit::PlainServer;
 
@@ -24,12 +24,12 @@ async fn a_stale_balancer_is_fenced_off() {
     // A restarted balancer claims epoch 2; the old one's writes are refused.
     assert_eq!(store::claim(&mut con, DEFAULT_KEY, 2).await.unwrap(), 1);
     match store::write(&mut con, DEFAULT_KEY, 1, &table(900_000)).await {
-        Err(WriteError::Stale(e)) => assert!(e.contains("epoch 1 is below 2"), "{e}"),
+        Err(StoreError::Stale(e)) => assert!(e.contains("epoch 1 is below 2"), "{e}"),
         other => panic!("a stale write must be fenced off, got {other:?}"),
     }
-    assert!(matches!(store::claim(&mut con, DEFAULT_KEY, 1).await, Err(WriteError::Stale(_))));
+    assert!(matches!(store::claim(&mut con, DEFAULT_KEY, 1).await, Err(StoreError::Stale(_))));
     let read = store::sync(&mut con, DEFAULT_KEY, &[]).await.unwrap();
-    assert_eq!((read.version, read.epoch, read.table), (1, 2, table(100_000)));
+    assert_eq!((read.version, read.epoch, read.table), (1, Ok(2), table(100_000)));
     // The new one writes; an unchanged table is a heartbeat: same version.
     assert_eq!(store::write(&mut con, DEFAULT_KEY, 2, &table(700_000)).await.unwrap(), 2);
     assert_eq!(store::write(&mut con, DEFAULT_KEY, 2, &table(700_000)).await.unwrap(), 2);
@@ -70,5 +70,6 @@ async fn a_corrupt_table_is_an_error_not_a_panic() {
     let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::cmd("HSET").arg(DEFAULT_KEY).arg("table").arg("{oops").query_async(&mut con).await.unwrap();
     let e = store::sync(&mut con, DEFAULT_KEY, &[]).await.unwrap_err();
-    assert!(e.to_string().contains("share table is not valid JSON"), "{e}");
+    assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
+    assert!(e.to_string().contains("field table of rl:shares = \"{oops\" is not JSON"), "{e}");
 }

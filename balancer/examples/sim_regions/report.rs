@@ -34,13 +34,14 @@ pub fn header(s: &Settings, t: &Timing, command: &str, seconds: f64, quiet_refus
         ("gateways' table refresh", "1 s", t.gateway_refresh),
         ("gateways' read timeout (the barrier: refresh + timeout)", "1 s", t.gateway_timeout),
         ("stale_after (fixed split after)", "5 min", t.stale_after),
-        ("settle", "10 s", t.settle),
+        ("settle (longer than one round's writes spread: 2 calls and the barrier, each call carrying the uncompressed delay)", "10 s", t.settle),
+        ("balancer's call timeout", "2 s", t.timeout),
         ("grace for an unreachable region", "60 s", t.grace),
     ] {
         let _ = writeln!(out, "| {what} | {design} | {here:?} |");
     }
     let _ = writeln!(out, "| cross-region delay | 70-150 ms | 70-150 ms (not compressed: the balancer's rounds take a larger part of the interval here) |\n");
-    let _ = writeln!(out, "**The bound the design guarantees:** over any window of length W, the busy customer is admitted at most burst + rate x W in all regions together ({BURST} + {RATE} x W): the shares in effect never sum above 1 (lower everywhere, wait 1.5 gateway refreshes, then raise; fencing epochs; stale fallback lowering first), and a raised share's capacity ramps at the refill rate. The recording counts answers at the gateway, so every window is widened by the longest request measured. Every check below fails `make sim-regions` when broken.\n");
+    let _ = writeln!(out, "**The bound the design guarantees:** over any window of length W, the busy customer is admitted at most burst + rate x W in all regions together ({BURST} + {RATE} x W): the shares in effect never sum above 1 (lower everywhere, wait a gateway refresh and read timeout, then raise; fencing epochs; stale fallback lowering first), and a raised share's capacity ramps at the refill rate. The recording counts answers at the gateway, so every window is widened by the longest request measured. Every check below fails `make sim-regions` when broken.\n");
     out
 }
 

@@ -274,7 +274,12 @@ pub async fn region_killed(s: &Settings, t: &Timing) -> Outcome {
     let auto_late = checks::rate_between(&recording, killed + fb + 2.0, down);
     let with_down = checks::rate_between(&recording, down + 3.0, down + 8.0);
     let first_ap = recording.shares.iter().find(|x| x.0 > back).and_then(|x| x.1[2]);
-    let down_shares = recording.shares.iter().find(|x| x.0 > down + 5.0).map(|x| x.1);
+    // Each round lowers before it raises: a sample between the two shows a
+    // share lowered by the round's move, so the whole shows after a raise,
+    // the highest sum over a few rounds.
+    let down_shares = checks::shares_between(&recording, down + 5.0, down + 8.0)
+        .into_iter()
+        .max_by_key(|s| s[0].unwrap_or(0) + s[1].unwrap_or(0));
     let end = recording.shares.last().map(|x| x.1).unwrap_or_default();
     let floor = (FLOOR * 1e6) as u32;
     Outcome {
@@ -287,7 +292,7 @@ pub async fn region_killed(s: &Settings, t: &Timing) -> Outcome {
             ("admitted per second, automatic, before ap's gateways must have fallen back".into(), format!("{auto_early:.0}")),
             ("admitted per second, automatic, after".into(), format!("{auto_late:.0}")),
             ("admitted per second with --down ap".into(), format!("{with_down:.0}")),
-            ("shares 5 s after --down (eu/us/ap)".into(), down_shares.map_or("-".into(), |s| s.map(pct).join(" / "))),
+            ("shares 5-8 s after --down, after a raise (eu/us/ap)".into(), down_shares.map_or("-".into(), |s| s.map(pct).join(" / "))),
             ("ap's first share after it returns".into(), pct(first_ap)),
             ("shares at the end (eu/us/ap)".into(), end.map(pct).join(" / ")),
         ],

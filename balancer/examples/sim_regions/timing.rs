@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 pub struct Timing {
+    /// Bound of every balancer call to a region (design: 2 s).
+    pub timeout: Duration,
     /// The balancer's interval (design: 10 s).
     pub interval: Duration,
     /// How often gateways read their region's table (design: 1 s).
@@ -13,6 +15,9 @@ pub struct Timing {
     /// Gateways keep the last shares this long (design: 5 min).
     pub stale_after: Duration,
     /// Then min(last, fixed) this long, then the fixed split (design: 10 s).
+    /// Not compressed ten times: it must outlast the spread of one round's
+    /// writes (two calls and the barrier), and the calls carry the
+    /// uncompressed cross-region delay.
     pub settle: Duration,
     /// A region unreachable this long gives up what it cannot hold (design: 60 s).
     pub grace: Duration,
@@ -23,11 +28,12 @@ pub struct Timing {
 impl Timing {
     pub fn compressed() -> Timing {
         Timing {
+            timeout: Duration::from_millis(500),
             interval: Duration::from_secs(1),
             gateway_refresh: Duration::from_millis(100),
             gateway_timeout: Duration::from_millis(200),
             stale_after: Duration::from_secs(30),
-            settle: Duration::from_secs(1),
+            settle: Duration::from_secs(2),
             grace: Duration::from_secs(6),
             delay: (Duration::from_millis(70), Duration::from_millis(150)),
         }
@@ -45,7 +51,7 @@ impl Timing {
             stale_after: self.stale_after,
             settle: self.settle,
             grace: self.grace,
-            timeout: Duration::from_millis(500),
+            timeout: self.timeout,
             delay: Some(self.delay),
             ..rl_balancer::Config::new(regions, rules)
         }

@@ -17,6 +17,13 @@ use rl_rules::RuleSetSpec;
 /// Run exactly one per deployment (under a supervisor that restarts it). A
 /// second one, or a restarted one, claims a higher epoch in every region;
 /// the older one's writes are then refused and it exits with status 3.
+/// A stored epoch that is corrupt or above the ceiling is reported, not
+/// fenced against: --take-over claims over it deliberately.
+///
+/// Flags that break the never-over argument (e.g. --stale-after within a
+/// round, --settle within one round's writes, a 0 barrier) and regions
+/// whose server lacks the redis-rl module are refused with status 2, by
+/// name and with the relation broken.
 ///
 /// Alarms: the share table's age above 60 s (rl_share_table_age_seconds from
 /// `rlctl metrics` on each region's Redis: this process is down
@@ -89,10 +96,18 @@ struct Args {
     #[arg(long, default_value = rl_balancer::store::DEFAULT_KEY)]
     key: String,
 
-    /// The fencing epoch (default: above the highest any region has seen,
-    /// so a new balancer always takes over from an old one).
-    #[arg(long)]
+    /// The fencing epoch, an integer from 1 to 9223372036854775807
+    /// (default: above the highest any region holds, so a new balancer
+    /// always takes over from an old one).
+    #[arg(long, value_parser = parse_epoch)]
     epoch: Option<u64>,
+
+    /// Take over deliberately: the first claim in each region replaces the
+    /// epoch stored there, even a higher one, a corrupt one or one above
+    /// the ceiling (an older balancer's). Only when no other balancer
+    /// runs: one that does claims back above it, and this one exits 3.
+    #[arg(long)]
+    take_over: bool,
 
     /// Testing: wait a random MIN-MAX ms before every call to a region,
     /// e.g. 70-150, to model cross-region latency.
@@ -108,6 +123,10 @@ fn parse_region(s: &str) -> Result<(String, String), String> {
     Ok((name.to_string(), url.to_string()))
 }
 
+fn parse_epoch(s: &str) -> Result<u64, String> {
+    rl_balancer::epoch::parse_stored(s).map_err(|p| format!("--epoch {s} is {p}"))
+}
+
 fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
     let (lo, hi) = s.split_once('-').ok_or("expected MIN-MAX in ms, e.g. 70-150")?;
     let ms = |v: &str| v.trim().parse::<u64>().map_err(|e| format!("{v:?}: {e}"));
@@ -121,9 +140,8 @@ fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
 fn config(args: Args) -> Result<Config, String> {
     let spec = RuleSetSpec::from_file(&args.rules).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
     let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
-    if let Some(twice) = names.iter().enumerate().find_map(|(i, n)| names[..i].contains(n).then_some(n)) {
-        return Err(format!("--region {twice}: named twice (one --region per region)"));
-    }
+    // Before the rules are matched to the regions: they need each once.
+    rl_balancer::settings::named_once(&names)?;
     let rules =
         rl_balancer::rules::from_spec(&spec, &names).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
     let mut c = Config::new(args.regions, rules);
@@ -138,6 +156,7 @@ fn config(args: Args) -> Result<Config, String> {
     c.down = args.down.into_iter().collect::<BTreeSet<_>>();
     c.key = args.key;
     c.epoch = args.epoch;
+    c.take_over = args.take_over;
     c.delay = args.inject_delay;
     Ok(c)
 }
