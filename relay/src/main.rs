@@ -119,11 +119,7 @@ async fn run(args: Args) -> Result<(), String> {
     tokio::spawn(relay.clone().probe_forever());
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
-    line(format_args!(
-        "listening on {local} for {}, {auth}, at most {} clients",
-        urls.join(" "),
-        limits.max_clients
-    ));
+    line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
     rl_relay::resp::serve(relay, listener).await;
     Ok(())
 }

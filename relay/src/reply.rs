@@ -81,7 +81,9 @@ impl From<Value> for Reply {
                 Some(details) => format!("{} {details}", e.code()).into(),
                 None => e.code().to_string().into(),
             }),
-            other => Reply::Error(format!("ERR relay: Redis answered {other:?}, which the relay does not carry").into()),
+            other => {
+                Reply::Error(format!("ERR relay: Redis answered {other:?}, which the relay does not carry").into())
+            }
         }
     }
 }
@@ -92,7 +94,8 @@ mod tests {
 
     #[test]
     fn six_integers_round_trip() {
-        let r = rl_core::Reply { granted: 3, remaining: 7, retry_after_ms: 0, reset_after_ms: 30, limit: 10, binding: 1 };
+        let r =
+            rl_core::Reply { granted: 3, remaining: 7, retry_after_ms: 0, reset_after_ms: 30, limit: 10, binding: 1 };
         assert_eq!(Reply::six(r, true).module_reply(), Some(r));
         assert_eq!(Reply::six(r, false).module_reply().unwrap().granted, 1);
         assert_eq!(Reply::Array(vec![Reply::Int(1)]).module_reply(), None);

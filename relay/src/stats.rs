@@ -3,7 +3,7 @@
 //! front moved them.
 //!
 //! Subjects are named by their keys with the hash tag (`{...}`, where an API
-//! key or an address goes) replaced by a keyed hash of it, unless
+//! key or an address goes) replaced by `#` and a keyed hash of it, unless
 //! `--show-subjects` asks for the names as they are: labels and INFO lines
 //! reach dashboards and logs that should not hold customers' keys. The hash
 //! key is random per process, so the hash cannot be reversed by trying
@@ -81,7 +81,7 @@ impl SubjectNames {
             match tag {
                 Some((open, close)) => {
                     out.push_str(&String::from_utf8_lossy(&key[..open]));
-                    let _ = write!(out, "{{#{:016x}}}", self.key.hash_one(&key[open + 1..close]));
+                    let _ = write!(out, "#{:016x}", self.key.hash_one(&key[open + 1..close]));
                     out.push_str(&String::from_utf8_lossy(&key[close + 1..]));
                 }
                 None => {
@@ -180,7 +180,7 @@ pub fn info(view: &View) -> String {
          from_memory:{from_memory}\r\nhit_ratio:{:.4}\r\nupstream_leases:{}\r\nforwarded:{}\r\n\
          upstream_failures:{}\r\nrefused_commands:{}\r\nprotocol_errors:{}\r\nauth_failures:{}\r\n\
          connected_clients:{}\r\nmax_clients:{}\r\nrejected_clients:{}\r\nsubjects:{}\r\nmax_subjects:{}\r\n\
-         subject_evictions:{}\r\nmax_refusal_hold_ms:{}\r\n",
+         evicted_subjects:{}\r\nmax_refusal_hold_ms:{}\r\n",
         u8::from(view.ready),
         settings.relays,
         settings.window_ms,
@@ -241,9 +241,13 @@ pub fn metrics(view: &View) -> String {
         family(&mut out, name, "counter", help, [(String::new(), value.load(Relaxed).to_string())]);
     }
     let evictions = view.pools.evictions().to_string();
-    family(&mut out, "rl_relay_subject_evictions_total", "counter", "pools dropped to make room for new subjects", [
-        (String::new(), evictions),
-    ]);
+    family(
+        &mut out,
+        "rl_relay_subject_evictions_total",
+        "counter",
+        "pools dropped to make room for new subjects",
+        [(String::new(), evictions)],
+    );
     for (name, help, value) in [
         ("rl_relay_ready", "1 while Redis answers the relay's probe, else 0", u64::from(view.ready)),
         ("rl_relay_connected_clients", "client connections now", c.connected_clients.load(Relaxed)),
@@ -290,7 +294,7 @@ mod tests {
         let name = names.name(&keys);
         assert!(!name.contains("api-key") && !name.contains("plain-key"), "{name}");
         let (first, second) = name.split_once(',').unwrap();
-        assert!(first.starts_with("rl:{#") && first.ends_with("}:per_second") && first.len() == 33, "{first}");
+        assert!(first.starts_with("rl:#") && first.ends_with(":per_second") && first.len() == 31, "{first}");
         assert!(second.starts_with('#') && second.len() == 17, "{second}");
         assert_eq!(names.name(&keys), name, "stable within the process");
         assert_ne!(names.name(&[Bytes::from_static(b"rl:{api-key-2}:per_second")]), first);

@@ -37,14 +37,8 @@ fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
-#[test]
-fn readiness_follows_redis_and_liveness_does_not() {
-    let mut s = Server::start(&[]);
-    let metrics = free_port();
-    let url = format!("redis://rl:hunter2-secret@127.0.0.1:{}/", s.port);
-    // The server has no such user: AUTH fails, so the relay is not ready.
-    let relay = Relay::start(&url, &["--metrics", &format!("127.0.0.1:{metrics}"), "--timeout-ms", "200"]);
-    wait_for("not ready (bad credentials)", || http_get(metrics, "/ready").0 == 503);
+/// The user the readiness test's relay logs in as.
+fn make_user(s: &Server) {
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("rl")
@@ -54,6 +48,17 @@ fn readiness_follows_redis_and_liveness_does_not() {
         .arg("+@all")
         .query(&mut s.con())
         .unwrap();
+}
+
+#[test]
+fn readiness_follows_redis_and_liveness_does_not() {
+    let mut s = Server::start(&[]);
+    let metrics = free_port();
+    let url = format!("redis://rl:hunter2-secret@127.0.0.1:{}/", s.port);
+    // The server has no such user: AUTH fails, so the relay is not ready.
+    let relay = Relay::start(&url, &["--metrics", &format!("127.0.0.1:{metrics}"), "--timeout-ms", "200"]);
+    wait_for("not ready (bad credentials)", || http_get(metrics, "/ready").0 == 503);
+    make_user(&s);
     wait_for("ready", || http_get(metrics, "/ready").0 == 200);
     let (_, body) = http_get(metrics, "/metrics");
     assert_eq!(metric(&body, "rl_relay_ready"), Some(1.0), "{body}");
@@ -71,6 +76,8 @@ fn readiness_follows_redis_and_liveness_does_not() {
         assert!(call(&mut c, "RL.TAKE 1 rl:{a}:s 10 1 1000").error().starts_with("TRYAGAIN"));
     }
     s.restart();
+    // The server keeps nothing: its user is made again.
+    make_user(&s);
     wait_for("ready again", || http_get(metrics, "/ready").0 == 200);
     let log = relay.log();
     assert!(!log.contains("hunter2"), "a secret in the log:\n{log}");
@@ -137,7 +144,7 @@ fn metrics_are_prometheus_text_grouped_by_family() {
     assert!(!relay.info().contains("api-key"), "{}", relay.info());
     let batch = scrape.samples.iter().find(|s| s.metric == "rl_relay_subject_batch").unwrap();
     let subject = batch.labels.get("subject").unwrap();
-    assert!(subject.starts_with("rl:{#") && subject.ends_with("}:per_second"), "{subject}");
+    assert!(subject.starts_with("rl:#") && subject.ends_with(":per_second"), "{subject}");
     if let Ok(mut promtool) =
         Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()
     {
@@ -192,16 +199,21 @@ fn the_readmes_acl_recipe_runs_the_relay() {
         "RL.RELEASE 1 rl:{acl}:f ID one",
     ] {
         let reply = call(&mut c, line);
-        assert!(matches!(reply, Resp::Array(_)), "{line}: {reply:?}");
+        assert!(matches!(reply, Resp::Array(_) | Resp::Int(_)), "{line}: {reply:?}");
     }
     // A key outside the pattern is Redis's refusal, word for word.
     let outside = call(&mut c, "RL.TAKE 1 other:{x}:s 10 1 1000 FORCE");
     assert!(outside.error().starts_with("NOPERM"), "{outside:?}");
-    // The user itself cannot do more than the recipe says.
+    // The user itself cannot do more than the recipe says (except RESET,
+    // which no ACL refuses: the relay never forwards it).
     let direct = redis::Client::open(url.as_str()).unwrap().get_connection();
     let mut direct = direct.unwrap();
-    for forbidden in ["FLUSHALL", "KEYS", "CONFIG"] {
-        let e = redis::cmd(forbidden).arg("*").query::<redis::Value>(&mut direct).unwrap_err();
+    for forbidden in ["FLUSHALL", "KEYS *", "CONFIG GET maxmemory", "EVAL return 0", "GET rl:x"] {
+        let mut cmd = redis::Cmd::new();
+        for word in forbidden.split(' ') {
+            cmd.arg(word);
+        }
+        let e = cmd.query::<redis::Value>(&mut direct).unwrap_err();
         assert!(testkit::server_error(&e).starts_with("NOPERM"), "{forbidden}: {e}");
     }
     let log = relay.log();

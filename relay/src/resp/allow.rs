@@ -142,6 +142,9 @@ mod tests {
         assert_eq!(refusal(&args("CONFIG SET maxmemory 1")), "ERR command 'CONFIG SET' is not served by rl-relay");
         assert_eq!(refusal(&args("config")), "ERR command 'config' is not served by rl-relay");
         assert_eq!(refusal(&[Bytes::from_static(b"A\r\nB")]), "ERR command 'A??B' is not served by rl-relay");
-        assert_eq!(refusal(&[Bytes::from(vec![b'x'; 100])]).len(), "ERR command '' is not served by rl-relay".len() + 64);
+        assert_eq!(
+            refusal(&[Bytes::from(vec![b'x'; 100])]).len(),
+            "ERR command '' is not served by rl-relay".len() + 64
+        );
     }
 }

@@ -77,7 +77,8 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             Some(Err(ReadError::Protocol(e))) => {
                 relay.counters.protocol_errors.fetch_add(1, Relaxed);
                 let Ok(permit) = budget.clone().acquire_owned().await else { break };
-                let error = Answer { protocol: session.protocol, reply: Pending::Ready(Reply::error(e)), _budget: permit };
+                let error =
+                    Answer { protocol: session.protocol, reply: Pending::Ready(Reply::error(e)), _budget: permit };
                 let _ = answers.send(error).await;
                 protocol_error = true;
                 break;

@@ -343,7 +343,10 @@ mod tests {
             (b"*17\r\n", "ERR Protocol error: invalid multibulk length (17 arguments; at most 16 here)"),
             (b"*1\r\n$-1\r\n", "ERR Protocol error: invalid bulk length"),
             (b"*1\r\n$ 1\r\n", "ERR Protocol error: invalid bulk length"),
-            (b"*1\r\n$4097\r\n", "ERR Protocol error: invalid bulk length (4097 bytes; a command is at most 4096 bytes here)"),
+            (
+                b"*1\r\n$4097\r\n",
+                "ERR Protocol error: invalid bulk length (4097 bytes; a command is at most 4096 bytes here)",
+            ),
             (b"*1\r\n$99999999999999999999\r\n", "ERR Protocol error: invalid bulk length"),
             (&[b'*'; 40], "ERR Protocol error: too big mbulk count string"),
             (b"*1\r\n$1111111111111111111111111111111111", "ERR Protocol error: too big bulk count string"),

@@ -48,8 +48,7 @@ fn wrong_arity(command: &str) -> Reply {
 fn strict_int(arg: &[u8]) -> Option<i64> {
     let text = std::str::from_utf8(arg).ok()?;
     let digits = text.strip_prefix('-').unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || (digits.starts_with('0') && text.len() > 1)
-    {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || (digits.starts_with('0') && text.len() > 1) {
         return None;
     }
     text.parse().ok()
@@ -131,9 +130,7 @@ impl Session {
                 Some(2) => Protocol::Resp2,
                 Some(3) => Protocol::Resp3,
                 Some(_) => return Step::Answer(Reply::error("NOPROTO unsupported protocol version")),
-                None => {
-                    return Step::Answer(Reply::error("ERR Protocol version is not an integer or out of range"))
-                }
+                None => return Step::Answer(Reply::error("ERR Protocol version is not an integer or out of range")),
             },
         };
         let (mut auth, mut name) = (None, None);
