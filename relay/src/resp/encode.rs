@@ -35,42 +35,15 @@ impl Encoder<(Protocol, Reply)> for Writer {
     }
 }
 
+/// `kind`, the number, CRLF (rl-core's decimal writer: no formatter).
 fn line(out: &mut BytesMut, kind: u8, n: i64) {
-    let digits = itoa(n);
+    let mut digits = [0u8; 20];
     out.put_u8(kind);
-    out.put_slice(digits.as_slice());
-    out.put_slice(b"\r\n");
-}
-
-/// A decimal number without going through fmt.
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn as_slice(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-fn itoa(n: i64) -> Digits {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut v = n.unsigned_abs();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
     if n < 0 {
-        i -= 1;
-        buf[i] = b'-';
+        out.put_u8(b'-');
     }
-    Digits { buf, start: i }
+    out.put_slice(rl_core::codec::decimal(n.unsigned_abs(), &mut digits));
+    out.put_slice(b"\r\n");
 }
 
 /// A simple string or error: no CR or LF may be in it (Redis replaces them).

@@ -164,7 +164,7 @@ fn header(buf: &mut BytesMut, too_big: &str) -> Result<Option<Option<i64>>, Read
 
 /// A decimal integer as Redis's string2ll reads it: an optional minus, no
 /// plus, no spaces, no leading zeros.
-fn strict_int(text: &[u8]) -> Option<i64> {
+pub(super) fn strict_int(text: &[u8]) -> Option<i64> {
     let digits = text.strip_prefix(b"-").unwrap_or(text);
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) || (digits[0] == b'0' && text.len() > 1) {
         return None;

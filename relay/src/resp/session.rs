@@ -5,6 +5,7 @@ use bytes::Bytes;
 
 use super::allow::{self, Kind};
 use super::encode::Protocol;
+use super::reader::strict_int;
 use crate::auth::{Check, Credentials};
 use crate::reply::Reply;
 
@@ -43,15 +44,6 @@ pub struct Session {
 
 fn wrong_arity(command: &str) -> Reply {
     Reply::error(format!("ERR wrong number of arguments for '{command}' command"))
-}
-
-fn strict_int(arg: &[u8]) -> Option<i64> {
-    let text = std::str::from_utf8(arg).ok()?;
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || (digits.starts_with('0') && text.len() > 1) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 impl Session {
