@@ -371,3 +371,21 @@ fn a_refusal_is_held_a_bounded_time_and_keeps_redis_retry_time() {
     assert_eq!(again[0], 0);
     assert_eq!(relay.info_field("forwarded"), forwarded + 1, "Redis is asked again once the hold is over");
 }
+
+/// Answers go out in order, and one that is ready is not held back while
+/// the next waits for Redis.
+#[test]
+fn a_ready_answer_is_not_held_behind_a_slow_one() {
+    let s = Server::start(&[]);
+    let relay = Relay::start(&s.url(), &["--timeout-ms", "5000"]);
+    let mut c = relay.raw();
+    assert_eq!(call(&mut c, "PING"), Resp::Simple("PONG".into()));
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("ALL").query(&mut s.con()).unwrap();
+    let started = Instant::now();
+    c.write_all(&[command("PING first"), command("RL.PEEK 1 rl:{p}:s 5 1 1000")].concat()).unwrap();
+    assert_eq!(read(&mut c), Some(Resp::Bulk(b"first".to_vec())));
+    let first = started.elapsed();
+    assert!(first < Duration::from_secs(2), "the ready answer waited {first:?} for the paused one");
+    assert!(matches!(read(&mut c), Some(Resp::Array(_))), "the paused call is answered after the pause");
+    assert!(started.elapsed() >= Duration::from_secs(2));
+}

@@ -13,6 +13,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -52,18 +53,36 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
     let (answers, mut queue) = mpsc::channel::<Answer>(QUEUED);
     let writer = tokio::spawn(async move {
         let mut out = FramedWrite::new(write, Writer);
-        while let Some(answer) = queue.recv().await {
+        // Answers are written together while the next one is ready, and
+        // flushed before waiting for one that is not.
+        let mut unflushed = false;
+        loop {
+            let answer = match queue.try_recv() {
+                Ok(answer) => answer,
+                Err(TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Empty) => {
+                    if std::mem::take(&mut unflushed) && out.flush().await.is_err() {
+                        return;
+                    }
+                    match queue.recv().await {
+                        Some(answer) => answer,
+                        None => break,
+                    }
+                }
+            };
             let reply = match answer.reply {
                 Pending::Ready(reply) => reply,
-                Pending::Later(task) => task.await.unwrap_or_else(|_| Reply::error("ERR relay: internal error")),
+                Pending::Later(task) => {
+                    if !task.is_finished() && std::mem::take(&mut unflushed) && out.flush().await.is_err() {
+                        return;
+                    }
+                    task.await.unwrap_or_else(|_| Reply::error("ERR relay: internal error"))
+                }
             };
-            // Written together while more are ready, flushed when none is.
             if out.feed((answer.protocol, reply)).await.is_err() {
                 return;
             }
-            if queue.is_empty() && out.flush().await.is_err() {
-                return;
-            }
+            unflushed = true;
         }
         let _ = out.flush().await;
         let _ = out.get_mut().shutdown().await;
