@@ -148,7 +148,7 @@ fn hit_ratio(hits: u64, total: u64) -> f64 {
     }
 }
 
-/// A name in an INFO line: no byte a reader splits fields on (`,` `=` `:`
+/// A name in an INFO line: no byte a reader splits fields on (`,` and `=`
 /// are percent-encoded, as are `%`, spaces and control bytes).
 fn info_text(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
