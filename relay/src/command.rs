@@ -1,13 +1,35 @@
-//! A gateway's command, read as far as the relay needs: the RL.TAKE and
-//! RL.LEASE calls it can serve from its pools, and everything else. A call
-//! it cannot read (a bad argument, an unknown option) is forwarded as is,
-//! so the gateway gets the module's own error, word for word.
+//! A gateway's command, read as far as the relay needs: the module's public
+//! commands (the only ones that ever reach Redis through the relay), the
+//! RL.TAKE and RL.LEASE calls it can serve from its pools among them. A
+//! call it cannot read (a bad argument, an unknown option) is forwarded as
+//! is, so the gateway gets the module's own error, word for word.
 
 use bytes::Bytes;
 use rl_core::limits::MAX_KEYS;
 use rl_core::{BucketOp, BucketParams};
 
 use crate::pool::Need;
+
+/// The module's public commands: what the relay forwards, and nothing
+/// else. Not RL.INSPECT (for operators, on Redis itself) nor the internal
+/// RL.SET, RL.LOGADD, RL.SLOT.
+pub const FORWARDED: [&str; 10] = [
+    "RL.TAKE",
+    "RL.PEEK",
+    "RL.LEASE",
+    "RL.REFUND",
+    "RL.WINDOW",
+    "RL.WINDOWPEEK",
+    "CL.THROTTLE",
+    "RL.ACQUIRE",
+    "RL.RELEASE",
+    "RL.INFLIGHT",
+];
+
+/// Whether `name` is one of [`FORWARDED`] (any case).
+pub fn is_forwarded(name: &[u8]) -> bool {
+    FORWARDED.iter().any(|f| f.as_bytes().eq_ignore_ascii_case(name))
+}
 
 /// A command as the relay sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,13 +42,15 @@ pub enum Call {
 
 impl Call {
     pub fn parse(args: &[Bytes]) -> Call {
-        let name = args.first().map(|a| a.to_ascii_uppercase()).unwrap_or_default();
-        let numkeys_style = name.starts_with(b"RL.") && args.len() > 2;
+        let name = args.first().map(Bytes::as_ref).unwrap_or_default();
+        let numkeys_style = name.get(..3).is_some_and(|p| p.eq_ignore_ascii_case(b"RL.")) && args.len() > 2;
         let key = if numkeys_style { args.get(2) } else { args.get(1) }.cloned();
-        let served = match name.as_slice() {
-            b"RL.TAKE" => buckets(args, false),
-            b"RL.LEASE" => buckets(args, true),
-            _ => None,
+        let served = if name.eq_ignore_ascii_case(b"RL.TAKE") {
+            buckets(args, false)
+        } else if name.eq_ignore_ascii_case(b"RL.LEASE") {
+            buckets(args, true)
+        } else {
+            None
         };
         served.unwrap_or(Call::Forward { key })
     }
@@ -53,10 +77,11 @@ fn buckets(args: &[Bytes], lease: bool) -> Option<Call> {
     let (mut cost, mut want, mut min) = (None, None, None);
     let mut options = args[2 + numkeys * 4..].iter();
     while let Some(option) = options.next() {
-        let slot = match (option.to_ascii_uppercase().as_slice(), lease) {
-            (b"COST", false) => &mut cost,
-            (b"WANT", true) => &mut want,
-            (b"MIN", true) => &mut min,
+        let is = |word: &[u8]| option.eq_ignore_ascii_case(word);
+        let slot = match lease {
+            false if is(b"COST") => &mut cost,
+            true if is(b"WANT") => &mut want,
+            true if is(b"MIN") => &mut min,
             _ => return None,
         };
         if slot.replace(int(options.next()?)?).is_some() {
@@ -125,5 +150,15 @@ mod tests {
         assert_eq!(Call::parse(&args("RL.REFUND 1 k 10 1 1000 TOKENS 3")), Call::Forward { key: Some("k".into()) });
         assert_eq!(Call::parse(&args("GET g")), Call::Forward { key: Some("g".into()) });
         assert_eq!(Call::parse(&args("PING")), Call::Forward { key: None });
+    }
+
+    #[test]
+    fn the_forwarded_commands_are_the_modules_public_ones() {
+        for name in ["RL.TAKE", "rl.take", "Cl.Throttle", "RL.INFLIGHT"] {
+            assert!(is_forwarded(name.as_bytes()), "{name}");
+        }
+        for name in ["RL.INSPECT", "RL.SET", "RL.LOGADD", "RL.SLOT", "RESET", "RL.TAKEX", ""] {
+            assert!(!is_forwarded(name.as_bytes()), "{name}");
+        }
     }
 }

@@ -1,10 +1,19 @@
 //! rl-relay: a lease relay for redis-rl (see relay/README.md). Gateways of
 //! one data centre point their connection URL at it; it answers RL.TAKE and
 //! RL.LEASE from tokens it leased from Redis for the whole group, and
-//! forwards everything else.
+//! forwards the module's other commands; nothing else.
 
+pub mod auth;
 pub mod command;
+pub mod health;
+pub mod http;
+pub mod limits;
+pub mod log;
 pub mod pool;
-pub mod server;
+pub mod relay;
+pub mod reply;
+pub mod resp;
 pub mod stats;
 pub mod upstream;
+
+pub use relay::Relay;

@@ -1,18 +1,25 @@
 //! `rl-relay`: the lease relay's binary.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use rl_relay::auth::{self, Credentials};
+use rl_relay::limits::Limits;
+use rl_relay::log::{line, redact};
 use rl_relay::pool::{Pools, Settings};
-use rl_relay::server::Relay;
+use rl_relay::relay::{Options, Relay};
 use rl_relay::upstream::Upstream;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+/// Descriptors kept for the relay's own use (its listeners, its connections
+/// to Redis, the metrics endpoint's clients) below the open-file limit.
+const RESERVED_FDS: u64 = 32 + rl_relay::http::MAX_CONNECTIONS as u64;
 
 /// A lease relay for redis-rl: gateways connect to it as to Redis.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
     /// Address gateways connect to.
     #[arg(long, default_value = "127.0.0.1:6380")]
@@ -36,51 +43,113 @@ struct Args {
     /// Longest wait for Redis; past it the gateway gets a TRYAGAIN error.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: u64,
-    /// Most subjects holding a lease; past it new subjects are forwarded.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Most subjects held; past it a new subject takes an idle one's place,
+    /// or is forwarded.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     max_subjects: u64,
-    /// Serve Prometheus metrics over HTTP on this address.
+    /// Longest a refusal from Redis is remembered (then Redis is asked
+    /// again), whatever retry time it named.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    max_refusal_hold_ms: u64,
+    /// Clients' credentials: a file of `PASSWORD` or `USER PASSWORD` lines
+    /// (or the RL_RELAY_AUTH variable, one such entry). Without either,
+    /// clients are served unauthenticated.
+    #[arg(long)]
+    auth_file: Option<PathBuf>,
+    /// Most client connections at once (lowered to fit the open-file limit).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_clients: u64,
+    /// Longest command, its arguments together (an inline line too).
+    #[arg(long, default_value_t = 64 << 10, value_parser = clap::value_parser!(u64).range(64..=(64 << 20)))]
+    max_request_bytes: u64,
+    /// Most arguments of a command.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(8..=1_000_000))]
+    max_arguments: u64,
+    /// Most bytes of a connection's commands read and not yet answered.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1024..=(1 << 30)))]
+    max_pending_bytes: u64,
+    /// Subjects by their keys in INFO and metrics (else hash tags hashed).
+    #[arg(long)]
+    show_subjects: bool,
+    /// Serve /metrics, /ready and /live over HTTP on this address.
     #[arg(long)]
     metrics: Option<String>,
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() {
     let args = Args::parse();
+    if let Err(e) = run(args).await {
+        line(e);
+        std::process::exit(2);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let credentials = Credentials::load(args.auth_file.as_deref(), std::env::var(auth::ENV).ok())?;
+    let urls: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
     let timeout = Duration::from_millis(args.timeout_ms);
-    let upstream =
-        Upstream::open(&args.redis, args.cluster, timeout).map_err(|e| format!("--redis {:?}: {e}", args.redis))?;
+    let upstream = Upstream::open(&args.redis, args.cluster, timeout).map_err(|e| format!("--redis {urls:?}: {e}"))?;
+    if args.max_request_bytes > args.max_pending_bytes {
+        return Err(format!(
+            "--max-request-bytes {} is above --max-pending-bytes {}: a command could never be read",
+            args.max_request_bytes, args.max_pending_bytes
+        ));
+    }
+    let limits = Limits {
+        max_request_bytes: args.max_request_bytes as usize,
+        max_arguments: args.max_arguments as usize,
+        max_pending_bytes: args.max_pending_bytes as usize,
+        max_clients: fit_max_clients(args.max_clients) as usize,
+    };
     let settings = Settings {
         window_ms: args.lease_window_ms,
         ttl_ms: args.lease_ttl_ms,
         relays: args.relays,
-        max_subjects: usize::try_from(args.max_subjects).unwrap_or(usize::MAX),
+        max_subjects: args.max_subjects as usize,
+        max_hold_ms: args.max_refusal_hold_ms,
     };
-    let relay = Arc::new(Relay::new(Pools::new(settings), upstream, timeout));
+    let options = Options { timeout, limits, credentials, show_subjects: args.show_subjects };
+    let relay = Arc::new(Relay::new(Pools::new(settings), upstream, options));
     let listener = TcpListener::bind(&args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
     if let Some(address) = &args.metrics {
         let metrics = TcpListener::bind(address).await.map_err(|e| format!("--metrics {address}: {e}"))?;
-        tokio::spawn(serve_metrics(relay.clone(), metrics));
+        tokio::spawn(rl_relay::http::serve(relay.clone(), metrics));
     }
-    eprintln!("rl-relay: listening on {} for {:?}", listener.local_addr()?, args.redis);
-    relay.serve(listener).await;
+    tokio::spawn(relay.clone().probe_forever());
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
+    line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
+    rl_relay::resp::serve(relay, listener).await;
     Ok(())
 }
 
-/// Answers any HTTP request with the metrics: all a scraper needs.
-async fn serve_metrics(relay: Arc<Relay>, listener: TcpListener) {
-    loop {
-        let Ok((mut socket, _)) = listener.accept().await else { continue };
-        let body = rl_relay::stats::metrics(&relay);
-        tokio::spawn(async move {
-            let mut request = [0u8; 1024];
-            let _ = socket.read(&mut request).await;
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = socket.write_all(head.as_bytes()).await;
-            let _ = socket.write_all(body.as_bytes()).await;
-        });
+/// `wanted` clients if the open-file limit allows them (raised toward the
+/// hard limit if need be, as Redis does), else as many as it allows, said
+/// in the log.
+fn fit_max_clients(wanted: u64) -> u64 {
+    let need = wanted + RESERVED_FDS;
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return wanted;
+        }
+        if limit.rlim_cur < need && limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: need.min(limit.rlim_max), rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit.rlim_cur = raised.rlim_cur;
+            }
+        }
     }
+    if limit.rlim_cur >= need {
+        return wanted;
+    }
+    let fit = limit.rlim_cur.saturating_sub(RESERVED_FDS).max(1);
+    line(format_args!(
+        "--max-clients {wanted} lowered to {fit}: the open-file limit is {} and the relay keeps {RESERVED_FDS} \
+         for itself (raise it with ulimit -n or LimitNOFILE=)",
+        limit.rlim_cur
+    ));
+    fit
 }

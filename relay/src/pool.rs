@@ -19,11 +19,19 @@
 //! call granted, a request the pool cannot pay is refused from memory, then
 //! one call asks for two batches. A refusal from Redis is remembered
 //! (`rl_core::deny`) until the retry time Redis named, for requests needing
-//! as much or more. Both only refuse: never over.
-
-use std::collections::HashMap;
+//! as much or more, and at most `max_hold_ms` (then Redis is asked again;
+//! the reply still names Redis's retry time). Both only refuse: never over.
+//!
+//! The table is bounded: at most `max_subjects` pools, of subjects whose
+//! keys add up to at most [`MAX_POOLED_KEY_BYTES`]. When it is full, a new
+//! subject takes the place of the least recently used of a few sampled
+//! pools that cost nothing to drop (no tokens held, no call on its way; a
+//! remembered refusal costs one call to Redis), as Redis's approximated LRU
+//! does; if none of them is free, the new subject is forwarded, which Redis
+//! answers exactly and at full speed. Making room is constant time.
 
 use bytes::Bytes;
+use indexmap::IndexMap;
 use rl_core::deny::Denial;
 pub use rl_core::lease::batch;
 use rl_core::lease::{pace_ms, share_ms, Lease, Spend};
@@ -38,15 +46,25 @@ pub struct Settings {
     pub ttl_ms: u64,
     /// Relays sharing the limits: the relay's share is the rate / relays.
     pub relays: u32,
-    /// Most subjects tracked; past it, new subjects are forwarded.
+    /// Most subjects tracked; past it, a new subject takes the place of an
+    /// idle one, or is forwarded.
     pub max_subjects: usize,
+    /// Longest a refusal is remembered, whatever retry time Redis named.
+    pub max_hold_ms: u64,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { window_ms: 1000, ttl_ms: 2000, relays: 1, max_subjects: 100_000 }
+        Settings { window_ms: 1000, ttl_ms: 2000, relays: 1, max_subjects: 100_000, max_hold_ms: 30_000 }
     }
 }
+
+/// A subject whose keys add up to more is never pooled (forwarded), so the
+/// table's memory is bounded by `max_subjects` whatever the keys.
+pub const MAX_POOLED_KEY_BYTES: usize = 1024;
+
+/// Pools looked at to find one to drop when the table is full.
+const EVICTION_SAMPLES: usize = 16;
 
 /// What a caller needs: at least `min`, at most `want` tokens (RL.TAKE's
 /// cost is both).
@@ -77,8 +95,12 @@ pub struct Pool {
     /// The tokens held, the call in flight, the pace: rl-core's lease, as a
     /// gateway keeps it.
     lease: Lease,
-    /// A refusal from Redis, remembered.
+    /// A refusal from Redis, remembered (held at most `max_hold_ms`).
     denied: Option<Denial>,
+    /// The retry time Redis named with it, which replies keep.
+    retry_at_ms: u64,
+    /// The last request or answer for it: eviction drops the least recent.
+    last_used_ms: u64,
     /// Redis's last answer and when: the standing replies are built from.
     last: Option<(Reply, u64)>,
     /// The batch size in force.
@@ -107,7 +129,23 @@ impl Pool {
     fn refusal(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
         let denied = self.denied.filter(|d| d.refuses(need.min, now_ms))?;
         self.hits += 1;
-        Some(self.standing(0, denied.retry_after_ms(now_ms) as i64, now_ms))
+        let retry = denied.retry_after_ms(now_ms).max(self.retry_at_ms.saturating_sub(now_ms));
+        Some(self.standing(0, i64::try_from(retry).unwrap_or(i64::MAX), now_ms))
+    }
+
+    /// Remembers Redis's refusal `refused` of `tokens` at `now_ms`.
+    fn deny(&mut self, tokens: u64, refused: Reply, settings: Settings, now_ms: u64) {
+        let retry = u64::try_from(refused.retry_after_ms).unwrap_or(0);
+        self.denied = refusal(&self.params, tokens, refused, settings, now_ms);
+        self.retry_at_ms = now_ms.saturating_add(retry);
+    }
+
+    /// What dropping it costs, least first: tokens held or a call on its
+    /// way (never dropped), a refusal remembered (a call to Redis), then
+    /// the least recently used.
+    fn eviction_cost(&self, now_ms: u64) -> (bool, bool, u64) {
+        let refusing = self.denied.is_some_and(|d| now_ms < d.until_ms);
+        (self.lease.is_live(now_ms), refusing, self.last_used_ms)
     }
 
     /// Takes what `need` asks of the pool, if it holds `need.min`: no lease
@@ -146,15 +184,25 @@ impl Pool {
 }
 
 /// Every subject's pool, keyed by its keys.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Pools {
     settings: Settings,
-    pools: HashMap<Vec<Bytes>, Pool>,
+    pools: IndexMap<Vec<Bytes>, Pool>,
+    /// Pools dropped to make room for new subjects.
+    evictions: u64,
+    /// The sampler's state (xorshift): deterministic, for the scale model.
+    seed: u64,
+}
+
+impl Default for Pools {
+    fn default() -> Pools {
+        Pools::new(Settings::default())
+    }
 }
 
 impl Pools {
     pub fn new(settings: Settings) -> Pools {
-        Pools { settings, pools: HashMap::new() }
+        Pools { settings, pools: IndexMap::new(), evictions: 0, seed: 0x9e37_79b9_7f4a_7c15 }
     }
 
     pub fn settings(&self) -> Settings {
@@ -166,18 +214,41 @@ impl Pools {
         self.pools.iter()
     }
 
+    /// The pool at `index` of `iter`'s order.
+    pub fn get_index(&self, index: usize) -> Option<(&Vec<Bytes>, &Pool)> {
+        self.pools.get_index(index)
+    }
+
+    /// Subjects held.
+    pub fn len(&self) -> usize {
+        self.pools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
+
+    /// Pools dropped so far to make room for new subjects.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
     /// The pool of `keys` with `params`, made if there is room. New or
     /// changed limits start it empty: what was held was leased under the
     /// old ones, and is dropped (under, never over).
     fn pool(&mut self, keys: &[Bytes], params: &[BucketParams], now_ms: u64) -> Option<&mut Pool> {
-        if !self.pools.contains_key(keys) && !self.make_room(now_ms) {
-            return None;
+        if !self.pools.contains_key(keys) {
+            if keys.iter().map(Bytes::len).sum::<usize>() > MAX_POOLED_KEY_BYTES || !self.make_room(now_ms) {
+                return None;
+            }
+            self.pools.insert(keys.to_vec(), Pool::default());
         }
         let settings = self.settings;
-        let pool = self.pools.entry(keys.to_vec()).or_default();
+        let pool = self.pools.get_mut(keys)?;
         if pool.params != params {
             *pool = Pool::new(params, settings);
         }
+        pool.last_used_ms = now_ms;
         Some(pool)
     }
 
@@ -189,7 +260,9 @@ impl Pools {
             // A share of a token or less: a lease would strand tokens, so
             // each request is one call, as a gateway does; only a refusal
             // Redis named is answered from memory.
-            return match self.pools.get_mut(keys).and_then(|p| p.refusal(need, now_ms)) {
+            let Some(pool) = self.pools.get_mut(keys).filter(|p| p.params == params) else { return Plan::Forward };
+            pool.last_used_ms = now_ms;
+            return match pool.refusal(need, now_ms) {
                 Some(reply) => Plan::Answer { reply, top_up: None },
                 None => Plan::Forward,
             };
@@ -250,12 +323,18 @@ impl Pools {
         need: Option<Need>,
         now_ms: u64,
     ) -> Option<Reply> {
-        let Settings { ttl_ms, relays, .. } = self.settings;
+        let settings = self.settings;
+        let Settings { ttl_ms, relays, .. } = settings;
         let Some(pool) = self.pools.get_mut(keys) else {
-            // Evicted meanwhile: the grant is dropped (under, never over).
-            return need.map(|_| Reply { granted: 0, ..upstream });
+            // Dropped meanwhile: the request takes what it needs of the
+            // grant, the rest is dropped (under, never over).
+            return need.map(|n| {
+                let granted = if upstream.granted >= n.min { upstream.granted.min(n.want) } else { 0 };
+                Reply { granted, ..upstream }
+            });
         };
         pool.lease.call_done();
+        pool.last_used_ms = now_ms;
         pool.last = Some((upstream, now_ms));
         pool.lease.add(upstream.granted, now_ms, ttl_ms);
         pool.lease.answered(
@@ -268,7 +347,7 @@ impl Pools {
             pool.denied = None;
         } else {
             let asked_min = need.map_or(1, |n| n.min.saturating_sub(pool.lease.tokens()).max(1));
-            pool.denied = refusal(&pool.params, asked_min, upstream, relays, now_ms);
+            pool.deny(asked_min, upstream, settings, now_ms);
         }
         let need = need?;
         Some(pool.pay(need, now_ms).unwrap_or(Reply { granted: 0, ..upstream }))
@@ -280,10 +359,10 @@ impl Pools {
         if upstream.granted > 0 || upstream.retry_after_ms <= 0 {
             return;
         }
-        let relays = self.settings.relays;
+        let settings = self.settings;
         if let Some(pool) = self.pool(keys, params, now_ms) {
             pool.last = Some((upstream, now_ms));
-            pool.denied = refusal(params, need.min, upstream, relays, now_ms);
+            pool.deny(need.min, upstream, settings, now_ms);
         }
     }
 
@@ -294,26 +373,52 @@ impl Pools {
         }
     }
 
-    /// Room for one more subject: drops pools holding nothing; false if
-    /// the table is still full.
+    /// Room for one more subject: when the table is full, drops the
+    /// cheapest of a few sampled pools if dropping it loses no tokens;
+    /// false if none of them is free.
     fn make_room(&mut self, now_ms: u64) -> bool {
         if self.pools.len() < self.settings.max_subjects {
             return true;
         }
-        self.pools.retain(|_, p| p.lease.is_live(now_ms) || p.denied.is_some_and(|d| now_ms < d.until_ms));
-        self.pools.len() < self.settings.max_subjects
+        let len = self.pools.len();
+        let mut victim: Option<(usize, (bool, bool, u64))> = None;
+        for _ in 0..EVICTION_SAMPLES.min(len) {
+            let i = (self.next_random() % len as u64) as usize;
+            let cost = self.pools[i].eviction_cost(now_ms);
+            if victim.is_none_or(|(_, best)| cost < best) {
+                victim = Some((i, cost));
+            }
+        }
+        match victim {
+            Some((i, (false, _, _))) => {
+                self.pools.swap_remove_index(i);
+                self.evictions += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.seed;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.seed = x;
+        x
     }
 }
 
 /// A refusal of `tokens` held until the retry time Redis named, and at
 /// least this holder's share of the refill of them (as rl-client's deny
 /// cache holds one), so a subject refused everywhere costs about one call
-/// per token of refill, not one per holder per retry time. Longer only
-/// refuses more: under, never over.
-fn refusal(params: &[BucketParams], tokens: u64, refused: Reply, holders: u32, now_ms: u64) -> Option<Denial> {
+/// per token of refill, not one per holder per retry time; either at most
+/// `max_hold_ms`. Longer only refuses more: under, never over.
+fn refusal(params: &[BucketParams], tokens: u64, refused: Reply, settings: Settings, now_ms: u64) -> Option<Denial> {
     let retry = u64::try_from(refused.retry_after_ms).unwrap_or(0);
-    let hold = params.iter().map(|p| share_ms(p, tokens, holders)).max().unwrap_or(0);
-    Denial::new(tokens, retry, hold, now_ms)
+    let hold = params.iter().map(|p| share_ms(p, tokens, settings.relays)).max().unwrap_or(0);
+    let most = settings.max_hold_ms.max(1);
+    Denial::new(tokens, retry.min(most), hold.min(most), now_ms)
 }
 
 #[cfg(test)]
@@ -486,10 +591,66 @@ mod tests {
     }
 
     #[test]
-    fn a_full_table_forwards_new_subjects() {
+    fn a_full_table_forwards_new_subjects_while_every_pool_holds_tokens() {
         let mut pools = Pools::new(Settings { max_subjects: 1, ..Settings::default() });
         let params = rule(1000, 1000, 1000);
         assert!(matches!(pools.plan(&keys(), &params, ONE, 0), Plan::Lease { .. }));
-        assert_eq!(pools.plan(&[Bytes::from_static(b"other")], &params, ONE, 0), Plan::Forward);
+        assert_eq!(pools.plan(&[Bytes::from_static(b"other")], &params, ONE, 0), Plan::Forward, "a call on its way");
+        pools.settle(&keys(), 1000, granted(1000, 0), Some(ONE), 0);
+        assert_eq!(pools.plan(&[Bytes::from_static(b"other")], &params, ONE, 1), Plan::Forward, "tokens held");
+        // Once they expire, the pool is free to drop.
+        assert!(matches!(pools.plan(&[Bytes::from_static(b"other")], &params, ONE, 2000), Plan::Lease { .. }));
+        assert_eq!((pools.len(), pools.evictions()), (1, 1));
+    }
+
+    #[test]
+    fn a_table_full_of_refusals_drops_the_least_recently_used() {
+        let mut pools = Pools::new(Settings { max_subjects: 100, ..Settings::default() });
+        let params = rule(1, 1, 63_072_000_000);
+        let key = |i: u32| vec![Bytes::from(format!("rl:{{k{i}}}:s"))];
+        for i in 0..100 {
+            pools.forwarded(&key(i), &params, ONE, refused(63_000_000_000), u64::from(i));
+        }
+        assert_eq!(pools.len(), 100);
+        // The first ones are used again: the others are older.
+        for i in 0..10 {
+            assert!(matches!(pools.plan(&key(i), &params, ONE, 1000), Plan::Answer { .. }));
+        }
+        let fast = rule(100_000, 100_000, 1000);
+        for i in 100..150 {
+            assert!(matches!(pools.plan(&key(i), &fast, ONE, 2000), Plan::Lease { .. }), "new subject {i} pooled");
+        }
+        assert_eq!((pools.len(), pools.evictions()), (100, 50));
+        let kept = (0..10).filter(|&i| pools.pools.contains_key(&key(i))).count();
+        assert!(kept >= 8, "{kept} of the 10 recently used refusals kept");
+    }
+
+    #[test]
+    fn a_refusal_is_held_at_most_max_hold_and_replies_keep_redis_retry_time() {
+        let mut pools = Pools::new(Settings { max_hold_ms: 500, ..Settings::default() });
+        let params = rule(1, 1, 63_072_000_000);
+        assert_eq!(pools.plan(&keys(), &params, ONE, 0), Plan::Forward);
+        pools.forwarded(&keys(), &params, ONE, refused(63_000_000_000), 0);
+        let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 100) else { panic!() };
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 63_000_000_000 - 100));
+        assert_eq!(pools.plan(&keys(), &params, ONE, 500), Plan::Forward, "asked again after the hold");
+    }
+
+    #[test]
+    fn subjects_with_long_keys_are_never_pooled() {
+        let mut pools = Pools::new(Settings::default());
+        let long = [Bytes::from(vec![b'k'; MAX_POOLED_KEY_BYTES + 1])];
+        assert_eq!(pools.plan(&long, &rule(1000, 1000, 1000), ONE, 0), Plan::Forward);
+        pools.forwarded(&long, &rule(1, 1, 1000), ONE, refused(100), 0);
+        assert!(pools.is_empty());
+    }
+
+    #[test]
+    fn a_grant_for_a_dropped_pool_still_pays_its_request() {
+        let mut pools = Pools::new(Settings::default());
+        let reply = pools.settle(&keys(), 10, granted(10, 0), Some(Need { want: 3, min: 2 }), 0).unwrap();
+        assert_eq!(reply.granted, 3);
+        let reply = pools.settle(&keys(), 10, granted(1, 0), Some(Need { want: 3, min: 2 }), 0).unwrap();
+        assert_eq!(reply.granted, 0);
     }
 }

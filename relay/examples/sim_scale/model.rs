@@ -409,7 +409,7 @@ pub fn run(setup: &Setup, pop: &Population) -> Outcome {
     // rl-client's defaults: a lease is 1 s of the share, kept 2 s.
     let (window_ms, ttl_ms) = (1000, 2000);
     let relays = setup.per_relay.map_or(0, |p| setup.gateways.div_ceil(p));
-    let relay = Settings { window_ms, ttl_ms, relays: relays.max(1), max_subjects: 100_000 };
+    let relay = Settings { window_ms, ttl_ms, relays: relays.max(1), max_subjects: 100_000, ..Settings::default() };
     let ns = |s: f64| (s * 1e9) as u64;
     let mut m = Model {
         setup,

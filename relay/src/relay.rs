@@ -1,0 +1,239 @@
+//! The relay itself, whatever front a gateway reaches it by: the pools, the
+//! connection to Redis, the counters and readiness. RL.TAKE and RL.LEASE
+//! are served from the pools; the module's other public commands are
+//! forwarded; nothing else ever reaches Redis (`command::is_forwarded`).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use redis::Value;
+
+use crate::auth::Credentials;
+use crate::command::{self, Call};
+use crate::health::{Health, PROBE_EVERY, PROBE_TIMEOUT};
+use crate::limits::Limits;
+use crate::pool::{Need, Plan, Pools};
+use crate::reply::Reply;
+use crate::stats::{self, Counters, SubjectNames, View};
+use crate::upstream::Upstream;
+
+/// What the fronts share besides the pools.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// Longest wait for Redis.
+    pub timeout: Duration,
+    /// Ceilings on what a client sends and holds.
+    pub limits: Limits,
+    /// What a client must present first (none: no authentication).
+    pub credentials: Credentials,
+    /// Subjects by their names in INFO and metrics (else their tags hashed).
+    pub show_subjects: bool,
+}
+
+pub struct Relay {
+    pools: Mutex<Pools>,
+    upstream: Upstream,
+    timeout: Duration,
+    pub limits: Limits,
+    pub credentials: Credentials,
+    pub counters: Counters,
+    pub health: Health,
+    names: SubjectNames,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Relay errors in words the gateway's breaker counts as a shard failure.
+fn unavailable(e: impl std::fmt::Display) -> Reply {
+    Reply::error(format!("TRYAGAIN relay: Redis unavailable: {e}"))
+}
+
+impl Relay {
+    pub fn new(pools: Pools, upstream: Upstream, options: Options) -> Relay {
+        Relay {
+            pools: Mutex::new(pools),
+            upstream,
+            timeout: options.timeout,
+            limits: options.limits,
+            credentials: options.credentials,
+            counters: Counters::default(),
+            health: Health::default(),
+            names: SubjectNames::new(options.show_subjects),
+        }
+    }
+
+    pub fn pools(&self) -> MutexGuard<'_, Pools> {
+        self.pools.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `INFO relay`'s text.
+    pub fn info(&self) -> String {
+        let pools = self.pools();
+        stats::info(&self.view(&pools))
+    }
+
+    /// The Prometheus text.
+    pub fn metrics(&self) -> String {
+        let pools = self.pools();
+        stats::metrics(&self.view(&pools))
+    }
+
+    fn view<'a>(&'a self, pools: &'a Pools) -> View<'a> {
+        View {
+            counters: &self.counters,
+            pools,
+            names: &self.names,
+            ready: self.health.ready(),
+            max_clients: self.limits.max_clients,
+        }
+    }
+
+    /// Probes Redis every second until the process ends: readiness.
+    pub async fn probe_forever(self: Arc<Self>) {
+        let ping = [Bytes::from_static(b"PING")];
+        loop {
+            let outcome = match tokio::time::timeout(PROBE_TIMEOUT, self.upstream.call(&ping, None)).await {
+                Ok(Ok(Value::ServerError(e))) => Err(e.to_string()),
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer in {PROBE_TIMEOUT:?}")),
+            };
+            self.health.probed(outcome);
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
+    /// One of the module's public commands: RL.TAKE and RL.LEASE served
+    /// from the pools, the others forwarded. Anything else is refused
+    /// (the fronts refuse it first, by name).
+    pub async fn call(self: &Arc<Self>, args: Vec<Bytes>) -> Reply {
+        if !args.first().is_some_and(|name| command::is_forwarded(name)) {
+            return Reply::error("ERR relay: not one of the module's commands");
+        }
+        match Call::parse(&args) {
+            Call::Buckets { lease, keys, params, need } => {
+                self.counters.requests.fetch_add(1, Relaxed);
+                let plan = self.pools().plan(&keys, &params, need, now_ms());
+                self.answer(plan, lease, keys, params, need, &args).await
+            }
+            Call::Forward { key } => self.forward(&args, key.as_deref()).await,
+        }
+    }
+
+    async fn answer(
+        self: &Arc<Self>,
+        plan: Plan,
+        lease: bool,
+        keys: Vec<Bytes>,
+        params: Vec<rl_core::BucketParams>,
+        need: Need,
+        args: &[Bytes],
+    ) -> Reply {
+        match plan {
+            Plan::Answer { reply, top_up } => {
+                self.counters.from_memory.fetch_add(1, Relaxed);
+                if let Some(want) = top_up {
+                    // In the background: the request is answered now.
+                    let relay = self.clone();
+                    tokio::spawn(async move { relay.top_up(keys, params, want).await });
+                }
+                Reply::six(reply, lease)
+            }
+            Plan::Lease { want, min } => {
+                let call = lease_args(&keys, &params, want, min);
+                match self.lease_call(&call, &keys).await {
+                    Ok(upstream) => {
+                        let reply = self.pools().settle(&keys, want, upstream, Some(need), now_ms());
+                        Reply::six(reply.unwrap_or(rl_core::Reply { granted: 0, ..upstream }), lease)
+                    }
+                    Err(e) => {
+                        self.pools().failed(&keys);
+                        e
+                    }
+                }
+            }
+            Plan::Forward => {
+                let reply = self.forward(args, keys.first().map(|k| k.as_ref())).await;
+                if let Some(upstream) = reply.module_reply() {
+                    self.pools().forwarded(&keys, &params, need, upstream, now_ms());
+                }
+                reply
+            }
+        }
+    }
+
+    /// A pool's background top-up: RL.LEASE WANT want MIN 1.
+    async fn top_up(&self, keys: Vec<Bytes>, params: Vec<rl_core::BucketParams>, want: u64) {
+        let call = lease_args(&keys, &params, want, 1);
+        match self.lease_call(&call, &keys).await {
+            Ok(upstream) => {
+                self.pools().settle(&keys, want, upstream, None, now_ms());
+            }
+            Err(_) => self.pools().failed(&keys),
+        }
+    }
+
+    /// One RL.LEASE to Redis and its reply; a failure is the reply to send.
+    async fn lease_call(&self, call: &[Bytes], keys: &[Bytes]) -> Result<rl_core::Reply, Reply> {
+        self.counters.upstream_leases.fetch_add(1, Relaxed);
+        match tokio::time::timeout(self.timeout, self.upstream.call(call, keys.first().map(|k| k.as_ref()))).await {
+            Ok(Ok(value)) => {
+                let reply = Reply::from(value);
+                reply.module_reply().ok_or(reply)
+            }
+            Ok(Err(e)) => Err(self.failed("RL.LEASE", e)),
+            Err(_) => Err(self.failed("RL.LEASE", format!("no answer in {:?}", self.timeout))),
+        }
+    }
+
+    async fn forward(&self, args: &[Bytes], key: Option<&[u8]>) -> Reply {
+        self.counters.forwarded.fetch_add(1, Relaxed);
+        let name = || String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        match tokio::time::timeout(self.timeout, self.upstream.call(args, key)).await {
+            Ok(Ok(value)) => Reply::from(value),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::Io || e.is_timeout() || e.is_connection_dropped() => {
+                self.failed(&name(), e)
+            }
+            Ok(Err(e)) => error_reply(&e),
+            Err(_) => self.failed(&name(), format!("no answer in {:?}", self.timeout)),
+        }
+    }
+
+    /// A call to Redis that failed: counted, logged (rate limited), and the
+    /// gateway's TRYAGAIN.
+    fn failed(&self, what: &str, e: impl std::fmt::Display) -> Reply {
+        self.counters.upstream_failures.fetch_add(1, Relaxed);
+        self.health.failed(what, &e);
+        unavailable(e)
+    }
+}
+
+/// A server error redis-rs raised instead of returning: its code and text.
+fn error_reply(e: &redis::RedisError) -> Reply {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => Reply::error(format!("{code} {detail}")),
+        (Some(code), None) => Reply::error(code.to_string()),
+        _ => Reply::error(format!("ERR relay: {e}")),
+    }
+}
+
+fn lease_args(keys: &[Bytes], params: &[rl_core::BucketParams], want: u64, min: u64) -> Vec<Bytes> {
+    let mut args = Vec::with_capacity(4 + keys.len() * 4 + 4);
+    args.push(Bytes::from_static(b"RL.LEASE"));
+    args.push(keys.len().to_string().into());
+    args.extend(keys.iter().cloned());
+    for p in params {
+        for n in [p.capacity(), p.refill(), p.period_ms()] {
+            args.push(n.to_string().into());
+        }
+    }
+    for (name, n) in [("WANT", want), ("MIN", min)] {
+        args.push(Bytes::from_static(name.as_bytes()));
+        args.push(n.to_string().into());
+    }
+    args
+}

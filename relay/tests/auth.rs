@@ -1,0 +1,142 @@
+//! Clients authenticate to the relay with credentials of its own (a file or
+//! the environment, never the command line), as they would to Redis.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{call, Relay, Resp, Start};
+use rl_client::{Config, Limiter, Policy, Rule, Source};
+use testkit::Server;
+
+fn with_env(s: &Server, auth: &str) -> Relay {
+    let mut start = Start::args(&["--redis", &s.url()]);
+    start.env.push(("RL_RELAY_AUTH", auth.to_string()));
+    Relay::spawn(start)
+}
+
+#[test]
+fn nothing_is_served_before_auth() {
+    let s = Server::start(&[]);
+    let mut relay = with_env(&s, "s3cret");
+    relay.auth = Some(":s3cret".into());
+    let mut c = relay.raw();
+    for line in ["PING", "RL.TAKE 1 rl:{a}:s 10 1 1000", "INFO relay", "CLIENT SETINFO LIB-NAME x", "SELECT 0"] {
+        assert_eq!(call(&mut c, line).error(), "NOAUTH Authentication required.", "{line}");
+    }
+    assert_eq!(
+        call(&mut c, "HELLO 3").error(),
+        "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH \
+         <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the \
+         same time"
+    );
+    let wrong = "WRONGPASS invalid username-password pair or user is disabled.";
+    assert_eq!(call(&mut c, "AUTH nope").error(), wrong);
+    assert_eq!(call(&mut c, "AUTH default nope").error(), wrong);
+    assert_eq!(call(&mut c, "AUTH someone s3cret").error(), wrong);
+    assert_eq!(call(&mut c, "HELLO 3 AUTH default nope").error(), wrong);
+    assert_eq!(call(&mut c, "AUTH a b c").error(), "ERR wrong number of arguments for 'auth' command");
+    assert_eq!(call(&mut c, "PING").error(), "NOAUTH Authentication required.");
+    assert_eq!(call(&mut c, "AUTH s3cret"), Resp::Simple("OK".into()));
+    assert_eq!(call(&mut c, "PING"), Resp::Simple("PONG".into()));
+    assert_eq!(call(&mut c, "RL.TAKE 1 rl:{a}:s 10 1 1000").ints()[0], 1);
+    // RESET logs the client out, as on Redis.
+    assert_eq!(call(&mut c, "RESET"), Resp::Simple("RESET".into()));
+    assert_eq!(call(&mut c, "PING").error(), "NOAUTH Authentication required.");
+    let Resp::Map(hello) = call(&mut c, "HELLO 3 AUTH default s3cret") else { panic!("HELLO 3 answers a map") };
+    assert!(hello.contains(&(Resp::Bulk(b"proto".to_vec()), Resp::Int(3))), "{hello:?}");
+    assert_eq!(call(&mut c, "PING"), Resp::Simple("PONG".into()));
+    assert_eq!(relay.info_field("auth_failures"), 4);
+}
+
+#[test]
+fn credentials_come_from_a_file_with_users_and_rotation() {
+    let s = Server::start(&[]);
+    let dir = std::env::temp_dir().join(format!("rl-relay-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("auth");
+    std::fs::write(&file, "# gateways\ngw first-password\ngw second-password\n\nfor-default\n").unwrap();
+    let relay = Relay::start(&s.url(), &["--auth-file", file.to_str().unwrap()]);
+    let mut c = relay.raw();
+    assert_eq!(call(&mut c, "AUTH gw second-password"), Resp::Simple("OK".into()));
+    let mut c = relay.raw();
+    assert_eq!(call(&mut c, "AUTH gw first-password"), Resp::Simple("OK".into()));
+    let mut c = relay.raw();
+    assert_eq!(call(&mut c, "AUTH for-default"), Resp::Simple("OK".into()));
+    let mut c = relay.raw();
+    assert!(call(&mut c, "AUTH gw for-default").error().starts_with("WRONGPASS"));
+    // Never in the relay's log.
+    for secret in ["first-password", "second-password", "for-default"] {
+        assert!(!relay.log().contains(secret), "{}", relay.log());
+    }
+    // A file that names nothing usable is refused at start.
+    std::fs::write(&file, "# nothing\n").unwrap();
+    let mut start = Start::args(&["--redis", &s.url(), "--auth-file", file.to_str().unwrap()]);
+    start.no_wait = true;
+    let mut refused = Relay::spawn(start);
+    assert_eq!(refused.exit_code(), Some(2));
+    assert!(refused.log().contains("--auth-file"), "{}", refused.log());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_password_on_the_command_line_is_not_accepted() {
+    let s = Server::start(&[]);
+    for flag in ["--password", "--auth", "--requirepass"] {
+        let mut start = Start::args(&["--redis", &s.url(), flag, "s3cret"]);
+        start.no_wait = true;
+        let mut relay = Relay::spawn(start);
+        assert_eq!(relay.exit_code(), Some(2), "{flag}");
+    }
+}
+
+#[test]
+fn without_credentials_auth_answers_as_redis_does() {
+    let s = Server::start(&[]);
+    let relay = Relay::start(&s.url(), &[]);
+    let mut c = relay.raw();
+    assert_eq!(call(&mut c, "PING"), Resp::Simple("PONG".into()));
+    assert_eq!(
+        call(&mut c, "AUTH pass").error(),
+        "ERR AUTH <password> called without any password configured for the default user. Are you sure your \
+         configuration is correct?"
+    );
+    assert_eq!(call(&mut c, "AUTH default anything"), Resp::Simple("OK".into()));
+    assert!(call(&mut c, "AUTH other anything").error().starts_with("WRONGPASS"));
+}
+
+/// rl-client's gateways authenticate with the password in the relay's URL
+/// (redis-rs sends AUTH, or HELLO 3 AUTH, at connect), RESP2 and RESP3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_authenticate_with_the_url() {
+    let s = Server::start(&[]);
+    let mut relay = with_env(&s, "gw s3cret");
+    relay.auth = Some("gw:s3cret".into());
+    let policy = Arc::new(Policy::builder("api").rule(Rule::per_minute("m", 100)).build().unwrap());
+    for url in [
+        format!("redis://gw:s3cret@127.0.0.1:{}/", relay.port),
+        format!("redis://gw:s3cret@127.0.0.1:{}/?protocol=resp3", relay.port),
+    ] {
+        let limiter = Limiter::new(Config {
+            relay: Some(url.clone()),
+            lease_window: Duration::from_millis(1),
+            ..Config::standalone(s.url())
+        })
+        .unwrap();
+        for _ in 0..3 {
+            let d = limiter.check(&policy, "k").await.unwrap();
+            assert!(d.allowed && d.source != Source::Fallback, "{url}: {d:?}");
+        }
+    }
+    let requests = relay.info_field("requests");
+    assert!(requests >= 6, "the checks went through the relay");
+    let denied = Limiter::new(Config {
+        relay: Some(format!("redis://gw:wrong@127.0.0.1:{}/", relay.port)),
+        lease_window: Duration::from_millis(1),
+        ..Config::standalone(s.url())
+    })
+    .unwrap();
+    denied.check(&policy, "k").await.unwrap();
+    assert_eq!(relay.info_field("requests"), requests, "a wrong password reached the pools");
+}

@@ -1,0 +1,309 @@
+//! The relay as a child process, and raw RESP over TCP: what every test
+//! file of the relay shares.
+#![allow(dead_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use testkit::free_port;
+
+/// An `rl-relay` child process listening on a free port, killed on drop.
+/// Its standard error is kept (`log`).
+pub struct Relay {
+    child: Child,
+    pub port: u16,
+    log: Arc<Mutex<String>>,
+    /// `user:password` (or `:password`) for `url`, when the relay asks.
+    pub auth: Option<String>,
+}
+
+/// How to start one.
+#[derive(Default)]
+pub struct Start<'a> {
+    pub args: Vec<String>,
+    pub env: Vec<(&'a str, String)>,
+    /// Open-file limit of the process (`ulimit -n`).
+    pub max_files: Option<u32>,
+    /// Wait until it listens (false: for a relay that must refuse to start).
+    pub no_wait: bool,
+}
+
+impl<'a> Start<'a> {
+    pub fn args(args: &[&str]) -> Start<'a> {
+        Start { args: args.iter().map(|s| s.to_string()).collect(), ..Start::default() }
+    }
+}
+
+impl Relay {
+    /// A relay in front of `redis_url` with `extra` options.
+    pub fn start(redis_url: &str, extra: &[&str]) -> Relay {
+        let mut args = vec!["--redis", redis_url];
+        if !extra.contains(&"--timeout-ms") {
+            args.extend(["--timeout-ms", "1000"]);
+        }
+        args.extend_from_slice(extra);
+        Relay::spawn(Start::args(&args))
+    }
+
+    pub fn spawn(start: Start) -> Relay {
+        let port = free_port();
+        // RL_RELAY_BIN runs the tests against another build (an older one,
+        // to see a regression test fail).
+        let bin = std::env::var("RL_RELAY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_rl-relay").into());
+        let mut cmd = match start.max_files {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(format!("ulimit -n {n} && exec \"$0\" \"$@\"")).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).args(&start.args);
+        cmd.env_remove("RL_RELAY_AUTH");
+        for (k, v) in &start.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut relay = Relay { child, port, log, auth: None };
+        if !start.no_wait {
+            relay.wait_listening();
+        }
+        relay
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "rl-relay did not listen on {}", self.port);
+            assert!(self.alive(), "rl-relay exited: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the process to end (one that must refuse to start).
+    pub fn exit_code(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the stderr thread catch up.
+                std::thread::sleep(Duration::from_millis(50));
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "rl-relay kept running");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn url(&self) -> String {
+        match &self.auth {
+            Some(auth) => format!("redis://{auth}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
+    pub fn con(&self) -> redis::Connection {
+        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+    }
+
+    /// A raw TCP connection, reads timing out after 5 s.
+    pub fn raw(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
+    /// `INFO relay` as text.
+    pub fn info(&self) -> String {
+        redis::cmd("INFO").arg("relay").query(&mut self.con()).unwrap()
+    }
+
+    pub fn info_field(&self, field: &str) -> u64 {
+        let info = self.info();
+        let value = info.lines().find_map(|l| l.strip_prefix(&format!("{field}:")));
+        value.unwrap_or_else(|| panic!("INFO relay has no {field}: {info}")).trim().parse().unwrap()
+    }
+
+    /// The resident memory of the process, in bytes.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
+        kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024
+    }
+
+    /// CPU time the process has used (user + system).
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // Fields after the command name (which is in parentheses).
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        Duration::from_millis(ticks * 1000 / hz)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A reply as it came over the wire.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Null,
+    Array(Vec<Resp>),
+    Map(Vec<(Resp, Resp)>),
+    Double(String),
+    Bool(bool),
+}
+
+impl Resp {
+    pub fn error(&self) -> &str {
+        match self {
+            Resp::Error(e) => e,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    pub fn ints(&self) -> Vec<i64> {
+        match self {
+            Resp::Array(items) => items
+                .iter()
+                .map(|i| match i {
+                    Resp::Int(n) => *n,
+                    other => panic!("expected integers, got {other:?}"),
+                })
+                .collect(),
+            other => panic!("expected an array, got {other:?}"),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        match self {
+            Resp::Simple(s) => s.clone(),
+            Resp::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("expected a string, got {other:?}"),
+        }
+    }
+}
+
+/// A command as RESP bytes (an array of bulk strings).
+pub fn encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// `line` split on spaces, as RESP bytes.
+pub fn command(line: &str) -> Vec<u8> {
+    let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+    encode(&args)
+}
+
+/// Sends `bytes` and reads one reply.
+pub fn send(s: &mut TcpStream, bytes: &[u8]) -> Resp {
+    s.write_all(bytes).unwrap();
+    read(s).unwrap_or_else(|| panic!("no reply to {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(80)])))
+}
+
+/// Sends `line` as a command and reads one reply.
+pub fn call(s: &mut TcpStream, line: &str) -> Resp {
+    send(s, &command(line))
+}
+
+/// One reply; None if the connection closed or nothing came within the
+/// read timeout.
+pub fn read(s: &mut TcpStream) -> Option<Resp> {
+    let line = read_line(s)?;
+    let (kind, rest) = line.split_at(1);
+    let n = || rest.parse::<i64>().unwrap();
+    Some(match kind {
+        "+" => Resp::Simple(rest.into()),
+        "-" => Resp::Error(rest.into()),
+        ":" => Resp::Int(n()),
+        "_" => Resp::Null,
+        "," => Resp::Double(rest.into()),
+        "#" => Resp::Bool(rest == "t"),
+        "$" | "=" if n() < 0 => Resp::Null,
+        "$" | "=" => {
+            let mut body = vec![0u8; n() as usize + 2];
+            s.read_exact(&mut body).ok()?;
+            body.truncate(body.len() - 2);
+            Resp::Bulk(body)
+        }
+        "*" | "~" | ">" if n() < 0 => Resp::Null,
+        "*" | "~" | ">" => Resp::Array((0..n()).map(|_| read(s)).collect::<Option<_>>()?),
+        "%" => Resp::Map((0..n()).map(|_| Some((read(s)?, read(s)?))).collect::<Option<_>>()?),
+        other => panic!("unknown reply type {other:?} in {line:?}"),
+    })
+}
+
+fn read_line(s: &mut TcpStream) -> Option<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match s.read(&mut byte) {
+            Ok(0) => return None,
+            Ok(_) => line.push(byte[0]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return None,
+            Err(_) => return None,
+        }
+        if line.ends_with(b"\r\n") {
+            line.truncate(line.len() - 2);
+            return Some(String::from_utf8_lossy(&line).into_owned());
+        }
+    }
+}
+
+/// Whether the relay closed `s` (end of stream or reset) within 5 s.
+pub fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return false,
+            Err(_) => return true,
+        }
+    }
+    false
+}
