@@ -41,7 +41,10 @@ fn every_alert_is_tested_explained_and_on_served_metrics() {
             count += 1;
             let name = rule["alert"].as_str().expect("alert");
             let expr = rule["expr"].as_str().unwrap_or_else(|| panic!("{name}: expr"));
-            assert!(["page", "ticket"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")), "{name}: severity");
+            assert!(
+                ["page", "ticket"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+                "{name}: severity"
+            );
             assert!(rule["annotations"]["summary"].as_str().is_some_and(|s| !s.is_empty()), "{name}: summary");
             assert!(rule["annotations"]["runbook"].as_str().is_some_and(|s| !s.is_empty()), "{name}: runbook");
             assert!(tested.iter().any(|t| t == name), "{name} never fires in prometheus-alerts.test.yml");

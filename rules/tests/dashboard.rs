@@ -33,7 +33,8 @@ fn the_list_is_what_each_component_serves() {
     assert_eq!(sorted(gateway), sorted(section(&sections, "gateway").to_vec()), "rl-client's events");
     let relay = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
         let timeout = Duration::from_millis(50);
-        let upstream = rl_relay::upstream::Upstream::open(&["redis://127.0.0.1:1/".to_owned()], false, timeout).unwrap();
+        let upstream =
+            rl_relay::upstream::Upstream::open(&["redis://127.0.0.1:1/".to_owned()], false, timeout).unwrap();
         let relay = rl_relay::server::Relay::new(rl_relay::pool::Pools::default(), upstream, timeout);
         families(&rl_relay::stats::metrics(&relay))
     });
@@ -49,7 +50,9 @@ fn exprs(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
             for (key, v) in map {
                 match (key.as_str(), v) {
                     ("expr", Value::String(e)) => out.push((at.to_owned(), e.clone())),
-                    ("query", Value::String(q)) if q.starts_with("label_values(") => out.push((at.to_owned(), q.clone())),
+                    ("query", Value::String(q)) if q.starts_with("label_values(") => {
+                        out.push((at.to_owned(), q.clone()))
+                    }
                     _ => {
                         let title = map.get("title").and_then(Value::as_str).unwrap_or(at);
                         exprs(v, title, out);
@@ -82,7 +85,9 @@ fn the_dashboard_queries_only_listed_metrics_of_every_component() {
     }
     for component in ["module", "gateway", "relay"] {
         assert!(
-            section(&sections, component).iter().any(|n| used.iter().any(|u| listed(u, &[(String::new(), vec![n.clone()])]))),
+            section(&sections, component)
+                .iter()
+                .any(|n| used.iter().any(|u| listed(u, &[(String::new(), vec![n.clone()])]))),
             "the dashboard shows nothing of the {component}"
         );
     }
@@ -90,7 +95,11 @@ fn the_dashboard_queries_only_listed_metrics_of_every_component() {
     for panel in dashboard["panels"].as_array().expect("panels") {
         if panel["type"] != "row" {
             assert!(panel["description"].as_str().is_some_and(|d| !d.is_empty()), "{}: no description", panel["title"]);
-            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{}: not on the datasource variable", panel["title"]);
+            assert_eq!(
+                panel["datasource"]["uid"], "${datasource}",
+                "{}: not on the datasource variable",
+                panel["title"]
+            );
         }
     }
 }

@@ -137,7 +137,9 @@ pub fn promql_metrics(expr: &str) -> Vec<String> {
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
-        let skip_to = |close: char, from: usize| chars[from..].iter().position(|&c| c == close).map_or(chars.len(), |p| from + p + 1);
+        let skip_to = |close: char, from: usize| {
+            chars[from..].iter().position(|&c| c == close).map_or(chars.len(), |p| from + p + 1)
+        };
         if c == '{' {
             i = skip_to('}', i);
         } else if c == '[' {
@@ -150,7 +152,9 @@ pub fn promql_metrics(expr: &str) -> Vec<String> {
             }
         } else if c.is_ascii_alphabetic() || c == '_' || c == ':' || c == '$' {
             let start = i;
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':' || chars[i] == '$') {
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':' || chars[i] == '$')
+            {
                 i += 1;
             }
             let word: String = chars[start..i].iter().collect();
@@ -161,9 +165,8 @@ pub fn promql_metrics(expr: &str) -> Vec<String> {
             let grouping = ["by", "without", "on", "ignoring", "group_left", "group_right"].contains(&word.as_str());
             let rest: String = chars[next..].iter().collect();
             // `sum by (x) (...)`: an aggregation with its clause first.
-            let aggregation = ["by", "without"].iter().any(|k| {
-                rest.strip_prefix(k).is_some_and(|r| r.trim_start().starts_with('('))
-            });
+            let aggregation =
+                ["by", "without"].iter().any(|k| rest.strip_prefix(k).is_some_and(|r| r.trim_start().starts_with('(')));
             if grouping && chars.get(next) == Some(&'(') {
                 i = skip_to(')', next);
             } else if chars.get(next) != Some(&'(')
