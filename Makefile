@@ -39,7 +39,8 @@ lint:
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout
 # to choose it), bare and with a replica + AOF, and memory per key on every
-# server of the matrix; writes BENCHMARKS.md (about 8 minutes).
+# server of the matrix, bucket keys up to 3,000,000; writes BENCHMARKS.md
+# (about 8 minutes, and 15 to 20 more for the sizing on two shared cores).
 bench: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
 
