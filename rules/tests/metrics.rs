@@ -1,49 +1,16 @@
-//! `rlctl metrics` scraped for real, and the example alert rules checked
-//! against what it serves.
+//! `rlctl metrics` scraped for real: what it serves, read by Prometheus'
+//! own parser, the module-side figures an SRE alarms on, and what it logs
+//! when a scrape fails.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::time::{Duration, Instant};
 
-use testkit::{call, free_port, Server};
-use yaml_rust2::YamlLoader;
+use support::{get, parse_prometheus, Exporter};
+use testkit::{call, Server};
 
-struct Exporter(Child);
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn exporter(redis: &str, port: u16) -> Exporter {
-    let child = Command::new(env!("CARGO_BIN_EXE_rlctl"))
-        .args(["metrics", "--redis", redis, "--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rlctl metrics");
-    Exporter(child)
-}
-
-/// GET `path` from the exporter, once it listens.
-fn get(port: u16, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut stream = loop {
-        match TcpStream::connect(("127.0.0.1", port)) {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "the exporter does not listen: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    };
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
+fn value(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[test]
@@ -52,11 +19,10 @@ fn rlctl_metrics_serves_the_counters_prometheus_scrapes() {
     let mut con = s.con();
     call(&mut con, "RL.TAKE", "1 k 1 1 60000");
     call(&mut con, "RL.TAKE", "1 k 1 1 60000");
-    let port = free_port();
-    let _exporter = exporter(&s.url(), port);
-    let page = get(port, "/metrics");
-    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
-    assert!(page.contains("text/plain; version=0.0.4"), "{page}");
+    let exporter = Exporter::start(&s.url());
+    let head = get(exporter.port, "/metrics");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let page = exporter.scrape();
     for line in [
         "rl_up 1",
         "rl_calls_total{command=\"take\"} 2",
@@ -67,7 +33,7 @@ fn rlctl_metrics_serves_the_counters_prometheus_scrapes() {
     ] {
         assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
     }
-    assert!(!page.lines().any(|l| l.starts_with("rl_share_table_age_seconds ")), "no share table, no age:\n{page}");
+    assert!(value(&page, "rl_share_table_age_seconds").is_none(), "no share table, no age:\n{page}");
     // A share table written 90 s ago by the server's clock (a balancer
     // that stopped): its age is served, for the alarm above 60 s.
     let now_ms: u64 = {
@@ -82,44 +48,127 @@ fn rlctl_metrics_serves_the_counters_prometheus_scrapes() {
         .arg(7)
         .query(&mut con)
         .unwrap();
-    let page = get(port, "/metrics");
-    let age: f64 = page
-        .lines()
-        .find_map(|l| l.strip_prefix("rl_share_table_age_seconds "))
-        .unwrap_or_else(|| panic!("no age:\n{page}"))
-        .parse()
-        .unwrap();
+    let page = exporter.scrape();
+    let age = value(&page, "rl_share_table_age_seconds").unwrap_or_else(|| panic!("no age:\n{page}"));
     assert!((90.0..100.0).contains(&age), "{age}");
-    assert!(page.lines().any(|l| l == "rl_share_table_version 7"), "{page}");
-    assert!(get(port, "/").starts_with("HTTP/1.1 404"));
-    // Redis gone: the exporter answers, and says so.
+    assert_eq!(value(&page, "rl_share_table_version"), Some(7.0), "{page}");
+    assert!(get(exporter.port, "/").starts_with("HTTP/1.1 404"));
+    // Redis gone: the exporter answers, says so, and logs why.
     s.kill();
-    let page = get(port, "/metrics");
+    let page = exporter.scrape();
     assert!(page.lines().any(|l| l == "rl_up 0"), "{page}");
+    assert!(exporter.log().contains("failed, serving rl_up 0"), "{}", exporter.log());
 }
 
+/// Prometheus' parser types a sample by the family whose TYPE it follows:
+/// HELP and TYPE lines all first would make every family `unknown`.
 #[test]
-fn the_example_alerts_parse_and_use_served_metrics() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../prometheus-alerts.yml")).unwrap();
-    let docs = YamlLoader::load_from_str(&text).expect("valid YAML");
-    let seen = rl_rules::exporter::SharesSeen { age_seconds: 1.0, version: 1 };
-    let served = rl_rules::exporter::render("", "", Some(seen));
-    let families: Vec<&str> = served.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
-    let rules = docs[0]["groups"][0]["rules"].as_vec().expect("groups[0].rules");
-    assert!(rules.len() >= 6, "{} rules", rules.len());
-    for rule in rules {
-        let name = rule["alert"].as_str().expect("alert");
-        let expr = rule["expr"].as_str().unwrap_or_else(|| panic!("{name}: expr"));
-        let wait = rule["for"].as_str().unwrap_or_else(|| panic!("{name}: for"));
-        assert!(wait.ends_with(['s', 'm', 'h']) && wait[..wait.len() - 1].parse::<u32>().is_ok(), "{name}: for {wait}");
-        assert!(["page", "ticket"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")), "{name}: severity");
-        assert!(rule["annotations"]["summary"].as_str().is_some_and(|s| !s.is_empty()), "{name}: summary");
-        assert_eq!(expr.matches('(').count(), expr.matches(')').count(), "{name}: {expr}");
-        let metrics: Vec<&str> =
-            expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("rl_")).collect();
-        assert!(!metrics.is_empty(), "{name}: no metric of the exporter in {expr}");
-        for m in metrics {
-            assert!(families.contains(&m), "{name}: {m} is not served by rlctl metrics");
-        }
+fn prometheus_own_parser_types_every_family() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    call(&mut con, "RL.TAKE", "1 k 1 1 60000");
+    call(&mut con, "RL.TAKE", "1 k 1 1 60000");
+    let _: redis::RedisResult<redis::Value> = redis::cmd("RL.TAKE").arg("x").query(&mut con);
+    let _: () = redis::cmd("HSET").arg(rl_rules::SHARES_KEY).arg("written_at").arg(1).query(&mut con).unwrap();
+    let exporter = Exporter::start(&s.url());
+    let page = exporter.scrape();
+    let families = parse_prometheus(&page);
+    let declared: Vec<&str> = page.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+    for family in &families {
+        assert_ne!(
+            family.kind, "unknown",
+            "{} is typed unknown: its samples do not follow its TYPE\n{page}",
+            family.name
+        );
     }
+    // prometheus_client names a counter's family without its _total.
+    let parsed = |name: &str| {
+        families.iter().find(|f| f.name == name || format!("{}_total", f.name) == name).unwrap_or_else(|| {
+            panic!("{name} declared but not parsed as a family: {families:?}");
+        })
+    };
+    for name in declared {
+        let family = parsed(name);
+        assert!(!family.samples.is_empty(), "{name} has no samples under its TYPE:\n{page}");
+    }
+    let calls = parsed("rl_calls_total");
+    assert_eq!(calls.kind, "counter");
+    let take = calls.samples.iter().find(|s| s.labels.get("command").map(String::as_str) == Some("take"));
+    assert!(take.is_some_and(|s| s.value >= 2.0), "{calls:?}");
+    assert_eq!(parsed("rl_command_latency_seconds").kind, "summary");
+}
+
+/// What an SRE alarms on from the module's side: per-command latency
+/// (Redis 7.0+ keeps percentiles), maxmemory and its policy, evictions.
+#[test]
+fn latency_memory_policy_and_evictions_are_served() {
+    let s = Server::start(&["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]);
+    let mut con = s.con();
+    for _ in 0..50 {
+        call(&mut con, "RL.TAKE", "1 k 10 1 60000");
+        call(&mut con, "CL.THROTTLE", "u 5 1 60");
+    }
+    let exporter = Exporter::start(&s.url());
+    let page = exporter.scrape();
+    for quantile in ["0.5", "0.99", "0.999"] {
+        let series = format!("rl_command_latency_seconds{{command=\"rl.take\",quantile=\"{quantile}\"}}");
+        let seconds = value(&page, &series).unwrap_or_else(|| panic!("{series} missing:\n{page}"));
+        assert!(seconds > 0.0 && seconds < 1.0, "{series} {seconds}");
+    }
+    assert_eq!(value(&page, "rl_command_latency_seconds_count{command=\"rl.take\"}"), Some(50.0), "{page}");
+    assert_eq!(value(&page, "rl_command_latency_seconds_count{command=\"cl.throttle\"}"), Some(50.0), "{page}");
+    assert!(value(&page, "rl_command_latency_seconds_sum{command=\"rl.take\"}").is_some_and(|s| s > 0.0), "{page}");
+    assert_eq!(value(&page, "rl_maxmemory_bytes"), Some(4.0 * 1024.0 * 1024.0), "{page}");
+    assert_eq!(value(&page, "rl_maxmemory_policy{policy=\"allkeys-lru\"}"), Some(1.0), "{page}");
+    assert_eq!(value(&page, "rl_evicted_keys_total"), Some(0.0), "{page}");
+    // allkeys-lru evicts the limiter's keys like any cache entry: fill the
+    // server past maxmemory (bounded) and the evictions are counted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut batch = 0u32;
+    while s.info("stats", "evicted_keys") == "0" {
+        assert!(Instant::now() < deadline && batch < 1_000, "nothing evicted after {batch} batches");
+        let mut pipe = redis::pipe();
+        for i in 0..500 {
+            // 100 a minute, one back a minute: each key lives a minute.
+            pipe.cmd("RL.TAKE").arg(1).arg(format!("rl:{{s{batch}-{i}}}:minute")).arg(100).arg(1).arg(60_000);
+        }
+        let _: redis::Value = pipe.query(&mut con).unwrap();
+        batch += 1;
+    }
+    let page = exporter.scrape();
+    assert!(value(&page, "rl_evicted_keys_total").is_some_and(|n| n > 0.0), "{page}");
+}
+
+/// A scrape the server refuses serves `rl_up 0` and logs the server's
+/// answer, with the URL's password redacted everywhere.
+#[test]
+fn a_failed_scrape_says_why_and_never_the_password() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-info")
+        .arg("on")
+        .arg(">s3cret-pw")
+        .arg("~*")
+        .arg("+@all")
+        .arg("-info")
+        .query(&mut con)
+        .unwrap();
+    let url = format!("redis://no-info:s3cret-pw@127.0.0.1:{}/", s.port);
+    let exporter = Exporter::start(&url);
+    let page = exporter.scrape();
+    assert!(page.lines().any(|l| l == "rl_up 0"), "{page}");
+    let log = exporter.log();
+    assert!(log.contains("INFO rl") && log.contains("no permissions to run the 'info' command"), "why:\n{log}");
+    assert!(log.contains("redis://no-info:***@127.0.0.1"), "{log}");
+    // A failure that goes on is not logged on every scrape.
+    exporter.scrape();
+    assert_eq!(exporter.log().matches("failed, serving rl_up 0").count(), 1, "{}", exporter.log());
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("no-info").arg("+info").query(&mut con).unwrap();
+    let page = exporter.scrape();
+    assert!(page.lines().any(|l| l == "rl_up 1"), "{page}");
+    let log = exporter.log();
+    assert!(log.contains("answers again"), "{log}");
+    assert!(!log.contains("s3cret-pw"), "a password in the log:\n{log}");
 }

@@ -58,8 +58,8 @@ enum Command {
         /// The Redis server to read INFO from (one exporter per server).
         #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
         redis: String,
-        /// Where to listen.
-        #[arg(long, default_value = "127.0.0.1:9121", value_name = "ADDR")]
+        /// Where to listen (port 10079: 9121 is redis_exporter's).
+        #[arg(long, default_value = "127.0.0.1:10079", value_name = "ADDR")]
         listen: String,
     },
 }
@@ -186,7 +186,11 @@ async fn run(command: Command) -> Result<Output, Error> {
             let spec = RuleSetSpec::from_file(&file)?;
             let store = open(&store)?;
             let version = store.publish(&spec).await?;
-            let published = format!("published {file} as version {version} on {} {}", store.url(), store.key());
+            let published = format!(
+                "published {file} as version {version} on {} {}",
+                rl_rules::exporter::redacted(store.url()),
+                store.key()
+            );
             // Checked by publish already: compiled again only for its warnings.
             match Snapshot::compile(&spec, &[], version) {
                 Ok(snapshot) => done(with_warnings(published, &snapshot)),
@@ -199,7 +203,7 @@ async fn run(command: Command) -> Result<Output, Error> {
                 .await
                 .map_err(|e| Error::invalid(format!("cannot listen on {listen}: {e}")))?;
             let at = listener.local_addr().map_or(listen, |a| a.to_string());
-            eprintln!("rlctl: serving http://{at}/metrics for {redis}");
+            eprintln!("rlctl: serving http://{at}/metrics for {}", rl_rules::exporter::redacted(&redis));
             rl_rules::exporter::serve(&redis, listener).await.map_err(Error::invalid)?;
             Ok((String::new(), None))
         }

@@ -12,7 +12,8 @@
 //! (space-separated binaries for the sizing table; default RL_SERVER),
 //! REDIS_CELL_SO / REDIS_CELL_SRC (see cell.rs), BENCH_N (operations per
 //! run, default 60000), BENCH_ROUNDS (default 5), BENCH_OUT (report path,
-//! default BENCHMARKS.md).
+//! default BENCHMARKS.md). `rl-bench sizing` measures memory alone and
+//! replaces that section of the report.
 
 mod cell;
 mod load;
@@ -34,6 +35,9 @@ fn env_num(name: &str, default: u64) -> u64 {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("sizing") {
+        return sizing_only();
+    }
     let ops = env_num("BENCH_N", 60_000);
     let rounds = env_num("BENCH_ROUNDS", 5) as usize;
     let out_path = std::env::var("BENCH_OUT").unwrap_or_else(|_| "BENCHMARKS.md".into());
@@ -86,11 +90,7 @@ fn main() {
     }
     drop(setups);
 
-    let binaries: Vec<PathBuf> = match std::env::var("RL_SERVERS") {
-        Ok(list) => list.split_whitespace().map(PathBuf::from).collect(),
-        Err(_) => vec![testkit::server_binary()],
-    };
-    let sizes = sizing::measure(&binaries, cell.as_ref().ok().map(|c| c.so.as_path()));
+    let sizes = sizing::measure(&sizing_binaries(), cell.as_ref().ok().map(|c| c.so.as_path()));
     let load_after = report::load_average();
 
     let run = report::Run {
@@ -106,6 +106,24 @@ fn main() {
     std::fs::write(&out_path, &text).expect("write the report");
     println!("{text}");
     eprintln!("written to {out_path}");
+}
+
+fn sizing_binaries() -> Vec<PathBuf> {
+    match std::env::var("RL_SERVERS") {
+        Ok(list) => list.split_whitespace().map(PathBuf::from).collect(),
+        Err(_) => vec![testkit::server_binary()],
+    }
+}
+
+/// `rl-bench sizing` (`make bench-sizing`): memory per key alone, its
+/// section of the report replaced, the timings kept.
+fn sizing_only() {
+    let out_path = std::env::var("BENCH_OUT").unwrap_or_else(|_| "BENCHMARKS.md".into());
+    let cell = cell::locate().ok();
+    let sizes = sizing::measure(&sizing_binaries(), cell.as_ref().map(|c| c.so.as_path()));
+    let report = std::fs::read_to_string(&out_path).unwrap_or_default();
+    std::fs::write(&out_path, report::replace_sizing(&report, &sizes)).expect("write the report");
+    eprintln!("memory section written to {out_path}");
 }
 
 /// Loads a script on every module server; its digest is the same on all.

@@ -14,6 +14,21 @@ use crate::servers::module_server;
 const KEYS: usize = 100_000;
 const FEW_KEYS: usize = 10_000;
 
+/// Bucket keys at growing counts. What a key costs depends on how full the
+/// keyspace's hash tables are (they double as keys are added: just past a
+/// doubling, 1,100,000 keys, is the dearest point, and until the server has
+/// moved every key to the doubled table, which Redis 8.2 does over minutes,
+/// both tables are counted), so one count gives one point of a range;
+/// 3,000,000 is the README's million subjects of three rules. Measured
+/// right after writing, as a growing keyspace is.
+pub const SCALES: [usize; 4] = [100_000, 1_000_000, 1_100_000, 3_000_000];
+
+/// The bucket written at scale: full again in an hour, so no key expires
+/// while the millions are written.
+fn scaled_bucket(name: &str, _pass: usize) -> redis::Cmd {
+    cmd(&["RL.TAKE", "1", name, "200", "1", "3600000"])
+}
+
 pub struct Kind {
     pub name: &'static str,
     keys: usize,
@@ -63,8 +78,9 @@ pub fn kinds() -> Vec<Kind> {
             |n, p| cmd(&["RL.ACQUIRE", "1", n, "20", "60000", "ID", &request_id(p)]),
             false,
         ),
-        k("`CL.THROTTLE` (ours)", KEYS, 2, |n, _| cmd(&["CL.THROTTLE", n, "100", "100", "60", "1"]), false),
-        k("`CL.THROTTLE` (redis-cell)", KEYS, 2, |n, _| cmd(&["CL.THROTTLE", n, "100", "100", "60", "1"]), true),
+        // 1 per minute: the key outlives the writing of the others.
+        k("`CL.THROTTLE` (ours)", KEYS, 2, |n, _| cmd(&["CL.THROTTLE", n, "100", "1", "60", "1"]), false),
+        k("`CL.THROTTLE` (redis-cell)", KEYS, 2, |n, _| cmd(&["CL.THROTTLE", n, "100", "1", "60", "1"]), true),
     ]
 }
 
@@ -77,8 +93,23 @@ pub struct Size {
 
 pub struct ServerSizes {
     pub version: String,
+    /// The allocator the server was built with (INFO server mem_allocator).
+    pub allocator: String,
     /// By kind, None where the kind was not measured (redis-cell elsewhere).
     pub sizes: Vec<Option<Size>>,
+    /// `used_memory` per bucket key at each of [`SCALES`].
+    pub at_scale: Vec<f64>,
+    /// How long this server's sizing took.
+    pub seconds: f64,
+}
+
+impl ServerSizes {
+    /// The lowest and highest `used_memory` per bucket key over [`SCALES`].
+    pub fn bucket_range(&self) -> (f64, f64) {
+        let low = self.at_scale.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = self.at_scale.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (low, high)
+    }
 }
 
 /// The key name of subject `i`: 27 bytes, as a gateway names them.
@@ -105,7 +136,10 @@ pub fn measure(binaries: &[PathBuf], redis_cell: Option<&Path>) -> Vec<ServerSiz
                         .map(|v| format!("{} {}", if *f == "valkey_version" { "Valkey" } else { "Redis" }, v.trim()))
                 })
                 .unwrap_or_else(|| "?".into());
+            let memory: String = redis::cmd("INFO").arg("memory").query(&mut con).expect("INFO");
+            let allocator = field(&memory, "mem_allocator").map(|a| a.trim().to_owned()).unwrap_or_else(|| "?".into());
             eprintln!("sizing on {version}");
+            let started = std::time::Instant::now();
             let sizes = kinds
                 .iter()
                 .map(|kind| {
@@ -117,12 +151,27 @@ pub fn measure(binaries: &[PathBuf], redis_cell: Option<&Path>) -> Vec<ServerSiz
                     Some(size(port, kind))
                 })
                 .collect();
-            ServerSizes { version, sizes }
+            let at_scale = SCALES
+                .iter()
+                .map(|&keys| {
+                    let (per_key, _) = fill(ours.port, keys, 2, scaled_bucket);
+                    eprintln!("  {keys} bucket keys: {per_key:.1} B per key");
+                    per_key
+                })
+                .collect();
+            ServerSizes { version, allocator, sizes, at_scale, seconds: started.elapsed().as_secs_f64() }
         })
         .collect()
 }
 
 fn size(port: u16, kind: &Kind) -> Size {
+    let (used_per_key, memory_usage) = fill(port, kind.keys, kind.passes, kind.write);
+    Size { used_per_key, memory_usage, keys: kind.keys }
+}
+
+/// Writes `keys` keys `passes` times on an empty server: the growth of
+/// `used_memory` per key, and `MEMORY USAGE` of one of them.
+fn fill(port: u16, keys: usize, passes: usize, write: fn(&str, usize) -> redis::Cmd) -> (f64, i64) {
     let mut con = crate::servers::connect(port);
     let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(&mut con).expect("FLUSHALL");
     let clients = |con: &mut redis::Connection| {
@@ -135,13 +184,13 @@ fn size(port: u16, kind: &Kind) -> Size {
     // query and reply buffers are not counted.
     {
         let mut filler = crate::servers::connect(port);
-        for pass in 0..kind.passes {
-            for chunk in (0..kind.keys).collect::<Vec<_>>().chunks(1000) {
+        for pass in 0..passes {
+            for chunk in (0..keys).collect::<Vec<_>>().chunks(1000) {
                 let mut pipe = redis::pipe();
                 for &i in chunk {
-                    pipe.add_command((kind.write)(&key_name(i), pass)).ignore();
+                    pipe.add_command(write(&key_name(i), pass)).ignore();
                 }
-                pipe.query::<()>(&mut filler).unwrap_or_else(|e| panic!("{}: {e}", kind.name));
+                pipe.query::<()>(&mut filler).unwrap_or_else(|e| panic!("{}: {e}", key_name(chunk[0])));
             }
             // Entries of a log are per millisecond: the next pass is later.
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -151,9 +200,14 @@ fn size(port: u16, kind: &Kind) -> Size {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let after = used_memory(&mut con);
-    let one: i64 = redis::cmd("MEMORY").arg("USAGE").arg(key_name(42)).query(&mut con).expect("MEMORY USAGE");
+    // The last key written: the freshest of all.
+    let one: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key_name(keys - 1))
+        .query(&mut con)
+        .unwrap_or_else(|e| panic!("MEMORY USAGE {}: {e}", key_name(keys - 1)));
     let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(&mut con).expect("FLUSHALL");
-    Size { used_per_key: (after - before) as f64 / kind.keys as f64, memory_usage: one, keys: kind.keys }
+    ((after - before) as f64 / keys as f64, one)
 }
 
 fn used_memory(con: &mut redis::Connection) -> i64 {

@@ -1,0 +1,207 @@
+//! What the operations tests share: `rlctl metrics` as a process, an HTTP
+//! GET, Prometheus' own Python parser and promtool.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `rlctl metrics` running, its stderr kept in a file.
+pub struct Exporter {
+    child: Child,
+    pub port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl Exporter {
+    pub fn start(redis: &str) -> Exporter {
+        let port = testkit::free_port();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_rlctl"))
+            .args(["metrics", "--redis", redis, "--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("rlctl metrics");
+        Exporter { child, port, log }
+    }
+
+    /// The page of `/metrics`, its HTTP head cut off; panics unless 200.
+    pub fn scrape(&self) -> String {
+        let page = get(self.port, "/metrics");
+        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+        page.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+    }
+
+    /// What the exporter has written to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// GET `path` on a local port (once it listens), the whole response.
+pub fn get(port: u16, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stream = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "nothing listens on {port}: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A file of the repository, as text.
+pub fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// One family as Prometheus' Python parser (prometheus_client) read it.
+#[derive(Debug, serde::Deserialize)]
+pub struct Family {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub samples: Vec<Sample>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct Sample {
+    pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// `text` read by prometheus_client's parser (from `make servers`, under
+/// .deps/), which types each sample by the family it follows, as
+/// Prometheus' own scrape parser does.
+pub fn parse_prometheus(text: &str) -> Vec<Family> {
+    let lib = repo().join(".deps/prometheus-client");
+    assert!(
+        lib.join("prometheus_client/parser.py").exists(),
+        "Prometheus' Python parser is not under {}: run `make servers` (it fetches the prometheus-client wheel)",
+        lib.display()
+    );
+    let mut child = Command::new("python3")
+        .arg(repo().join("rules/tests/support/promparse.py"))
+        .env("PYTHONPATH", &lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the parser refused the text: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the parser's JSON")
+}
+
+/// Runs promtool (Debian's prometheus package: `make deps` installs it)
+/// with `args` in `dir`; its status and output.
+pub fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("promtool").args(args).current_dir(dir).output().unwrap_or_else(|e| {
+        panic!("promtool: {e}: run `make deps` (it installs Debian's prometheus package, which has promtool)")
+    });
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// The metric names a PromQL expression reads: label matchers, ranges,
+/// grouping clauses and strings left out, and every word followed by `(`
+/// (a function or an aggregation) or a keyword.
+pub fn promql_metrics(expr: &str) -> Vec<String> {
+    const KEYWORDS: [&str; 11] =
+        ["by", "without", "and", "or", "unless", "bool", "on", "ignoring", "offset", "group_left", "group_right"];
+    let mut names = Vec::new();
+    let chars: Vec<char> = expr.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let skip_to = |close: char, from: usize| {
+            chars[from..].iter().position(|&c| c == close).map_or(chars.len(), |p| from + p + 1)
+        };
+        if c == '{' {
+            i = skip_to('}', i);
+        } else if c == '[' {
+            i = skip_to(']', i);
+        } else if c == '"' {
+            i = skip_to('"', i + 1);
+        } else if c.is_ascii_digit() || c == '.' {
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' || c == '$' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':' || chars[i] == '$')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let mut next = i;
+            while next < chars.len() && chars[next].is_whitespace() {
+                next += 1;
+            }
+            let grouping = ["by", "without", "on", "ignoring", "group_left", "group_right"].contains(&word.as_str());
+            let rest: String = chars[next..].iter().collect();
+            // `sum by (x) (...)`: an aggregation with its clause first.
+            let aggregation =
+                ["by", "without"].iter().any(|k| rest.strip_prefix(k).is_some_and(|r| r.trim_start().starts_with('(')));
+            if grouping && chars.get(next) == Some(&'(') {
+                i = skip_to(')', next);
+            } else if chars.get(next) != Some(&'(')
+                && !aggregation
+                && !KEYWORDS.contains(&word.as_str())
+                && !word.starts_with('$')
+            {
+                names.push(word);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    names
+}
+
+/// grafana/metrics.txt: each component's section and the names under it.
+pub fn expected_metrics() -> Vec<(String, Vec<String>)> {
+    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
+    for line in repo_file("grafana/metrics.txt").lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            sections.push((name.to_owned(), Vec::new()));
+        } else {
+            sections.last_mut().expect("a name before any [section]").1.push(line.to_owned());
+        }
+    }
+    sections
+}
+
+/// Whether `name` is one of the listed metrics, or a summary's or
+/// histogram's own series of one (`_sum`, `_count`, `_bucket`).
+pub fn listed(name: &str, sections: &[(String, Vec<String>)]) -> bool {
+    let base = ["_sum", "_count", "_bucket"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+    sections.iter().any(|(_, names)| names.iter().any(|n| n == name || n == base))
+}
