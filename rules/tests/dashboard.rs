@@ -35,8 +35,9 @@ fn the_list_is_what_each_component_serves() {
         let timeout = Duration::from_millis(50);
         let upstream =
             rl_relay::upstream::Upstream::open(&["redis://127.0.0.1:1/".to_owned()], false, timeout).unwrap();
-        let relay = rl_relay::server::Relay::new(rl_relay::pool::Pools::default(), upstream, timeout);
-        families(&rl_relay::stats::metrics(&relay))
+        let options = rl_relay::relay::Options { timeout, ..Default::default() };
+        let relay = rl_relay::relay::Relay::new(rl_relay::pool::Pools::default(), upstream, options);
+        families(&relay.metrics())
     });
     assert_eq!(sorted(relay), sorted(section(&sections, "relay").to_vec()), "rl-relay --metrics' families");
     assert!(section(&sections, "balancer").is_empty(), "fill in what checks the balancer's metrics here");
