@@ -32,6 +32,7 @@ pub fn missing_api() -> Result<(), String> {
             ("SaveStringBuffer", raw::RedisModule_SaveStringBuffer.is_some_and(|_| true)),
             ("LoadStringBuffer", raw::RedisModule_LoadStringBuffer.is_some_and(|_| true)),
             ("RegisterInfoFunc", raw::RedisModule_RegisterInfoFunc.is_some_and(|_| true)),
+            ("InfoAddFieldCString", raw::RedisModule_InfoAddFieldCString.is_some_and(|_| true)),
         ]
     };
     match present.iter().find(|(_, ok)| !ok) {
@@ -49,10 +50,24 @@ pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     Ok(())
 }
 
-/// Section `rl`: `rl_<command>_<calls|allowed|denied|errors>` per command,
-/// then `rl_release_unknown` and `rl_inflight_healed`.
+/// The release, as `MODULE LIST` gives it in numbers (`ver`).
+const VERSION: &std::ffi::CStr =
+    match std::ffi::CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(v) => v,
+        Err(_) => panic!("the crate version holds a NUL"),
+    };
+
+/// Section `rl`: `rl_version` and `rl_encoding_version` (what it writes),
+/// `rl_<command>_<calls|allowed|denied|errors>` per command, then
+/// `rl_release_unknown` and `rl_inflight_healed`.
 unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: c_int) {
     api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr().cast_mut());
+    api!(RedisModule_InfoAddFieldCString)(ctx, c"rl_version".as_ptr().cast_mut(), VERSION.as_ptr().cast_mut());
+    api!(RedisModule_InfoAddFieldULongLong)(
+        ctx,
+        c"rl_encoding_version".as_ptr().cast_mut(),
+        crate::store::ENCODING_VERSION as u64,
+    );
     for s in stats::ALL {
         for (what, value) in s.fields() {
             let Ok(name) = CString::new(format!("{}_{what}", s.name)) else { continue };

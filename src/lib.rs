@@ -35,8 +35,21 @@ macro_rules! allocator {
     };
 }
 
-/// MODULE LIST version: major * 10000 + minor * 100 + patch.
-const MODULE_VERSION: i32 = 100;
+/// MODULE LIST version: major * 10000 + minor * 100 + patch, from the
+/// crate's version (the workspace's, one for every crate).
+const MODULE_VERSION: i32 = {
+    const fn number(s: &str) -> i32 {
+        let (bytes, mut i, mut n) = (s.as_bytes(), 0, 0);
+        while i < bytes.len() {
+            n = n * 10 + (bytes[i] - b'0') as i32;
+            i += 1;
+        }
+        n
+    }
+    number(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
+        + number(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + number(env!("CARGO_PKG_VERSION_PATCH"))
+};
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // Read errors in rdb_load come back as errors, not a server panic (a

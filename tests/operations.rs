@@ -185,3 +185,22 @@ fn a_replica_with_smaller_options_still_applies_what_the_primary_admitted() {
     let e = call_err(&mut r, "RL.WINDOWPEEK", &[b"1", b"big", b"20000", b"60000", b"EXACT"]);
     assert!(e.contains("above the EXACT maximum of 10000"), "{e}");
 }
+
+#[test]
+fn the_running_version_is_the_crates_in_module_list_and_info_rl() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let version = env!("CARGO_PKG_VERSION");
+    let number: i64 = version.split('.').map(|p| p.parse::<i64>().unwrap()).fold(0, |n, p| n * 100 + p);
+    // MODULE LIST: [[name, rl, ver, N, ...], ...].
+    let modules: Vec<Vec<redis::Value>> = redis::cmd("MODULE").arg("LIST").query(&mut con).unwrap();
+    let rl = modules
+        .iter()
+        .find(|m| m.get(1).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok()).as_deref() == Some("rl"))
+        .expect("rl in MODULE LIST");
+    let ver: i64 = redis::from_redis_value(rl[3].clone()).unwrap();
+    assert_eq!(ver, number, "MODULE LIST ver of {version}");
+    let info: String = redis::cmd("INFO").arg("rl").query(&mut con).unwrap();
+    assert!(info.contains(&format!("rl_version:{version}\r\n")), "{info}");
+    assert!(info.contains("rl_encoding_version:1\r\n"), "{info}");
+}
