@@ -127,9 +127,11 @@ impl Pool {
 
     /// The refusal Redis named, while it holds for `need`.
     fn refusal(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
-        let denied = self.denied.filter(|d| d.refuses(need.min, now_ms))?;
+        self.denied.filter(|d| d.refuses(need.min, now_ms))?;
         self.hits += 1;
-        let retry = denied.retry_after_ms(now_ms).max(self.retry_at_ms.saturating_sub(now_ms));
+        // Redis's retry time counted down, never the hold (the hold is this
+        // relay's share of the fleet); past it, the next instant.
+        let retry = self.retry_at_ms.saturating_sub(now_ms).max(1);
         Some(self.standing(0, i64::try_from(retry).unwrap_or(i64::MAX), now_ms))
     }
 
@@ -292,7 +294,12 @@ impl Pools {
             Spend::Paced { .. } if !pool.lease.is_paced(now_ms) => Plan::Forward,
             Spend::Paced { until_ms } => {
                 pool.hits += 1;
-                Plan::Answer { reply: pool.standing(0, (until_ms - now_ms) as i64, now_ms), top_up: None }
+                // The pace is this relay's share; the client is told when
+                // the bucket refills what it needs at the full rate, as
+                // Redis would tell it, never later than the pace.
+                let refill = params.iter().map(|p| share_ms(p, need.min, 1)).max().unwrap_or(0);
+                let retry = (until_ms - now_ms).min(refill).max(1);
+                Plan::Answer { reply: pool.standing(0, retry as i64, now_ms), top_up: None }
             }
             Spend::Short { reserved, lead } => {
                 // What is held stays in the pool: the lease call's answer
@@ -519,10 +526,26 @@ mod tests {
         // Held past Redis's 100 ms: until this relay's share (a tenth of a
         // token a second) refilled the token, 10 s.
         pools.forwarded(&keys(), &params, ONE, refused(100), 1);
+        // The reply names Redis's retry time counted down, never this
+        // relay's share of the fleet (a client would wait 100 times too
+        // long); past it, the next instant.
         let Plan::Answer { reply, top_up: None } = pools.plan(&keys(), &params, ONE, 41) else { panic!() };
-        assert_eq!((reply.granted, reply.retry_after_ms), (0, 9960));
-        assert!(matches!(pools.plan(&keys(), &params, ONE, 10_000), Plan::Answer { .. }));
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 60));
+        let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 10_000) else { panic!() };
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 1));
         assert_eq!(pools.plan(&keys(), &params, ONE, 10_001), Plan::Forward);
+    }
+
+    #[test]
+    fn a_paced_refusal_names_the_full_rates_refill_not_the_relays_share() {
+        let mut pools = Pools::new(Settings { relays: 10, ..Settings::default() });
+        let params = rule(100, 100, 1000); // batch 10, the relay's share 10/s
+        let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 0) else { panic!() };
+        // Contended: a grant smaller than asked paces the pool.
+        pools.settle(&keys(), want, granted(1, 0), Some(ONE), 0);
+        let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 1) else { panic!() };
+        assert_eq!(reply.granted, 0);
+        assert!(reply.retry_after_ms <= 10, "a token refills in 10 ms at 100/s, told {} ms", reply.retry_after_ms);
     }
 
     #[test]
@@ -535,9 +558,10 @@ mod tests {
         let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 40) else { panic!() };
         assert_eq!((reply.granted, reply.retry_after_ms), (0, 60));
         // A lease call granted nothing: paced as a gateway is, until the
-        // relay's share (all of 10/s) refilled a batch (10): 1 s.
+        // relay's share (all of 10/s) refilled a batch (10): 1 s; the
+        // client is told when its one token refills: 100 ms.
         let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 100) else { panic!() };
-        assert_eq!((reply.granted, reply.retry_after_ms), (0, 900));
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 100));
         assert!(matches!(pools.plan(&keys(), &params, ONE, 1000), Plan::Lease { .. }));
     }
 
@@ -552,9 +576,10 @@ mod tests {
             pools.plan(&keys(), &params, ONE, 1),
             Plan::Answer { reply: Reply { granted: 1, .. }, top_up: None }
         ));
-        // Paced until the share refilled the 2 granted: 20 ms.
+        // Paced until the share refilled the 2 granted: 20 ms; the client
+        // is told when the full rate refills its token: 1 ms.
         let Plan::Answer { reply, .. } = pools.plan(&keys(), &params, ONE, 10) else { panic!() };
-        assert_eq!((reply.granted, reply.retry_after_ms), (0, 10));
+        assert_eq!((reply.granted, reply.retry_after_ms), (0, 1));
         let Plan::Lease { want, .. } = pools.plan(&keys(), &params, ONE, 20) else { panic!() };
         assert_eq!(want, 201);
         // Its call on the way, the pace over: forwarded, not refused.
