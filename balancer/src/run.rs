@@ -11,8 +11,10 @@
 //! or a read sent before the lowering landed) cannot coexist with a raised one.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::epoch::{self, parse_stored, MAX_EPOCH};
@@ -20,6 +22,7 @@ use crate::link::{CallError, Link};
 use crate::round::{plan_round, GlobalRule};
 use crate::settings::{Settings, Spans};
 use crate::stale::held_by_unreachable;
+use crate::status::Status;
 use crate::store::{Corrupt, Read};
 use crate::table::{RuleShares, ShareTable};
 use crate::WHOLE;
@@ -166,6 +169,21 @@ pub struct Balancer {
     regions: Vec<Region>,
     epoch: u64,
     started: Instant,
+    status: Arc<Status>,
+    reloads: (mpsc::UnboundedSender<Vec<GlobalRule>>, mpsc::UnboundedReceiver<Vec<GlobalRule>>),
+}
+
+/// Sends new rules to a running balancer: taken between two rounds if the
+/// configuration with them passes the same checks as at the start, else
+/// refused (logged and counted) and the rules in force stay.
+#[derive(Clone, Debug)]
+pub struct RuleReloads(mpsc::UnboundedSender<Vec<GlobalRule>>);
+
+impl RuleReloads {
+    /// Queues `rules` for the next pause between rounds.
+    pub fn send(&self, rules: Vec<GlobalRule>) {
+        let _ = self.0.send(rules);
+    }
 }
 
 /// A region's answer to the first part of a round.
@@ -199,7 +217,41 @@ impl Balancer {
                 has_module: false,
             });
         }
-        Ok(Balancer { epoch: config.epoch.unwrap_or(0), config, spans, regions, started: Instant::now() })
+        let status = Arc::new(Status::new(config.regions.len(), config.rules.len()));
+        Ok(Balancer {
+            epoch: config.epoch.unwrap_or(0),
+            config,
+            spans,
+            regions,
+            started: Instant::now(),
+            status,
+            reloads: mpsc::unbounded_channel(),
+        })
+    }
+
+    /// Its rounds, regions, epoch and reloads, for `--metrics`.
+    pub fn status(&self) -> Arc<Status> {
+        self.status.clone()
+    }
+
+    /// A handle that sends it new rules while it runs (SIGHUP).
+    pub fn rule_reloads(&self) -> RuleReloads {
+        RuleReloads(self.reloads.0.clone())
+    }
+
+    /// Takes `rules` if the configuration with them passes the checks of
+    /// [`Balancer::new`]; the regions, epoch and tables stay. A rule that
+    /// left stops being written (its gateways fall back to the fixed split
+    /// at stale_after); a new one starts from its default split.
+    pub fn replace_rules(&mut self, rules: Vec<GlobalRule>) -> Result<(), String> {
+        let mut config = self.config.clone();
+        config.rules = rules;
+        let settings = Settings::new(config)?;
+        let count = settings.config().rules.len();
+        self.spans = settings.spans();
+        self.config = settings.config().clone();
+        self.status.reloaded(Some(count));
+        Ok(())
     }
 
     /// The epoch this balancer writes with (0 until the first round picks one).
@@ -216,9 +268,21 @@ impl Balancer {
         loop {
             tokio::select! {
                 _ = &mut stop => return Ok(()),
+                Some(rules) = self.reloads.1.recv() => {
+                    let count = rules.len();
+                    match self.replace_rules(rules) {
+                        Ok(()) => tracing::info!(rules = count, "rules reloaded"),
+                        Err(e) => {
+                            self.status.reloaded(None);
+                            tracing::error!("rules not reloaded, the rules in force stay: {e}");
+                        }
+                    }
+                    continue;
+                }
                 _ = ticks.tick() => {}
             }
             let report = self.round().await?;
+            self.status.round(&report);
             let versions: Vec<String> = report
                 .versions
                 .iter()

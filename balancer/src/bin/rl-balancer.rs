@@ -1,13 +1,14 @@
 //! rl-balancer: the quota balancer of global limits across regions.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use rl_balancer::{Balancer, Config, Stopped};
+use rl_balancer::{Balancer, Config, GlobalRule, Stopped};
 use rl_rules::RuleSetSpec;
+use tokio::signal::unix::{signal, SignalKind};
 
 /// Moves each region's share of every global limit toward where the traffic
 /// is, every --interval, without ever letting the shares in effect sum above
@@ -28,10 +29,13 @@ use rl_rules::RuleSetSpec;
 /// Alarms: the share table's age above 60 s (rl_share_table_age_seconds from
 /// `rlctl metrics` on each region's Redis: this process is down
 /// or failing), a `round` log line missing for 3 intervals, and `region
-/// unreachable` warnings. Without this process the gateways keep the last
+/// unreachable` warnings; with --metrics, its own rounds (alerts
+/// BalancerDown, BalancerRoundsFailing). SIGHUP reloads --rules (a bad
+/// file keeps the rules in force); SIGTERM stops after the round under
+/// way. Without this process the gateways keep the last
 /// shares for --stale-after, then fall back to the fixed split: it can be
 /// restarted at any time.
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(name = "rl-balancer", version, verbatim_doc_comment)]
 struct Args {
     /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`. Repeat
@@ -109,6 +113,11 @@ struct Args {
     #[arg(long)]
     take_over: bool,
 
+    /// Serve /metrics (Prometheus text: rounds, the age of the last good
+    /// one, regions reached, epoch, rule reloads) on this address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+
     /// Testing: wait a random MIN-MAX ms before every call to a region,
     /// e.g. 70-150, to model cross-region latency.
     #[arg(long, value_name = "MIN-MAX", value_parser = parse_delay)]
@@ -137,13 +146,18 @@ fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
     Ok((Duration::from_millis(lo), Duration::from_millis(hi)))
 }
 
-fn config(args: Args) -> Result<Config, String> {
-    let spec = RuleSetSpec::from_file(&args.rules).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
+/// The global rules of the file at `path`, matched to the regions `names`.
+fn global_rules(path: &Path, names: &[String]) -> Result<Vec<GlobalRule>, String> {
+    let spec = RuleSetSpec::from_file(path).map_err(|e| format!("--rules {}: {e}", path.display()))?;
+    rl_balancer::rules::from_spec(&spec, names).map_err(|e| format!("--rules {}: {e}", path.display()))
+}
+
+fn config(args: &Args) -> Result<Config, String> {
     let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
     // Before the rules are matched to the regions: they need each once.
     rl_balancer::settings::named_once(&names)?;
-    let rules =
-        rl_balancer::rules::from_spec(&spec, &names).map_err(|e| format!("--rules {}: {e}", args.rules.display()))?;
+    let rules = global_rules(&args.rules, &names)?;
+    let args = args.clone();
     let mut c = Config::new(args.regions, rules);
     c.interval = args.interval;
     c.busiest = args.busiest;
@@ -169,15 +183,53 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
-    let balancer = match config(Args::parse()).map_err(Stopped::Config).and_then(Balancer::new) {
+    let args = Args::parse();
+    let balancer = match config(&args).map_err(Stopped::Config).and_then(Balancer::new) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("rl-balancer: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Some(addr) = args.metrics {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tokio::spawn(rl_balancer::status::serve(balancer.status(), listener));
+            }
+            Err(e) => {
+                eprintln!("rl-balancer: --metrics {addr}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
+    let (reloads, status) = (balancer.rule_reloads(), balancer.status());
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        eprintln!("rl-balancer: cannot listen for SIGHUP");
+        return ExitCode::from(2);
+    };
+    tokio::spawn(async move {
+        // SIGHUP: read --rules again; a file that does not parse keeps the
+        // rules in force (the balancer checks the rest the same way).
+        while hangups.recv().await.is_some() {
+            match global_rules(&args.rules, &names) {
+                Ok(rules) => reloads.send(rules),
+                Err(e) => {
+                    status.reloaded(None);
+                    tracing::error!("rules not reloaded, the rules in force stay: {e}");
+                }
+            }
+        }
+    });
     let stop = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let Ok(mut terms) = signal(SignalKind::terminate()) else { return std::future::pending().await };
+        let why = tokio::select! {
+            _ = terms.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        };
+        // Between rounds or within one: the tables written stay in force,
+        // and gateways keep them for stale_after.
+        tracing::info!("{why}: stopping; gateways keep the last shares for --stale-after, then the fixed split");
     };
     match balancer.run(stop).await {
         Ok(()) => ExitCode::SUCCESS,

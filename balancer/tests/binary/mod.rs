@@ -139,6 +139,12 @@ impl Running {
         None
     }
 
+    /// Sends it `signal` (`HUP`, `TERM`), as a supervisor does.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(sent.success(), "kill -{signal} failed");
+    }
+
     /// Whether it is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()

@@ -1,0 +1,192 @@
+//! What the balancer tells an operator about itself (`--metrics ADDR`):
+//! its rounds (the age of the last good one is the alarm), the regions it
+//! reached, its epoch and its rule reloads, as Prometheus text on
+//! `/metrics`. The share table's age on each region's exporter says the
+//! same from the other side: a balancer that is up and failing shows here.
+
+use std::convert::Infallible;
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use tokio::net::TcpListener;
+
+use crate::run::RoundReport;
+
+/// The balancer's counters, updated by its loop and read by scrapes.
+#[derive(Debug)]
+pub struct Status {
+    inner: Mutex<Counters>,
+}
+
+#[derive(Debug)]
+struct Counters {
+    started: Instant,
+    regions: usize,
+    rules: usize,
+    epoch: u64,
+    rounds: u64,
+    held_rounds: u64,
+    last_good: Option<Instant>,
+    last_duration: Duration,
+    reached: usize,
+    reloads: u64,
+    failed_reloads: u64,
+}
+
+impl Status {
+    /// A balancer of `regions` regions and `rules` global rules, started now.
+    pub fn new(regions: usize, rules: usize) -> Status {
+        Status {
+            inner: Mutex::new(Counters {
+                started: Instant::now(),
+                regions,
+                rules,
+                epoch: 0,
+                rounds: 0,
+                held_rounds: 0,
+                last_good: None,
+                last_duration: Duration::ZERO,
+                reached: 0,
+                reloads: 0,
+                failed_reloads: 0,
+            }),
+        }
+    }
+
+    fn counters(&self) -> std::sync::MutexGuard<'_, Counters> {
+        // A panic elsewhere while holding it leaves plain numbers: still readable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A round ended. A good one planned and wrote the shares; a held one
+    /// (no majority, no budget) rewrote what was in force.
+    pub fn round(&self, report: &RoundReport) {
+        let mut c = self.counters();
+        c.rounds += 1;
+        c.epoch = report.epoch;
+        c.last_duration = report.duration;
+        c.reached = report.reached.len();
+        if report.held.is_some() {
+            c.held_rounds += 1;
+        } else {
+            c.last_good = Some(Instant::now());
+        }
+    }
+
+    /// A rule reload: `Some(n)` took `n` global rules, `None` was refused
+    /// (the rules in force stay).
+    pub fn reloaded(&self, rules: Option<usize>) {
+        let mut c = self.counters();
+        match rules {
+            Some(n) => {
+                c.reloads += 1;
+                c.rules = n;
+            }
+            None => c.failed_reloads += 1,
+        }
+    }
+
+    /// Seconds since the last good round (since the start before the first).
+    pub fn last_good_round_age(&self) -> Duration {
+        let c = self.counters();
+        c.last_good.unwrap_or(c.started).elapsed()
+    }
+
+    /// Prometheus text: each family with its HELP and TYPE.
+    pub fn render(&self) -> String {
+        let age = self.last_good_round_age().as_secs_f64();
+        let c = self.counters();
+        let families: [(&str, &str, &str, String); 10] = [
+            ("rl_balancer_rounds_total", "counter", "Rounds run", c.rounds.to_string()),
+            (
+                "rl_balancer_held_rounds_total",
+                "counter",
+                "Rounds that planned nothing (no majority of regions reached, or no budget)",
+                c.held_rounds.to_string(),
+            ),
+            (
+                "rl_balancer_last_good_round_age_seconds",
+                "gauge",
+                "Seconds since the last round that planned and wrote the shares (since the start before the first)",
+                format!("{age:.3}"),
+            ),
+            (
+                "rl_balancer_round_duration_seconds",
+                "gauge",
+                "How long the last round took",
+                format!("{:.3}", c.last_duration.as_secs_f64()),
+            ),
+            ("rl_balancer_regions", "gauge", "Regions configured", c.regions.to_string()),
+            ("rl_balancer_regions_reached", "gauge", "Regions the last round reached", c.reached.to_string()),
+            (
+                "rl_balancer_epoch",
+                "gauge",
+                "The fencing epoch this balancer writes with (0 before it picked one)",
+                c.epoch.to_string(),
+            ),
+            ("rl_balancer_rules", "gauge", "Global rules balanced", c.rules.to_string()),
+            ("rl_balancer_rule_reloads_total", "counter", "Rule reloads taken (SIGHUP)", c.reloads.to_string()),
+            (
+                "rl_balancer_failed_rule_reloads_total",
+                "counter",
+                "Rule reloads refused (the rules in force stay)",
+                c.failed_reloads.to_string(),
+            ),
+        ];
+        let mut text = String::new();
+        for (name, kind, help, value) in families {
+            let _ = write!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n");
+        }
+        text
+    }
+}
+
+/// Scrapes served at once; more wait in the listener's backlog.
+const MAX_CONNECTIONS: usize = 16;
+/// How long a request's head may take to arrive.
+const READ_FOR: Duration = Duration::from_secs(2);
+
+/// Serves `/metrics` on `listener` until the task is dropped: a few
+/// connections at once, each request's head within a short wait (hyper
+/// bounds its size).
+pub async fn serve(status: Arc<Status>, listener: TcpListener) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors, most likely: wait rather than spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let status = status.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let status = status.clone();
+                async move { Ok::<_, Infallible>(answer(&status, req.uri().path())) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(READ_FOR)
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+fn answer(status: &Status, path: &str) -> Response<Full<Bytes>> {
+    if path != "/metrics" {
+        let mut not_found = Response::new(Full::new(Bytes::from_static(b"only /metrics here\n")));
+        *not_found.status_mut() = StatusCode::NOT_FOUND;
+        return not_found;
+    }
+    let mut ok = Response::new(Full::new(Bytes::from(status.render())));
+    ok.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
+    ok
+}
