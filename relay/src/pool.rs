@@ -108,6 +108,9 @@ pub struct Pool {
     /// Requests answered from memory (paid or refused), and lease calls sent.
     pub hits: u64,
     pub calls: u64,
+    /// Requests refused, from memory or by Redis (the most refused
+    /// subjects are an operator's first question).
+    pub refused: u64,
 }
 
 impl Pool {
@@ -129,6 +132,7 @@ impl Pool {
     fn refusal(&mut self, need: Need, now_ms: u64) -> Option<Reply> {
         self.denied.filter(|d| d.refuses(need.min, now_ms))?;
         self.hits += 1;
+        self.refused += 1;
         // Redis's retry time counted down, never the hold (the hold is this
         // relay's share of the fleet); past it, the next instant.
         let retry = self.retry_at_ms.saturating_sub(now_ms).max(1);
@@ -294,6 +298,7 @@ impl Pools {
             Spend::Paced { .. } if !pool.lease.is_paced(now_ms) => Plan::Forward,
             Spend::Paced { until_ms } => {
                 pool.hits += 1;
+                pool.refused += 1;
                 // The pace is this relay's share; the client is told when
                 // the bucket refills what it needs at the full rate, as
                 // Redis would tell it, never later than the pace.
@@ -357,7 +362,9 @@ impl Pools {
             pool.deny(asked_min, upstream, settings, now_ms);
         }
         let need = need?;
-        Some(pool.pay(need, now_ms).unwrap_or(Reply { granted: 0, ..upstream }))
+        let reply = pool.pay(need, now_ms).unwrap_or(Reply { granted: 0, ..upstream });
+        pool.refused += u64::from(reply.granted == 0);
+        Some(reply)
     }
 
     /// Redis answered a forwarded RL.TAKE or RL.LEASE of `need`: a refusal
@@ -369,6 +376,7 @@ impl Pools {
         let settings = self.settings;
         if let Some(pool) = self.pool(keys, params, now_ms) {
             pool.last = Some((upstream, now_ms));
+            pool.refused += 1;
             pool.deny(need.min, upstream, settings, now_ms);
         }
     }

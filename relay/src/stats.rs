@@ -109,15 +109,26 @@ struct Subject {
     tokens: u64,
     hits: u64,
     calls: u64,
+    refused: u64,
 }
 
 impl View<'_> {
-    /// The busiest subjects, named: one pass over the table, names made for
-    /// the listed ones only.
+    /// The busiest subjects, named.
     fn busiest(&self) -> Vec<Subject> {
+        self.top(|pool| pool.hits + pool.calls)
+    }
+
+    /// The most refused subjects (none refused: none listed), named.
+    fn most_refused(&self) -> Vec<Subject> {
+        self.top(|pool| pool.refused).into_iter().filter(|s| s.refused > 0).collect()
+    }
+
+    /// The `LISTED` subjects with the most `of`: one pass over the table,
+    /// names made for the listed ones only.
+    fn top(&self, of: impl Fn(&crate::pool::Pool) -> u64) -> Vec<Subject> {
         let mut top: BinaryHeap<std::cmp::Reverse<(u64, usize)>> = BinaryHeap::with_capacity(LISTED + 1);
         for (index, (_, pool)) in self.pools.iter().enumerate() {
-            top.push(std::cmp::Reverse((pool.hits + pool.calls, index)));
+            top.push(std::cmp::Reverse((of(pool), index)));
             if top.len() > LISTED {
                 top.pop();
             }
@@ -134,6 +145,7 @@ impl View<'_> {
                     tokens: pool.tokens(),
                     hits: pool.hits,
                     calls: pool.calls,
+                    refused: pool.refused,
                 })
             })
             .collect()
@@ -212,6 +224,9 @@ pub fn info(view: &View) -> String {
             hit_ratio(s.hits, s.hits + s.calls)
         );
     }
+    for (i, s) in view.most_refused().iter().enumerate() {
+        let _ = write!(out, "refused_{i}:name={},refused={}\r\n", info_text(&s.name), s.refused);
+    }
     out
 }
 
@@ -274,6 +289,18 @@ pub fn metrics(view: &View) -> String {
         "gauge",
         "share of a subject's calls answered from memory (the busiest)",
         labelled(&|s| format!("{:.4}", hit_ratio(s.hits, s.hits + s.calls))),
+    );
+    let refused: Vec<(String, String)> = view
+        .most_refused()
+        .iter()
+        .map(|s| (format!("{{subject=\"{}\"}}", label(&s.name)), s.refused.to_string()))
+        .collect();
+    family(
+        &mut out,
+        "rl_relay_subject_refused_total",
+        "counter",
+        "requests refused, by subject (the most refused; a subject's count restarts if its pool is dropped)",
+        refused,
     );
     out
 }

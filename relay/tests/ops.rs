@@ -163,6 +163,33 @@ fn subject_names_are_shown_only_when_asked() {
     assert!(relay.info().contains("name=rl:{visible-key}:s"), "{}", relay.info());
 }
 
+/// An operator's first question in an incident: which subjects are refused
+/// most. INFO relay lists them (`refused_N:`), /metrics counts them
+/// (`rl_relay_subject_refused_total`), most refused first; a subject never
+/// refused is not listed.
+#[test]
+fn the_most_refused_subjects_are_listed() {
+    let s = Server::start(&[]);
+    let metrics = free_port();
+    let relay = Relay::start(&s.url(), &["--metrics", &format!("127.0.0.1:{metrics}"), "--show-subjects"]);
+    let mut c = relay.raw();
+    // 2 a minute: the third call on is refused (from Redis, then memory).
+    for (subject, calls) in [("heavy", 12), ("light", 4), ("calm", 2)] {
+        for _ in 0..calls {
+            call(&mut c, &format!("RL.TAKE 1 rl:{{{subject}}}:m 2 2 60000"));
+        }
+    }
+    let info = relay.info();
+    let listed: Vec<&str> = info
+        .lines()
+        .filter(|l| l.strip_prefix("refused_").is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit())))
+        .collect();
+    assert_eq!(listed, ["refused_0:name=rl:{heavy}:m,refused=10", "refused_1:name=rl:{light}:m,refused=2"], "{info}");
+    let body = http_get(metrics, "/metrics").1;
+    assert!(body.contains("rl_relay_subject_refused_total{subject=\"rl:{heavy}:m\"} 10\n"), "{body}");
+    assert!(!body.contains("rl_relay_subject_refused_total{subject=\"rl:{calm}:m\"}"), "{body}");
+}
+
 /// The README's recipe for the relay's Redis user: the module's public
 /// commands and what the relay sends itself, nothing else.
 #[test]
