@@ -43,7 +43,7 @@ pub use limiter::{Check, Limiter, NoPermit, Permit};
 pub use metrics::{Counters, Event, Metrics};
 pub use names::validate_name;
 pub use policy::{period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
-pub use primary::ConnectionStatus;
+pub use primary::{is_wrong_server, ConnectionStatus};
 pub use rl_core::WindowMode;
 pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};
 

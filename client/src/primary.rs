@@ -17,6 +17,13 @@ use crate::lock;
 
 /// Error replies that say the connection points at the wrong server.
 pub(crate) const WRONG_SERVER: [&str; 3] = ["READONLY", "MASTERDOWN", "LOADING"];
+
+/// Whether `e` is a reply that says the connection pointed at the wrong
+/// server (`READONLY`, `MASTERDOWN`, `LOADING`): the command did not run,
+/// and the connection resolves the primary again for the next call.
+pub fn is_wrong_server(e: &RedisError) -> bool {
+    e.code().is_some_and(|code| WRONG_SERVER.contains(&code))
+}
 /// Calls in a row without an answer after which the connection is replaced
 /// (a server gone without closing it, a DNS name that moved).
 const TIMEOUTS_TO_RECONNECT: u32 = 3;
