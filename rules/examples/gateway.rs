@@ -52,6 +52,10 @@ fn redis_target() -> Result<Target, rl_client::Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // rl-client's warnings (a breaker opening, calls moving to another
+    // Redis server after a failover) on standard error.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(colours).init();
     let backend_port: u16 = env("BACKEND_PORT", "8081").parse()?;
     let gateway_port: u16 = env("GATEWAY_PORT", "8080").parse()?;
 
