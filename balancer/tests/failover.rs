@@ -71,6 +71,15 @@ async fn a_region_through_sentinel_is_written_on_the_new_primary() {
 
     let new = tokio::task::block_in_place(|| set.failover());
     assert_ne!(new.port, old);
+    // Until the sentinels demote it, the old primary still takes writes
+    // (lost when it resyncs from the new one), whoever sends them: Sentinel's
+    // replication is asynchronous. Write once it is demoted.
+    let demoted = set.servers.iter().find(|s| s.port == old).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while role(demoted) != "slave" {
+        assert!(Instant::now() < deadline, "the sentinels did not demote the old primary");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     followed(&link, &shares, new).await;
 }
 
