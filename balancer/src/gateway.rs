@@ -23,8 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::MultiplexedConnection;
-use rl_client::Clock;
+use rl_client::{Clock, Connection, Target};
 use rl_rules::{GlobalLimit, GlobalSpec, RegionalShares};
 
 use crate::split::SplitParams;
@@ -125,8 +124,9 @@ struct Stats {
 /// `LiveRules::set_region_shares`.
 pub struct RegionShares {
     config: GatewayConfig,
-    client: redis::Client,
-    con: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    /// rl-client's connection: it reconnects by itself, follows a Sentinel
+    /// master, and leaves a demoted primary.
+    con: Connection,
     last: ArcSwapOption<Loaded>,
     usage: UsageCounts,
     stats: Mutex<Stats>,
@@ -142,12 +142,16 @@ const NEVER: Duration = Duration::from_millis(u64::MAX / 4);
 impl RegionShares {
     /// Shares for a gateway; nothing read yet (the fixed split applies
     /// until the first read). `refresh_now` reads; `start` also refreshes
-    /// every interval.
+    /// every interval. `config.redis_url` is `redis://` or
+    /// `redis+sentinel://`. Must run inside a tokio runtime.
     pub fn new(config: GatewayConfig) -> Result<RegionShares, redis::RedisError> {
+        let bad = |e: rl_client::Error| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad Redis URL", e.to_string()))
+        };
+        let target = Target::from_url(&config.redis_url).map_err(bad)?;
         Ok(RegionShares {
-            client: redis::Client::open(config.redis_url.as_str())?,
+            con: Connection::open(&target, config.timeout, config.timeout).map_err(bad)?,
             config,
-            con: tokio::sync::Mutex::new(None),
             last: ArcSwapOption::empty(),
             usage: UsageCounts::default(),
             stats: Mutex::new(Stats::default()),
@@ -234,23 +238,10 @@ impl RegionShares {
     async fn sync(&self, increments: &[(&str, &str, u64)]) -> Result<Read, StoreError> {
         let timed_out =
             || StoreError::Redis(redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out")));
-        let mut con = self.con.lock().await;
-        if con.is_none() {
-            let fresh = tokio::time::timeout(self.config.timeout, self.client.get_multiplexed_async_connection())
-                .await
-                .map_err(|_| timed_out())?
-                .map_err(StoreError::Redis)?;
-            *con = Some(fresh);
-        }
-        let c = con.as_mut().expect("connected above");
-        match tokio::time::timeout(self.config.timeout, store::sync(c, &self.config.key, increments)).await {
-            Ok(Ok(read)) => Ok(read),
-            failed => {
-                // A fresh connection next time: this one may be broken.
-                *con = None;
-                Err(failed.map_or_else(|_| timed_out(), |r| r.expect_err("not Ok here")))
-            }
-        }
+        let mut con = self.con.clone();
+        tokio::time::timeout(self.config.timeout, store::sync(&mut con, &self.config.key, increments))
+            .await
+            .map_err(|_| timed_out())?
     }
 
     /// Where the table stands.

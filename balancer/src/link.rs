@@ -1,13 +1,14 @@
 //! The balancer's line to one region's Redis: every call waits an optional
-//! injected delay first (the simulation's cross-region latency), is bounded
-//! by a timeout, and drops the connection on failure so the next call
-//! reconnects.
+//! injected delay first (the simulation's cross-region latency) and is
+//! bounded by a timeout. The connection is rl-client's: it reconnects by
+//! itself, takes a `redis+sentinel://` URL (the master, followed across a
+//! failover), and leaves a server that answers `READONLY`, `MASTERDOWN` or
+//! `LOADING` (a demoted primary) for the primary found again. A call that
+//! met the wrong server failed (nothing ran): the next round retries it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use tokio::sync::Mutex;
+use rl_client::{Connection, Target};
 
 use crate::store::{self, Corrupt, Read, StoreError};
 use crate::table::ShareTable;
@@ -49,16 +50,16 @@ impl From<StoreError> for CallError {
 pub struct Link {
     /// The region's name.
     pub name: String,
-    client: redis::Client,
-    con: Arc<Mutex<Option<MultiplexedConnection>>>,
+    con: Connection,
     key: String,
     timeout: Duration,
     delay: Option<(Duration, Duration)>,
 }
 
 impl Link {
-    /// A region at `url` (not connected yet); `key`: the share table's hash;
-    /// `delay`: an injected wait drawn from this range before every call.
+    /// A region at `url` (`redis://` or `redis+sentinel://`; not connected
+    /// yet); `key`: the share table's hash; `delay`: an injected wait drawn
+    /// from this range before every call. Must run inside a tokio runtime.
     pub fn new(
         name: &str,
         url: &str,
@@ -67,52 +68,33 @@ impl Link {
         delay: Option<(Duration, Duration)>,
     ) -> Result<Link, String> {
         // The URL may carry a password: the message names the region only.
-        let client = redis::Client::open(url).map_err(|e| format!("region {name}: bad Redis URL: {e}"))?;
-        Ok(Link { name: name.to_string(), client, con: Arc::default(), key: key.to_string(), timeout, delay })
+        let bad = |e: rl_client::Error| format!("region {name}: bad Redis URL: {e}");
+        let con = Connection::open(&Target::from_url(url).map_err(bad)?, timeout, timeout).map_err(bad)?;
+        Ok(Link { name: name.to_string(), con, key: key.to_string(), timeout, delay })
     }
 
-    /// Waits the injected delay, then runs `call` with a connection, within
-    /// the timeout; a failure drops the connection.
+    /// Waits the injected delay, then runs `call` with the connection,
+    /// within the timeout.
     async fn call<T, F, Fut>(&self, call: F) -> Result<T, CallError>
     where
-        F: FnOnce(MultiplexedConnection, String) -> Fut,
+        F: FnOnce(Connection, String) -> Fut,
         Fut: std::future::Future<Output = Result<T, CallError>>,
     {
         if let Some((lo, hi)) = self.delay {
             let ms = fastrand::u64(lo.as_millis() as u64..=hi.as_millis().max(lo.as_millis()) as u64);
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        let attempt = async {
-            let con = {
-                let mut slot = self.con.lock().await;
-                match slot.as_ref() {
-                    Some(con) => con.clone(),
-                    None => {
-                        let con = self
-                            .client
-                            .get_multiplexed_async_connection()
-                            .await
-                            .map_err(|e| CallError::Unreachable(e.to_string()))?;
-                        *slot = Some(con.clone());
-                        con
-                    }
-                }
-            };
-            call(con, self.key.clone()).await
-        };
-        let result = match tokio::time::timeout(self.timeout, attempt).await {
+        match tokio::time::timeout(self.timeout, call(self.con.clone(), self.key.clone())).await {
             Ok(r) => r,
             Err(_) => Err(CallError::Unreachable(format!("no answer within {:?}", self.timeout))),
-        };
-        if matches!(result, Err(CallError::Unreachable(_))) {
-            *self.con.lock().await = None;
         }
-        result
     }
 
-    /// The server's address (host:port, no credentials), for messages.
+    /// The server calls go to (`host:port`), else what was configured;
+    /// never credentials.
     pub fn address(&self) -> String {
-        self.client.get_connection_info().addr().to_string()
+        let status = self.con.status();
+        status.server.unwrap_or(status.configured)
     }
 
     /// Whether the server has the redis-rl module (its gateways enforce

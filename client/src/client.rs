@@ -173,6 +173,11 @@ impl Client {
         self.backend
     }
 
+    /// The connection the calls go through (its status: which server).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
     /// RL.TAKE: takes `cost` tokens from every bucket, or from none.
     pub async fn take(&self, buckets: &[Bucket], cost: u64) -> Result<Decision> {
         let (keys, params) = split(buckets)?;

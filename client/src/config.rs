@@ -4,15 +4,197 @@
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::endpoint::redacted;
 use crate::error::{Error, Result};
 
 /// Where Redis is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Target {
-    /// One server (or a primary behind a failover proxy): `redis://host:port/`.
+    /// One server: `redis://[user:password@]host:port[/db]`. A host name
+    /// (a managed service's endpoint) is looked up again at every
+    /// connection; a server that answers as a replica is left for the
+    /// primary its `ROLE` names (see the crate README's failover section).
     Standalone(String),
     /// Redis Cluster: the URLs of some of its nodes, to discover the rest.
     Cluster(Vec<String>),
+    /// A primary that Redis Sentinel watches: asked of the sentinels,
+    /// and asked again when they switch it or it stops being the primary.
+    Sentinel {
+        /// The name the sentinels monitor it under (`sentinel monitor NAME ...`).
+        master: String,
+        /// Some of the sentinels: `host:port` (port 26379 when left out),
+        /// or `redis://[user:password@]host:port/` with the sentinels' own
+        /// credentials.
+        sentinels: Vec<String>,
+        /// How to talk to the master once found: its own credentials and
+        /// database, apart from the sentinels'.
+        node: NodeAuth,
+    },
+}
+
+/// The credentials and database of a server found through Sentinel.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct NodeAuth {
+    /// The ACL user (none: `default`).
+    pub username: Option<String>,
+    /// The user's password.
+    pub password: Option<String>,
+    /// The database. Default 0.
+    pub db: i64,
+}
+
+impl std::fmt::Debug for NodeAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeAuth")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .finish()
+    }
+}
+
+/// URLs with their passwords redacted: a config may be logged.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Standalone(url) => f.debug_tuple("Standalone").field(&redacted(url)).finish(),
+            Target::Cluster(urls) => {
+                f.debug_tuple("Cluster").field(&urls.iter().map(|u| redacted(u)).collect::<Vec<_>>()).finish()
+            }
+            Target::Sentinel { master, sentinels, node } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("sentinels", &sentinels.iter().map(|u| redacted(u)).collect::<Vec<_>>())
+                .field("node", node)
+                .finish(),
+        }
+    }
+}
+
+/// What the target is, fit for a log line (no password).
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Standalone(url) => f.write_str(&redacted(url)),
+            Target::Cluster(urls) => {
+                write!(f, "cluster {}", urls.iter().map(|u| redacted(u)).collect::<Vec<_>>().join(","))
+            }
+            Target::Sentinel { master, sentinels, .. } => {
+                let sentinels: Vec<String> = sentinels.iter().map(|s| redacted(s)).collect();
+                write!(f, "sentinel master '{master}' via {}", sentinels.join(","))
+            }
+        }
+    }
+}
+
+/// The scheme of a Sentinel target written as one URL.
+pub const SENTINEL_SCHEME: &str = "redis+sentinel";
+
+impl Target {
+    /// A Sentinel target for `master`, found through `sentinels`
+    /// (`host:port` each), with the master's default user and database 0.
+    pub fn sentinel<S: Into<String>>(master: impl Into<String>, sentinels: impl IntoIterator<Item = S>) -> Target {
+        Target::Sentinel {
+            master: master.into(),
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            node: NodeAuth::default(),
+        }
+    }
+
+    /// One server from a `redis://` (or `redis+unix://`) URL, or a
+    /// Sentinel target from
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/DB]`
+    /// (the credentials and database are the master's; the sentinels' own
+    /// go in `?sentinel_username=...&sentinel_password=...`). For tools
+    /// that take one `--redis` URL.
+    pub fn from_url(url: &str) -> Result<Target> {
+        let Some(rest) = url.strip_prefix(SENTINEL_SCHEME).and_then(|r| r.strip_prefix("://")) else {
+            return Ok(Target::Standalone(url.to_owned()));
+        };
+        let bad = |why: &str| Error::invalid(format!("Sentinel URL '{}': {why}", redacted(url)));
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let mut node = NodeAuth::default();
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').unwrap_or(("", userinfo));
+            node.username =
+                Some(decoded(user).ok_or_else(|| bad("bad %-escape in the user"))?).filter(|u| !u.is_empty());
+            node.password = Some(decoded(password).ok_or_else(|| bad("bad %-escape in the password"))?);
+        }
+        let mut segments = path.split('/').filter(|s| !s.is_empty());
+        let master = segments.next().ok_or_else(|| bad("no master name: add /NAME after the sentinels"))?;
+        let master = decoded(master).ok_or_else(|| bad("bad %-escape in the master's name"))?;
+        if let Some(db) = segments.next() {
+            node.db = db.parse().map_err(|_| bad(&format!("'{db}' is not a database number")))?;
+        }
+        if segments.next().is_some() {
+            return Err(bad("the path is /MASTER or /MASTER/DB"));
+        }
+        let (mut sentinel_user, mut sentinel_password) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = decoded(value).ok_or_else(|| bad(&format!("bad %-escape in {key}")))?;
+            match key {
+                "sentinel_username" => sentinel_user = Some(value),
+                "sentinel_password" => sentinel_password = Some(value),
+                _ => return Err(bad(&format!("unknown parameter '{key}' (sentinel_username, sentinel_password)"))),
+            }
+        }
+        let sentinels = hosts
+            .split(',')
+            .map(|host| {
+                if host.is_empty() {
+                    return Err(bad("an empty sentinel address"));
+                }
+                Ok(match (&sentinel_user, &sentinel_password) {
+                    (None, None) => host.to_owned(),
+                    (user, password) => {
+                        let user = user.as_deref().map(encoded).unwrap_or_default();
+                        let password = password.as_deref().map(encoded).unwrap_or_default();
+                        let port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+                            String::new()
+                        } else {
+                            format!(":{}", crate::endpoint::SENTINEL_PORT)
+                        };
+                        format!("redis://{user}:{password}@{host}{port}/")
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Target::Sentinel { master, sentinels, node })
+    }
+}
+
+/// `%XX` escapes decoded; `None` for a broken one or bytes that are not UTF-8.
+fn decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Every byte but unreserved ones `%XX`-escaped, for a URL's userinfo.
+fn encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// How the bucket commands run on the server.
@@ -103,6 +285,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// A primary that Redis Sentinel watches as `master`, found through
+    /// `sentinels` (`host:port` each), with every default.
+    pub fn sentinel<S: Into<String>>(master: impl Into<String>, sentinels: impl IntoIterator<Item = S>) -> Config {
+        Config::with_target(Target::sentinel(master, sentinels))
+    }
+
+    /// Any target, with every default.
+    pub fn for_target(target: Target) -> Config {
+        Config::with_target(target)
+    }
+
     /// One server at `url` (`redis://host:port/`), with every default.
     pub fn standalone(url: impl Into<String>) -> Config {
         Config::with_target(Target::Standalone(url.into()))
@@ -191,6 +384,48 @@ mod tests {
             (Duration::from_secs(2), Duration::from_secs(1), 2.0)
         );
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_sentinel_url_keeps_the_master_s_credentials_apart() {
+        let t = Target::from_url(
+            "redis+sentinel://gw:p%40ss@10.0.0.5:26379,10.0.0.6/mymaster/2?sentinel_password=s%3Acret",
+        )
+        .unwrap();
+        let Target::Sentinel { master, sentinels, node } = &t else { panic!("{t:?}") };
+        assert_eq!(master, "mymaster");
+        assert_eq!((node.username.as_deref(), node.password.as_deref(), node.db), (Some("gw"), Some("p@ss"), 2));
+        assert_eq!(sentinels, &["redis://:s%3Acret@10.0.0.5:26379/", "redis://:s%3Acret@10.0.0.6:26379/"]);
+        let shown = format!("{t:?} {t}");
+        assert!(!shown.contains("p@ss") && !shown.contains("s%3Acret"), "{shown}");
+        assert_eq!(
+            t.to_string(),
+            "sentinel master 'mymaster' via redis://:***@10.0.0.5:26379/,redis://:***@10.0.0.6:26379/"
+        );
+        let plain = Target::from_url("redis+sentinel://h1:1,h2/m").unwrap();
+        assert_eq!(plain, Target::sentinel("m", ["h1:1", "h2"]));
+        assert_eq!(Target::from_url("redis://h:1/").unwrap(), Target::Standalone("redis://h:1/".into()));
+        for (url, why) in [
+            ("redis+sentinel://h1", "no master name"),
+            ("redis+sentinel://h1/m/x", "'x' is not a database number"),
+            ("redis+sentinel://h1/m/1/2", "/MASTER or /MASTER/DB"),
+            ("redis+sentinel://h1,,h2/m", "an empty sentinel address"),
+            ("redis+sentinel://h1/m?timeout=1", "unknown parameter 'timeout'"),
+            ("redis+sentinel://u:%zz@h1/m", "bad %-escape in the password"),
+        ] {
+            let e = Target::from_url(url).unwrap_err().to_string();
+            assert!(e.contains(why), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_logged_config_shows_no_password() {
+        let c = Config::standalone("redis://gw:s3cret@10.0.0.5:6379/");
+        let shown = format!("{c:?}");
+        assert!(shown.contains("redis://gw:***@10.0.0.5:6379/") && !shown.contains("s3cret"), "{shown}");
+        let node = NodeAuth { password: Some("s3cret".into()), ..NodeAuth::default() };
+        let t = Target::Sentinel { master: "m".into(), sentinels: vec!["h".into()], node };
+        assert!(!format!("{t:?}").contains("s3cret"));
     }
 
     #[test]

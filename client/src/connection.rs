@@ -1,7 +1,7 @@
-//! One Redis connection, standalone or cluster, that sends a command to the
-//! primary of a slot within a timeout.
+//! One Redis connection, standalone, Sentinel or cluster, that sends a
+//! command to the primary of a slot within a timeout.
 //!
-//! Both kinds connect lazily and reconnect by themselves, so a gateway
+//! Every kind connects lazily and reconnects by itself, so a gateway
 //! starts while Redis is down and recovers when it returns. redis-rs's own
 //! defaults are tuned for throughput, not for a limiter on the request
 //! path: a 500 ms response timeout, Nagle's algorithm on, and 16 cluster
@@ -9,6 +9,21 @@
 //! default) and TCP_NODELAY, and a cluster call is retried at most once, at
 //! once (to follow a MOVED after a resharding); a call that fails is
 //! answered by the fallback instead.
+//!
+//! A standalone or Sentinel primary ([`Primary`]) has one multiplexed
+//! connection, opened by the first call that needs it, in the background
+//! (within `connect_timeout`, whatever the call's own timeout). An attempt
+//! that failed is forgotten: the next call tries again, so the first call
+//! after an outage (the breaker's probe) meets a fresh attempt, not the
+//! last failure. A connection the server closed (a restart, a failover's
+//! `CLIENT KILL`) is replaced before anything is sent on it. A reply of
+//! `READONLY`, `MASTERDOWN` or `LOADING` says the connection points at the
+//! wrong server: the call fails (it is never sent again: the fallback
+//! answers it), and the next call resolves the endpoint again
+//! ([`crate::endpoint`]). So do three timeouts in a row (a server gone
+//! without closing its connections). Each such re-resolution is logged,
+//! counted ([`Event::Reresolved`](crate::Event::Reresolved)) and shown in
+//! [`Connection::status`].
 //!
 //! Through a lease relay (`Config::relay`), calls go to the relay while its
 //! own breaker is closed and to Redis directly while it is open: a relay
@@ -23,17 +38,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, IntoConnectionInfo, Value};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
 use crate::config::{Config, Target};
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::primary::{ConnectionStatus, Primary};
 
 /// A connection to Redis (and, in a client, to its relay), reconnecting by
 /// itself. Cheap to clone: clones share it.
@@ -46,11 +62,11 @@ enum Kind {
     Relayed(Arc<Relayed>),
 }
 
-/// One server or a cluster.
+/// One primary (a fixed address or a Sentinel's master) or a cluster.
 #[derive(Clone)]
 enum Plain {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Standalone(Arc<Primary>),
+    Cluster(ClusterConnection, String),
 }
 
 /// A relay in front of Redis, with the relay's own breaker.
@@ -71,8 +87,8 @@ impl Connection {
         let Some(relay) = &config.relay else { return Ok(Connection(Kind::Plain(direct))) };
         // A relay answers in well under a millisecond: half the timeout
         // leaves the call's own timeout to see a hung relay counted.
-        let relay = Plain::open(&Target::Standalone(relay.clone()), config.timeout / 2, config.connect_timeout)
-            .map_err(|e| Error::invalid(format!("config relay {relay:?}: {e}")))?;
+        let relay = Plain::as_given(relay, config.timeout / 2, config.connect_timeout)
+            .map_err(|e| Error::invalid(format!("config relay {:?}: {e}", crate::redacted(relay))))?;
         Ok(Connection(Kind::Relayed(Arc::new(Relayed {
             relay,
             direct,
@@ -128,6 +144,48 @@ impl Connection {
         }
     }
 
+    /// Like [`Connection::open`], but a fixed address is always the server
+    /// used, even when it answers as a replica (an exporter of that one
+    /// server); a Sentinel target still follows its master.
+    pub fn open_as_given(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Connection> {
+        let plain = match target {
+            Target::Standalone(url) => Plain::as_given(url, timeout, connect_timeout)?,
+            other => Plain::open(other, timeout, connect_timeout)?,
+        };
+        Ok(Connection(Kind::Plain(plain)))
+    }
+
+    /// A pub/sub connection of its own to the server calls go to now (a
+    /// standalone or Sentinel target): after a failover, subscribe again
+    /// once its stream ends.
+    pub async fn subscriber(&self) -> Result<redis::aio::PubSub> {
+        match &self.0 {
+            Kind::Plain(Plain::Standalone(primary)) => Ok(primary.subscriber().await?),
+            _ => Err(Error::invalid("pub/sub needs a standalone or Sentinel target without a relay")),
+        }
+    }
+
+    /// Which server the calls to Redis go to (through a relay: the
+    /// direct connection, used while the relay is down).
+    pub fn status(&self) -> ConnectionStatus {
+        match &self.0 {
+            Kind::Plain(con) => con.status(),
+            Kind::Relayed(r) => r.direct.status(),
+        }
+    }
+
+    /// Calls `hook` with the new status each time calls to Redis move to
+    /// another server (never for a cluster: its client follows the slot map).
+    pub fn on_switch(&self, hook: impl Fn(&ConnectionStatus) + Send + Sync + 'static) {
+        let direct = match &self.0 {
+            Kind::Plain(con) => con,
+            Kind::Relayed(r) => &r.direct,
+        };
+        if let Plain::Standalone(primary) = direct {
+            primary.on_switch(Arc::new(hook));
+        }
+    }
+
     /// The slot ranges of a cluster and the primary serving each
     /// (`CLUSTER SLOTS`); empty for a standalone server.
     pub(crate) async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
@@ -140,41 +198,52 @@ impl Connection {
 
 impl Plain {
     fn open(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
-        let tcp = TcpSettings::default().set_nodelay(true);
         match target {
-            Target::Standalone(url) => {
-                let info = url.as_str().into_connection_info()?.set_tcp_settings(tcp);
-                let client = redis::Client::open(info)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(timeout))
-                    .set_connection_timeout(Some(connect_timeout))
-                    // One reconnect attempt per failure; the circuit breaker
-                    // decides when the next request may try again.
-                    .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(100));
-                Ok(Plain::Standalone(ConnectionManager::new_lazy_with_config(client, config)?))
+            Target::Standalone(_) | Target::Sentinel { .. } => {
+                let primary = Primary::new(Endpoint::new(target)?, target.to_string(), timeout, connect_timeout, true);
+                Ok(Plain::Standalone(primary))
             }
             Target::Cluster(urls) => {
                 if urls.is_empty() {
                     return Err(Error::invalid("a cluster target needs at least one node URL"));
                 }
                 let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
-                    .tcp_settings(tcp)
+                    .tcp_settings(TcpSettings::default().set_nodelay(true))
                     .retries(1)
                     .min_retry_wait(0)
                     .max_retry_wait(1)
                     .build()?;
                 let config = ClusterConfig::new().set_connection_timeout(connect_timeout).set_response_timeout(timeout);
-                Ok(Plain::Cluster(client.get_pending_async_connection_with_config(config)))
+                Ok(Plain::Cluster(client.get_pending_async_connection_with_config(config), target.to_string()))
             }
+        }
+    }
+
+    /// A lease relay (a server that answers no `ROLE`), or a server used as
+    /// given whatever its role.
+    fn as_given(url: &str, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
+        let target = Target::Standalone(url.to_owned());
+        let primary = Primary::new(Endpoint::new(&target)?, target.to_string(), timeout, connect_timeout, false);
+        Ok(Plain::Standalone(primary))
+    }
+
+    fn status(&self) -> ConnectionStatus {
+        match self {
+            Plain::Standalone(primary) => primary.status(),
+            Plain::Cluster(_, shown) => ConnectionStatus {
+                configured: shown.clone(),
+                server: None,
+                redirected: false,
+                switches: 0,
+                reresolutions: 0,
+            },
         }
     }
 
     async fn send(&self, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
         match self {
-            Plain::Standalone(con) => con.clone().send_packed_command(cmd).await,
-            Plain::Cluster(con) => match route {
+            Plain::Standalone(primary) => primary.send(cmd).await,
+            Plain::Cluster(con, _) => match route {
                 Some(route) => {
                     let route = SingleNodeRoutingInfo::SpecificNode(route);
                     con.clone().route_command(cmd.clone(), RoutingInfo::SingleNode(route)).await
@@ -187,8 +256,8 @@ impl Plain {
     async fn pipeline(&self, pipe: &redis::Pipeline, route: Route) -> redis::RedisResult<Vec<Value>> {
         let count = pipe.len();
         match self {
-            Plain::Standalone(con) => con.clone().send_packed_commands(pipe, 0, count).await,
-            Plain::Cluster(con) => {
+            Plain::Standalone(primary) => primary.pipeline(pipe, 0, count).await,
+            Plain::Cluster(con, _) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(route);
                 con.clone().route_pipeline(pipe.clone(), 0, count, route).await
             }
@@ -196,11 +265,58 @@ impl Plain {
     }
 
     async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
-        let Plain::Cluster(con) = self else { return Ok(Vec::new()) };
+        let Plain::Cluster(con, _) = self else { return Ok(Vec::new()) };
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
         parse_slots(&con.clone().route_command(cmd, random).await?.extract_error()?)
+    }
+}
+
+/// For code written against redis-rs (scripts, `query_async`): commands go
+/// as [`Connection::send`] sends them, to the primary of the first key's
+/// slot in a cluster (redis-rs's routing).
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.route(cmd, None))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            match &self.0 {
+                Kind::Plain(con) => con.commands(pipe, offset, count).await,
+                Kind::Relayed(r) => r.call(|con| async move { con.commands(pipe, offset, count).await }).await,
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        match &self.0 {
+            Kind::Plain(Plain::Standalone(primary)) => primary.db(),
+            Kind::Relayed(r) => match &r.direct {
+                Plain::Standalone(primary) => primary.db(),
+                Plain::Cluster(..) => 0,
+            },
+            Kind::Plain(Plain::Cluster(..)) => 0,
+        }
+    }
+}
+
+impl Plain {
+    /// A pipeline's replies from `offset`, `count` of them (redis-rs's
+    /// `req_packed_commands`).
+    async fn commands(&self, pipe: &Pipeline, offset: usize, count: usize) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Plain::Standalone(primary) => primary.pipeline(pipe, offset, count).await,
+            Plain::Cluster(con, _) => {
+                redis::aio::ConnectionLike::req_packed_commands(&mut con.clone(), pipe, offset, count).await
+            }
+        }
     }
 }
 

@@ -31,11 +31,17 @@ pub enum Event {
     Error,
     /// A shard's circuit breaker opened.
     BreakerOpened,
+    /// Calls to Redis moved to another server (a Sentinel switch, a
+    /// demoted primary left for the one its `ROLE` names, a DNS name that
+    /// moved), or the first connection found the configured server to be a
+    /// replica; counted with an empty policy. See
+    /// [`Connection::status`](crate::Connection::status).
+    ServerSwitch,
 }
 
 impl Event {
     /// Every event, in counter order.
-    pub const ALL: [Event; 9] = [
+    pub const ALL: [Event; 10] = [
         Event::Allowed,
         Event::Refused,
         Event::ShadowRefused,
@@ -45,6 +51,7 @@ impl Event {
         Event::Fallback,
         Event::Error,
         Event::BreakerOpened,
+        Event::ServerSwitch,
     ];
 
     /// A metric-style name: `allowed`, `shadow_refused`, ...
@@ -59,6 +66,7 @@ impl Event {
             Event::Fallback => "fallbacks",
             Event::Error => "errors",
             Event::BreakerOpened => "breaker_opened",
+            Event::ServerSwitch => "server_switches",
         }
     }
 }

@@ -15,6 +15,8 @@ on_both_backends!(
     an_outage_degrades_the_limits_not_the_api,
     a_limiter_starts_while_redis_is_down,
     a_share_below_one_token_admits_one_request_per_gateway,
+    the_first_call_after_an_outage_and_an_idle_spell_is_answered,
+    a_server_restarted_while_idle_answers_the_next_call,
 );
 
 fn policies() -> (Policy, Policy) {
@@ -102,6 +104,58 @@ async fn a_limiter_starts_while_redis_is_down(backend: Backend) {
     assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::FailClosed);
     s.restart();
     assert!(until_redis_answers(&l, &api, "u").await);
+}
+
+/// Issue 25: an outage long enough to open the breaker (its probes failing
+/// too), Redis back on the same port, the gateway idle: the first call,
+/// the breaker's probe, is answered by Redis, and so is every one after it
+/// (a failed reconnection kept and handed to it failed it, and the breaker
+/// opened again for its whole open time).
+async fn the_first_call_after_an_outage_and_an_idle_spell_is_answered(backend: Backend) {
+    let mut s = Server::start(&[]);
+    let (c, clock) = fault_config(s.url(), backend);
+    let l = Limiter::new(c).unwrap();
+    let (api, login) = policies();
+    assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::Redis);
+    s.kill();
+    while !l.shards().iter().all(|(_, open)| *open) {
+        assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::FailClosed);
+    }
+    // Probes while Redis is still down: each fails and opens the breaker again.
+    for _ in 0..3 {
+        clock.advance(OPEN_FOR);
+        assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::FailClosed);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let opened = l.counters().get(Event::BreakerOpened);
+    s.restart();
+    // Idle: no call for a while, then the breaker's open time is over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    clock.advance(OPEN_FOR);
+    for i in 0..10 {
+        let d = l.check(&login, &format!("ip{i}")).await.unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Redis), "call {i} after the recovery: {d:?}");
+        let d = l.check(&api, &format!("u{i}")).await.unwrap();
+        assert_eq!(d.source, Source::Redis, "call {i} after the recovery: {d:?}");
+    }
+    assert_eq!(l.counters().get(Event::BreakerOpened), opened, "the breaker did not open again");
+    assert_eq!(l.shards(), [("standalone".to_string(), false)]);
+}
+
+/// A server restarted while the gateway made no call (its connection
+/// closed by the server, no outage seen): the next call is answered on a
+/// new connection, not failed on the dead one.
+async fn a_server_restarted_while_idle_answers_the_next_call(backend: Backend) {
+    let mut s = Server::start(&[]);
+    let l = Limiter::new(fault_config(s.url(), backend).0).unwrap();
+    let (_, login) = policies();
+    assert_eq!(l.check(&login, "ip").await.unwrap().source, Source::Redis);
+    s.kill();
+    s.restart();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let d = l.check(&login, "ip").await.unwrap();
+    assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Redis, 4), "{d:?}");
+    assert_eq!(l.counters().get(Event::Error), 0, "no call failed");
 }
 
 async fn a_share_below_one_token_admits_one_request_per_gateway(backend: Backend) {

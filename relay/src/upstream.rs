@@ -1,26 +1,36 @@
-//! The relay's connection to Redis: rl-client's (one server or a cluster,
-//! reconnecting by itself, TCP_NODELAY, one quick cluster retry), with the
-//! relay's timeout.
+//! The relay's connection to Redis: rl-client's (one server, a Sentinel
+//! master or a cluster, reconnecting by itself, TCP_NODELAY, one quick
+//! cluster retry, following a failover), with the relay's timeout. A move
+//! to another server is logged.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{Cmd, RedisResult, Value};
-use rl_client::{Connection, Target};
+use rl_client::{Connection, ConnectionStatus, Target};
+
+use crate::log::line;
 
 #[derive(Clone)]
 pub struct Upstream(Connection);
 
 impl Upstream {
-    /// One server at `urls[0]`, or a cluster discovered from `urls` when
-    /// `cluster` is set. Lazy: the relay starts while Redis is down.
+    /// One server at `urls[0]` (a `redis+sentinel://` URL: the master its
+    /// sentinels name), or a cluster discovered from `urls` when `cluster`
+    /// is set. Lazy: the relay starts while Redis is down. Call it inside a
+    /// tokio runtime.
     pub fn open(urls: &[String], cluster: bool, timeout: Duration) -> rl_client::Result<Upstream> {
         let target = if cluster {
+            if urls.iter().any(|u| u.starts_with(rl_client::SENTINEL_SCHEME)) {
+                return Err(rl_client::Error::invalid("a cluster is not reached through Sentinel: drop --cluster"));
+            }
             Target::Cluster(urls.to_vec())
         } else {
-            Target::Standalone(urls.first().cloned().unwrap_or_else(|| "redis://127.0.0.1:6379/".into()))
+            Target::from_url(urls.first().map_or("redis://127.0.0.1:6379/", String::as_str))?
         };
-        Ok(Upstream(Connection::open(&target, timeout, timeout)?))
+        let connection = Connection::open(&target, timeout, timeout)?;
+        connection.on_switch(log_switch);
+        Ok(Upstream(connection))
     }
 
     /// Sends `args`; in a cluster, to the primary of `key`'s slot (RL.*
@@ -33,4 +43,19 @@ impl Upstream {
         }
         self.0.send(&cmd, key).await
     }
+
+    /// Which server the calls go to.
+    pub fn status(&self) -> ConnectionStatus {
+        self.0.status()
+    }
+}
+
+fn log_switch(status: &ConnectionStatus) {
+    let server = status.server.as_deref().unwrap_or("none");
+    let how = if status.redirected {
+        "not the configured server: it answers as a replica, and this is the primary its ROLE names"
+    } else {
+        "the primary now"
+    };
+    line(format_args!("upstream: calls go to {server}, {how} (configured: {})", status.configured));
 }

@@ -16,10 +16,12 @@
 //! read again every second (a broken file is refused and logged; the rules
 //! in force stay); the key is the subject, and the IP's rule applies too.
 //!
-//! Environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`),
-//! `RL_BACKEND=lua` for servers without the module, `GATEWAYS` (the fleet
-//! size, default 1), `GATEWAY_PORT` (8080), `BACKEND_PORT` (8081),
-//! `RULES_FILE`, and `TRUSTED_PROXIES` (comma-separated networks of your
+//! Environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`), or
+//! `REDIS_SENTINELS` (comma-separated `host:port` of sentinels) with
+//! `REDIS_MASTER` (the name they monitor, default `mymaster`) for a primary
+//! that Redis Sentinel fails over; `RL_BACKEND=lua` for servers without
+//! the module, `GATEWAYS` (the fleet size, default 1), `GATEWAY_PORT`
+//! (8080), `BACKEND_PORT` (8081), `RULES_FILE`, and `TRUSTED_PROXIES` (comma-separated networks of your
 //! load balancers: their `X-Forwarded-For` is believed, nobody else's).
 //! Counters are printed every 10 seconds; stop with Ctrl-C.
 
@@ -31,7 +33,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Response, StatusCode};
 use axum::routing::any;
 use axum::Router;
-use rl_client::{Backend, Config, Limiter, Policy, Rule};
+use rl_client::{Backend, Config, Limiter, Policy, Rule, Target};
 use rl_http::{By, ClientIp, Decide, MissingKey, Policies, RateLimitLayer, Trust};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use tokio::net::TcpListener;
@@ -40,8 +42,20 @@ fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
+/// `REDIS_SENTINELS` and `REDIS_MASTER`, else `REDIS_URL`.
+fn redis_target() -> Result<Target, rl_client::Error> {
+    match std::env::var("REDIS_SENTINELS") {
+        Ok(sentinels) => Ok(Target::sentinel(env("REDIS_MASTER", "mymaster"), sentinels.split(',').map(str::trim))),
+        Err(_) => Target::from_url(&env("REDIS_URL", "redis://127.0.0.1:6379/")),
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // rl-client's warnings (a breaker opening, calls moving to another
+    // Redis server after a failover) on standard error.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(colours).init();
     let backend_port: u16 = env("BACKEND_PORT", "8081").parse()?;
     let gateway_port: u16 = env("GATEWAY_PORT", "8080").parse()?;
 
@@ -55,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config {
         backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
         gateways: env("GATEWAYS", "1").parse()?,
-        ..Config::standalone(env("REDIS_URL", "redis://127.0.0.1:6379/"))
+        ..Config::for_target(redis_target()?)
     };
     let limiter = Limiter::new(config)?;
     let proxies = env("TRUSTED_PROXIES", "");
@@ -93,7 +107,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(10)).await;
-            println!("counters: {:?}  shards: {:?}", counters.counters().snapshot(), counters.shards());
+            let redis = counters.client().connection().status();
+            println!(
+                "counters: {:?}  shards: {:?}  redis: {redis:?}",
+                counters.counters().snapshot(),
+                counters.shards()
+            );
         }
     });
 

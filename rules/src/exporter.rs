@@ -7,7 +7,9 @@
 //! them, each family's samples right after its HELP and TYPE lines (a
 //! streaming parser, Prometheus' own among them, types a sample by the
 //! family it follows). A server that does not answer is `rl_up 0`, and the
-//! exporter logs why (the error, never the password). Where the region's
+//! exporter logs why (the error, never the password). A `redis://` URL is
+//! that one server, whatever its role; a `redis+sentinel://` URL is the
+//! master its sentinels name, followed across a failover (logged). Where the region's
 //! share table of global rules is (rl-balancer writes it), its age and
 //! version too: the balancer's heartbeat, on the server's clock.
 
@@ -19,7 +21,8 @@ use std::time::{Duration, Instant};
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
+use rl_client::{Connection, Target};
 use tokio::net::TcpListener;
 
 /// What one scrape asks the server for: an ACL user for the exporter needs
@@ -190,7 +193,7 @@ pub fn render(rl: &str, server: &str, shares: Option<SharesSeen>) -> String {
 const DOWN: &str = "# HELP rl_up 1 when the last scrape of Redis answered.\n# TYPE rl_up gauge\nrl_up 0\n";
 
 /// The share table's age and version, if the server holds one.
-async fn shares_seen(con: &mut MultiplexedConnection) -> redis::RedisResult<Option<SharesSeen>> {
+async fn shares_seen(con: &mut impl ConnectionLike) -> redis::RedisResult<Option<SharesSeen>> {
     let ((written, version), (secs, micros)): ((Option<u64>, Option<u64>), (u64, u64)) = redis::pipe()
         .cmd("HMGET")
         .arg(crate::SHARES_KEY)
@@ -204,7 +207,7 @@ async fn shares_seen(con: &mut MultiplexedConnection) -> redis::RedisResult<Opti
 }
 
 /// One scrape of the server behind `con`: its text, or why it failed.
-pub async fn scrape(con: &mut MultiplexedConnection) -> Result<String, String> {
+pub async fn scrape(con: &mut impl ConnectionLike) -> Result<String, String> {
     let mut texts = Vec::new();
     for section in INFO_SECTIONS {
         let text = redis::cmd("INFO").arg(section).query_async::<String>(con).await;
@@ -214,41 +217,11 @@ pub async fn scrape(con: &mut MultiplexedConnection) -> Result<String, String> {
     Ok(render(&texts[0], &texts[1..].join("\n"), shares))
 }
 
-/// `url` fit for a log line: a password in its userinfo or in a `password`
-/// or `pass` query parameter (redis-rs reads both) becomes `***`.
-pub fn redacted(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let host = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            // redis://secret@host: a lone userinfo may be the password.
-            None => format!("***@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("pass") => {
-                        format!("{k}=***")
-                    }
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", params.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    if scheme.is_empty() {
-        format!("{host}{tail}")
-    } else {
-        format!("{scheme}://{host}{tail}")
-    }
-}
+/// `url` fit for a log line (rl-client's): no password.
+pub use rl_client::redacted;
+
+/// Longest wait for each call of a scrape, and to connect.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a failure that goes on is logged only once.
 const REPEAT_FAILURE: Duration = Duration::from_secs(60);
@@ -289,7 +262,13 @@ pub async fn serve(redis_url: &str, listener: TcpListener) -> Result<(), String>
     let server = redacted(redis_url);
     // redis-rs's own error repeats nothing of the URL's secret; the URL
     // itself is shown redacted.
-    let client = redis::Client::open(redis_url).map_err(|e| format!("bad Redis URL '{server}': {e}"))?;
+    let target = Target::from_url(redis_url).map_err(|e| format!("bad Redis URL '{server}': {e}"))?;
+    let client = Connection::open_as_given(&target, SCRAPE_TIMEOUT, SCRAPE_TIMEOUT)
+        .map_err(|e| format!("bad Redis URL '{server}': {e}"))?;
+    client.on_switch(|status| {
+        let now = status.server.as_deref().unwrap_or("none");
+        eprintln!("rlctl metrics: scraping {now} now, the primary of {}", status.configured);
+    });
     let log = Arc::new(ScrapeLog { server, last: Mutex::new(None) });
     loop {
         let (stream, _) = listener.accept().await.map_err(|e| format!("accept: {e}"))?;
@@ -305,16 +284,13 @@ pub async fn serve(redis_url: &str, listener: TcpListener) -> Result<(), String>
     }
 }
 
-async fn answer(client: &redis::Client, log: &ScrapeLog, path: &str) -> Response<Full<Bytes>> {
+async fn answer(client: &Connection, log: &ScrapeLog, path: &str) -> Response<Full<Bytes>> {
     if path != "/metrics" {
         let mut not_found = Response::new(Full::new(Bytes::from_static(b"only /metrics here\n")));
         *not_found.status_mut() = StatusCode::NOT_FOUND;
         return not_found;
     }
-    let scraped = match client.get_multiplexed_async_connection().await {
-        Ok(mut con) => scrape(&mut con).await,
-        Err(e) => Err(format!("connect: {e}")),
-    };
+    let scraped = scrape(&mut client.clone()).await;
     let text = match scraped {
         Ok(text) => {
             log.answered();
@@ -388,23 +364,6 @@ mod tests {
                 let own = name == family || name.strip_prefix(family).is_some_and(|s| s == "_sum" || s == "_count");
                 assert!(own, "{line} follows the TYPE of {family}:\n{text}");
             }
-        }
-    }
-
-    #[test]
-    fn log_lines_never_show_a_password() {
-        for (url, shown) in [
-            ("redis://rl-exporter:s3cret@10.0.0.5:6379/0", "redis://rl-exporter:***@10.0.0.5:6379/0"),
-            ("rediss://:s3cret@cache.example:6380", "rediss://:***@cache.example:6380"),
-            ("redis://s3cret@10.0.0.5/", "redis://***@10.0.0.5/"),
-            ("redis://10.0.0.5:6379/", "redis://10.0.0.5:6379/"),
-            ("redis+unix:///run/redis.sock?db=1&pass=s3cret", "redis+unix:///run/redis.sock?db=1&pass=***"),
-            ("unix:///run/redis.sock?user=u&password=s3cret", "unix:///run/redis.sock?user=u&password=***"),
-            ("redis://u:p@ss@host/", "redis://u:***@host/"),
-            ("not a url s3cret@x", "***@x"),
-        ] {
-            assert_eq!(redacted(url), shown, "{url}");
-            assert!(!redacted(url).contains("s3cret"));
         }
     }
 

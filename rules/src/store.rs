@@ -19,9 +19,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-
-use rl_client::{Error, Result};
+use rl_client::{Connection, ConnectionStatus, Error, Result, Target};
 
 use crate::compile::{parse_network, refused};
 use crate::snapshot::Snapshot;
@@ -171,27 +169,34 @@ fn next_version(version: u64) -> Result<u64> {
 /// `rlctl`.
 #[derive(Clone)]
 pub struct RulesStore {
-    con: ConnectionManager,
+    con: Connection,
     key: String,
     url: String,
 }
 
 impl RulesStore {
     /// The rules under `key` on the server at `url` (a standalone server:
-    /// the limiter's own or any other). Connects on first use and
-    /// reconnects by itself; each call waits at most `timeout`. Call it
-    /// inside a tokio runtime.
+    /// the limiter's own or any other; or a `redis+sentinel://` URL: the
+    /// master its sentinels name, followed across a failover). Connects on
+    /// first use and reconnects by itself (rl-client's connection, which
+    /// also leaves a demoted primary); each call waits at most `timeout`.
+    /// Call it inside a tokio runtime.
     pub fn new(url: &str, key: &str, timeout: Duration) -> Result<RulesStore> {
         if key.is_empty() {
             return Err(Error::invalid("the rules key must not be empty"));
         }
-        let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout))
-            .set_number_of_retries(1);
-        let con = ConnectionManager::new_lazy_with_config(client, config)?;
+        let con = Connection::open(&Target::from_url(url)?, timeout, timeout)?;
         Ok(RulesStore { con, key: key.to_owned(), url: url.to_owned() })
+    }
+
+    /// The connection (for a subscription to the channel on the same server).
+    pub fn connection(&self) -> &Connection {
+        &self.con
+    }
+
+    /// Which server the store talks to.
+    pub fn status(&self) -> ConnectionStatus {
+        self.con.status()
     }
 
     /// The hash's key, also the channel new versions are announced on.
@@ -354,6 +359,8 @@ impl RulesStore {
         Err(Error::Rules("the rules kept changing; try again".to_owned()))
     }
 
+    /// Runs the commit script; one that met a replica (a failover under
+    /// way: it did not run) runs once more, on the primary found again.
     async fn commit(&self, expected: u64, version: u64, ops: &[Op]) -> Result<u64> {
         let script = redis::Script::new(COMMIT);
         let mut call = script.key(&self.key);
@@ -364,7 +371,10 @@ impl RulesStore {
                 Op::Del(field) => call.arg("del").arg(field).arg(""),
             };
         }
-        Ok(call.invoke_async(&mut self.con.clone()).await?)
+        match call.invoke_async(&mut self.con.clone()).await {
+            Err(e) if rl_client::is_wrong_server(&e) => Ok(call.invoke_async(&mut self.con.clone()).await?),
+            answer => Ok(answer?),
+        }
     }
 }
 

@@ -21,9 +21,12 @@ use crate::spec::{read, RuleSetSpec};
 use crate::store::{RulesStore, Stored, DEFAULT_KEY};
 
 /// Where and how often to look for rules in Redis.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisSource {
-    /// A standalone server: `redis://host:port/`.
+    /// A standalone server, `redis://host:port/`, or a Sentinel master,
+    /// `redis+sentinel://host:port,host:port/NAME` (see
+    /// [`Target::from_url`](rl_client::Target::from_url)): the rules are
+    /// read from the primary, followed across a failover.
     pub url: String,
     /// The rules hash, also the channel. Default `rl:rules`.
     pub key: String,
@@ -31,6 +34,18 @@ pub struct RedisSource {
     pub poll_every: Duration,
     /// Longest wait for any call. Default 2 s.
     pub timeout: Duration,
+}
+
+/// The URL without its password: a source may be logged.
+impl std::fmt::Debug for RedisSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSource")
+            .field("url", &rl_client::redacted(&self.url))
+            .field("key", &self.key)
+            .field("poll_every", &self.poll_every)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl RedisSource {
@@ -66,9 +81,8 @@ impl LiveRules {
         }
         let runtime = runtime()?;
         let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
-        let client = redis::Client::open(source.url.as_str())?;
         let rules = self.clone();
-        Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, client, source)) })
+        Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, source)) })
     }
 
     /// Keeps the rules current from a rule file, loaded again when its
@@ -85,13 +99,13 @@ fn runtime() -> Result<tokio::runtime::Handle> {
         .map_err(|_| Error::invalid("a rules watcher must be started inside a tokio runtime"))
 }
 
-async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client, source: RedisSource) {
+async fn watch_redis(rules: LiveRules, store: RulesStore, source: RedisSource) {
     let mut messages: Option<PubSubStream> = None;
     let mut next_poll = Instant::now();
     let mut next_subscribe = Instant::now();
     loop {
         if messages.is_none() && Instant::now() >= next_subscribe {
-            match timeout(source.timeout, subscribe(&client, store.key())).await {
+            match timeout(source.timeout, subscribe(&store)).await {
                 Ok(Ok(stream)) => {
                     messages = Some(stream);
                     // Read once subscribed: nothing published before is missed.
@@ -131,9 +145,11 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, client: redis::Client,
     }
 }
 
-async fn subscribe(client: &redis::Client, channel: &str) -> redis::RedisResult<PubSubStream> {
-    let mut pubsub = client.get_async_pubsub().await?;
-    pubsub.subscribe(channel).await?;
+/// A subscription to the rules channel on the server the store talks to
+/// (after a failover, the new primary once this one's stream ends).
+async fn subscribe(store: &RulesStore) -> Result<PubSubStream> {
+    let mut pubsub = store.connection().subscriber().await?;
+    pubsub.subscribe(store.key()).await?;
     Ok(pubsub.into_on_message())
 }
 
@@ -148,7 +164,8 @@ async fn next_message(messages: &mut Option<PubSubStream>) -> Option<String> {
 
 /// Reads the version; fetches and installs the whole hash when newer.
 async fn refresh(rules: &LiveRules, store: &RulesStore) {
-    let source = store.url();
+    // Named in log lines and the status: never with its password.
+    let source = &rl_client::redacted(store.url());
     let version = match store.version().await {
         Ok(v) => v,
         Err(e) => return rules.refresh_failed(source, &e),

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+mod sentinel;
+pub use sentinel::{role, SentinelNode, SentinelSet, MASTER};
+
 /// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`): what the
 /// benchmarks report, since on a shared machine wall time also counts the
 /// moments other processes hold the core.

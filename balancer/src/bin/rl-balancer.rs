@@ -38,7 +38,9 @@ use tokio::signal::unix::{signal, SignalKind};
 #[derive(Parser, Debug, Clone)]
 #[command(name = "rl-balancer", version, verbatim_doc_comment)]
 struct Args {
-    /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`. Repeat
+    /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`, or the
+    /// master its sentinels name, followed across a failover:
+    /// `eu=redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster`. Repeat
     /// for each region, in the order the global rules list their regions.
     #[arg(long = "region", value_name = "NAME=URL", required = true, value_parser = parse_region)]
     regions: Vec<(String, String)>,

@@ -73,12 +73,24 @@ impl Limiter {
     /// down. Call it inside a tokio runtime (an error otherwise): its
     /// background work runs there.
     pub fn new(config: Config) -> Result<Limiter> {
-        Ok(Limiter { inner: Arc::new(Inner::new(config, None)?) })
+        Ok(Limiter::counting_switches(Inner::new(config, None)?))
     }
 
     /// Like [`Limiter::new`], also sending every event to `metrics`.
     pub fn with_metrics(config: Config, metrics: Arc<dyn Metrics>) -> Result<Limiter> {
-        Ok(Limiter { inner: Arc::new(Inner::new(config, Some(metrics))?) })
+        Ok(Limiter::counting_switches(Inner::new(config, Some(metrics))?))
+    }
+
+    /// The connection's moves to another server become events.
+    fn counting_switches(inner: Inner) -> Limiter {
+        let inner = Arc::new(inner);
+        let weak = Arc::downgrade(&inner);
+        inner.client().connection().on_switch(move |_| {
+            if let Some(inner) = weak.upgrade() {
+                inner.record(Event::ServerSwitch, "", None);
+            }
+        });
+        Limiter { inner }
     }
 
     /// Counts an event decided outside the limiter (live rules' shadow refusals).

@@ -21,7 +21,9 @@ struct Cli {
 
 #[derive(Args)]
 struct Store {
-    /// The Redis server holding the rules.
+    /// The Redis server holding the rules: redis://[user:password@]host:port/,
+    /// or the master Sentinel names:
+    /// redis+sentinel://[user:password@]host:port[,host:port...]/MASTER.
     #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
     redis: String,
     /// The rules hash (also the channel new versions are announced on).
@@ -55,7 +57,8 @@ enum Command {
     /// Serve the limiter's counters (INFO rl, evictions, memory, refused
     /// calls) as Prometheus metrics on GET /metrics, until stopped.
     Metrics {
-        /// The Redis server to read INFO from (one exporter per server).
+        /// The Redis server to read INFO from (one exporter per server), or
+        /// redis+sentinel://host:port[,host:port...]/MASTER: the master, followed.
         #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
         redis: String,
         /// Where to listen (port 10079: 9121 is redis_exporter's).

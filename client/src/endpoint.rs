@@ -1,0 +1,392 @@
+//! Where a standalone primary is: found when a connection is opened, and
+//! found again whenever the connection is lost or points at the wrong
+//! server.
+//!
+//! - A fixed address (`redis://host:port/`, or a managed service's DNS
+//!   name, looked up again at every connection) is connected to as given
+//!   and asked its `ROLE`. A server that answers as a replica (a primary
+//!   demoted by a standalone `FAILOVER`) is left for the primary it names,
+//!   reached with the configured credentials and database: the connection
+//!   then reports that it talks to a server other than the configured one.
+//!   Once the configured server is the primary again, the next connection
+//!   goes back to it. A server that refuses `ROLE` (an ACL without it, a
+//!   proxy) is used as it is.
+//! - A Sentinel target asks the sentinels for the master (redis-rs's
+//!   `redis::sentinel`: each sentinel in turn, the master it names checked
+//!   with `ROLE`), and [`watch_switches`] follows the sentinels'
+//!   `+switch-master` announcements.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, Role};
+
+use crate::config::{NodeAuth, Target};
+use crate::error::{Error, Result};
+
+/// The sentinels' port when a sentinel address names none.
+pub const SENTINEL_PORT: u16 = 26379;
+
+/// Where the primary is.
+pub(crate) enum Endpoint {
+    Fixed(ConnectionInfo),
+    Sentinel(Sentinels),
+}
+
+/// A master that sentinels watch.
+pub(crate) struct Sentinels {
+    pub(crate) master: String,
+    /// How to reach each sentinel (its own credentials).
+    pub(crate) sentinels: Vec<ConnectionInfo>,
+    /// How to talk to the master once found.
+    node: SentinelNodeConnectionInfo,
+    /// The master's database.
+    db: i64,
+    /// redis-rs's lookup, which keeps a connection to each sentinel.
+    lookup: tokio::sync::Mutex<Sentinel>,
+}
+
+/// A connection to the server an endpoint resolved to.
+pub(crate) struct Found {
+    pub(crate) con: MultiplexedConnection,
+    /// `host:port` (or the socket's path) of the server.
+    pub(crate) server: String,
+    /// How it was reached: tried again when the configured server cannot be.
+    pub(crate) info: ConnectionInfo,
+    /// Not the configured server: the primary a demoted one named.
+    pub(crate) redirected: bool,
+    /// Set once the server closed the connection (its reader ended).
+    pub(crate) closed: Arc<AtomicBool>,
+}
+
+impl Endpoint {
+    /// The endpoint of a standalone or Sentinel `target`.
+    pub(crate) fn new(target: &Target) -> Result<Endpoint> {
+        match target {
+            Target::Standalone(url) => Ok(Endpoint::Fixed(url.as_str().into_connection_info()?)),
+            Target::Sentinel { master, sentinels, node } => {
+                if master.is_empty() {
+                    return Err(Error::invalid("a Sentinel target needs the master's name"));
+                }
+                if sentinels.is_empty() {
+                    return Err(Error::invalid(format!("the Sentinel target '{master}' needs at least one sentinel")));
+                }
+                let sentinels = sentinels
+                    .iter()
+                    .map(|s| sentinel_info(s).map_err(|e| Error::invalid(format!("sentinel '{}': {e}", redacted(s)))))
+                    .collect::<Result<Vec<_>>>()?;
+                let lookup = Sentinel::build(sentinels.clone())?;
+                Ok(Endpoint::Sentinel(Sentinels {
+                    master: master.clone(),
+                    sentinels,
+                    node: node_info(node),
+                    db: node.db,
+                    lookup: tokio::sync::Mutex::new(lookup),
+                }))
+            }
+            Target::Cluster(_) => Err(Error::invalid("a cluster has no single endpoint")),
+        }
+    }
+
+    /// Connects to the primary; `last`: the server a fixed address was
+    /// redirected to before, tried when the configured one cannot be
+    /// reached. `check_role`: false for a server that is known to be no
+    /// Redis (a lease relay).
+    pub(crate) async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+        last: Option<&ConnectionInfo>,
+        check_role: bool,
+    ) -> redis::RedisResult<Found> {
+        match self {
+            Endpoint::Fixed(info) if !check_role => open(info, config).await,
+            Endpoint::Fixed(info) => fixed(info, config, last).await,
+            Endpoint::Sentinel(s) => {
+                let client = s.lookup.lock().await.async_master_for(&s.master, Some(&s.node)).await?;
+                open(client.get_connection_info(), config).await
+            }
+        }
+    }
+
+    /// The database calls run in.
+    pub(crate) fn db(&self) -> i64 {
+        match self {
+            Endpoint::Fixed(info) => info.redis_settings().db(),
+            Endpoint::Sentinel(s) => s.db,
+        }
+    }
+}
+
+/// A fixed address: the server, or the primary it names when it answers
+/// as a replica.
+async fn fixed(
+    info: &ConnectionInfo,
+    config: &AsyncConnectionConfig,
+    last: Option<&ConnectionInfo>,
+) -> redis::RedisResult<Found> {
+    let mut found = match open(info, config).await {
+        Ok(found) => found,
+        // The configured server is unreachable; the primary it named last may not be.
+        Err(e) => match last.filter(|l| l.addr() != info.addr()) {
+            Some(last) => {
+                let mut found = primary(last, config).await.map_err(|_| e)?;
+                found.redirected = true;
+                return Ok(found);
+            }
+            None => return Err(e),
+        },
+    };
+    match role(&mut found.con).await {
+        Some(Role::Replica { primary_ip, primary_port, .. }) => {
+            let followed = info.clone().set_addr(ConnectionAddr::Tcp(primary_ip, primary_port));
+            let mut primary = primary(&followed, config).await.map_err(|e| {
+                let text = format!(
+                    "{} answers as a replica of {}, which is not usable: {e}",
+                    found.server,
+                    address(&followed)
+                );
+                RedisError::from((ErrorKind::Io, "wrong server", text))
+            })?;
+            primary.redirected = true;
+            Ok(primary)
+        }
+        Some(Role::Sentinel { .. }) => Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "wrong server",
+            format!(
+                "{} is a sentinel: configure a Sentinel target (the master's name and the sentinels)",
+                found.server
+            ),
+        ))),
+        // A primary, or a server that does not say.
+        _ => Ok(found),
+    }
+}
+
+/// A connection to `info`'s server if it answers as a primary (or does not say).
+async fn primary(info: &ConnectionInfo, config: &AsyncConnectionConfig) -> redis::RedisResult<Found> {
+    let mut found = open(info, config).await?;
+    match role(&mut found.con).await {
+        Some(Role::Replica { .. } | Role::Sentinel { .. }) => {
+            Err(RedisError::from((ErrorKind::Io, "wrong server", format!("{} is not a primary", found.server))))
+        }
+        _ => Ok(found),
+    }
+}
+
+/// The server's `ROLE`; `None` when it will not say.
+async fn role(con: &mut MultiplexedConnection) -> Option<Role> {
+    redis::cmd("ROLE").query_async::<Role>(con).await.ok()
+}
+
+/// Opens a connection to `info` with TCP_NODELAY; its reader runs as a
+/// task of its own, and marks the connection closed when it ends.
+pub(crate) async fn open(info: &ConnectionInfo, config: &AsyncConnectionConfig) -> redis::RedisResult<Found> {
+    let closed = Arc::new(AtomicBool::new(false));
+    let flag = closed.clone();
+    let redis = info.redis_settings();
+    let con = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            tcp.set_nodelay(true)?;
+            let (con, reader) = MultiplexedConnection::new_with_config(redis, tcp, config.clone()).await?;
+            tokio::spawn(async move {
+                reader.await;
+                flag.store(true, Ordering::Release);
+            });
+            con
+        }
+        ConnectionAddr::Unix(path) => {
+            let socket = tokio::net::UnixStream::connect(path).await?;
+            let (con, reader) = MultiplexedConnection::new_with_config(redis, socket, config.clone()).await?;
+            tokio::spawn(async move {
+                reader.await;
+                flag.store(true, Ordering::Release);
+            });
+            con
+        }
+        _ => {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "TLS (rediss://) is not supported: rl-client is built without TLS",
+            )))
+        }
+    };
+    Ok(Found { con, server: address(info), info: info.clone(), redirected: false, closed })
+}
+
+/// `host:port`, or a socket's path: never credentials.
+pub(crate) fn address(info: &ConnectionInfo) -> String {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+        ConnectionAddr::Unix(path) => path.display().to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// A sentinel's address: `host:port` (port 26379 when left out) or a
+/// `redis://` URL with the sentinel's own credentials.
+fn sentinel_info(text: &str) -> redis::RedisResult<ConnectionInfo> {
+    if text.contains("://") {
+        return text.into_connection_info();
+    }
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) => {
+            let port = port.parse::<u16>().map_err(|_| {
+                RedisError::from((ErrorKind::InvalidClientConfig, "bad port", format!("'{port}' is not a port")))
+            })?;
+            (host, port)
+        }
+        None => (text, SENTINEL_PORT),
+    };
+    if host.is_empty() {
+        return Err(RedisError::from((ErrorKind::InvalidClientConfig, "no host")));
+    }
+    ConnectionAddr::Tcp(host.trim_matches(['[', ']']).to_owned(), port).into_connection_info()
+}
+
+/// The master's connection settings, kept apart from the sentinels' own.
+fn node_info(node: &NodeAuth) -> SentinelNodeConnectionInfo {
+    let mut redis = redis::RedisConnectionInfo::default().set_db(node.db);
+    if let Some(user) = &node.username {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &node.password {
+        redis = redis.set_password(password);
+    }
+    SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(redis)
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+}
+
+/// How long the switch watcher waits for a sentinel before trying the next.
+const SENTINEL_WAIT: Duration = Duration::from_secs(2);
+/// How long it waits, no sentinel answering, before trying them again.
+const SENTINEL_RETRY: Duration = Duration::from_secs(1);
+
+/// Follows `master`'s switches until `switched` answers false (its
+/// connection is gone): subscribed to `+switch-master` on one sentinel at
+/// a time, it hands each new address (`host:port`) of the master to
+/// `switched`, and the address a sentinel names whenever it subscribes
+/// (a switch while it was not subscribed is not missed).
+pub(crate) async fn watch_switches(sentinels: Vec<ConnectionInfo>, master: String, switched: impl Fn(String) -> bool) {
+    loop {
+        for info in &sentinels {
+            let Ok(Ok(mut messages)) = tokio::time::timeout(SENTINEL_WAIT, subscribe(info)).await else { continue };
+            if let Ok(Ok(Some(address))) = tokio::time::timeout(SENTINEL_WAIT, named_master(info, &master)).await {
+                if !switched(address) {
+                    return;
+                }
+            }
+            while let Some(message) = messages.next().await {
+                let text: String = message.get_payload().unwrap_or_default();
+                // "<name> <old ip> <old port> <new ip> <new port>"
+                let words: Vec<&str> = text.split_whitespace().collect();
+                if let [name, _, _, ip, port] = words[..] {
+                    if name == master && !switched(format!("{ip}:{port}")) {
+                        return;
+                    }
+                }
+            }
+        }
+        if !switched(String::new()) {
+            return;
+        }
+        tokio::time::sleep(SENTINEL_RETRY).await;
+    }
+}
+
+async fn subscribe(info: &ConnectionInfo) -> redis::RedisResult<redis::aio::PubSubStream> {
+    let mut pubsub = redis::Client::open(info.clone())?.get_async_pubsub().await?;
+    pubsub.subscribe("+switch-master").await?;
+    Ok(pubsub.into_on_message())
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME`: `host:port`, or `None` for a master it does not know.
+async fn named_master(info: &ConnectionInfo, master: &str) -> redis::RedisResult<Option<String>> {
+    let mut con = redis::Client::open(info.clone())?.get_multiplexed_async_connection().await?;
+    let named: Option<(String, u16)> =
+        redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(master).query_async(&mut con).await?;
+    Ok(named.map(|(host, port)| format!("{host}:{port}")))
+}
+
+/// `url` fit for a log line: a password in its userinfo or in a `password`
+/// or `pass` query parameter (redis-rs reads both) becomes `***`, and so
+/// does a Sentinel URL's `sentinel_password`.
+pub fn redacted(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let host = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            // redis://secret@host: a lone userinfo may be the password.
+            None => format!("***@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    if scheme.is_empty() {
+        format!("{host}{tail}")
+    } else {
+        format!("{scheme}://{host}{tail}")
+    }
+}
+
+fn is_secret_param(name: &str) -> bool {
+    ["password", "pass", "sentinel_password"].iter().any(|p| name.eq_ignore_ascii_case(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_never_show_a_password() {
+        for (url, shown) in [
+            ("redis://rl-exporter:s3cret@10.0.0.5:6379/0", "redis://rl-exporter:***@10.0.0.5:6379/0"),
+            ("rediss://:s3cret@cache.example:6380", "rediss://:***@cache.example:6380"),
+            ("redis://s3cret@10.0.0.5/", "redis://***@10.0.0.5/"),
+            ("redis://10.0.0.5:6379/", "redis://10.0.0.5:6379/"),
+            ("redis+unix:///run/redis.sock?db=1&pass=s3cret", "redis+unix:///run/redis.sock?db=1&pass=***"),
+            ("unix:///run/redis.sock?user=u&password=s3cret", "unix:///run/redis.sock?user=u&password=***"),
+            ("redis://u:p@ss@host/", "redis://u:***@host/"),
+            ("not a url s3cret@x", "***@x"),
+            (
+                "redis+sentinel://gw:s3cret@10.0.0.5:26379,10.0.0.6/mymaster?sentinel_password=s3cret",
+                "redis+sentinel://gw:***@10.0.0.5:26379,10.0.0.6/mymaster?sentinel_password=***",
+            ),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+            assert!(!redacted(url).contains("s3cret"));
+        }
+    }
+
+    #[test]
+    fn sentinel_addresses_take_a_default_port_or_a_url() {
+        let info = sentinel_info("10.0.0.7").unwrap();
+        assert_eq!(address(&info), "10.0.0.7:26379");
+        assert_eq!(address(&sentinel_info("10.0.0.7:5000").unwrap()), "10.0.0.7:5000");
+        assert_eq!(address(&sentinel_info("[::1]:5000").unwrap()), "::1:5000");
+        let info = sentinel_info("redis://admin:pw@10.0.0.7:5000/").unwrap();
+        assert_eq!((address(&info), info.redis_settings().password()), ("10.0.0.7:5000".into(), Some("pw")));
+        assert!(sentinel_info("10.0.0.7:port").unwrap_err().to_string().contains("'port' is not a port"));
+        assert!(sentinel_info(":1").is_err());
+    }
+}
