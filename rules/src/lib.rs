@@ -7,6 +7,7 @@ pub mod exporter;
 mod layer;
 mod live;
 mod regional;
+mod shadowing;
 mod snapshot;
 mod spec;
 mod store;
