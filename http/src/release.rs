@@ -3,11 +3,17 @@
 //! the slots' timeout (set above the endpoint's p99.9) would drop them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "tower")]
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "tower")]
+use std::time::Instant;
 
-use rl_client::{NoPermit, Permit};
+use rl_client::NoPermit;
+#[cfg(feature = "tower")]
+use rl_client::Permit;
 
+#[cfg(feature = "tower")]
 use crate::headers::InflightHeaders;
 
 /// The mean time this gateway's requests held a slot of one in-flight
@@ -51,9 +57,11 @@ impl ReleaseRate {
 /// Slots held for a response: once dropped (or released), each hold is
 /// counted toward its policy's release rate and the slot given back (its
 /// permit releases it in the background).
+#[cfg(feature = "tower")]
 #[derive(Default)]
 pub(crate) struct Holding(Vec<(Permit, Arc<InflightHeaders>, Instant)>);
 
+#[cfg(feature = "tower")]
 impl Holding {
     /// `held`, held since `since`.
     pub(crate) fn new(held: Vec<(Permit, Arc<InflightHeaders>)>, since: Instant) -> Holding {
@@ -73,6 +81,7 @@ impl Holding {
     }
 }
 
+#[cfg(feature = "tower")]
 impl Drop for Holding {
     fn drop(&mut self) {
         self.release();

@@ -16,7 +16,7 @@ use crate::spec::Mode;
 
 /// A warning per pair of enforced rules where the first takes some of an
 /// endpoint rule's traffic and is either fail-open against a fail-closed
-/// rule or looser than it.
+/// rule, looser than it, or without the in-flight limit it has.
 pub(crate) fn shadowing_warnings(rules: &[Arc<CompiledRule>]) -> Vec<String> {
     let enforced = || rules.iter().filter(|r| r.mode() == Mode::Enforce);
     let mut out = Vec::new();
@@ -33,6 +33,9 @@ pub(crate) fn shadowing_warnings(rules: &[Arc<CompiledRule>]) -> Vec<String> {
             }
             if let Some(looser) = looser(winner, loser) {
                 why.push(looser);
+            }
+            if loser.inflight().is_some() && winner.inflight().is_none() {
+                why.push(format!("'{}' has no in-flight limit", winner.id()));
             }
             if why.is_empty() {
                 continue;
