@@ -31,24 +31,28 @@ pub(crate) fn shadowing_warnings(rules: &[Arc<CompiledRule>]) -> Vec<String> {
             if loser.fail() == FailMode::Closed && winner.fail() == FailMode::Open {
                 why.push(format!("'{}' is fail-closed and '{}' fails open", loser.id(), winner.id()));
             }
-            if let Some(looser) = looser(winner, loser) {
-                why.push(looser);
-            }
-            if loser.inflight().is_some() && winner.inflight().is_none() {
-                why.push(format!("'{}' has no in-flight limit", winner.id()));
+            // A rule written for the endpoint, or for one subject (the
+            // customer's own limits), is looser on purpose; a network's
+            // rule is rarely written with each endpoint in mind.
+            if by_network(winner) {
+                if let Some(looser) = looser(winner, loser) {
+                    why.push(looser);
+                }
+                if loser.inflight().is_some() && winner.inflight().is_none() {
+                    why.push(format!("'{}' has no in-flight limit", winner.id()));
+                }
             }
             if why.is_empty() {
                 continue;
             }
             out.push(format!(
-                "rule '{}' ({}) takes {traffic} off rule '{}' ({}): {}; to keep them under '{}', add a rule that matches both ({})",
+                "rule '{}' ({}) takes {traffic} off rule '{}' ({}): {}; {}",
                 winner.id(),
                 winner.scope(),
                 loser.id(),
                 loser.scope(),
                 why.join(", and "),
-                loser.id(),
-                remedy(winner.scope(), endpoint),
+                remedy(winner, loser, endpoint),
             ));
         }
     }
@@ -166,13 +170,22 @@ fn round(x: f64) -> String {
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
-/// The match that would keep the traffic under the endpoint's rule.
-fn remedy(winner: &Scope, endpoint: &str) -> String {
-    match winner {
-        Scope::Ip(net) | Scope::PlanIp { net, .. } => format!("match = {{ ip = \"{net}\", endpoint = {endpoint:?} }}"),
-        Scope::PlanEndpoint { plan, .. } => format!("match = {{ plan = {plan:?}, endpoint = {endpoint:?} }}"),
-        Scope::IpEndpoint { net, .. } => format!("give '{net}' and {endpoint:?} the endpoint rule's limits"),
-        _ => "or give it the endpoint rule's limits and fail mode".to_owned(),
+/// A rule by network (not an override: a clamp is meant to win).
+fn by_network(rule: &CompiledRule) -> bool {
+    !rule.is_override() && matches!(rule.scope(), Scope::Ip(_) | Scope::PlanIp { .. })
+}
+
+/// What would keep the traffic under the endpoint's rule.
+fn remedy(winner: &CompiledRule, loser: &CompiledRule, endpoint: &str) -> String {
+    match winner.scope() {
+        Scope::Ip(net) | Scope::PlanIp { net, .. } if !winner.is_override() => format!(
+            "to keep them under '{}', add a rule that matches both (match = {{ ip = \"{net}\", endpoint = {endpoint:?} }})",
+            loser.id()
+        ),
+        Scope::Subject(_) | Scope::Ip(_) => {
+            format!("it covers every endpoint: make '{}' fail-closed if these must be refused during an outage", winner.id())
+        }
+        _ => format!("make '{}' fail-closed too if these must be refused during an outage", winner.id()),
     }
 }
 
@@ -243,5 +256,16 @@ mod tests {
             .replace("match = { ip = \"203.0.113.0/24\" }", "match = { plan = \"pro\", endpoint = \"POST /login\" }");
         let w = warnings(&by_plan);
         assert!(w.len() == 1 && w[0].contains("takes requests to \"POST /login\" by plan \"pro\""), "{w:#?}");
+        assert!(
+            w[0].contains("fails open; make 'office' fail-closed too"),
+            "fail mode only, written for the endpoint: {}",
+            w[0]
+        );
+        // A subject's own rule: only the fail mode is said.
+        let subject = SET.replace("match = { ip = \"203.0.113.0/24\" }", "match = { subject = \"k\" }");
+        let w = warnings(&subject);
+        assert!(w.len() == 1 && w[0].ends_with("'office' fails open; it covers every endpoint: make 'office' fail-closed if these must be refused during an outage"), "{w:#?}");
+        let closed = subject.replace("reason = \"the office gets more\"", "reason = \"r\"\nfail = \"closed\"");
+        assert!(warnings(&closed).is_empty(), "{:#?}", warnings(&closed));
     }
 }
