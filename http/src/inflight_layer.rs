@@ -42,6 +42,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
@@ -50,21 +51,23 @@ use tower::{Layer, Service};
 
 use rl_client::{subject_fault, InflightPolicy, InflightRule, Limiter, NoPermit, Permit};
 
-use crate::headers::{RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
+use crate::headers::{InflightHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
+use crate::release::Holding;
 
 /// Wraps services with [`InflightLimit`]. `K` names a request's subject:
 /// `Fn(&Request<B>) -> Option<String>`.
 #[derive(Clone)]
 pub struct InflightLayer<K> {
     limiter: Limiter,
-    policy: Arc<InflightPolicy>,
+    /// The policy, and how fast its slots were seen to free.
+    headers: Arc<InflightHeaders>,
     key: K,
 }
 
 impl<K> InflightLayer<K> {
     /// Limits requests in flight by `policy`, keyed by `key(&request)`.
     pub fn new(limiter: Limiter, policy: Arc<InflightPolicy>, key: K) -> InflightLayer<K> {
-        InflightLayer { limiter, policy, key }
+        InflightLayer { limiter, headers: Arc::new(InflightHeaders::new(policy, None)), key }
     }
 }
 
@@ -72,7 +75,7 @@ impl<S, K: Clone> Layer<S> for InflightLayer<K> {
     type Service = InflightLimit<S, K>;
 
     fn layer(&self, inner: S) -> InflightLimit<S, K> {
-        InflightLimit { inner, limiter: self.limiter.clone(), policy: self.policy.clone(), key: self.key.clone() }
+        InflightLimit { inner, limiter: self.limiter.clone(), headers: self.headers.clone(), key: self.key.clone() }
     }
 }
 
@@ -81,7 +84,7 @@ impl<S, K: Clone> Layer<S> for InflightLayer<K> {
 pub struct InflightLimit<S, K> {
     inner: S,
     limiter: Limiter,
-    policy: Arc<InflightPolicy>,
+    headers: Arc<InflightHeaders>,
     key: K,
 }
 
@@ -92,18 +95,18 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Option<B>,
         text: Option<String>,
-        permit: Option<Permit>,
+        held: Holding,
     }
 }
 
 impl<B> PermitBody<B> {
     fn from_text(text: String) -> PermitBody<B> {
-        PermitBody { inner: None, text: Some(text), permit: None }
+        PermitBody { inner: None, text: Some(text), held: Holding::default() }
     }
 
     /// The permit still held (None once the body is done, or on a refusal).
     pub fn permit(&self) -> Option<&Permit> {
-        self.permit.as_ref()
+        self.held.permits().next()
     }
 }
 
@@ -123,7 +126,7 @@ where
         let polled = inner.poll_frame(cx);
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
             // The response is over: give the slot back.
-            this.permit.take();
+            this.held.release();
         }
         polled
     }
@@ -164,13 +167,15 @@ where
         // The service that was polled ready serves this request.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (limiter, policy) = (self.limiter.clone(), self.policy.clone());
+        let (limiter, headers) = (self.limiter.clone(), self.headers.clone());
         Box::pin(async move {
-            let unlimited = |r: Response<ResBody>| r.map(|b| PermitBody { inner: Some(b), text: None, permit: None });
+            let policy = headers.policy();
+            let unlimited =
+                |r: Response<ResBody>| r.map(|b| PermitBody { inner: Some(b), text: None, held: Holding::default() });
             let Some(subject) = subject else { return inner.call(req).await.map(unlimited) };
-            let permit = match limiter.acquire(&policy, &subject).await {
+            let permit = match limiter.acquire(policy, &subject).await {
                 Ok(Ok(permit)) => permit,
-                Ok(Err(refused)) => return Ok(refusal(&policy, &refused)),
+                Ok(Err(refused)) => return Ok(refusal(&headers, &refused)),
                 Err(e) if subject_fault(&subject).is_some() => {
                     return Ok(text(StatusCode::BAD_REQUEST, format!("400 Bad Request: {e}\n")))
                 }
@@ -178,9 +183,11 @@ where
                     return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, format!("500 Internal Server Error: {e}\n")))
                 }
             };
+            let (rule, limit, in_flight) = (permit.rule(), permit.limit(), permit.in_flight());
+            let held = Holding::new(vec![(permit, headers.clone())], Instant::now());
             let mut response = inner.call(req).await?;
-            insert_headers(response.headers_mut(), &policy, permit.rule(), permit.limit(), permit.in_flight());
-            Ok(response.map(|b| PermitBody { inner: Some(b), text: None, permit: Some(permit) }))
+            insert_headers(response.headers_mut(), headers.policy(), rule, limit, in_flight);
+            Ok(response.map(|b| PermitBody { inner: Some(b), text: None, held }))
         })
     }
 }
@@ -194,10 +201,14 @@ fn status(rule: Option<&InflightRule>) -> StatusCode {
     }
 }
 
-fn refusal<B>(policy: &InflightPolicy, r: &NoPermit) -> Response<PermitBody<B>> {
+fn refusal<B>(headers: &InflightHeaders, r: &NoPermit) -> Response<PermitBody<B>> {
+    let policy = headers.policy();
     let rule = policy.rule(r.rule);
     let status = status(rule);
-    let when = match r.retry_after {
+    // When a slot is likely free again, from the holds seen; the earliest
+    // deadline before any was seen.
+    let retry_after = headers.releases().retry_after(r);
+    let when = match retry_after {
         Some(d) => format!("a slot frees within {:.3} s", d.as_secs_f64()),
         None => "this request weighs more than the rule ever allows".to_string(),
     };
@@ -210,7 +221,7 @@ fn refusal<B>(policy: &InflightPolicy, r: &NoPermit) -> Response<PermitBody<B>> 
     );
     let mut response = text(status, body);
     insert_headers(response.headers_mut(), policy, r.rule, r.limit, r.in_flight);
-    if let Some(retry) = r.retry_after {
+    if let Some(retry) = retry_after {
         // Whole seconds, rounded up, one at least.
         let secs = retry.as_millis().div_ceil(1000).max(1) as u64;
         response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));

@@ -1,28 +1,34 @@
-//! An API gateway on axum in front of a small HTTP service, rate-limited
-//! by redis-rl: per client IP and per API key, from fixed policies or from
-//! a rules file reloaded live.
+//! An API gateway on axum in front of a small HTTP service, rate-limited by
+//! live rules: bootstrapped from a rules file, then whatever `rlctl
+//! publish` puts in Redis, behind rl-http's tower layer.
 //!
 //! ```text
 //! make run                                      # redis-server with the module on :6379
 //! cargo run -p rl-rules --example gateway       # backend on :8081, gateway on :8080
 //! curl -i -H 'x-api-key: alice' localhost:8080/hello
-//! RULES_FILE=rules/rules.example.toml cargo run -p rl-rules --example gateway
+//! curl -i localhost:8080/reports/7              # keyless: the IP tier; a slow route
+//! rlctl publish my-rules.toml                   # every gateway within seconds
 //! ```
 //!
-//! Without `RULES_FILE`: each client IP (an IPv6 client is its /64) may
-//! make 20 requests a second with bursts of 40; each API key (`x-api-key`)
-//! 5 a second with bursts of 10, and 100 a minute. A request without a key
-//! is limited by its IP only. With `RULES_FILE=path`: the file's rules,
-//! read again every second (a broken file is refused and logged; the rules
-//! in force stay); the key is the subject, and the IP's rule applies too.
+//! The rules (`examples/gateway.toml`, or `RULES_FILE`) are only the
+//! bootstrap: the gateway watches Redis (`rl:rules`, published with rlctl)
+//! and a published set replaces them. Per API key (`x-api-key`): 100 a
+//! second with bursts of 200 and 5,000 a minute (a window); a request
+//! without a key is limited by its address in the keyless tier (20 a
+//! second, bursts of 40); `POST /login` is 5 a minute and fail-closed
+//! (503 while Redis cannot answer); `GET /reports/{id}` (the backend takes
+//! `SLOW_MS`, default 500 ms, to answer) holds at most 20 in flight per
+//! key, each slot until the response is sent. Rules match the route as the
+//! router names it (`/reports/{id}`), not the raw path.
 //!
 //! Environment: `REDIS_URL` (default `redis://127.0.0.1:6379/`), or
 //! `REDIS_SENTINELS` (comma-separated `host:port` of sentinels) with
 //! `REDIS_MASTER` (the name they monitor, default `mymaster`) for a primary
 //! that Redis Sentinel fails over; `RL_BACKEND=lua` for servers without
 //! the module, `GATEWAYS` (the fleet size, default 1), `GATEWAY_PORT`
-//! (8080), `BACKEND_PORT` (8081), `RULES_FILE`, and `TRUSTED_PROXIES` (comma-separated networks of your
-//! load balancers: their `X-Forwarded-For` is believed, nobody else's).
+//! (8080), `BACKEND_PORT` (8081), `RULES_FILE` (the bootstrap rules),
+//! `SLOW_MS`, and `TRUSTED_PROXIES` (comma-separated networks of your load
+//! balancers: their `X-Forwarded-For` is believed, nobody else's).
 //! Counters are printed every 10 seconds; stop with Ctrl-C.
 
 use std::net::SocketAddr;
@@ -31,22 +37,29 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Response, StatusCode};
-use axum::routing::any;
+use axum::routing::{any, get, post};
 use axum::Router;
-use rl_client::{Backend, Config, Limiter, Policy, Rule, Target};
-use rl_http::{By, ClientIp, Decide, MissingKey, Policies, RateLimitLayer, Trust};
-use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
+use rl_client::{Backend, Config, Limiter, Target};
+use rl_http::{ClientIp, MissingKey, RateLimitLayer, Trust};
+use rl_rules::{LiveDecide, LiveRules, RedisSource, RuleSetSpec};
 use tokio::net::TcpListener;
+
+/// The bootstrap rules when `RULES_FILE` names none.
+const BOOTSTRAP: &str = include_str!("gateway.toml");
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
-/// `REDIS_SENTINELS` and `REDIS_MASTER`, else `REDIS_URL`.
-fn redis_target() -> Result<Target, rl_client::Error> {
+/// `REDIS_SENTINELS` and `REDIS_MASTER` as a `redis+sentinel://` URL (the
+/// limiter and the rules watcher follow the same primary), else `REDIS_URL`.
+fn redis_url() -> String {
     match std::env::var("REDIS_SENTINELS") {
-        Ok(sentinels) => Ok(Target::sentinel(env("REDIS_MASTER", "mymaster"), sentinels.split(',').map(str::trim))),
-        Err(_) => Target::from_url(&env("REDIS_URL", "redis://127.0.0.1:6379/")),
+        Ok(sentinels) => {
+            let hosts: Vec<&str> = sentinels.split(',').map(str::trim).filter(|h| !h.is_empty()).collect();
+            format!("redis+sentinel://{}/{}", hosts.join(","), env("REDIS_MASTER", "mymaster"))
+        }
+        Err(_) => env("REDIS_URL", "redis://127.0.0.1:6379/"),
     }
 }
 
@@ -58,58 +71,72 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(colours).init();
     let backend_port: u16 = env("BACKEND_PORT", "8081").parse()?;
     let gateway_port: u16 = env("GATEWAY_PORT", "8080").parse()?;
+    let slow = Duration::from_millis(env("SLOW_MS", "500").parse()?);
 
     // The service behind the gateway: it knows nothing of rate limits.
-    let backend = Router::new().fallback(any(|req: Request| async move {
-        format!("hello from the backend: {} {}\n", req.method(), req.uri().path())
-    }));
+    let backend = Router::new()
+        .route(
+            "/reports/{id}",
+            get(move || async move {
+                tokio::time::sleep(slow).await;
+                "a report, slowly made\n"
+            }),
+        )
+        .fallback(any(|req: Request| async move {
+            format!("hello from the backend: {} {}\n", req.method(), req.uri().path())
+        }));
     let upstream = TcpListener::bind(("127.0.0.1", backend_port)).await?;
     tokio::spawn(async move { axum::serve(upstream, backend).await });
 
+    // Redis: the limiter's server, and where the rules are published.
+    let redis_url = redis_url();
     let config = Config {
         backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
         gateways: env("GATEWAYS", "1").parse()?,
-        ..Config::for_target(redis_target()?)
+        ..Config::for_target(Target::from_url(&redis_url)?)
     };
     let limiter = Limiter::new(config)?;
+
+    // The file only bootstraps: a set published in Redis replaces it (and
+    // a broken file stops the gateway here, before it serves anything).
+    let bootstrap = match std::env::var("RULES_FILE") {
+        Ok(path) => RuleSetSpec::from_file(&path)?,
+        Err(_) => RuleSetSpec::from_toml(BOOTSTRAP)?,
+    };
+    let rules = LiveRules::new(limiter.clone(), &bootstrap)?;
+    let watcher = rules.watch_redis(RedisSource::new(redis_url))?;
+
     let proxies = env("TRUSTED_PROXIES", "");
     let trust = match proxies.as_str() {
         "" => Trust::Nobody,
         nets => Trust::Networks(nets.split(',').map(|n| n.trim().parse()).collect::<Result<_, _>>()?),
     };
+    // One layer decides every rule a request meets (its key's, or its
+    // address's without a key), rates and in-flight slots together. It
+    // goes on the router (`Router::layer`), so it sees the matched route.
+    let layer = RateLimitLayer::new(LiveDecide::new(rules.clone()))
+        .peer(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
+        .client_ip(ClientIp::new(trust))
+        .key_header("x-api-key")
+        .missing_key(MissingKey::UseIp);
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-    let forward = Router::new().fallback(any(proxy)).with_state((client, backend_port));
-
-    // The layer order matters only when layers are stacked: an outer layer
-    // charges a request the inner one may refuse. One layer with several
-    // policies charges all of them or, on a refusal, gives back the rest.
-    let app = match std::env::var("RULES_FILE") {
-        Ok(path) => {
-            let rules = LiveRules::new(limiter.clone(), &RuleSetSpec::from_file(&path)?)?;
-            let watcher = rules.watch_file(&path, Duration::from_secs(1))?;
-            std::mem::forget(watcher); // reload for the life of the process
-            forward.layer(layer(LiveDecide::new(rules), trust))
-        }
-        Err(_) => {
-            let per_ip =
-                Policy::builder("gw:ip").label("ip").rule(Rule::per_second("per_second", 20).burst(40)).build()?;
-            let per_key = Policy::builder("gw:key")
-                .label("key")
-                .rule(Rule::per_second("per_second", 5).burst(10))
-                .rule(Rule::per_minute("per_minute", 100))
-                .build()?;
-            let policies = Policies::new(limiter.clone()).add(per_ip, By::Ip).add(per_key, By::Key);
-            forward.layer(layer(policies, trust))
-        }
-    };
+    let app = Router::new()
+        .route("/reports/{id}", get(proxy))
+        .route("/login", post(proxy))
+        .fallback(any(proxy))
+        .layer(layer)
+        .with_state((client, backend_port));
 
     let counters = limiter.clone();
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_secs(10)).await;
             let redis = counters.client().connection().status();
+            let status = rules.status();
             println!(
-                "counters: {:?}  shards: {:?}  redis: {redis:?}",
+                "rules: version {} from {}  counters: {:?}  shards: {:?}  redis: {redis:?}",
+                status.version,
+                status.source,
                 counters.counters().snapshot(),
                 counters.shards()
             );
@@ -124,16 +151,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         served = axum::serve(listener, service) => served?,
         _ = tokio::signal::ctrl_c() => println!("bye"),
     }
+    drop(watcher); // stops watching Redis
     Ok(())
-}
-
-/// The gateway's layer: the API key from `x-api-key`, else the client IP.
-fn layer<D: Decide>(decide: D, trust: Trust) -> RateLimitLayer<D> {
-    RateLimitLayer::new(decide)
-        .peer(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
-        .client_ip(ClientIp::new(trust))
-        .key_header("x-api-key")
-        .missing_key(MissingKey::UseIp)
 }
 
 type HttpClient = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>;

@@ -1,32 +1,39 @@
-//! Live rules behind rl-http's tower layer (feature `tower`): every
-//! request is checked by the rule its API key matches and by the rule its
-//! address matches, each with its own buckets, so sending a key does not
-//! escape the limit on the address, nor the other way round.
+//! Live rules behind rl-http's tower layer (feature `tower`): a request
+//! with an API key is checked by the rule its key matches, a request
+//! without one by the rule its address matches; a rule with
+//! `ip_tier = "all"` limits keyed requests by their address too. The
+//! matched rules' in-flight limits are held for the life of the response.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use rl_client::{Check, Error, Limiter, Result};
 use rl_http::headers::View;
-use rl_http::{BoxFuture, Checked, Decide, Facts};
+use rl_http::{BoxFuture, Checked, Decide, Decided, Facts, InflightChecked};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 
 use crate::live::LiveRules;
 use crate::regional::{refusal, Scaled};
 use crate::snapshot::{CompiledRule, Request};
+use crate::spec::IpTier;
 
 /// [`LiveRules`] as a [`Decide`] for `RateLimitLayer`.
 ///
-/// A request is seen twice: as its API key (`Request::subject`) and as its
-/// client address (`Request::ip`), both with its endpoint. The most
-/// specific rule of each view applies (overrides and shadow rules as in
-/// [`LiveRules::check`]); when both views land on the same rule and the
-/// same buckets (a shared rule), it counts once. Both are decided in one
-/// [`Limiter::check_batch`]: from memory where it can, else one round trip
-/// per shard, all or nothing. Header members carry the view
-/// (`"key.<rule id>.<limit>"`, `"ip.<rule id>.<limit>"`), so one rule
-/// reached through both views names two distinct members.
+/// A request with an API key is seen as its key (`Request::subject`), one
+/// without as its client address (`Request::ip`), both with its endpoint
+/// (the route template where the framework has one). A keyed request is
+/// also seen by its address when the rule its address matches says
+/// `ip_tier = "all"` (the keys behind one address then share its buckets).
+/// The most specific rule of each view applies (overrides and shadow rules
+/// as in [`LiveRules::check`]); when both views land on the same rule and
+/// the same buckets (a shared rule), it counts once. The rates are decided
+/// in one [`Limiter::check_batch`]: from memory where it can, else one
+/// round trip per shard, all or nothing; then, if every rate allowed, the
+/// rules' in-flight limits are taken and held until the response is done.
+/// Header members carry the view (`"key.<rule id>.<limit>"`,
+/// `"ip.<rule id>.<limit>"`), so one rule reached through both views names
+/// two distinct members.
 #[derive(Clone)]
 pub struct LiveDecide {
     rules: LiveRules,
@@ -76,9 +83,11 @@ struct Viewed {
 }
 
 impl LiveDecide {
-    /// The views of a request (its API key, its address), each with the
-    /// rule it matches and that rule's bucket subject, in one snapshot. The
-    /// same rule and buckets reached through both views count once.
+    /// The views of a request, each with the rule it matches and that
+    /// rule's bucket subject, in one snapshot: its API key, and its
+    /// address when it has no key or the rule its address matches says
+    /// `ip_tier = "all"`. The same rule and buckets reached through both
+    /// views count once.
     fn views(&self, facts: &Facts) -> Result<Vec<Viewed>> {
         let route = facts.route.as_str();
         let mut requests = Vec::with_capacity(2);
@@ -96,6 +105,11 @@ impl LiveDecide {
         let mut views: Vec<Viewed> = Vec::with_capacity(requests.len());
         for (view, request) in requests {
             let matched = snapshot.matching(&request, now);
+            // A keyed request is limited by its key's rules, unless the
+            // rule its address matches is an IP tier for every request.
+            if view == View::Ip && facts.key.is_some() && matched.enforced.ip_tier() != IpTier::All {
+                continue;
+            }
             let subject = snapshot.bucket_subject(&matched.enforced, &request)?;
             if views.iter().any(|v| v.rule.id() == matched.enforced.id() && v.subject == subject) {
                 continue;
@@ -110,7 +124,7 @@ impl LiveDecide {
 }
 
 impl Decide for LiveDecide {
-    fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>> {
+    fn decide(&self, facts: Facts) -> BoxFuture<Result<Decided>> {
         // What each view matched is found before the future is made: it
         // carries only the views and the cost, so its box stays small.
         let views = match self.views(&facts) {
@@ -121,14 +135,16 @@ impl Decide for LiveDecide {
         Box::pin(async move {
             let limiter = rules.limiter();
             let regional = rules.regional();
+            // The views whose rule has rates (a rule may be in-flight only).
+            let rated: Vec<&Viewed> = views.iter().filter(|v| v.rule.has_rates()).collect();
             // A global rule is checked at this region's share of it.
-            let scaled = views.iter().map(|v| regional.scaled(&v.rule, &v.subject)).collect::<Result<Vec<_>>>()?;
+            let scaled = rated.iter().map(|v| regional.scaled(&v.rule, &v.subject)).collect::<Result<Vec<_>>>()?;
             let decisions = if scaled.iter().any(|s| matches!(s, Scaled::Refused)) {
                 // A share here worth less than one token refuses the
                 // request: nothing else is charged (all or nothing).
-                views.iter().zip(&scaled).map(|(v, s)| matches!(s, Scaled::Refused).then(|| refusal(&v.rule))).collect()
+                rated.iter().zip(&scaled).map(|(v, s)| matches!(s, Scaled::Refused).then(|| refusal(&v.rule))).collect()
             } else {
-                let checks: Vec<Check> = views
+                let checks: Vec<Check> = rated
                     .iter()
                     .zip(&scaled)
                     .filter_map(|(v, s)| Some(Check { policy: s.policy()?, subject: &v.subject, cost }))
@@ -136,14 +152,11 @@ impl Decide for LiveDecide {
                 limiter.check_batch(&checks).await?
             };
             let allowed = decisions.iter().all(|d| d.is_some_and(|d| d.allowed));
-            let mut out = Vec::with_capacity(views.len());
+            let mut checked = Vec::with_capacity(rated.len());
             let mut shadows = Vec::new();
-            for ((v, decision), scaled) in views.iter().zip(decisions).zip(scaled) {
-                let Some(decision) = decision else { continue };
-                regional.demanded(&v.rule, &v.subject, cost);
-                // Only an allowed request is one a shadow rule would have changed.
-                if let (true, Some(shadow)) = (allowed, &v.shadow) {
-                    shadows.push(shadow.clone());
+            for ((v, decision), scaled) in rated.iter().zip(decisions).zip(scaled) {
+                if decision.is_some() {
+                    regional.demanded(&v.rule, &v.subject, cost);
                 }
                 // A global rule announces what this region enforces: its
                 // share, which `r` counts down from.
@@ -151,8 +164,15 @@ impl Decide for LiveDecide {
                     Scaled::Regional(policy) => policy,
                     _ => v.rule.headers().clone(),
                 };
-                out.push(Checked { policy, decision, view: Some(v.view) });
+                // Undecided (another view refused from memory first), it is
+                // still announced: the same members on every response.
+                checked.push(Checked { policy, decision, view: Some(v.view) });
             }
+            // Only an allowed request is one a shadow rule would have changed.
+            if allowed {
+                shadows.extend(views.iter().filter_map(|v| v.shadow.clone()));
+            }
+            let inflight = if allowed { acquire_all(limiter, &views, cost).await? } else { not_asked(&views) };
             if !shadows.is_empty() {
                 let checks = shadow_checks(rules.clone(), shadows, cost);
                 match (Handle::try_current(), shadow_slots.try_acquire_owned()) {
@@ -166,11 +186,42 @@ impl Decide for LiveDecide {
                     _ => checks.await,
                 }
             }
-            Ok(out)
+            Ok(Decided { checked, inflight })
         })
     }
 
     fn limiter(&self) -> &Limiter {
         self.rules.limiter()
     }
+}
+
+/// The in-flight slots of every view's rule, in order, once every rate
+/// allowed the request; after a refusal the rest are not asked (the slots
+/// taken go back as their permits drop with the refusal).
+async fn acquire_all(limiter: &Limiter, views: &[Viewed], cost: u64) -> Result<Vec<InflightChecked>> {
+    let mut out = Vec::new();
+    let mut refused = false;
+    for v in views {
+        let Some(headers) = v.rule.inflight_headers() else { continue };
+        let outcome = if refused {
+            None
+        } else {
+            let outcome = limiter.acquire_cost(headers.policy(), &v.subject, cost).await?;
+            refused = outcome.is_err();
+            Some(outcome)
+        };
+        out.push(InflightChecked { policy: headers.clone(), view: Some(v.view), outcome });
+    }
+    Ok(out)
+}
+
+/// The in-flight limits of a request a rate refused: announced, not asked.
+fn not_asked(views: &[Viewed]) -> Vec<InflightChecked> {
+    views
+        .iter()
+        .filter_map(|v| {
+            let headers = v.rule.inflight_headers()?;
+            Some(InflightChecked { policy: headers.clone(), view: Some(v.view), outcome: None })
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@ pub mod exporter;
 mod layer;
 mod live;
 mod regional;
+mod shadowing;
 mod snapshot;
 mod spec;
 mod store;
@@ -19,8 +20,8 @@ pub use live::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, Shadow
 pub use regional::{GlobalLimit, RegionalShares, SHARES_KEY};
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{
-    global_rules, stored_kind_changes, FleetBackend, GlobalSpec, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec,
-    RuleSpec, MAX_RULES_BYTES, MAX_VERSION, MAX_WRITTEN_VERSION,
+    global_rules, stored_kind_changes, FleetBackend, GlobalSpec, IpTier, LimitKind, LimitSpec, MatchSpec, Mode,
+    RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION, MAX_WRITTEN_VERSION,
 };
 pub use store::{override_id, RulesStore, Stored, DEFAULT_KEY, MAX_OVERRIDE};
 pub use watch::{RedisSource, Watcher};

@@ -59,6 +59,20 @@ impl Verdict {
     }
 }
 
+/// The verdict of a rule without rates: allowed, nothing counted.
+fn no_rate() -> Decision {
+    Decision {
+        allowed: true,
+        remaining: u64::MAX,
+        retry_after: Some(Duration::ZERO),
+        reset_after: Duration::ZERO,
+        limit: u64::MAX,
+        rule: 0,
+        source: rl_client::Source::Redis,
+        shadow_refused: None,
+    }
+}
+
 /// What live rules answered for one request's in-flight slots
 /// ([`LiveRules::acquire`]).
 #[derive(Debug)]
@@ -238,6 +252,18 @@ impl LiveRules {
         let snapshot = self.inner.current.load_full();
         let matched = snapshot.matching(request, SystemTime::now());
         let subject = snapshot.bucket_subject(&matched.enforced, request)?;
+        if !matched.enforced.has_rates() {
+            // In-flight limits only: no rate to ask ([`acquire`](Self::acquire) takes the slots).
+            let decision = no_rate();
+            return Ok(Verdict {
+                decision,
+                rule: matched.enforced,
+                subject,
+                version: snapshot.version(),
+                shadow: None,
+                regional: None,
+            });
+        }
         let limiter = &self.inner.limiter;
         // A shadow rule never fails a request: without a subject of its own
         // it is skipped.

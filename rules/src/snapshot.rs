@@ -5,23 +5,38 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use rl_client::{Error, InflightPolicy, Policy, Result};
-use rl_http::PolicyHeaders;
+use rl_client::{Error, FailMode, InflightPolicy, Policy, Result, Rule};
+use rl_http::{InflightHeaders, PolicyHeaders};
 
 use crate::regional::Scaling;
-use crate::spec::{GlobalSpec, Mode};
+use crate::spec::{GlobalSpec, IpTier, Mode};
 
 /// Which requests a compiled rule matches, from the most specific to the
-/// least: a subject, an IP network (the longest prefix first), a plan and
-/// an endpoint, an endpoint, a plan, every request.
+/// least: a subject, a network and an endpoint, a plan and a network, a
+/// network (networks the longest prefix first), a plan and an endpoint,
+/// an endpoint, a plan, every request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Scope {
     /// One subject (API key, user, tenant).
     Subject(String),
+    /// One endpoint called from an IP network.
+    IpEndpoint {
+        /// The network.
+        net: IpNet,
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// One plan tier calling from an IP network.
+    PlanIp {
+        /// The plan tier.
+        plan: String,
+        /// The network.
+        net: IpNet,
+    },
     /// An IP network.
     Ip(IpNet),
     /// One endpoint for one plan.
@@ -44,6 +59,8 @@ impl fmt::Display for Scope {
         match self {
             Scope::Subject(s) => write!(f, "subject {s:?}"),
             Scope::Ip(net) => write!(f, "ip {net}"),
+            Scope::IpEndpoint { net, endpoint } => write!(f, "ip {net} and endpoint {endpoint:?}"),
+            Scope::PlanIp { plan, net } => write!(f, "plan {plan:?} and ip {net}"),
             Scope::PlanEndpoint { plan, endpoint } => write!(f, "plan {plan:?} and endpoint {endpoint:?}"),
             Scope::Endpoint(e) => write!(f, "endpoint {e:?}"),
             Scope::Plan(p) => write!(f, "plan {p:?}"),
@@ -59,12 +76,16 @@ pub struct CompiledRule {
     pub(crate) scope: Scope,
     pub(crate) mode: Mode,
     pub(crate) shared: bool,
+    pub(crate) ip_tier: IpTier,
+    pub(crate) fail: FailMode,
     pub(crate) expires: Option<SystemTime>,
     pub(crate) reason: String,
     pub(crate) is_override: bool,
-    /// Its limits as a policy, with its headers' fixed parts.
-    pub(crate) headers: Arc<PolicyHeaders>,
-    pub(crate) inflight: Option<InflightPolicy>,
+    /// Its rate limits as a policy, with its headers' fixed parts; none
+    /// for a rule of in-flight limits only.
+    pub(crate) rates: Option<Arc<PolicyHeaders>>,
+    /// Its in-flight limits, with their headers and release rate.
+    pub(crate) inflight: Option<Arc<InflightHeaders>>,
     pub(crate) global: Option<GlobalSpec>,
     /// A global rule's limits and its scaled policies (regional.rs).
     pub(crate) scaling: Option<Arc<Scaling>>,
@@ -106,16 +127,36 @@ impl CompiledRule {
         self.is_override
     }
 
-    /// Its limits as a policy: for [`Limiter`](rl_client::Limiter) calls.
-    /// Its prefix is `key_prefix:id`.
+    /// Which requests it limits by their address, when the tower layer's
+    /// decider reaches it through one.
+    pub fn ip_tier(&self) -> IpTier {
+        self.ip_tier
+    }
+
+    /// Whether it refuses (`closed`) or limits locally (`open`) while Redis
+    /// is down.
+    pub fn fail(&self) -> FailMode {
+        self.fail
+    }
+
+    /// Whether it has rate limits (a rule may have in-flight limits only).
+    pub fn has_rates(&self) -> bool {
+        self.rates.is_some()
+    }
+
+    /// Its rate limits as a policy: for [`Limiter`](rl_client::Limiter)
+    /// calls. Its prefix is `key_prefix:id`. A rule of in-flight limits
+    /// only has none ([`has_rates`](Self::has_rates) is false): this is
+    /// then a policy that enforces nothing and announces nothing, which
+    /// live rules never ask.
     pub fn policy(&self) -> &Policy {
-        self.headers.policy()
+        self.headers().policy()
     }
 
     /// Its policy with the headers' fixed parts, built once when the rule
     /// was compiled: for [`headers`](rl_http::headers).
     pub fn headers(&self) -> &Arc<PolicyHeaders> {
-        &self.headers
+        self.rates.as_ref().unwrap_or_else(|| no_rates())
     }
 
     /// Its in-flight limits, if it has any: for
@@ -124,6 +165,13 @@ impl CompiledRule {
     /// prefix as [`policy`](Self::policy): a subject's keys of both share
     /// one hash tag.
     pub fn inflight(&self) -> Option<&InflightPolicy> {
+        self.inflight.as_deref().map(InflightHeaders::policy)
+    }
+
+    /// Its in-flight limits with their headers' fixed parts and the rate
+    /// their slots were seen to free on this gateway (kept across versions
+    /// while the limits are unchanged).
+    pub fn inflight_headers(&self) -> Option<&Arc<InflightHeaders>> {
         self.inflight.as_ref()
     }
 
@@ -137,6 +185,18 @@ impl CompiledRule {
     pub fn is_expired(&self, now: SystemTime) -> bool {
         self.expires.is_some_and(|at| now >= at)
     }
+}
+
+/// What [`CompiledRule::headers`] is for a rule of in-flight limits only:
+/// one shadow rule, never asked, so it enforces and announces nothing.
+fn no_rates() -> &'static Arc<PolicyHeaders> {
+    static NO_RATES: OnceLock<Arc<PolicyHeaders>> = OnceLock::new();
+    NO_RATES.get_or_init(|| {
+        let never = Rule::new("none", 1, 1, Duration::from_secs(1)).shadow();
+        // A fixed, valid policy: building it cannot fail.
+        let policy = Policy::builder("rl-rules:no-rates").rule(never).build().unwrap_or_else(|_| unreachable!());
+        Arc::new(PolicyHeaders::new(policy))
+    })
 }
 
 /// The rules a request matched in a snapshot.
@@ -240,6 +300,10 @@ pub(crate) struct Index {
     override_subject: HashMap<String, Slot>,
     override_ip: IpIndex,
     subject: HashMap<String, Slot>,
+    /// Endpoint, then network.
+    ip_endpoint: HashMap<String, IpIndex>,
+    /// Plan, then network.
+    plan_ip: HashMap<String, IpIndex>,
     ip: IpIndex,
     /// Plan, then endpoint: looked up without building a key.
     plan_endpoint: HashMap<String, HashMap<String, Slot>>,
@@ -284,8 +348,9 @@ impl Snapshot {
 
     /// The rules `request` matches at `now`: the most specific enforced
     /// rule that has not expired (an override first, then a subject's own
-    /// rule, an IP network's, plan and endpoint, endpoint, plan, the
-    /// default), and a shadow rule at least as specific, if any.
+    /// rule, a network's with the endpoint, a plan's from the network, a
+    /// network's, plan and endpoint, endpoint, plan, the default), and a
+    /// shadow rule at least as specific, if any.
     pub fn matching(&self, request: &Request<'_>, now: SystemTime) -> Match {
         let (mut enforce, mut shadow) = (None, None);
         // A shadow rule comes first within its match: it is the candidate
@@ -309,9 +374,16 @@ impl Snapshot {
         let x = &self.index;
         let by_subject = |map: &HashMap<String, Slot>| request.subject.and_then(|s| map.get(s)).copied();
         let plan_endpoint = request.plan.zip(request.endpoint).and_then(|(p, e)| x.plan_endpoint.get(p)?.get(e));
+        // The networks of an endpoint's (or a plan's) rules holding the address.
+        let by_ip = |name: Option<&str>, map: &HashMap<String, IpIndex>, visit: &mut dyn FnMut(&Slot) -> bool| {
+            let index = name.and_then(|n| map.get(n));
+            index.zip(request.ip).is_some_and(|(index, ip)| index.visit(canonical(ip), &mut |s| visit(s)))
+        };
         let _stopped = by_subject(&x.override_subject).is_some_and(|s| visit(&s))
             || request.ip.is_some_and(|ip| x.override_ip.visit(canonical(ip), &mut visit))
             || by_subject(&x.subject).is_some_and(|s| visit(&s))
+            || by_ip(request.endpoint, &x.ip_endpoint, &mut visit)
+            || by_ip(request.plan, &x.plan_ip, &mut visit)
             || request.ip.is_some_and(|ip| x.ip.visit(canonical(ip), &mut visit))
             || plan_endpoint.is_some_and(&mut visit)
             || request.endpoint.and_then(|e| x.endpoint.get(e)).is_some_and(&mut visit)
@@ -368,6 +440,10 @@ impl Index {
                 (Scope::Ip(net), true) => index.override_ip.slot(*net),
                 (Scope::Subject(s), false) => index.subject.entry(s.clone()).or_default(),
                 (Scope::Ip(net), false) => index.ip.slot(*net),
+                (Scope::IpEndpoint { net, endpoint }, _) => {
+                    index.ip_endpoint.entry(endpoint.clone()).or_default().slot(*net)
+                }
+                (Scope::PlanIp { plan, net }, _) => index.plan_ip.entry(plan.clone()).or_default().slot(*net),
                 (Scope::PlanEndpoint { plan, endpoint }, _) => {
                     index.plan_endpoint.entry(plan.clone()).or_default().entry(endpoint.clone()).or_default()
                 }

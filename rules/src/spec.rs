@@ -115,6 +115,11 @@ pub struct RuleSpec {
     /// subject has its own.
     #[serde(default, skip_serializing_if = "is_default")]
     pub shared: bool,
+    /// Which requests the rule limits by their address, when the tower
+    /// layer's decider (`LiveDecide`) reaches it through one: `keyless`
+    /// (default) or `all` (requests with an API key too).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub ip_tier: IpTier,
     /// When the rule stops applying: a UTC time, `2026-10-28T09:00:00Z`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
@@ -340,6 +345,20 @@ impl LimitKind {
             LimitKind::Quota => Some(WindowMode::Fixed),
         }
     }
+}
+
+/// Which requests a rule limits by their client address (the tower
+/// layer's view of a request by IP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IpTier {
+    /// Requests without an API key: a keyed request is limited by its
+    /// key's rules only (two keys behind one NAT do not share a bucket).
+    #[default]
+    Keyless,
+    /// Every request from the address, with a key or not: the keys behind
+    /// one address share its buckets.
+    All,
 }
 
 /// Whether a rule is enforced.

@@ -1,29 +1,19 @@
-//! The example gateway (examples/gateway.rs), run as a reader would
-//! run it, on a rules file, against a real server, with a real HTTP client.
+//! The example gateway (examples/gateway.rs), run as a reader would run
+//! it, against a real server, with a real HTTP client: its bootstrap rules,
+//! a set published in Redis replacing them, the keyless IP tier, the
+//! in-flight limit on the slow route, and the fail-closed login through an
+//! outage.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use testkit::{free_port, Server};
-
-const RULES: &str = r#"
-key_prefix = "gwt"
-[[rules]]
-id = "default"
-reason = "test"
-limits = [{ name = "per_hour", rate = 3, per = "1h" }]
-[[rules]]
-id = "vip"
-match = { subject = "vip" }
-reason = "test"
-limits = [{ name = "per_hour", rate = 100, per = "1h" }]
-"#;
 
 /// The example binary, built if this test run did not build it.
 fn example() -> PathBuf {
@@ -39,26 +29,26 @@ fn example() -> PathBuf {
 struct Gateway {
     child: Child,
     port: u16,
-    rules: PathBuf,
 }
 
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.rules);
     }
 }
 
+/// The reports take this long: the in-flight slots are held as long.
+const SLOW_MS: u64 = 2000;
+
 async fn start(server: &Server) -> Gateway {
     let (port, backend) = (free_port(), free_port());
-    let rules = std::env::temp_dir().join(format!("rl-gateway-{}-{port}.toml", std::process::id()));
-    std::fs::write(&rules, RULES).unwrap();
     let child = Command::new(example())
         .env("REDIS_URL", server.url())
         .env("GATEWAY_PORT", port.to_string())
         .env("BACKEND_PORT", backend.to_string())
-        .env("RULES_FILE", &rules)
+        .env("SLOW_MS", SLOW_MS.to_string())
+        .env_remove("RULES_FILE")
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -67,7 +57,7 @@ async fn start(server: &Server) -> Gateway {
         assert!(Instant::now() < deadline, "the gateway did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Gateway { child, port, rules }
+    Gateway { child, port }
 }
 
 struct Reply {
@@ -76,11 +66,17 @@ struct Reply {
     body: String,
 }
 
-async fn get(port: u16, headers: &[(&str, &[u8])]) -> Reply {
+impl Reply {
+    fn all(&self, name: &str) -> String {
+        self.headers.get_all(name).iter().map(|v| v.to_str().unwrap().to_owned()).collect::<Vec<_>>().join(", ")
+    }
+}
+
+async fn call(port: u16, method: Method, path: &str, key: Option<&str>) -> Reply {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut req = Request::builder().uri(format!("http://127.0.0.1:{port}/hello"));
-    for (name, value) in headers {
-        req = req.header(*name, http::HeaderValue::from_bytes(value).unwrap());
+    let mut req = Request::builder().method(method).uri(format!("http://127.0.0.1:{port}{path}"));
+    if let Some(key) = key {
+        req = req.header("x-api-key", key);
     }
     let response = client.request(req.body(Empty::new()).unwrap()).await.unwrap();
     let (parts, body) = response.into_parts();
@@ -88,58 +84,89 @@ async fn get(port: u16, headers: &[(&str, &[u8])]) -> Reply {
     Reply { status: parts.status, headers: parts.headers, body }
 }
 
-fn all(r: &Reply, name: &str) -> Vec<String> {
-    r.headers.get_all(name).iter().map(|v| v.to_str().unwrap().to_owned()).collect()
+async fn get(port: u16, path: &str, key: Option<&str>) -> Reply {
+    call(port, Method::GET, path, key).await
 }
 
-#[tokio::test]
-async fn the_example_limits_by_key_and_by_ip_from_its_rules_file() {
-    let server = Server::start(&[]);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_gateway_runs_live_rules_behind_the_layer() {
+    let mut server = Server::start(&[]);
     let gw = start(&server).await;
 
-    // A key the rules name: its own rule, and the client IP's default rule.
-    let r = get(gw.port, &[("x-api-key", b"vip")]).await;
+    // A key: its own buckets in the default rule, and no IP view.
+    let r = get(gw.port, "/hello", Some("alice")).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert!(r.body.starts_with("hello from the backend: GET /hello"), "{}", r.body);
-    // Members name the view and the rule: key.<rule id>.<limit>, ip.<rule id>.<limit>.
-    let policies = [r#""key.vip.per_hour";q=100;w=3600"#, r#""ip.default.per_hour";q=3;w=3600"#];
-    assert_eq!(all(&r, "ratelimit-policy"), policies);
-    assert_eq!(all(&r, "ratelimit"), [r#""key.vip.per_hour";r=99;t=36"#, r#""ip.default.per_hour";r=2;t=1200"#]);
-    assert_eq!(r.headers["x-ratelimit-remaining"], "2", "the tightest: the IP's");
-
-    // A spoofed X-Forwarded-For from an untrusted peer is no new client.
-    let r = get(gw.port, &[("x-forwarded-for", b"203.0.113.9")]).await;
-    assert_eq!(all(&r, "ratelimit"), [r#""ip.default.per_hour";r=1;t=1200"#], "no key: the IP only");
-    // A 5000-byte key and a non-ASCII one are limited, never refused for their form.
-    let long = vec![b'k'; 5000];
-    let r = get(gw.port, &[("x-api-key", &long)]).await;
+    assert_eq!(
+        r.all("ratelimit-policy"),
+        r#""key.default.per_second";q=200;w=2, "key.default.per_minute";q=5000;w=60"#
+    );
+    // A second key behind the same address starts full: no shared IP bucket.
+    let r = get(gw.port, "/hello", Some("bob")).await;
+    assert!(r.all("ratelimit").starts_with(r#""key.default.per_second";r=199"#), "{}", r.all("ratelimit"));
+    // No key: the keyless tier, by address.
+    let r = get(gw.port, "/hello", None).await;
     assert_eq!(r.status, StatusCode::OK);
-    // Its key and its address both land on the default rule, with their own
-    // buckets: two members with two names, never one name twice.
-    let both = [r#""key.default.per_hour";r=2;t=1200"#, r#""ip.default.per_hour";r=0;t=1200"#];
-    assert_eq!(all(&r, "ratelimit"), both);
-    // The IP's third and last token went to the long key's request.
-    let r = get(gw.port, &[("x-api-key", b"cl\xe9")]).await;
-    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.headers["content-type"], "application/problem+json");
-    assert!(r.body.contains("\"violated-policies\":[\"ip.default.per_hour\"]"), "{}", r.body);
-    let policies = [r#""ip.default.per_hour";q=3;w=3600"#, r#""key.default.per_hour";q=3;w=3600"#];
-    assert_eq!(all(&r, "ratelimit-policy"), policies, "the refusal first, the refunded key after");
-    let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
-    let refused = all(&r, "ratelimit").into_iter().find(|i| i.contains("r=0")).unwrap();
-    assert_eq!(refused, format!("\"ip.default.per_hour\";r=0;t={retry}"), "Retry-After is the same moment as t");
-    assert!((1190..=1200).contains(&retry), "a token every 20 minutes: {retry}");
+    assert_eq!(r.all("ratelimit-policy"), r#""ip.keyless-v4.per_second";q=40;w=2"#);
 
-    // The rules file changes: read again within a second or two.
-    std::fs::write(&gw.rules, RULES.replace("rate = 3,", "rate = 1000,")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The slow route, matched by its template: one report seen to take
+    // SLOW_MS, then 21 at once for one key: 20 slots, one refusal that
+    // says when a slot is likely free (not the 30 s slot timeout).
+    let r = get(gw.port, "/reports/1", Some("carol")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.all("ratelimit-policy").contains(r#""key.reports.in_flight";q=20"#), "{}", r.all("ratelimit-policy"));
+    let port = gw.port;
+    let tasks: Vec<_> = (0..21)
+        .map(|i| tokio::spawn(async move { get(port, &format!("/reports/{i}"), Some("carol")).await }))
+        .collect();
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    let ok = replies.iter().filter(|r| r.status == StatusCode::OK).count();
+    let refused: Vec<&Reply> = replies.iter().filter(|r| r.status == StatusCode::TOO_MANY_REQUESTS).collect();
+    assert_eq!((ok, refused.len()), (20, 1), "20 in flight at most");
+    let refusal = refused[0];
+    let retry: u64 = refusal.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry <= SLOW_MS.div_ceil(1000), "from the holds seen, not the 30 s timeout: {retry}");
+    assert!(
+        refusal.all("ratelimit").contains(&format!(r#""key.reports.in_flight";r=0;t={retry}"#)),
+        "{}",
+        refusal.all("ratelimit")
+    );
+    assert!(refusal.body.contains("\"violated-policies\":[\"key.reports.in_flight\"]"), "{}", refusal.body);
+
+    // A set published in Redis replaces the bootstrap file.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.toml");
+    let bootstrap = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gateway.toml")).unwrap();
+    std::fs::write(
+        &file,
+        bootstrap.replacen("rate = 100, per = \"1s\", burst = 200", "rate = 300, per = \"1s\", burst = 600", 1),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rlctl"))
+        .args(["publish", file.to_str().unwrap(), "--redis", &server.url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let r = get(gw.port, &[]).await;
-        if r.status == StatusCode::OK {
-            assert!(all(&r, "ratelimit-policy")[0].contains("q=1000"));
+        let r = get(gw.port, "/hello", Some("dave")).await;
+        if r.all("ratelimit-policy").contains("q=600") {
             break;
         }
-        assert!(Instant::now() < deadline, "the new rules never applied");
+        assert!(Instant::now() < deadline, "the published rules never applied: {}", r.all("ratelimit-policy"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // Redis gone: logins refused (fail-closed), with a key or without;
+    // the rest limited locally.
+    server.kill();
+    for key in [Some("alice"), None] {
+        let r = call(gw.port, Method::POST, "/login", key).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{key:?}: {}", r.body);
+    }
+    let r = get(gw.port, "/hello", Some("alice")).await;
+    assert_eq!(r.status, StatusCode::OK, "fail-open: limited locally");
 }

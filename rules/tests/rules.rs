@@ -770,9 +770,9 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     let mut allowed = 0;
     let mut last = None;
     for _ in 0..100 {
-        let checked = decide.decide(facts.clone()).await.unwrap();
+        let checked = decide.decide(facts.clone()).await.unwrap().checked;
         assert_eq!(checked.len(), 1);
-        allowed += usize::from(checked[0].decision.allowed);
+        allowed += usize::from(checked[0].decision.unwrap().allowed);
         last = Some(checked[0].clone());
     }
     assert_eq!(allowed, 70, "the region's 70% of 100 an hour");
@@ -783,8 +783,8 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     // A share worth less than a token refuses without charging anything.
     let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
     tiny.set_region_shares(Arc::new(FixedShare { ppm: 1_000, checked: Default::default() })).unwrap();
-    let checked = rl_rules::LiveDecide::new(tiny).decide(facts).await.unwrap();
-    assert!(!checked[0].decision.allowed, "{:?}", checked[0].decision);
+    let checked = rl_rules::LiveDecide::new(tiny).decide(facts).await.unwrap().checked;
+    assert!(!checked[0].decision.unwrap().allowed, "{:?}", checked[0].decision);
 }
 
 /// The tower layer's path (`LiveDecide`) asks a shadow rule in the
@@ -817,9 +817,9 @@ async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
     let decide = rl_rules::LiveDecide::new(rules.clone());
     let facts = Facts { ip: None, key: Some("cheap".into()), route: "GET /search".into(), cost: 1 };
     for i in 0..10 {
-        let checked = decide.decide(facts.clone()).await.unwrap();
+        let checked = decide.decide(facts.clone()).await.unwrap().checked;
         assert_eq!(checked.len(), 1);
-        assert!(checked[0].decision.allowed, "request {i}: {:?}", checked[0].decision);
+        assert!(checked[0].decision.unwrap().allowed, "request {i}: {:?}", checked[0].decision);
     }
     eventually(Duration::from_secs(5), "nine shadow refusals reported", || {
         rules.shadow_report().first().is_some_and(|e| e.refusals == 9)
@@ -831,7 +831,7 @@ async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
     assert_eq!(rules.limiter().counters().get(Event::ShadowRefused), 9);
     // Another route is not the shadow rule's: nothing more is reported.
     let other = Facts { route: "GET /other".into(), ..facts.clone() };
-    assert!(decide.decide(other).await.unwrap()[0].decision.allowed);
+    assert!(decide.decide(other).await.unwrap().checked[0].decision.unwrap().allowed);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(rules.shadow_report()[0].refusals, 9);
 
@@ -839,13 +839,13 @@ async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
     // its shadow calls wait out the 1 s timeout, and the answers do not.
     let busy = rl_rules::LiveDecide::new(LiveRules::new(limiter(&s), &shadowed("1000000")).unwrap());
     let hot = Facts { key: Some("hot".into()), ..facts };
-    assert!(busy.decide(hot.clone()).await.unwrap()[0].decision.allowed, "the lease taken");
+    assert!(busy.decide(hot.clone()).await.unwrap().checked[0].decision.unwrap().allowed, "the lease taken");
     let mut con = s.con();
     redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("WRITE").query::<()>(&mut con).unwrap();
     for i in 0..3 {
         let started = Instant::now();
-        let checked = busy.decide(hot.clone()).await.unwrap();
-        assert_eq!(checked[0].decision.source, rl_client::Source::Lease, "request {i}");
+        let checked = busy.decide(hot.clone()).await.unwrap().checked;
+        assert_eq!(checked[0].decision.unwrap().source, rl_client::Source::Lease, "request {i}");
         // The old code waited out the 1 s timeout here.
         assert!(started.elapsed() < Duration::from_millis(900), "request {i} waited {:?}", started.elapsed());
     }
@@ -857,7 +857,7 @@ async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
     let narrow = rl_rules::LiveDecide::new(LiveRules::new(limiter(&s), &spec).unwrap()).shadow_in_flight(1);
     // A subject of its own: its shadow bucket is asked, not remembered full.
     let hot = Facts { key: Some("narrow".into()), ..hot };
-    assert!(narrow.decide(hot.clone()).await.unwrap()[0].decision.allowed, "the lease taken");
+    assert!(narrow.decide(hot.clone()).await.unwrap().checked[0].decision.unwrap().allowed, "the lease taken");
     tokio::time::sleep(Duration::from_millis(200)).await;
     redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("WRITE").query::<()>(&mut con).unwrap();
     let started = Instant::now();

@@ -17,6 +17,7 @@
 //! client address cannot be found (a server that does not hand over the
 //! peer address) is answered 500, loudly, rather than let through.
 
+mod body;
 mod refusal;
 
 use std::future::Future;
@@ -25,18 +26,20 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service};
 
+pub use body::HeldBody;
 pub use refusal::Refused;
 
-use rl_client::{ip_subject, key_subject, Check, Decision, Error, Limiter, Policy, Result, Source};
+use rl_client::{ip_subject, key_subject, Check, Decision, Error, Limiter, NoPermit, Permit, Policy, Result, Source};
 
 use crate::client_ip::ClientIp;
-use crate::headers::{self, PolicyHeaders};
+use crate::headers::{self, InflightHeaders, PolicyHeaders, Slots, View};
+use refusal::Refusal;
 
 /// What the layer knows of a request when it decides.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +49,10 @@ pub struct Facts {
     /// The API key as a subject ([`key_subject`]), if one was sent (or the
     /// shared `unknown` subject, see [`MissingKey::Shared`]).
     pub key: Option<String>,
-    /// `METHOD /path`, as rule files name endpoints.
+    /// `METHOD /route`, as rule files name endpoints: the route template
+    /// where the framework has one (axum's `MatchedPath`, with the `axum`
+    /// feature, or [`RateLimitLayer::route_template`]), else the path:
+    /// `GET /users/{id}`, `POST /login`.
     pub route: String,
     /// Tokens the request costs.
     pub cost: u64,
@@ -58,12 +64,44 @@ pub struct Checked {
     /// The policy, with its headers' fixed parts (made where it was
     /// registered: [`Policies::add`], a live rule).
     pub policy: Arc<PolicyHeaders>,
-    /// Its decision.
-    pub decision: Decision,
+    /// Its decision; `None` when it was left undecided because another
+    /// policy refused first from memory (it was not charged). An undecided
+    /// policy is still announced in `RateLimit-Policy`, so the field lists
+    /// the same members on every response.
+    pub decision: Option<Decision>,
     /// The view of the request it was decided for, when one policy may
     /// apply to a request twice (live rules: by key and by address): its
     /// header members are then named apart (see [`headers::View`]).
     pub view: Option<headers::View>,
+}
+
+/// One in-flight policy's part in a request: the slots taken (the
+/// response body holds them until it is done) or the refusal.
+#[derive(Debug)]
+pub struct InflightChecked {
+    /// The policy, with its headers' fixed parts and its release rate.
+    pub policy: Arc<InflightHeaders>,
+    /// The view of the request it was taken for (see [`Checked::view`]).
+    pub view: Option<View>,
+    /// `Some(Ok)`: the slots, held for the response; `Some(Err)`: refused;
+    /// `None`: not asked (a rate refused the request first).
+    pub outcome: Option<std::result::Result<Permit, NoPermit>>,
+}
+
+/// What a [`Decide`] answered for a request: every rate policy that
+/// applies, and the in-flight limits whose slots it took.
+#[derive(Default)]
+pub struct Decided {
+    /// The rate policies, in a fixed order (their members are announced in it).
+    pub checked: Vec<Checked>,
+    /// The in-flight policies: asked once every rate allowed the request.
+    pub inflight: Vec<InflightChecked>,
+}
+
+impl From<Vec<Checked>> for Decided {
+    fn from(checked: Vec<Checked>) -> Decided {
+        Decided { checked, inflight: Vec::new() }
+    }
 }
 
 /// A boxed future, as [`Decide`] returns.
@@ -72,9 +110,10 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// Decides a request's [`Facts`] against every policy that applies: all
 /// of them are charged, or (on a refusal) as few as can be undone.
 pub trait Decide: Clone + Send + Sync + 'static {
-    /// Every policy's decision, refusals first. An error is the server's
-    /// configuration (a rule that needs an address the request lacks).
-    fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>>;
+    /// Every policy's decision, and the in-flight slots taken. An error is
+    /// the server's configuration (a rule that needs an address the
+    /// request lacks).
+    fn decide(&self, facts: Facts) -> BoxFuture<Result<Decided>>;
 
     /// The limiter deciding, for its clock.
     fn limiter(&self) -> &Limiter;
@@ -150,7 +189,7 @@ impl Policies {
 }
 
 impl Decide for Policies {
-    fn decide(&self, facts: Facts) -> BoxFuture<Result<Vec<Checked>>> {
+    fn decide(&self, facts: Facts) -> BoxFuture<Result<Decided>> {
         // The subjects are found before the future is made: it carries only
         // what the decision needs, so its box stays small.
         let mut subjects = Vec::with_capacity(self.list.len());
@@ -166,13 +205,12 @@ impl Decide for Policies {
             let checks: Vec<Check> =
                 subjects.iter().map(|(policy, subject)| Check { policy: policy.policy(), subject, cost }).collect();
             let decisions = limiter.check_batch(&checks).await?;
-            Ok(subjects
+            let checked = subjects
                 .iter()
                 .zip(decisions)
-                .filter_map(|((policy, _), decision)| {
-                    Some(Checked { policy: policy.clone(), decision: decision?, view: None })
-                })
-                .collect())
+                .map(|((policy, _), decision)| Checked { policy: policy.clone(), decision, view: None })
+                .collect::<Vec<_>>();
+            Ok(checked.into())
         })
     }
 
@@ -202,6 +240,7 @@ pub enum MissingKey {
 pub struct PeerAddr(pub SocketAddr);
 
 type PeerFn = Arc<dyn Fn(&Extensions) -> Option<IpAddr> + Send + Sync>;
+type TemplateFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 type RefusalFn = Arc<dyn Fn(&Refused) -> Response<String> + Send + Sync>;
 
@@ -222,6 +261,9 @@ struct Shared {
     peer: PeerFn,
     key_header: Option<HeaderName>,
     missing_key: MissingKey,
+    /// Where a request's route template is; `None`: the framework's own
+    /// (axum's `MatchedPath`, with the `axum` feature).
+    template: Option<TemplateFn>,
     cost: CostFn,
     refusal: RefusalFn,
     fields: headers::Fields,
@@ -243,6 +285,7 @@ impl<D: Decide> RateLimitLayer<D> {
                 peer,
                 key_header: None,
                 missing_key: MissingKey::Refuse,
+                template: None,
                 cost: Arc::new(|_: &Parts| 1),
                 refusal: Arc::new(Refused::problem),
                 fields: headers::Fields::default(),
@@ -276,6 +319,18 @@ impl<D: Decide> RateLimitLayer<D> {
     /// What a request without a key gets.
     pub fn missing_key(self, missing: MissingKey) -> RateLimitLayer<D> {
         self.with(|s| s.missing_key = missing)
+    }
+
+    /// Where a request's route template is (`/users/{id}`, without the
+    /// method), for frameworks other than axum; `None` from it: the path.
+    /// With the `axum` feature the default reads axum's `MatchedPath`,
+    /// which the router puts in the request's extensions when a route
+    /// matched (a layer added with `Router::layer` sees it).
+    pub fn route_template(
+        self,
+        template: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> RateLimitLayer<D> {
+        self.with(|s| s.template = Some(Arc::new(template)))
     }
 
     /// The cost of a request, from its method, URI and headers (at least
@@ -340,28 +395,50 @@ impl Shared {
                 },
             },
         };
-        let route = format!("{} {}", parts.method, parts.uri.path());
+        let route = match &self.template {
+            Some(template) => template(parts).map(|t| format!("{} {t}", parts.method)),
+            None => framework_template(parts).map(|t| format!("{} {t}", parts.method)),
+        };
+        let route = route.unwrap_or_else(|| format!("{} {}", parts.method, parts.uri.path()));
         Extracted::Facts(Facts { ip, key, route, cost: (self.cost)(parts).max(1) })
     }
 
-    /// The response for decisions with a refusal among them.
-    fn refused(&self, checked: &[Checked], now: SystemTime) -> Response<String> {
-        let refusals: Vec<_> = checked
-            .iter()
-            .filter(|c| !c.decision.allowed)
-            .map(|c| {
-                let d = &c.decision;
-                (headers::identifier(c.policy.policy(), c.view, d.rule), d.source, d.retry_after)
-            })
-            .collect();
+    /// The response for decisions with a refusal among them (a rate, or an
+    /// in-flight limit once every rate allowed).
+    fn refused(&self, checked: &[Checked], inflight: &[Part], now: SystemTime) -> Response<String> {
+        let rates = checked.iter().filter_map(|c| {
+            let d = c.decision.filter(|d| !d.allowed)?;
+            let name = headers::identifier(c.policy.policy(), c.view, d.rule);
+            Some(Refusal { name, source: d.source, retry_after: d.retry_after, unavailable: false })
+        });
+        let slots = inflight.iter().filter_map(|p| {
+            let slots = p.slots?;
+            let retry_after = slots.refused?;
+            let unavailable = p.policy.policy().rule(slots.rule).is_some_and(|r| r.is_unavailable());
+            let name = p.policy.identifier(p.view, slots.rule);
+            Some(Refusal { name, source: p.source, retry_after, unavailable })
+        });
+        let refusals: Vec<Refusal> = rates.chain(slots).collect();
         let refused = Refused::new(&refusals);
-        for (name, _, _) in &refusals {
-            tracing::debug!(target: "rl_http", rule = %name, "request refused");
+        for r in &refusals {
+            tracing::debug!(target: "rl_http", rule = %r.name, "request refused");
         }
         let mut response = (self.refusal)(&refused);
-        add_headers(response.headers_mut(), checked, self.fields, now);
+        add_headers(response.headers_mut(), checked, inflight, self.fields, now);
         response
     }
+}
+
+/// The route template the framework put in the request's extensions:
+/// axum's `MatchedPath` (feature `axum`).
+#[cfg(feature = "axum")]
+fn framework_template(parts: &Parts) -> Option<String> {
+    parts.extensions.get::<axum::extract::MatchedPath>().map(|m| m.as_str().to_owned())
+}
+
+#[cfg(not(feature = "axum"))]
+fn framework_template(_parts: &Parts) -> Option<String> {
+    None
 }
 
 /// The key header's value as a subject; `None` when absent or empty. Every
@@ -378,8 +455,10 @@ fn key_of(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
     }
 }
 
-/// Every policy's headers: refusals first (see [`headers::insert`]).
-fn add_headers(map: &mut HeaderMap, checked: &[Checked], fields: headers::Fields, now: SystemTime) {
+/// Every policy's headers: each one's `RateLimit-Policy` members in the
+/// policies' order (the same on every response, whoever refused), then
+/// the numbers, refusals first (see [`headers::insert`]).
+fn add_headers(map: &mut HeaderMap, checked: &[Checked], inflight: &[Part], fields: headers::Fields, now: SystemTime) {
     // The map grows once, if at all: room for the fields that may be new
     // (Retry-After only on a refusal). Failing to reserve is harmless.
     let rate_limit_fields = match fields {
@@ -387,9 +466,32 @@ fn add_headers(map: &mut HeaderMap, checked: &[Checked], fields: headers::Fields
         headers::Fields::Draft => 2,
         headers::Fields::RetryAfter => 0,
     };
-    let _ = map.try_reserve(rate_limit_fields + usize::from(checked.iter().any(|c| !c.decision.allowed)));
-    for c in checked.iter().filter(|c| !c.decision.allowed).chain(checked.iter().filter(|c| c.decision.allowed)) {
-        headers::insert_fields(map, &c.policy, c.view, fields, &c.decision, now);
+    let refusal = checked.iter().any(|c| c.decision.is_some_and(|d| !d.allowed))
+        || inflight.iter().any(|p| p.slots.is_some_and(|s| s.refused.is_some()));
+    let _ = map.try_reserve(rate_limit_fields + usize::from(refusal));
+    let mut fresh = !map.contains_key(headers::RATELIMIT_POLICY);
+    if fields != headers::Fields::RetryAfter {
+        for c in checked {
+            headers::announce(map, &c.policy, c.view);
+        }
+        for p in inflight {
+            headers::announce_inflight(map, &p.policy, p.view);
+        }
+    }
+    // Refusals first, rates then in-flight limits; then the allowed ones.
+    for refused in [true, false] {
+        for c in checked {
+            if let Some(decision) = c.decision.filter(|d| d.allowed != refused) {
+                headers::insert_decision(map, &c.policy, c.view, fields, &decision, now, fresh);
+                fresh = false;
+            }
+        }
+        for p in inflight {
+            if let Some(slots) = p.slots.filter(|s| s.refused.is_some() == refused) {
+                headers::insert_inflight(map, &p.policy, p.view, fields, &slots, now, fresh);
+                fresh = false;
+            }
+        }
     }
 }
 
@@ -402,9 +504,9 @@ where
     ReqBody: Send + 'static,
     ResBody: From<String> + Send + 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<HeldBody<ResBody>>;
     type Error = S::Error;
-    type Future = BoxFuture<std::result::Result<Response<ResBody>, S::Error>>;
+    type Future = BoxFuture<std::result::Result<Response<HeldBody<ResBody>>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -418,29 +520,69 @@ where
         let (parts, body) = req.into_parts();
         let facts = match shared.extract(&parts) {
             Extracted::Facts(facts) => facts,
-            Extracted::Answer(response) => return Box::pin(async move { Ok(response.map(ResBody::from)) }),
+            Extracted::Answer(response) => return Box::pin(async move { Ok(answer(response)) }),
         };
         Box::pin(async move {
-            let checked = match decide.decide(facts).await {
-                Ok(checked) => checked,
+            let decided = match decide.decide(facts).await {
+                Ok(decided) => decided,
                 Err(e) => {
                     // The detail goes to the log, not to the client.
                     tracing::error!(target: "rl_http", error = %e, "rate limit cannot decide: configuration");
                     let detail = "the rate limiter is misconfigured; the server log says how";
                     let response = refusal::problem(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", detail);
-                    return Ok(response.map(ResBody::from));
+                    return Ok(answer(response));
                 }
             };
+            let Decided { checked, inflight } = decided;
             shared.outage.observe(&checked, decide.limiter());
             let now = decide.limiter().clock().wall();
-            if checked.iter().any(|c| !c.decision.allowed) {
-                return Ok(shared.refused(&checked, now).map(ResBody::from));
+            let parts_of_inflight: Vec<Part> = inflight.iter().map(Part::of).collect();
+            let refused = checked.iter().any(|c| c.decision.is_some_and(|d| !d.allowed))
+                || parts_of_inflight.iter().any(|p| p.slots.is_some_and(|s| s.refused.is_some()));
+            if refused {
+                // The slots taken, if any, go back as `inflight` drops.
+                return Ok(answer(shared.refused(&checked, &parts_of_inflight, now)));
             }
+            let held: Vec<(Permit, Arc<InflightHeaders>)> = inflight
+                .into_iter()
+                .filter_map(|c| match c.outcome {
+                    Some(Ok(permit)) => Some((permit, c.policy)),
+                    _ => None,
+                })
+                .collect();
+            // Held from here: a service that fails, or a future dropped,
+            // gives the slots back as the permits drop.
+            let since = Instant::now();
             let mut response = inner.call(Request::from_parts(parts, body)).await?;
-            add_headers(response.headers_mut(), &checked, shared.fields, now);
-            Ok(response)
+            add_headers(response.headers_mut(), &checked, &parts_of_inflight, shared.fields, now);
+            Ok(response.map(|body| HeldBody::holding(body, held, since)))
         })
     }
+}
+
+/// An in-flight policy's part in a response's headers.
+struct Part {
+    slots: Option<Slots>,
+    policy: Arc<InflightHeaders>,
+    view: Option<View>,
+    /// Which path refused, for a refusal.
+    source: Source,
+}
+
+impl Part {
+    fn of(c: &InflightChecked) -> Part {
+        let (slots, source) = match &c.outcome {
+            Some(Ok(permit)) => (Some(Slots::held(permit)), permit.source()),
+            Some(Err(no)) => (Some(Slots::refused(no, &c.policy)), no.source),
+            None => (None, Source::Redis),
+        };
+        Part { slots, policy: c.policy.clone(), view: c.view, source }
+    }
+}
+
+/// An answer of the layer's own, as the service's body type.
+fn answer<B: From<String>>(response: Response<String>) -> Response<HeldBody<B>> {
+    response.map(|text| HeldBody::new(B::from(text)))
 }
 
 /// Says through `tracing` when decisions go to the local fallback and when
@@ -458,8 +600,8 @@ const OUTAGE_QUIET: Duration = Duration::from_secs(10);
 
 impl Outage {
     fn observe(&self, checked: &[Checked], limiter: &Limiter) {
-        let Some(first) = checked.first() else { return };
-        let degraded = matches!(first.decision.source, Source::Fallback | Source::FailClosed);
+        let Some(first) = checked.iter().find_map(|c| c.decision) else { return };
+        let degraded = matches!(first.source, Source::Fallback | Source::FailClosed);
         if self.degraded.swap(degraded, Ordering::Relaxed) == degraded {
             return;
         }

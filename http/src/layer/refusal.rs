@@ -9,11 +9,23 @@ use http::{HeaderValue, Response, StatusCode};
 
 use rl_client::Source;
 
+/// One refusing rule of a request, rate or in flight.
+pub(crate) struct Refusal {
+    /// As the headers name it.
+    pub(crate) name: String,
+    pub(crate) source: Source,
+    pub(crate) retry_after: Option<Duration>,
+    /// An in-flight rule made `unavailable`: the server is saturated.
+    pub(crate) unavailable: bool,
+}
+
 /// A refusal, for [`RateLimitLayer::refusal`](super::RateLimitLayer::refusal).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused {
     /// 429, or 503 when every refusing rule refused only because Redis
-    /// cannot answer (fail-closed): the draft's temporary reduced capacity.
+    /// cannot answer (fail-closed) or is an in-flight rule made
+    /// [`unavailable`](rl_client::InflightRule::unavailable): the draft's
+    /// temporary reduced capacity.
     pub status: StatusCode,
     /// The refusing rules, as the headers name them (`label.rule`).
     pub violated: Vec<String>,
@@ -23,13 +35,13 @@ pub struct Refused {
 }
 
 impl Refused {
-    pub(crate) fn new(refusals: &[(String, Source, Option<Duration>)]) -> Refused {
-        let outage = refusals.iter().all(|(_, source, _)| *source == Source::FailClosed);
-        let never = refusals.iter().any(|(_, _, retry)| retry.is_none());
+    pub(crate) fn new(refusals: &[Refusal]) -> Refused {
+        let outage = refusals.iter().all(|r| r.source == Source::FailClosed || r.unavailable);
+        let never = refusals.iter().any(|r| r.retry_after.is_none());
         Refused {
             status: if outage { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::TOO_MANY_REQUESTS },
-            violated: refusals.iter().map(|(name, _, _)| name.clone()).collect(),
-            retry_after: if never { None } else { refusals.iter().filter_map(|r| r.2).max() },
+            violated: refusals.iter().map(|r| r.name.clone()).collect(),
+            retry_after: if never { None } else { refusals.iter().filter_map(|r| r.retry_after).max() },
         }
     }
 
@@ -74,9 +86,13 @@ fn problem_response(status: StatusCode, body: String) -> Response<String> {
 mod tests {
     use super::*;
 
+    fn refusal(name: &str, source: Source, retry_after: Option<Duration>) -> Refusal {
+        Refusal { name: name.to_owned(), source, retry_after, unavailable: false }
+    }
+
     #[test]
     fn the_default_body_is_the_drafts_problem() {
-        let r = Refused::new(&[("key.per_second".into(), Source::Redis, Some(Duration::from_millis(300)))]);
+        let r = Refused::new(&[refusal("key.per_second", Source::Redis, Some(Duration::from_millis(300)))]);
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
         let response = r.problem();
         assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
@@ -87,13 +103,15 @@ mod tests {
 
     #[test]
     fn an_outage_refusal_is_reduced_capacity() {
-        let closed = ("login.attempts".to_string(), Source::FailClosed, Some(Duration::from_secs(2)));
-        let r = Refused::new(std::slice::from_ref(&closed));
+        let closed = || refusal("login.attempts", Source::FailClosed, Some(Duration::from_secs(2)));
+        let r = Refused::new(&[closed()]);
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(r.problem().body().contains("#temporary-reduced-capacity"));
-        let both = Refused::new(&[closed, ("ip.s".into(), Source::Redis, Some(Duration::from_secs(5)))]);
+        let both = Refused::new(&[closed(), refusal("ip.s", Source::Redis, Some(Duration::from_secs(5)))]);
         assert_eq!(both.status, StatusCode::TOO_MANY_REQUESTS, "a real refusal among them");
         assert_eq!(both.retry_after, Some(Duration::from_secs(5)));
-        assert_eq!(Refused::new(&[("a".into(), Source::Redis, None)]).retry_after, None);
+        assert_eq!(Refused::new(&[refusal("a", Source::Redis, None)]).retry_after, None);
+        let saturated = Refusal { unavailable: true, ..refusal("reports.concurrent", Source::Redis, None) };
+        assert_eq!(Refused::new(&[saturated]).status, StatusCode::SERVICE_UNAVAILABLE);
     }
 }

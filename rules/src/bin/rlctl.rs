@@ -296,6 +296,7 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         expires: Some(expiry(&add.expires, SystemTime::now())?),
         reason: add.reason.clone(),
         global: None,
+        ..RuleSpec::default()
     })
 }
 

@@ -58,11 +58,6 @@ pub(super) fn compile_limits(
             "{at}: in-flight limits are enforced only: a shadow rule would hold slots it never refuses with; keep them in the enforced rule"
         ));
     }
-    if spec.limits.iter().all(|l| l.kind == LimitKind::Inflight) {
-        errors.push(format!(
-            "{at}: a rule needs a rate limit (bucket, window, exact or quota) beside its in-flight limits: LiveRules::check decides by it"
-        ));
-    }
     Some((limits, inflight))
 }
 

@@ -12,6 +12,7 @@ mod scope;
 #[cfg(test)]
 mod tests;
 
+use crate::shadowing::shadowing_warnings;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -135,6 +136,7 @@ impl Snapshot {
         if !errors.is_empty() {
             return Err(errors);
         }
+        warnings.extend(shadowing_warnings(&rules));
         Ok(Snapshot { version, rules, index, ipv4_prefix, ipv6_prefix, warnings })
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use rl_client::{validate_name, InflightPolicy, InflightRule, Policy, Rule};
-use rl_http::PolicyHeaders;
+use rl_http::{InflightHeaders, PolicyHeaders};
 
 use super::global::check_global;
 use super::limit::compile_limits;
@@ -15,7 +15,7 @@ use super::scope::scope_of;
 use super::SetContext;
 use crate::regional::Scaling;
 use crate::snapshot::{CompiledRule, Scope};
-use crate::spec::{Mode, RuleSpec};
+use crate::spec::{IpTier, Mode, RuleSpec};
 
 /// Checks one rule, pushing every fault found (named with `at`).
 pub(super) fn compile_rule(
@@ -48,36 +48,60 @@ pub(super) fn compile_rule(
     }
     let (limits, inflight) = compile_limits(spec, at, errors)?;
     let scope = scope?;
+    check_ip_tier(spec, &scope, at, errors);
     if errors.len() > before {
         return None;
     }
     let prefix = format!("{}:{}", set.key_prefix, spec.id);
     let previous = set.previous.and_then(|p| p.rule(&spec.id));
-    let inflight = inflight_policy(previous, &prefix, inflight, at, errors)?;
-    let unchanged = previous.filter(|p| p.policy().prefix() == prefix && p.policy().rules() == limits.as_slice());
-    let headers = match unchanged {
-        Some(p) => p.headers.clone(),
-        None => rate_policy(&prefix, &spec.id, limits, at, errors)?,
+    let inflight = inflight_policy(previous, &prefix, &spec.id, inflight, at, errors)?;
+    let unchanged =
+        previous.filter(|p| p.has_rates() && p.policy().prefix() == prefix && p.policy().rules() == limits.as_slice());
+    let rates = match unchanged {
+        Some(p) => p.rates.clone(),
+        None if limits.is_empty() => None,
+        None => Some(rate_policy(&prefix, &spec.id, limits, at, errors)?),
     };
-    check_lua(set, headers.policy(), at, errors);
+    if let Some(rates) = &rates {
+        check_lua(set, rates.policy(), at, errors);
+    }
     // A global rule's scaled policies carry over with its policy.
-    let scaling = spec
-        .global
-        .as_ref()
-        .map(|_| unchanged.and_then(|p| p.scaling.clone()).unwrap_or_else(|| Arc::new(Scaling::new(headers.policy()))));
+    let scaling = match (&spec.global, &rates) {
+        (Some(_), Some(rates)) => {
+            Some(unchanged.and_then(|p| p.scaling.clone()).unwrap_or_else(|| Arc::new(Scaling::new(rates.policy()))))
+        }
+        _ => None,
+    };
     Some(CompiledRule {
         id: spec.id.clone(),
         scope,
         mode: spec.mode,
         shared: spec.shared,
+        ip_tier: spec.ip_tier,
+        fail: spec.fail,
         expires,
         reason: spec.reason.clone(),
         is_override,
-        headers,
+        rates,
         inflight,
         global: spec.global.clone(),
         scaling,
     })
+}
+
+/// `ip_tier` is for rules a request's address can reach through the tower
+/// layer's view by IP (which knows no subject and no plan).
+fn check_ip_tier(spec: &RuleSpec, scope: &Scope, at: &str, errors: &mut Vec<String>) {
+    if spec.ip_tier == IpTier::Keyless {
+        return;
+    }
+    let reached_by_address =
+        matches!(scope, Scope::Default | Scope::Ip(_) | Scope::IpEndpoint { .. } | Scope::Endpoint(_));
+    if !reached_by_address {
+        errors.push(format!(
+            "{at}: ip_tier is for rules a request's address reaches (the default, a network, an endpoint, a network and an endpoint): the view by address has no subject and no plan, so this rule ({scope}) is never reached through it"
+        ));
+    }
 }
 
 /// When the rule stops applying, if it says so.
@@ -136,22 +160,24 @@ fn check_override(spec: &RuleSpec, scope: Option<&Scope>, set: &SetContext<'_>, 
 fn inflight_policy(
     previous: Option<&Arc<CompiledRule>>,
     prefix: &str,
+    id: &str,
     rules: Vec<InflightRule>,
     at: &str,
     errors: &mut Vec<String>,
-) -> Option<Option<InflightPolicy>> {
+) -> Option<Option<Arc<InflightHeaders>>> {
     if rules.is_empty() {
         return Some(None);
     }
+    // Reused with its release rate: what was seen still holds.
     let reused = previous
         .and_then(|p| p.inflight.as_ref())
-        .filter(|p| p.prefix() == prefix && p.rules() == rules.as_slice())
+        .filter(|p| p.policy().prefix() == prefix && p.policy().rules() == rules.as_slice())
         .cloned();
     if reused.is_some() {
         return Some(reused);
     }
     match rules.into_iter().fold(InflightPolicy::builder(prefix), |b, r| b.rule(r)).build() {
-        Ok(policy) => Some(Some(policy)),
+        Ok(policy) => Some(Some(Arc::new(InflightHeaders::new(policy, Some(id))))),
         Err(e) => {
             errors.push(format!("{at}: {e}"));
             None

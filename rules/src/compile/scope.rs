@@ -51,6 +51,20 @@ pub(super) fn scope_of(
             Some(Scope::Subject(s.clone()))
         }
         (None, Some(ip), None, None) => ip_scope(ip, set, at, errors, warnings).map(Scope::Ip),
+        (None, Some(ip), None, endpoint @ Some(_)) => {
+            let endpoint = named("endpoint", endpoint, errors)?;
+            Some(Scope::IpEndpoint { net: ip_scope(ip, set, at, errors, warnings)?, endpoint })
+        }
+        (None, Some(ip), plan @ Some(_), None) => {
+            let plan = named("plan", plan, errors)?;
+            Some(Scope::PlanIp { plan, net: ip_scope(ip, set, at, errors, warnings)? })
+        }
+        (None, Some(_), Some(_), Some(_)) => {
+            errors.push(format!(
+                "{at}: match.ip goes with an endpoint or with a plan, not both: write one rule per endpoint of the network"
+            ));
+            None
+        }
         (None, None, plan, endpoint) => {
             let plan = named("plan", plan, errors);
             let endpoint = named("endpoint", endpoint, errors);
@@ -61,9 +75,9 @@ pub(super) fn scope_of(
                 (None, None) => Scope::Default,
             })
         }
-        _ => {
+        (Some(_), ..) => {
             errors.push(format!(
-                "{at}: match.subject and match.ip stand alone: a rule matches one subject, one network, or a plan and/or an endpoint"
+                "{at}: match.subject stands alone: a subject's rule applies to all its requests (a rule matches one subject, a network with or without an endpoint or a plan, or a plan and/or an endpoint)"
             ));
             None
         }

@@ -109,13 +109,15 @@ fn bad_in_flight_limits_are_named_in_the_module_words() {
         text.contains("limit must be from 1 to 100000, got 0") && text.contains("timeout_ms must be from 1"),
         "{text}"
     );
-    let text = e(r#"{ name = "c", kind = "inflight", limit = 2, timeout = "3s" }"#);
-    assert!(
-        text.contains(
-            "rule 'pro': a rule needs a rate limit (bucket, window, exact or quota) beside its in-flight limits"
-        ),
-        "{text}"
-    );
+    // A rule may be in-flight only: it has no rates to ask.
+    let only =
+        Snapshot::compile(&pro_limits(BASE, r#"{ name = "c", kind = "inflight", limit = 2, timeout = "3s" }"#), &[], 1)
+            .unwrap();
+    let only = only.rule("pro").unwrap();
+    assert!(!only.has_rates() && only.inflight().is_some());
+    let mut announced = http::HeaderMap::new();
+    rl_http::headers::announce(&mut announced, only.headers(), None);
+    assert!(announced.is_empty(), "it announces no rate: {announced:?}");
     let text = e(&format!("{rate}{{ name = \"s\", kind = \"inflight\", limit = 2, timeout = \"3s\" }}"));
     assert!(text.contains("rule 'pro' limit 's': the name is used twice in the rule"), "{text}");
     let shadow = BASE.replace("match = { plan = \"pro\" }", "match = { plan = \"pro\" }\nmode = \"shadow\"").replace(
@@ -136,7 +138,10 @@ fn set_wide_faults_are_named() {
     let shadow_beside = twice.replace("id = \"pro2\"", "id = \"pro2\"\nmode = \"shadow\"");
     assert!(Snapshot::compile(&set(&shadow_beside), &[], 1).is_ok(), "one shadow rule beside the enforced one");
     let mixed = BASE.replace("match = { plan = \"pro\" }", "match = { plan = \"pro\", subject = \"k\" }");
-    assert!(e(&mixed, &[]).contains("rule 'pro': match.subject and match.ip stand alone"));
+    assert!(e(&mixed, &[]).contains("rule 'pro': match.subject stands alone"));
+    let three = BASE
+        .replace("match = { plan = \"pro\" }", "match = { plan = \"pro\", ip = \"10.0.0.0/8\", endpoint = \"GET /\" }");
+    assert!(e(&three, &[]).contains("rule 'pro': match.ip goes with an endpoint or with a plan, not both"));
     let narrow = BASE.replace("match = { plan = \"pro\" }", "match = { ip = \"2001:db8::/80\" }");
     assert!(e(&narrow, &[]).contains("narrower than ipv6_prefix /64"));
     let expiring_default = BASE.replacen("reason = \"r\"", "reason = \"r\"\nexpires = \"2030-01-01T00:00:00Z\"", 1);

@@ -62,6 +62,8 @@
 //! # Ok::<(), rl_client::Error>(())
 //! ```
 
+mod inflight;
+
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -70,6 +72,8 @@ use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use rl_core::codec::decimal;
 
 use rl_client::{Decision, Policy, Rule};
+
+pub use inflight::{announce_inflight, insert_inflight, InflightHeaders, Slots};
 
 /// `RateLimit-Policy` (IETF draft).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -212,15 +216,10 @@ pub fn insert_fields(
     now: SystemTime,
 ) {
     if fields == Fields::RetryAfter {
-        if let Some(retry) = retry_secs(decision) {
-            raise_retry_after(headers, retry, header_u64(headers, &RETRY_AFTER));
-        }
+        insert_decision(headers, policy, view, fields, decision, now, false);
         return;
     }
     let Some(announced) = policy.announced(view) else { return };
-    let (Some(rule), Some(member)) = (policy.policy().rule(decision.rule), announced.members.get(decision.rule)) else {
-        return;
-    };
     // Without a RateLimit-Policy field no policy's headers are there yet:
     // nothing to compare with (the service's own fields, such as a
     // content-type, do not count). One lookup says it and adds ours.
@@ -234,7 +233,42 @@ pub fn insert_fields(
             false
         }
     };
+    insert_decision(headers, policy, view, fields, decision, now, fresh);
+}
 
+/// Adds `policy`'s `RateLimit-Policy` members (for `view`) and nothing
+/// else: what a response announces for a policy that applies to the
+/// request, decided or not (another refused first), so the field lists the
+/// same members on every response. [`insert_decision`] adds the numbers.
+pub fn announce(headers: &mut HeaderMap, policy: &PolicyHeaders, view: Option<View>) {
+    if let Some(announced) = policy.announced(view) {
+        headers.append(RATELIMIT_POLICY, announced.policy.clone());
+    }
+}
+
+/// The numbers of `decision` on `policy` (the `RateLimit` member,
+/// `Retry-After`, the legacy fields), its members announced apart
+/// ([`announce`]). `fresh`: the map held no policy's headers before this
+/// response's, so there is nothing to compare with.
+pub fn insert_decision(
+    headers: &mut HeaderMap,
+    policy: &PolicyHeaders,
+    view: Option<View>,
+    fields: Fields,
+    decision: &Decision,
+    now: SystemTime,
+    fresh: bool,
+) {
+    if fields == Fields::RetryAfter {
+        if let Some(retry) = retry_secs(decision) {
+            raise_retry_after(headers, retry, header_u64(headers, &RETRY_AFTER));
+        }
+        return;
+    }
+    let Some(announced) = policy.announced(view) else { return };
+    let (Some(rule), Some(member)) = (policy.policy().rule(decision.rule), announced.members.get(decision.rule)) else {
+        return;
+    };
     let retry = retry_secs(decision);
     let present_retry = if fresh { None } else { header_u64(headers, &RETRY_AFTER) };
     let t = match (decision.allowed, retry) {
@@ -245,8 +279,20 @@ pub fn insert_fields(
         }
     };
     let remaining = decision.remaining.min(rule.capacity());
-    // The member is written once, into the buffer the value keeps: sized
-    // exactly, a `Vec` becomes `Bytes` without a second allocation.
+    append_member(headers, member, remaining, t);
+    if let Some(retry) = retry {
+        raise_retry_after(headers, retry, present_retry);
+    }
+    if fields == Fields::Draft {
+        return;
+    }
+    insert_legacy(headers, announced.limit, &announced.limit_value, remaining, t, now, fresh);
+}
+
+/// Appends a `RateLimit` member: `member` (`"name";r=`), the tokens left
+/// and `t`, written once into a buffer of its exact size (a `Vec` becomes
+/// `Bytes` without a second allocation).
+pub(crate) fn append_member(headers: &mut HeaderMap, member: &[u8], remaining: u64, t: Option<u64>) {
     let (mut r_buf, mut t_buf) = ([0u8; 20], [0u8; 20]);
     let r_digits = decimal(remaining, &mut r_buf);
     let t_digits = t.map(|t| decimal(t, &mut t_buf));
@@ -262,18 +308,24 @@ pub fn insert_fields(
     if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(item)) {
         headers.append(RATELIMIT, value);
     }
+}
 
-    if let Some(retry) = retry {
-        raise_retry_after(headers, retry, present_retry);
-    }
-    if fields == Fields::Draft {
-        return;
-    }
-    let remaining = remaining.min(announced.limit);
+/// The legacy fields, for the policy with the fewest tokens left: written
+/// when the map has none yet or this one has fewer than those there.
+pub(crate) fn insert_legacy(
+    headers: &mut HeaderMap,
+    limit: u64,
+    limit_value: &HeaderValue,
+    remaining: u64,
+    t: Option<u64>,
+    now: SystemTime,
+    fresh: bool,
+) {
+    let remaining = remaining.min(limit);
     if fresh || header_u64(headers, &X_RATELIMIT_REMAINING).is_none_or(|present| remaining < present) {
         let unix_now = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let reset = ceil_secs(unix_now.saturating_add(Duration::from_secs(t.unwrap_or(0))));
-        headers.insert(X_RATELIMIT_LIMIT, announced.limit_value.clone());
+        headers.insert(X_RATELIMIT_LIMIT, limit_value.clone());
         headers.insert(X_RATELIMIT_REMAINING, number(remaining));
         headers.insert(X_RATELIMIT_RESET, unix_secs(reset));
     }
@@ -289,7 +341,7 @@ fn retry_secs(decision: &Decision) -> Option<u64> {
 }
 
 /// `Retry-After` becomes `retry` unless a longer wait is there already.
-fn raise_retry_after(headers: &mut HeaderMap, retry: u64, present: Option<u64>) {
+pub(crate) fn raise_retry_after(headers: &mut HeaderMap, retry: u64, present: Option<u64>) {
     if present.is_none_or(|present| retry > present) {
         headers.insert(RETRY_AFTER, number(retry));
     }
@@ -329,7 +381,7 @@ const fn small_width(n: u64) -> usize {
 
 /// `n` as a header value: below [`SMALL`] a view of the static digits (no
 /// allocation, nothing counted on clone or drop), above it a new value.
-fn number(n: u64) -> HeaderValue {
+pub(crate) fn number(n: u64) -> HeaderValue {
     if n >= SMALL {
         return HeaderValue::from(n);
     }
@@ -446,12 +498,12 @@ fn next_quota_secs(rule: &Rule, decision: &Decision) -> u64 {
     }
 }
 
-fn header_u64(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+pub(crate) fn header_u64(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.parse().ok()
 }
 
 /// Whole seconds, rounded up.
-fn ceil_secs(d: Duration) -> u64 {
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
