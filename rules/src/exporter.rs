@@ -270,19 +270,39 @@ pub async fn serve(redis_url: &str, listener: TcpListener) -> Result<(), String>
         eprintln!("rlctl metrics: scraping {now} now, the primary of {}", status.configured);
     });
     let log = Arc::new(ScrapeLog { server, last: Mutex::new(None) });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let (stream, _) = listener.accept().await.map_err(|e| format!("accept: {e}"))?;
+        let Ok(slot) = slots.clone().acquire_owned().await else { return Ok(()) };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most likely: wait rather than spin or exit.
+                eprintln!("rlctl metrics: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let (client, log) = (client.clone(), log.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let (client, log) = (client.clone(), log.clone());
                 async move { Ok::<_, Infallible>(answer(&client, &log, req.uri().path()).await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(READ_FOR)
+                .serve_connection(io, service)
+                .await;
         });
     }
 }
+
+/// Scrapes served at once; more wait in the listener's backlog.
+const MAX_CONNECTIONS: usize = 16;
+/// How long a request's head may take to arrive (hyper bounds its size).
+const READ_FOR: Duration = Duration::from_secs(2);
 
 async fn answer(client: &Connection, log: &ScrapeLog, path: &str) -> Response<Full<Bytes>> {
     if path != "/metrics" {

@@ -172,3 +172,26 @@ fn a_failed_scrape_says_why_and_never_the_password() {
     assert!(log.contains("answers again"), "{log}");
     assert!(!log.contains("s3cret-pw"), "a password in the log:\n{log}");
 }
+
+/// A client that connects and sends nothing is closed after a short wait,
+/// and more connections than the exporter serves at once wait in the
+/// backlog: a scraper's port cannot be held by idle sockets.
+#[test]
+fn idle_connections_are_closed_and_scrapes_still_answered() {
+    use std::io::Read;
+    let s = Server::start(&[]);
+    let exporter = Exporter::start(&s.url());
+    exporter.scrape();
+    let idle: Vec<std::net::TcpStream> =
+        (0..20).map(|_| std::net::TcpStream::connect(("127.0.0.1", exporter.port)).unwrap()).collect();
+    let started = Instant::now();
+    let mut first = idle[0].try_clone().unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut buf = [0u8; 64];
+    let read = first.read(&mut buf);
+    let closed = matches!(&read, Ok(0)) || matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset);
+    assert!(closed && started.elapsed() < Duration::from_secs(10), "{read:?} after {:?}", started.elapsed());
+    // Past the idle ones (closed in turn), a scrape is answered.
+    assert!(exporter.scrape().lines().any(|l| l == "rl_up 1"));
+    drop(idle);
+}
