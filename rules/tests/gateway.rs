@@ -13,7 +13,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use testkit::{free_port, Server};
+use testkit::{free_port, SentinelSet, Server, MASTER};
 
 /// The example binary, built if this test run did not build it.
 fn example() -> PathBuf {
@@ -42,9 +42,16 @@ impl Drop for Gateway {
 const SLOW_MS: u64 = 2000;
 
 async fn start(server: &Server) -> Gateway {
+    start_with(&[("REDIS_URL", server.url())]).await
+}
+
+/// The example with `redis` naming its Redis (REDIS_URL, or REDIS_SENTINELS
+/// and REDIS_MASTER).
+async fn start_with(redis: &[(&str, String)]) -> Gateway {
     let (port, backend) = (free_port(), free_port());
     let child = Command::new(example())
-        .env("REDIS_URL", server.url())
+        .envs(redis.iter().map(|(k, v)| (k, v)))
+        .env_remove(if redis.iter().any(|(k, _)| *k == "REDIS_URL") { "REDIS_SENTINELS" } else { "REDIS_URL" })
         .env("GATEWAY_PORT", port.to_string())
         .env("BACKEND_PORT", backend.to_string())
         .env("SLOW_MS", SLOW_MS.to_string())
@@ -169,4 +176,34 @@ async fn the_example_gateway_runs_live_rules_behind_the_layer() {
     }
     let r = get(gw.port, "/hello", Some("alice")).await;
     assert_eq!(r.status, StatusCode::OK, "fail-open: limited locally");
+}
+
+/// `REDIS_SENTINELS` and `REDIS_MASTER` instead of `REDIS_URL` (issue 26):
+/// after `SENTINEL FAILOVER` the gateway's calls reach the new primary and
+/// a fail-closed login is decided by Redis again, not refused with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_gateway_follows_a_sentinel_failover() {
+    let set = SentinelSet::start(1);
+    let sentinels = set.addresses().join(",");
+    let gw = start_with(&[("REDIS_SENTINELS", sentinels), ("REDIS_MASTER", MASTER.to_string())]).await;
+    let r = call(gw.port, Method::POST, "/login", Some("before")).await;
+    assert_eq!(r.status, StatusCode::OK, "a fail-closed login through Sentinel: {}", r.body);
+    let new = set.failover();
+    let mut con = new.con();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut n = 0;
+    loop {
+        n += 1;
+        // A new key each time: its login is a call to Redis.
+        let r = call(gw.port, Method::POST, "/login", Some(&format!("after-{n}"))).await;
+        let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut con).unwrap();
+        // The module replicates effects (RL.SET): a call the gateway made
+        // shows as RL.TAKE or RL.LEASE on the server it reached.
+        let reached = stats.contains("cmdstat_rl.take:") || stats.contains("cmdstat_rl.lease:");
+        if r.status == StatusCode::OK && reached {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not on the new primary within 15 s ({}):\n{stats}", r.status);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
