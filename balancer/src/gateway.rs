@@ -32,7 +32,7 @@ use crate::table::{GlobalBucket, Share};
 use crate::usage::UsageCounts;
 
 /// How a gateway reaches its region's share table.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GatewayConfig {
     /// This gateway's region, as global rules name it in `regions`.
     pub region: String,
@@ -62,6 +62,24 @@ pub struct GatewayConfig {
     /// The clock table ages grow by between reads (rl-client's: a
     /// simulation or a test hands it a manual clock).
     pub clock: Clock,
+}
+
+/// The URL without its password: a config may be logged.
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("region", &self.region)
+            .field("redis_url", &rl_client::redacted(&self.redis_url))
+            .field("key", &self.key)
+            .field("refresh", &self.refresh)
+            .field("timeout", &self.timeout)
+            .field("busiest", &self.busiest)
+            .field("stale_after", &self.stale_after)
+            .field("settle", &self.settle)
+            .field("warn_after", &self.warn_after)
+            .field("clock", &self.clock)
+            .finish()
+    }
 }
 
 impl GatewayConfig {
@@ -372,6 +390,12 @@ fn ramp_step(capacity: u64, full: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_logged_config_shows_no_password() {
+        let shown = format!("{:?}", GatewayConfig::new("eu", "redis://gw:s3cret@10.0.0.5:6379/"));
+        assert!(shown.contains("redis://gw:***@10.0.0.5:6379/") && !shown.contains("s3cret"), "{shown}");
+    }
 
     #[test]
     fn a_ramp_takes_few_steps_and_rounds_down() {
