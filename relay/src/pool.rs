@@ -366,6 +366,14 @@ impl Pools {
         }
     }
 
+    /// Tokens a request took and did not use, back in `keys`' pool (unless
+    /// its lease expired meanwhile: then they are dropped).
+    pub fn give_back(&mut self, keys: &[Bytes], tokens: u64, now_ms: u64) {
+        if let Some(pool) = self.pools.get_mut(keys) {
+            pool.lease.put_back(tokens, now_ms);
+        }
+    }
+
     /// A lease call failed (timeout, connection): the next request may try.
     pub fn failed(&mut self, keys: &[Bytes]) {
         if let Some(pool) = self.pools.get_mut(keys) {
