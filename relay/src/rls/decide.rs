@@ -155,6 +155,16 @@ fn window_end_in(window_ms: u64, now_ms: u64) -> u64 {
     window_ms - now_ms % window_ms
 }
 
+/// The room a peek of `cost` saw: a peek answers what taking it would
+/// leave, so a granted one left `cost` more.
+fn room(peek: &Reply, cost: u64) -> u64 {
+    if peek.granted > 0 {
+        peek.remaining.saturating_add(cost)
+    } else {
+        peek.remaining
+    }
+}
+
 /// Args of the module's window command (`name`: RL.WINDOW or RL.WINDOWPEEK).
 fn window_args(name: &'static str, items: &[&Item], cost: u64, mode: WindowMode) -> Vec<Bytes> {
     let mut args = Vec::with_capacity(4 + items.len() * 3 + 3);
@@ -424,7 +434,10 @@ impl Engine {
                 let Counter::Window { window, .. } = items[i].counter else { continue };
                 let binding = n == r.binding;
                 // The key's own numbers: its peek's (the call's if alone).
-                let own = peeks.get(n).and_then(|p| p.module_reply()).unwrap_or(r);
+                let own = match peeks.get(n).and_then(|p| p.module_reply()) {
+                    Some(peek) => Reply { remaining: room(&peek, cost), ..peek },
+                    None => r,
+                };
                 let reset = match mode {
                     WindowMode::Fixed => window_end_in(window.window_ms, done),
                     _ => own.reset_after_ms,
@@ -473,8 +486,11 @@ impl Engine {
         }
         for (i, reply) in peeks.into_iter().zip(peek_replies) {
             match reply.module_reply() {
+                // Asked with a cost of 0: the room as it is, never over (as
+                // envoyproxy/ratelimit's INCRBY 0 of a full window).
                 Some(r) => {
-                    out.push((i, Outcome { over: r.granted == 0, reply: r, source: Source::Redis }, Took::Nothing))
+                    let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
+                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Nothing))
                 }
                 None => out.push((i, self.failed(&items[i]), Took::Nothing)),
             }

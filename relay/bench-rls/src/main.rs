@@ -1,0 +1,3 @@
+fn main() {
+    let _ = limitador::RateLimiter::new(100);
+}
