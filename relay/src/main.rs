@@ -91,8 +91,8 @@ struct RlsArgs {
     /// Files naming the same domain are merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); else refused.
     #[arg(long)]
     rls_merge_domains: bool,
-    /// Before every counter key the RLS front makes.
-    #[arg(long, default_value = "rls:")]
+    /// Before every counter key the RLS front makes (under the relay ACL recipe's `~rl:*`).
+    #[arg(long, default_value = "rl:rls:")]
     rls_prefix: String,
     /// Longest a decision waits for Redis before the failure modes answer.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=60_000))]

@@ -123,7 +123,7 @@ async fn all_or_nothing_and_a_refused_request_takes_nothing() {
     assert_eq!(r.overall_code, OVER_LIMIT);
     // The counters in Redis say the same: tight 5, wide 4.
     let mut con = server.con();
-    for (key, used) in [("rls:{api|tight=a}:fixed:hour", 5), ("rls:{api|wide=a}:fixed:hour", 4)] {
+    for (key, used) in [("rl:rls:{api|tight=a}:fixed:hour", 5), ("rl:rls:{api|wide=a}:fixed:hour", 4)] {
         let limit = if key.contains("tight") { 5 } else { 100 };
         let peek: Vec<i64> = redis::cmd("RL.WINDOWPEEK")
             .arg(1)
@@ -259,8 +259,10 @@ async fn extensions_token_bucket_sliding_and_exact_windows() {
         assert_eq!(codes, [OK, OK, OK, OVER_LIMIT], "{algorithm}");
     }
     let mut con = server.con();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("rls:*").query(&mut con).unwrap();
-    for key in ["rls:{api|bucket=t}:bucket:hour", "rls:{api|sliding=t}:sliding:hour", "rls:{api|exact=t}:exact:hour"] {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("rl:rls:*").query(&mut con).unwrap();
+    for key in
+        ["rl:rls:{api|bucket=t}:bucket:hour", "rl:rls:{api|sliding=t}:sliding:hour", "rl:rls:{api|exact=t}:exact:hour"]
+    {
         assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
     }
     // All or nothing with a bucket: refused by tight, the bucket's token
@@ -446,10 +448,10 @@ async fn on_a_cluster() {
     let r = ask(&mut client, with_cost(request("api", &refs), 2)).await;
     assert_eq!((r.overall_code, remaining(&r)), (OK, vec![98; 6]));
     let nodes: std::collections::HashSet<u16> =
-        values.iter().map(|v| cluster.node_for(&format!("rls:{{api|wide={v}}}:fixed:hour")).port).collect();
+        values.iter().map(|v| cluster.node_for(&format!("rl:rls:{{api|wide={v}}}:fixed:hour")).port).collect();
     assert!(nodes.len() >= 2, "spread over the cluster");
     for v in &values {
-        let key = format!("rls:{{api|wide={v}}}:fixed:hour");
+        let key = format!("rl:rls:{{api|wide={v}}}:fixed:hour");
         let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut cluster.node_for(&key).con()).unwrap();
         assert_eq!(exists, 1, "{key} on its node");
     }
@@ -468,4 +470,73 @@ fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_window_is_leased_never_over_with_few_redis_calls() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(
+        "domain: api\ndescriptors:\n  - key: hot\n    rate_limit: { unit: hour, requests_per_unit: 300 }\n",
+    );
+    // A batch of 50: 300 an hour is 50 per 10 min lease window.
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--lease-window-ms", "600000"]);
+    let client = relay.client().await;
+    let callers: Vec<_> = (0..16)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..25 {
+                    admitted +=
+                        u32::from(ask(&mut client, request("api", &[&[("hot", "k")]])).await.overall_code == OK);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for c in callers {
+        admitted += c.await.unwrap();
+    }
+    let window_calls = calls(&mut server.con(), "rl.window");
+    assert!(admitted <= 300, "never over: {admitted}");
+    assert!(admitted >= 250, "under by at most what is held: {admitted}");
+    let from_memory = relay.metric("rl_relay_rls_from_memory_total");
+    eprintln!("{admitted} admitted, {window_calls} RL.WINDOW calls, {from_memory} from memory");
+    assert!(window_calls < 120, "leased: {window_calls} RL.WINDOW calls for 400 requests");
+    assert!(from_memory >= 150.0, "{from_memory}");
+}
+
+/// The relay's Redis user of its README's ACL recipe is all the RLS
+/// front needs: its keys are under `rl:`, its commands the module's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_recipe_user_serves_the_rls_front() {
+    let server = Server::start(&[]);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let recipe = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER rl-relay "))
+        .expect("the recipe")
+        .replace(">CHANGE-ME", ">pw");
+    let mut cmd = redis::Cmd::new();
+    for word in recipe.split_whitespace() {
+        cmd.arg(word);
+    }
+    let _: () = cmd.query(&mut server.con()).unwrap();
+    let url = format!("redis://rl-relay:pw@127.0.0.1:{}/", server.port);
+    let (_dir, config) = config_file(API);
+    let relay = RlsRelay::start(&[url], false, &config, &[]);
+    wait_for(|| relay.get("/healthcheck").0 == 200, "ready as the restricted user");
+    let mut client = relay.client().await;
+    let r = ask(
+        &mut client,
+        with_cost(request("api", &[&[("tight", "acl")], &[("wide", "acl")], &[("bucket", "acl")]]), 2),
+    )
+    .await;
+    assert_eq!((r.overall_code, remaining(&r)), (OK, vec![3, 98, 1]));
+    let r = ask(&mut client, with_cost(request("api", &[&[("bucket", "acl2")], &[("tight", "acl")]]), 4)).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    let r = ask(&mut client, request("api", &[&[("sliding", "acl")], &[("exact", "acl")]])).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(relay.metric("rl_relay_rls_fallback_total"), 0.0, "every call answered by Redis: {}", relay.relay.log());
 }

@@ -231,7 +231,7 @@ impl Engine {
         let mut steps = Vec::with_capacity(items.len());
         let mut leases = Vec::new();
         for item in items {
-            steps.push(self.from_memory(item, now, &mut leases));
+            steps.push(self.in_memory(item, now, &mut leases));
         }
         for (key, window, want) in leases {
             self.spawn_lease(key, window, want);
@@ -269,7 +269,7 @@ impl Engine {
             }
         }
         if !pending.is_empty() {
-            let answered = self.from_redis(items, pending).await;
+            let answered = self.ask_redis(items, pending).await;
             for (i, outcome, took) in answered {
                 outcomes[i] = Some((outcome, took));
             }
@@ -285,7 +285,7 @@ impl Engine {
     }
 
     /// Step 1 for one limit.
-    fn from_memory(&self, item: &Item, now: u64, leases: &mut Vec<(String, Window, u64)>) -> Step {
+    fn in_memory(&self, item: &Item, now: u64, leases: &mut Vec<(String, Window, u64)>) -> Step {
         let limit = item.counter.limit();
         if let Counter::Closed { window_ms } = item.counter {
             let end = window_end_in(window_ms, now);
@@ -341,7 +341,7 @@ impl Engine {
     }
 
     /// Step 2: what memory could not decide, to Redis side by side.
-    async fn from_redis(self: &Arc<Self>, items: &[Item], pending: Vec<(usize, Step)>) -> Vec<(usize, Outcome, Took)> {
+    async fn ask_redis(self: &Arc<Self>, items: &[Item], pending: Vec<(usize, Step)>) -> Vec<(usize, Outcome, Took)> {
         let mut out = Vec::with_capacity(pending.len());
         if self.relay.health.unreachable() {
             for (i, step) in pending {

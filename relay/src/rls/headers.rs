@@ -4,9 +4,9 @@
 //! - `draft` (the default): the IETF draft's `RateLimit-Policy` (every
 //!   enforced limit: `"name";q=<requests_per_unit>;w=<unit seconds>`) and
 //!   `RateLimit` (the binding limit: `"name";r=<left>;t=<seconds until
-//!   more quota>`), and `Retry-After` (whole seconds, rounded up, at least
-//!   1) on OVER_LIMIT, the longest wait of the refusing limits. A limit is
-//!   named by its `name`, else by its statistics key.
+//!   more quota>`), and `Retry-After` on OVER_LIMIT (whole seconds,
+//!   rounded up, at least one), the longest wait of the refusing limits. A
+//!   limit is named by its `name`, else by its statistics key.
 //! - `envoyproxy`: envoyproxy/ratelimit's three (`RateLimit-Limit`,
 //!   `RateLimit-Remaining`, `RateLimit-Reset`, the names of its
 //!   LIMIT_RESPONSE_HEADERS_ENABLED), for the limit it picks: the fewest

@@ -1,7 +1,7 @@
 //! The Redis key of a descriptor's counter: the prefix, then in a hash tag
 //! the domain and the request's entries (a `share_threshold` entry's
 //! pattern in place of its value), then the algorithm and the unit:
-//! `rls:{edge|remote_address=10.0.0.1}:fixed:second`. Unlike
+//! `rl:rls:{edge|remote_address=10.0.0.1}:fixed:second`. Unlike
 //! envoyproxy/ratelimit's `edge_remote_address_10.0.0.1_1700000000`, the
 //! parts are escaped, so no two descriptors share a counter by accident
 //! (`a_b`+`c` and `a`+`b_c`); the window's start lives in the value (the
