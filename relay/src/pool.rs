@@ -408,13 +408,19 @@ impl Pools {
     }
 
     fn next_random(&mut self) -> u64 {
-        let mut x = self.seed;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.seed = x;
-        x
+        xorshift(&mut self.seed)
     }
+}
+
+/// The next of a xorshift sequence (`seed` not 0): the eviction samplers'
+/// cheap, deterministic draw.
+pub fn xorshift(seed: &mut u64) -> u64 {
+    let mut x = *seed;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *seed = x;
+    x
 }
 
 /// A refusal of `tokens` held until the retry time Redis named, and at

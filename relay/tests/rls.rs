@@ -540,3 +540,25 @@ async fn the_acl_recipe_user_serves_the_rls_front() {
     assert_eq!(r.overall_code, OK);
     assert_eq!(relay.metric("rl_relay_rls_fallback_total"), 0.0, "every call answered by Redis: {}", relay.relay.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_is_answered_within_the_deadline() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(API);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--timeout-ms", "2000", "--rls-timeout-ms", "200"]);
+    let mut client = relay.client().await;
+    assert_eq!(ask(&mut client, request("api", &[&[("deny", "s")]])).await.overall_code, OK);
+    // Redis stops answering for 3 s (every client paused), without closing.
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(3000).arg("ALL").query(&mut server.con()).unwrap();
+    let mut worst = Duration::ZERO;
+    for i in 0..4 {
+        let t = Instant::now();
+        let value = format!("s{i}");
+        let r = ask(&mut client, request("api", &[&[("open", value.as_str())], &[("deny", value.as_str())]])).await;
+        worst = worst.max(t.elapsed());
+        assert_eq!((r.overall_code, codes(&r)), (OVER_LIMIT, vec![OK, OVER_LIMIT]), "{r:?}");
+    }
+    // 200 ms each, far from the 3 s pause (loose: the machine is shared).
+    assert!(worst < Duration::from_millis(1500), "{worst:?}");
+    assert!(relay.metric("rl_relay_rls_timeouts_total") >= 1.0);
+}

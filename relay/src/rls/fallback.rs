@@ -59,10 +59,7 @@ impl Fallback {
             return Reply { granted: 0, remaining: 0, retry_after_ms: -1, reset_after_ms: 0, limit: 0, binding: 0 };
         };
         if !self.table.contains_key(key) && self.table.len() >= self.max_entries {
-            self.seed ^= self.seed << 13;
-            self.seed ^= self.seed >> 7;
-            self.seed ^= self.seed << 17;
-            let victim = (self.seed % self.table.len() as u64) as usize;
+            let victim = (crate::pool::xorshift(&mut self.seed) % self.table.len() as u64) as usize;
             self.table.swap_remove_index(victim);
         }
         let entry = self.table.entry(key.to_string()).or_insert((params, None));

@@ -309,12 +309,7 @@ impl Windows {
     }
 
     fn next_random(&mut self) -> u64 {
-        let mut x = self.seed;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.seed = x;
-        x
+        crate::pool::xorshift(&mut self.seed)
     }
 }
 
