@@ -266,7 +266,8 @@ async fn main() {
     let config = dir.join("bench.yaml");
     std::fs::write(&config, CONFIG).unwrap();
     let relay = start_relay(&server.url(), &config);
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap().connect().await.unwrap();
+    let channel =
+        Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap().connect().await.unwrap();
     let mut con = server.con();
     let mut rows = Vec::new();
     for case in [Case::Hot, Case::Quiet, Case::Three] {
@@ -277,9 +278,8 @@ async fn main() {
         rows.push(row("rl-relay", case.name(), lat, wall, commands(&mut con) - before));
         let url = server.url();
         let before = commands(&mut con);
-        let (lat, _, wall) = tokio::task::spawn_blocking(move || run_envoyproxy(&url, case, DECISIONS, u64::MAX))
-            .await
-            .unwrap();
+        let (lat, _, wall) =
+            tokio::task::spawn_blocking(move || run_envoyproxy(&url, case, DECISIONS, u64::MAX)).await.unwrap();
         rows.push(row("envoyproxy/ratelimit's pipeline", case.name(), lat, wall, commands(&mut con) - before));
     }
     let paced = run_relay_paced(channel.clone(), 10_000, 2).await;
@@ -320,4 +320,3 @@ async fn main() {
     println!("Limitador: not run (its crate builds only with its RocksDB storage: about 50 minutes of this machine).");
     let _ = std::fs::remove_dir_all(&dir);
 }
-
