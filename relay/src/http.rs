@@ -1,6 +1,7 @@
 //! The operator's HTTP endpoint (`--metrics`): `/metrics` (Prometheus
 //! text), `/ready` (200 while Redis answers the relay's probe, else 503),
-//! `/live` (200 while the process serves). Bounded like the RESP front: a
+//! `/live` (200 while the process serves), and with the RLS front
+//! `/healthcheck` (envoyproxy/ratelimit's: 200 `OK` while ready, else 500). Bounded like the RESP front: a
 //! few connections at once, a small request, a short wait for it.
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::log::Throttled;
+use crate::rls::Rls;
 use crate::Relay;
 
 /// Scrapes and probes at once; more wait in the listener's backlog.
@@ -18,7 +20,7 @@ pub const MAX_CONNECTIONS: usize = 16;
 const MAX_REQUEST: usize = 8 << 10;
 const READ_FOR: Duration = Duration::from_secs(2);
 
-pub async fn serve(relay: Arc<Relay>, listener: TcpListener) {
+pub async fn serve(relay: Arc<Relay>, listener: TcpListener, rls: Option<Arc<Rls>>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let accept_errors = Throttled::new(Duration::from_secs(10));
     loop {
@@ -26,8 +28,9 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener) {
         match listener.accept().await {
             Ok((socket, _)) => {
                 let relay = relay.clone();
+                let rls = rls.clone();
                 tokio::spawn(async move {
-                    answer(&relay, socket).await;
+                    answer(&relay, rls.as_deref(), socket).await;
                     drop(slot);
                 });
             }
@@ -39,10 +42,17 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener) {
     }
 }
 
-async fn answer(relay: &Relay, mut socket: TcpStream) {
+async fn answer(relay: &Relay, rls: Option<&Rls>, mut socket: TcpStream) {
     let Some(path) = request_path(&mut socket).await else { return };
+    let metrics = || match rls {
+        Some(rls) => relay.metrics() + &rls.metrics(),
+        None => relay.metrics(),
+    };
     let (status, kind, body) = match path.as_str() {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", relay.metrics()),
+        "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics()),
+        // envoyproxy/ratelimit's health check: 200 OK while ready, else 500.
+        "/healthcheck" if rls.is_some_and(Rls::ready) => ("200 OK", "text/plain", "OK".into()),
+        "/healthcheck" if rls.is_some() => ("500 Internal Server Error", "text/plain", String::new()),
         "/ready" if relay.health.ready() => ("200 OK", "text/plain", "ready\n".into()),
         "/ready" => ("503 Service Unavailable", "text/plain", "not ready: Redis does not answer\n".into()),
         "/live" => ("200 OK", "text/plain", "live\n".into()),

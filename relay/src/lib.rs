@@ -13,6 +13,7 @@ pub mod pool;
 pub mod relay;
 pub mod reply;
 pub mod resp;
+pub mod rls;
 pub mod stats;
 pub mod upstream;
 

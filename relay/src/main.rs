@@ -10,6 +10,7 @@ use rl_relay::limits::Limits;
 use rl_relay::log::{line, redact};
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
+use rl_relay::rls::Rls;
 use rl_relay::upstream::Upstream;
 use tokio::net::TcpListener;
 
@@ -74,6 +75,38 @@ struct Args {
     /// Serve /metrics, /ready and /live over HTTP on this address.
     #[arg(long)]
     metrics: Option<String>,
+    #[command(flatten)]
+    rls: RlsArgs,
+}
+
+/// The RLS front (Envoy's rate limit service, relay/README.md "Behind Envoy").
+#[derive(clap::Args, Debug)]
+struct RlsArgs {
+    /// Serve Envoy's rate limit service (gRPC) on this address.
+    #[arg(long, requires = "rls_config")]
+    rls_listen: Option<String>,
+    /// envoyproxy/ratelimit's config: a YAML file, or a directory of them (watched).
+    #[arg(long, requires = "rls_listen")]
+    rls_config: Option<PathBuf>,
+    /// Files naming the same domain are merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); else refused.
+    #[arg(long)]
+    rls_merge_domains: bool,
+    /// Before every counter key the RLS front makes (under the relay ACL recipe's `~rl:*`).
+    #[arg(long, default_value = "rl:rls:")]
+    rls_prefix: String,
+    /// Longest a decision waits for Redis before the failure modes answer.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    rls_timeout_ms: u64,
+    /// Response headers: draft (RateLimit, RateLimit-Policy, Retry-After), envoyproxy (RateLimit-Limit,
+    /// -Remaining, -Reset) or off.
+    #[arg(long, default_value = "draft", value_parser = rl_relay::rls::headers::Style::parse)]
+    rls_headers: rl_relay::rls::headers::Style,
+    /// Answer every OVER_LIMIT as OK (statuses kept), as envoyproxy/ratelimit's SHADOW_MODE.
+    #[arg(long)]
+    rls_shadow_mode: bool,
+    /// A file holding a token callers must send as `authorization: Bearer TOKEN`.
+    #[arg(long)]
+    rls_token_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -112,9 +145,18 @@ async fn run(args: Args) -> Result<(), String> {
     let options = Options { timeout, limits, credentials, show_subjects: args.show_subjects };
     let relay = Arc::new(Relay::new(Pools::new(settings), upstream, options));
     let listener = TcpListener::bind(&args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let rls = rls_front(&args, &relay).await?;
     if let Some(address) = &args.metrics {
         let metrics = TcpListener::bind(address).await.map_err(|e| format!("--metrics {address}: {e}"))?;
-        tokio::spawn(rl_relay::http::serve(relay.clone(), metrics));
+        tokio::spawn(rl_relay::http::serve(relay.clone(), metrics, rls.as_ref().map(|(r, _)| r.clone())));
+    }
+    if let Some((rls, listener)) = rls {
+        tokio::spawn(async move {
+            if let Err(e) = rl_relay::rls::serve::serve(rls, listener).await {
+                line(e);
+                std::process::exit(2);
+            }
+        });
     }
     tokio::spawn(relay.clone().probe_forever());
     let local = listener.local_addr().map_err(|e| e.to_string())?;
@@ -122,6 +164,37 @@ async fn run(args: Args) -> Result<(), String> {
     line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
     rl_relay::resp::serve(relay, listener).await;
     Ok(())
+}
+
+/// The RLS front and its listener, when asked for: a config that cannot be
+/// read refuses to start.
+async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, TcpListener)>, String> {
+    let (Some(address), Some(path)) = (&args.rls.rls_listen, &args.rls.rls_config) else { return Ok(None) };
+    let token = match &args.rls.rls_token_file {
+        Some(file) => {
+            let text =
+                std::fs::read_to_string(file).map_err(|e| format!("--rls-token-file {}: {e}", file.display()))?;
+            let token = text.trim().to_string();
+            if token.is_empty() {
+                return Err(format!("--rls-token-file {}: empty", file.display()));
+            }
+            Some(token)
+        }
+        None => None,
+    };
+    let options = rl_relay::rls::Options {
+        config_path: path.clone(),
+        merge_domains: args.rls.rls_merge_domains,
+        prefix: args.rls.rls_prefix.clone(),
+        timeout: Duration::from_millis(args.rls.rls_timeout_ms),
+        headers: args.rls.rls_headers,
+        global_shadow: args.rls.rls_shadow_mode,
+        token,
+        poll: Duration::from_secs(1),
+    };
+    let config = rl_relay::rls::watch::load(&options).map_err(|e| format!("--rls-config: {e}"))?;
+    let listener = TcpListener::bind(address).await.map_err(|e| format!("--rls-listen {address}: {e}"))?;
+    Ok(Some((Arc::new(Rls::new(relay.clone(), args.cluster, config, options)), listener)))
 }
 
 /// `wanted` clients if the open-file limit allows them (raised toward the

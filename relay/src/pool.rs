@@ -381,6 +381,14 @@ impl Pools {
         }
     }
 
+    /// Tokens a request took and did not use, back in `keys`' pool (unless
+    /// its lease expired meanwhile: then they are dropped).
+    pub fn give_back(&mut self, keys: &[Bytes], tokens: u64, now_ms: u64) {
+        if let Some(pool) = self.pools.get_mut(keys) {
+            pool.lease.put_back(tokens, now_ms);
+        }
+    }
+
     /// A lease call failed (timeout, connection): the next request may try.
     pub fn failed(&mut self, keys: &[Bytes]) {
         if let Some(pool) = self.pools.get_mut(keys) {
@@ -415,13 +423,19 @@ impl Pools {
     }
 
     fn next_random(&mut self) -> u64 {
-        let mut x = self.seed;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.seed = x;
-        x
+        xorshift(&mut self.seed)
     }
+}
+
+/// The next of a xorshift sequence (`seed` not 0): the eviction samplers'
+/// cheap, deterministic draw.
+pub fn xorshift(seed: &mut u64) -> u64 {
+    let mut x = *seed;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *seed = x;
+    x
 }
 
 /// A refusal of `tokens` held until the retry time Redis named, and at

@@ -19,6 +19,18 @@ use crate::reply::Reply;
 use crate::stats::{self, Counters, SubjectNames, View};
 use crate::upstream::Upstream;
 
+/// Where the tokens of a served RL.TAKE came from: what undoing it takes
+/// (a front deciding several requests all or nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A pool's tokens (held, or just leased): [`Relay::give_back`].
+    Pool,
+    /// Redis took them (the request was forwarded): an RL.REFUND.
+    Redis,
+    /// Nothing was taken: Redis did not answer, or answered an error.
+    Failed,
+}
+
 /// What the fronts share besides the pools.
 #[derive(Debug, Default)]
 pub struct Options {
@@ -116,15 +128,39 @@ impl Relay {
         }
         match Call::parse(&args) {
             Call::Buckets { lease, keys, params, need } => {
-                self.counters.requests.fetch_add(1, Relaxed);
-                let plan = self.pools().plan(&keys, &params, need, now_ms());
-                self.answer(plan, lease, keys, params, need, &args).await
+                let plan = self.plan(&keys, &params, need);
+                self.answer(plan, lease, keys, params, need, &args).await.0
             }
             Call::Forward { key } => self.forward(&args, key.as_deref()).await,
         }
     }
 
-    async fn answer(
+    /// What the pools make of a request for `need` tokens of the buckets
+    /// `keys`: answered from memory, a lease call, or forwarded. A plan
+    /// made must be answered ([`Relay::answer`]) or [`Relay::cancel`]led.
+    pub fn plan(&self, keys: &[Bytes], params: &[rl_core::BucketParams], need: Need) -> Plan {
+        self.counters.requests.fetch_add(1, Relaxed);
+        self.pools().plan(keys, params, need, now_ms())
+    }
+
+    /// A plan that will not be answered (a front refused the request
+    /// first): its lease call, if it claimed one, is not on its way.
+    pub fn cancel(&self, keys: &[Bytes], plan: Plan) {
+        if let Plan::Lease { .. } | Plan::Answer { top_up: Some(_), .. } = plan {
+            self.pools().failed(keys);
+        }
+    }
+
+    /// Tokens a request took from a pool (from memory or a lease call's
+    /// grant) and did not use, put back (dropped if the lease expired
+    /// meanwhile). They were granted to the relay: never over.
+    pub fn give_back(&self, keys: &[Bytes], tokens: u64) {
+        self.pools().give_back(keys, tokens, now_ms());
+    }
+
+    /// The reply to a plan, and where its tokens came from; `args` is the
+    /// request as sent when it is forwarded.
+    pub async fn answer(
         self: &Arc<Self>,
         plan: Plan,
         lease: bool,
@@ -132,7 +168,7 @@ impl Relay {
         params: Vec<rl_core::BucketParams>,
         need: Need,
         args: &[Bytes],
-    ) -> Reply {
+    ) -> (Reply, Origin) {
         match plan {
             Plan::Answer { reply, top_up } => {
                 self.counters.from_memory.fetch_add(1, Relaxed);
@@ -141,27 +177,30 @@ impl Relay {
                     let relay = self.clone();
                     tokio::spawn(async move { relay.top_up(keys, params, want).await });
                 }
-                Reply::six(reply, lease)
+                (Reply::six(reply, lease), Origin::Pool)
             }
             Plan::Lease { want, min } => {
                 let call = lease_args(&keys, &params, want, min);
                 match self.lease_call(&call, &keys).await {
                     Ok(upstream) => {
                         let reply = self.pools().settle(&keys, want, upstream, Some(need), now_ms());
-                        Reply::six(reply.unwrap_or(rl_core::Reply { granted: 0, ..upstream }), lease)
+                        (Reply::six(reply.unwrap_or(rl_core::Reply { granted: 0, ..upstream }), lease), Origin::Pool)
                     }
                     Err(e) => {
                         self.pools().failed(&keys);
-                        e
+                        (e, Origin::Failed)
                     }
                 }
             }
             Plan::Forward => {
                 let reply = self.forward(args, keys.first().map(|k| k.as_ref())).await;
-                if let Some(upstream) = reply.module_reply() {
-                    self.pools().forwarded(&keys, &params, need, upstream, now_ms());
+                match reply.module_reply() {
+                    Some(upstream) => {
+                        self.pools().forwarded(&keys, &params, need, upstream, now_ms());
+                        (reply, Origin::Redis)
+                    }
+                    None => (reply, Origin::Failed),
                 }
-                reply
             }
         }
     }
@@ -192,6 +231,13 @@ impl Relay {
 
     async fn forward(&self, args: &[Bytes], key: Option<&[u8]>) -> Reply {
         self.counters.forwarded.fetch_add(1, Relaxed);
+        self.send(args, key).await
+    }
+
+    /// One of the module's commands, built by a front, sent to Redis (in a
+    /// cluster to the primary of `key`'s slot) within the timeout; a
+    /// failure to reach Redis is counted, logged and answered TRYAGAIN.
+    pub async fn send(&self, args: &[Bytes], key: Option<&[u8]>) -> Reply {
         let name = || String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
         match tokio::time::timeout(self.timeout, self.upstream.call(args, key)).await {
             Ok(Ok(value)) => Reply::from(value),

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use testkit::free_port;
 
+pub mod rls;
+
 /// An `rl-relay` child process listening on a free port, killed on drop.
 /// Its standard error is kept (`log`).
 pub struct Relay {

@@ -1,0 +1,577 @@
+//! One request's limits decided together, all or nothing: the request is
+//! admitted when every enforced limit admits it, and then each took its
+//! cost; when one refuses, the others give back what they took where
+//! anything can be given back.
+//!
+//! 1. Memory first: a refusal remembered (the deny cache), a limit of 0 or
+//!    a cost above the limit refuses the request before anything is sent;
+//!    what the others took from memory goes back. Leased windows and
+//!    buckets pay from memory.
+//! 2. What memory cannot decide goes to Redis at once, the calls side by
+//!    side (one round trip on one server): the windows of one mode and
+//!    cost in one `RL.WINDOW` on one server (the module's all or nothing:
+//!    a refused call counts nothing anywhere), one per descriptor in a
+//!    cluster (each key its own slot); each bucket its own `RL.TAKE` or
+//!    lease through the relay's pools.
+//! 3. When one refuses, the others' tokens go back: to the relay's pools
+//!    (memory), to Redis with `RL.REFUND` (buckets); a window counted in
+//!    another call than the refusing one keeps its count (the module has
+//!    no refund for windows: under, never over), counted in
+//!    `window_counts_kept`. Redis down: each limit follows its failure
+//!    mode (the local fallback, or refused).
+//!
+//! Shadow limits are decided each on its own, beside, and never undone.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use rl_core::{BucketParams, Reply, WindowMode};
+
+use super::config::FailureMode;
+use super::fallback::{self, Fallback};
+use super::windows::{Plan as WindowPlan, Window, Windows};
+use crate::pool::{Need, Plan};
+use crate::relay::{Origin, Relay};
+
+/// A limit of a request, ready to decide.
+#[derive(Clone, Debug)]
+pub struct Item {
+    /// Its counter's Redis key.
+    pub key: String,
+    pub counter: Counter,
+    /// 0: asks whether the limit has room, takes nothing.
+    pub cost: u64,
+    pub shadow: bool,
+    pub failure: FailureMode,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Counter {
+    Window {
+        mode: WindowMode,
+        window: Window,
+    },
+    Bucket(BucketParams),
+    /// `requests_per_unit: 0`: refuses everything, as in
+    /// envoyproxy/ratelimit; `window_ms` is its unit.
+    Closed {
+        window_ms: u64,
+    },
+}
+
+impl Counter {
+    /// The most one request may cost, and the most a reply shows left.
+    fn limit(&self) -> u64 {
+        match self {
+            Counter::Window { window, .. } => window.limit,
+            Counter::Bucket(p) => p.capacity(),
+            Counter::Closed { .. } => 0,
+        }
+    }
+}
+
+/// Where an answer came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Redis,
+    Memory,
+    /// A refusal remembered.
+    DenyCache,
+    /// Refused by the limit itself: 0, or below the cost.
+    Limit,
+    /// Redis could not answer: the local fallback.
+    Fallback,
+    /// Redis could not answer and the limit fails closed.
+    FailureDenied,
+    /// Not asked: another limit refused the request first.
+    NotAsked,
+}
+
+/// A limit's answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    /// This limit refuses the request.
+    pub over: bool,
+    pub reply: Reply,
+    pub source: Source,
+}
+
+/// What a limit took, to give back if the request is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Took {
+    Nothing,
+    /// Memory of a leased window.
+    WindowMemory,
+    /// A bucket's pool at the relay.
+    Pool,
+    /// A bucket in Redis: RL.REFUND.
+    Redis,
+    /// A window's count in Redis: kept.
+    Counted,
+}
+
+/// Counters of the decisions (the stats module reports them).
+#[derive(Debug, Default)]
+pub struct DecisionCounters {
+    pub from_memory: AtomicU64,
+    pub from_deny_cache: AtomicU64,
+    pub redis_calls: AtomicU64,
+    pub window_leases: AtomicU64,
+    pub fallback: AtomicU64,
+    pub failure_denied: AtomicU64,
+    pub refunds: AtomicU64,
+    pub given_back: AtomicU64,
+    pub window_counts_kept: AtomicU64,
+}
+
+pub struct Engine {
+    pub relay: Arc<Relay>,
+    windows: Mutex<Windows>,
+    fallback: Mutex<Fallback>,
+    /// Redis is a cluster: one key per call.
+    cluster: bool,
+    started: Instant,
+    pub counters: DecisionCounters,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A refusal made here (not by Redis): nothing left, `retry_ms` to wait.
+fn refused(limit: u64, retry_ms: i64, reset_ms: u64) -> Reply {
+    Reply { granted: 0, remaining: 0, retry_after_ms: retry_ms, reset_after_ms: reset_ms, limit, binding: 0 }
+}
+
+/// Until the epoch-aligned window holding `now_ms` ends.
+fn window_end_in(window_ms: u64, now_ms: u64) -> u64 {
+    window_ms - now_ms % window_ms
+}
+
+/// The room a peek of `cost` saw: a peek answers what taking it would
+/// leave, so a granted one left `cost` more.
+fn room(peek: &Reply, cost: u64) -> u64 {
+    if peek.granted > 0 {
+        peek.remaining.saturating_add(cost)
+    } else {
+        peek.remaining
+    }
+}
+
+/// Args of the module's window command (`name`: RL.WINDOW or RL.WINDOWPEEK).
+fn window_args(name: &'static str, items: &[&Item], cost: u64, mode: WindowMode) -> Vec<Bytes> {
+    let mut args = Vec::with_capacity(4 + items.len() * 3 + 3);
+    args.push(Bytes::from_static(name.as_bytes()));
+    args.push(items.len().to_string().into());
+    for item in items {
+        args.push(Bytes::copy_from_slice(item.key.as_bytes()));
+    }
+    for item in items {
+        if let Counter::Window { window, .. } = item.counter {
+            args.push(window.limit.to_string().into());
+            args.push(window.window_ms.to_string().into());
+        }
+    }
+    args.push(Bytes::from_static(b"COST"));
+    args.push(cost.to_string().into());
+    args.push(Bytes::from_static(mode.name().as_bytes()));
+    args
+}
+
+fn bucket_args(name: &'static str, key: &str, p: &BucketParams, option: &'static str, n: u64) -> Vec<Bytes> {
+    let mut args = vec![Bytes::from_static(name.as_bytes()), Bytes::from_static(b"1")];
+    args.push(Bytes::copy_from_slice(key.as_bytes()));
+    for n in [p.capacity(), p.refill(), p.period_ms()] {
+        args.push(n.to_string().into());
+    }
+    args.push(Bytes::from_static(option.as_bytes()));
+    args.push(n.to_string().into());
+    args
+}
+
+/// What step 2 sends for a limit.
+enum Step {
+    Decided(Outcome, Took),
+    Window,
+    Bucket(Plan),
+    Peek,
+}
+
+impl Engine {
+    pub fn new(relay: Arc<Relay>, cluster: bool) -> Engine {
+        let settings = relay.pools().settings();
+        Engine {
+            windows: Mutex::new(Windows::new(settings)),
+            fallback: Mutex::new(Fallback::new(settings.relays, settings.max_subjects)),
+            relay,
+            cluster,
+            started: Instant::now(),
+            counters: DecisionCounters::default(),
+        }
+    }
+
+    fn mono_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn windows(&self) -> MutexGuard<'_, Windows> {
+        lock(&self.windows)
+    }
+
+    /// Each limit's answer, in `items`' order.
+    pub async fn decide(self: &Arc<Self>, items: &[Item]) -> Vec<Outcome> {
+        let now = now_ms();
+        let mut steps = Vec::with_capacity(items.len());
+        let mut leases = Vec::new();
+        for item in items {
+            steps.push(self.in_memory(item, now, &mut leases));
+        }
+        for (key, window, want) in leases {
+            self.spawn_lease(key, window, want);
+        }
+        let refused_early =
+            steps.iter().zip(items).any(|(s, i)| !i.shadow && matches!(s, Step::Decided(o, _) if o.over));
+        let mut outcomes: Vec<Option<(Outcome, Took)>> = Vec::with_capacity(items.len());
+        let mut pending = Vec::new();
+        for (i, (step, item)) in steps.into_iter().zip(items).enumerate() {
+            match step {
+                Step::Decided(outcome, took) => outcomes.push(Some((outcome, took))),
+                step if refused_early && !item.shadow => {
+                    if let Step::Bucket(plan) = step {
+                        if let Plan::Answer { reply, .. } = plan {
+                            if reply.granted > 0 {
+                                self.relay.give_back(&[Bytes::copy_from_slice(item.key.as_bytes())], item.cost);
+                            }
+                        }
+                        self.relay.cancel(&[Bytes::copy_from_slice(item.key.as_bytes())], plan);
+                    }
+                    let reply = Reply {
+                        granted: 0,
+                        remaining: item.counter.limit(),
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                        limit: item.counter.limit(),
+                        binding: 0,
+                    };
+                    outcomes.push(Some((Outcome { over: false, reply, source: Source::NotAsked }, Took::Nothing)));
+                }
+                step => {
+                    outcomes.push(None);
+                    pending.push((i, step));
+                }
+            }
+        }
+        if !pending.is_empty() {
+            let answered = self.ask_redis(items, pending).await;
+            for (i, outcome, took) in answered {
+                outcomes[i] = Some((outcome, took));
+            }
+        }
+        let outcomes: Vec<(Outcome, Took)> = outcomes.into_iter().map(|o| o.expect("every limit answered")).collect();
+        let refused = outcomes.iter().zip(items).any(|((o, _), i)| o.over && !i.shadow);
+        if refused {
+            for ((_, took), item) in outcomes.iter().zip(items).filter(|(_, i)| !i.shadow) {
+                self.undo(item, *took, now);
+            }
+        }
+        outcomes.into_iter().map(|(o, _)| o).collect()
+    }
+
+    /// Step 1 for one limit.
+    fn in_memory(&self, item: &Item, now: u64, leases: &mut Vec<(String, Window, u64)>) -> Step {
+        let limit = item.counter.limit();
+        if let Counter::Closed { window_ms } = item.counter {
+            let end = window_end_in(window_ms, now);
+            return Step::Decided(
+                Outcome { over: true, reply: refused(0, end as i64, end), source: Source::Limit },
+                Took::Nothing,
+            );
+        }
+        if item.cost > item.counter.limit() {
+            let reset = match item.counter {
+                Counter::Window { window, .. } => window_end_in(window.window_ms, now),
+                _ => 0,
+            };
+            return Step::Decided(
+                Outcome { over: true, reply: refused(limit, -1, reset), source: Source::Limit },
+                Took::Nothing,
+            );
+        }
+        if item.cost == 0 {
+            return Step::Peek;
+        }
+        match item.counter {
+            Counter::Window { window, .. } => {
+                let plan = self.windows().plan(&item.key, window, item.cost, now);
+                if let Some(want) = plan.lease() {
+                    leases.push((item.key.clone(), window, want));
+                }
+                match plan {
+                    WindowPlan::Paid { reply, .. } => {
+                        self.counters.from_memory.fetch_add(1, Relaxed);
+                        Step::Decided(Outcome { over: false, reply, source: Source::Memory }, Took::WindowMemory)
+                    }
+                    WindowPlan::Refused { reply } => {
+                        self.counters.from_deny_cache.fetch_add(1, Relaxed);
+                        Step::Decided(Outcome { over: true, reply, source: Source::DenyCache }, Took::Nothing)
+                    }
+                    WindowPlan::Exact { .. } => Step::Window,
+                }
+            }
+            Counter::Bucket(params) => {
+                let keys = [Bytes::copy_from_slice(item.key.as_bytes())];
+                let need = Need { want: item.cost, min: item.cost };
+                match self.relay.plan(&keys, &[params], need) {
+                    Plan::Answer { reply, top_up: None } if reply.granted == 0 => {
+                        self.counters.from_deny_cache.fetch_add(1, Relaxed);
+                        Step::Decided(Outcome { over: true, reply, source: Source::DenyCache }, Took::Nothing)
+                    }
+                    plan => Step::Bucket(plan),
+                }
+            }
+            Counter::Closed { .. } => unreachable!("decided above"),
+        }
+    }
+
+    /// Step 2: what memory could not decide, to Redis side by side.
+    async fn ask_redis(self: &Arc<Self>, items: &[Item], pending: Vec<(usize, Step)>) -> Vec<(usize, Outcome, Took)> {
+        let mut out = Vec::with_capacity(pending.len());
+        if self.relay.health.unreachable() {
+            for (i, step) in pending {
+                if let Step::Bucket(plan) = step {
+                    self.relay.cancel(&[Bytes::copy_from_slice(items[i].key.as_bytes())], plan);
+                }
+                out.push((i, self.failed(&items[i]), Took::Nothing));
+            }
+            return out;
+        }
+        // Windows grouped by (mode, cost, shadow) on one server.
+        let mut groups: Vec<(WindowMode, u64, bool, Vec<usize>)> = Vec::new();
+        let mut buckets = Vec::new();
+        let mut peeks = Vec::new();
+        for (i, step) in pending {
+            let item = &items[i];
+            match step {
+                Step::Window => {
+                    let Counter::Window { mode, .. } = item.counter else { continue };
+                    let joins = |g: &&mut (WindowMode, u64, bool, Vec<usize>)| {
+                        !self.cluster
+                            && g.0 == mode
+                            && g.1 == item.cost
+                            && g.2 == item.shadow
+                            && g.3.len() < rl_core::limits::MAX_KEYS
+                            && !g.3.iter().any(|&j| items[j].key == item.key)
+                    };
+                    match groups.iter_mut().find(joins) {
+                        Some(group) => group.3.push(i),
+                        None => groups.push((mode, item.cost, item.shadow, vec![i])),
+                    }
+                }
+                Step::Bucket(plan) => buckets.push((i, plan)),
+                Step::Peek => peeks.push(i),
+                Step::Decided(..) => unreachable!("decided in memory"),
+            }
+        }
+        let sent = now_ms();
+        let window_calls = groups.iter().map(|(mode, cost, _, members)| {
+            let group: Vec<&Item> = members.iter().map(|&j| &items[j]).collect();
+            let take = window_args("RL.WINDOW", &group, *cost, *mode);
+            // The call answers for its binding key only: each key's own
+            // numbers come from a peek sent right behind it (one round trip).
+            let peeks: Vec<Vec<Bytes>> = match group.len() {
+                1 => Vec::new(),
+                _ => group.iter().map(|item| window_args("RL.WINDOWPEEK", &[item], *cost, *mode)).collect(),
+            };
+            self.counters.redis_calls.fetch_add(1 + peeks.len() as u64, Relaxed);
+            async move {
+                let key = Some(group[0].key.as_bytes());
+                let take = self.relay.send(&take, key);
+                let peeks = join_all(peeks.iter().map(|args| self.relay.send(args, key)));
+                futures_util::future::join(take, peeks).await
+            }
+        });
+        let bucket_calls = buckets.into_iter().map(|(i, plan)| {
+            let item = &items[i];
+            let Counter::Bucket(params) = item.counter else { unreachable!("a bucket") };
+            let keys = vec![Bytes::copy_from_slice(item.key.as_bytes())];
+            let args = bucket_args("RL.TAKE", &item.key, &params, "COST", item.cost);
+            if !matches!(plan, Plan::Answer { .. }) {
+                self.counters.redis_calls.fetch_add(1, Relaxed);
+            }
+            let need = Need { want: item.cost, min: item.cost };
+            async move { (i, self.relay.answer(plan, false, keys, vec![params], need, &args).await) }
+        });
+        let peek_calls = peeks.iter().map(|&i| {
+            let item = &items[i];
+            let args = match item.counter {
+                Counter::Window { mode, .. } => window_args("RL.WINDOWPEEK", &[item], 1, mode),
+                Counter::Bucket(p) => bucket_args("RL.PEEK", &item.key, &p, "COST", 1),
+                Counter::Closed { .. } => unreachable!("decided in memory"),
+            };
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            async move { self.relay.send(&args, Some(item.key.as_bytes())).await }
+        });
+        let (window_replies, bucket_replies, peek_replies) =
+            futures_util::future::join3(join_all(window_calls), join_all(bucket_calls), join_all(peek_calls)).await;
+        let done = now_ms();
+        for ((mode, cost, _, members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
+            let Some(r) = reply.module_reply() else {
+                self.relay.health.failed("RL.WINDOW", &format!("{reply:?}"));
+                for i in members {
+                    out.push((i, self.failed(&items[i]), Took::Nothing));
+                }
+                continue;
+            };
+            let mut windows = self.windows();
+            for (n, &i) in members.iter().enumerate() {
+                let Counter::Window { window, .. } = items[i].counter else { continue };
+                let binding = n == r.binding;
+                // The key's own numbers: its peek's (the call's if alone).
+                let own = match peeks.get(n).and_then(|p| p.module_reply()) {
+                    Some(peek) => Reply { remaining: room(&peek, cost), ..peek },
+                    None => r,
+                };
+                let reset = match mode {
+                    WindowMode::Fixed => window_end_in(window.window_ms, done),
+                    _ => own.reset_after_ms,
+                };
+                let held = windows.held(&items[i].key, done);
+                if r.granted > 0 {
+                    let reply =
+                        Reply { granted: 1, remaining: own.remaining, reset_after_ms: reset, limit: window.limit, ..r };
+                    windows.answered(&items[i].key, cost, reply, sent, done);
+                    let reply = Reply { remaining: (reply.remaining + held).min(window.limit), ..reply };
+                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Counted));
+                } else if let Some(reply) =
+                    (members.len() == 1).then(|| windows.pay(&items[i].key, cost, done)).flatten()
+                {
+                    // Refused because this relay's own lease took the last
+                    // room meanwhile: paid from it (Redis counted it).
+                    out.push((i, Outcome { over: false, reply, source: Source::Memory }, Took::WindowMemory));
+                } else {
+                    // Refused: this key if it is the binding one, or if its
+                    // own peek refuses too; the others were not charged.
+                    let over = binding || own.granted == 0;
+                    let reply = Reply { reset_after_ms: reset, limit: window.limit, ..own };
+                    if over {
+                        windows.answered(&items[i].key, cost, Reply { granted: 0, ..reply }, sent, done);
+                    }
+                    out.push((i, Outcome { over, reply, source: Source::Redis }, Took::Nothing));
+                }
+            }
+        }
+        for (i, (reply, origin)) in bucket_replies {
+            match (reply.module_reply(), origin) {
+                (Some(r), origin) if origin != Origin::Failed => {
+                    let took = match (r.granted > 0, origin) {
+                        (false, _) => Took::Nothing,
+                        (true, Origin::Pool) => Took::Pool,
+                        (true, _) => Took::Redis,
+                    };
+                    let source = if origin == Origin::Pool { Source::Memory } else { Source::Redis };
+                    if origin == Origin::Pool {
+                        self.counters.from_memory.fetch_add(1, Relaxed);
+                    }
+                    out.push((i, Outcome { over: r.granted == 0, reply: r, source }, took));
+                }
+                _ => out.push((i, self.failed(&items[i]), Took::Nothing)),
+            }
+        }
+        for (i, reply) in peeks.into_iter().zip(peek_replies) {
+            match reply.module_reply() {
+                // Asked with a cost of 0: the room as it is, never over (as
+                // envoyproxy/ratelimit's INCRBY 0 of a full window).
+                Some(r) => {
+                    let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
+                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Nothing))
+                }
+                None => out.push((i, self.failed(&items[i]), Took::Nothing)),
+            }
+        }
+        out
+    }
+
+    /// Redis could not answer for `item`: its failure mode decides.
+    pub fn failed(&self, item: &Item) -> Outcome {
+        let limit = item.counter.limit();
+        if item.failure == FailureMode::Deny {
+            self.counters.failure_denied.fetch_add(1, Relaxed);
+            return Outcome { over: true, reply: refused(limit, 1000, 0), source: Source::FailureDenied };
+        }
+        self.counters.fallback.fetch_add(1, Relaxed);
+        let kind = match item.counter {
+            Counter::Window { window, .. } => {
+                fallback::Kind::Window { limit: window.limit, window_ms: window.window_ms }
+            }
+            Counter::Bucket(p) => fallback::Kind::Bucket(p),
+            Counter::Closed { .. } => return Outcome { over: true, reply: refused(0, 1000, 0), source: Source::Limit },
+        };
+        let r = lock(&self.fallback).take(&item.key, kind, item.cost, self.mono_ms());
+        // Never announce the stand-in's scaled numbers as the limit's.
+        let reply = Reply { remaining: r.remaining.min(limit), limit, ..r };
+        Outcome { over: r.granted == 0 && item.cost > 0, reply, source: Source::Fallback }
+    }
+
+    /// Gives back what a limit of a refused request took, where it can.
+    fn undo(self: &Arc<Self>, item: &Item, took: Took, now: u64) {
+        let keys = || vec![Bytes::copy_from_slice(item.key.as_bytes())];
+        match took {
+            Took::Nothing => {}
+            Took::WindowMemory => {
+                self.counters.given_back.fetch_add(1, Relaxed);
+                self.windows().give_back(&item.key, item.cost, now);
+            }
+            Took::Pool => {
+                self.counters.given_back.fetch_add(1, Relaxed);
+                self.relay.give_back(&keys(), item.cost);
+            }
+            Took::Redis => {
+                let Counter::Bucket(params) = item.counter else { return };
+                self.counters.refunds.fetch_add(1, Relaxed);
+                self.counters.redis_calls.fetch_add(1, Relaxed);
+                let args = bucket_args("RL.REFUND", &item.key, &params, "TOKENS", item.cost);
+                let engine = self.clone();
+                let key = item.key.clone();
+                tokio::spawn(async move { engine.relay.send(&args, Some(key.as_bytes())).await });
+            }
+            Took::Counted => {
+                self.counters.window_counts_kept.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A fixed window's batch, taken in the background.
+    fn spawn_lease(self: &Arc<Self>, key: String, window: Window, want: u64) {
+        if self.relay.health.unreachable() {
+            self.windows().lease_failed(&key);
+            return;
+        }
+        let engine = self.clone();
+        self.counters.window_leases.fetch_add(1, Relaxed);
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        tokio::spawn(async move {
+            let item = Item {
+                key: key.clone(),
+                counter: Counter::Window { mode: WindowMode::Fixed, window },
+                cost: want,
+                shadow: false,
+                failure: FailureMode::Allow,
+            };
+            let args = window_args("RL.WINDOW", &[&item], want, WindowMode::Fixed);
+            let sent = now_ms();
+            let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
+            let mut windows = engine.windows();
+            match reply.module_reply() {
+                Some(r) => windows.leased(&key, want, r, sent, now_ms()),
+                None => windows.lease_failed(&key),
+            }
+        });
+    }
+}

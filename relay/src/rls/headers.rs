@@ -1,0 +1,172 @@
+//! Response headers the RLS front asks Envoy to add
+//! (`response_headers_to_add`), built from a request's limits:
+//!
+//! - `draft` (the default): the IETF draft's `RateLimit-Policy` (every
+//!   enforced limit: `"name";q=<requests_per_unit>;w=<unit seconds>`) and
+//!   `RateLimit` (the binding limit: `"name";r=<left>;t=<seconds until
+//!   more quota>`), and `Retry-After` on OVER_LIMIT (whole seconds,
+//!   rounded up, at least one), the longest wait of the refusing limits. A
+//!   limit is named by its `name`, else by its statistics key.
+//! - `envoyproxy`: envoyproxy/ratelimit's three (`RateLimit-Limit`,
+//!   `RateLimit-Remaining`, `RateLimit-Reset`, the names of its
+//!   LIMIT_RESPONSE_HEADERS_ENABLED), for the limit it picks: the fewest
+//!   left, a refusing one over any other.
+//! - `off`: none. (Envoy makes `x-ratelimit-*` itself from the statuses
+//!   with `enable_x_ratelimit_headers`.)
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+
+/// Which headers to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Style {
+    #[default]
+    Draft,
+    Envoyproxy,
+    Off,
+}
+
+impl Style {
+    pub fn parse(text: &str) -> Result<Style, String> {
+        match text {
+            "draft" => Ok(Style::Draft),
+            "envoyproxy" => Ok(Style::Envoyproxy),
+            "off" => Ok(Style::Off),
+            _ => Err(format!("'{text}': draft, envoyproxy or off")),
+        }
+    }
+}
+
+/// One limited descriptor of the answer, as the headers see it.
+#[derive(Clone, Debug)]
+pub struct Limited<'a> {
+    pub name: &'a str,
+    pub requests_per_unit: u32,
+    pub unit_seconds: u64,
+    pub remaining: u64,
+    /// This limit refused the request.
+    pub over: bool,
+    /// Ms until it admits again (over), or until more quota (admitted).
+    pub wait_ms: u64,
+    /// Ms until its window resets.
+    pub reset_ms: u64,
+}
+
+fn seconds_up(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// A structured-field string: printable ASCII, `"` and `\` escaped.
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue { key: key.into(), value, ..HeaderValue::default() }
+}
+
+/// The headers of an answer (`refused`: its overall code is OVER_LIMIT).
+pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderValue> {
+    if limits.is_empty() {
+        return Vec::new();
+    }
+    match style {
+        Style::Off => Vec::new(),
+        Style::Envoyproxy => {
+            // envoyproxy/ratelimit's pick: the fewest left (the first on
+            // ties), and any refusing limit over that (the last one met).
+            let mut pick: Option<&Limited> = None;
+            for l in limits {
+                if l.over || pick.is_none_or(|p| !p.over && l.remaining < p.remaining) {
+                    pick = Some(l);
+                }
+            }
+            let Some(l) = pick else { return Vec::new() };
+            vec![
+                header("RateLimit-Limit", l.requests_per_unit.to_string()),
+                header("RateLimit-Remaining", l.remaining.to_string()),
+                header("RateLimit-Reset", seconds_up(l.reset_ms).to_string()),
+            ]
+        }
+        Style::Draft => {
+            let mut policy = Vec::new();
+            for l in limits {
+                let item = format!("{};q={};w={}", sf_string(l.name), l.requests_per_unit, l.unit_seconds);
+                if !policy.contains(&item) {
+                    policy.push(item);
+                }
+            }
+            // The binding limit: the refusing one with the longest wait, or
+            // the one with the fewest left.
+            let binding = if refused {
+                limits.iter().filter(|l| l.over).max_by_key(|l| l.wait_ms)
+            } else {
+                limits.iter().min_by_key(|l| l.remaining)
+            };
+            let mut out = vec![header("RateLimit-Policy", policy.join(", "))];
+            if let Some(b) = binding {
+                let remaining = if refused { 0 } else { b.remaining };
+                out.push(header(
+                    "RateLimit",
+                    format!("{};r={remaining};t={}", sf_string(b.name), seconds_up(b.wait_ms)),
+                ));
+                if refused {
+                    out.push(header("Retry-After", seconds_up(b.wait_ms).max(1).to_string()));
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited(name: &str, remaining: u64, over: bool, wait_ms: u64) -> Limited<'_> {
+        Limited { name, requests_per_unit: 10, unit_seconds: 60, remaining, over, wait_ms, reset_ms: 58_000 }
+    }
+
+    fn text(h: &[HeaderValue]) -> Vec<String> {
+        h.iter().map(|h| format!("{}: {}", h.key, h.value)).collect()
+    }
+
+    #[test]
+    fn draft_fields_and_retry_after() {
+        let limits = [limited("per-ip", 3, false, 58_000), limited("per\"key", 7, false, 58_000)];
+        assert_eq!(
+            text(&headers(Style::Draft, &limits, false)),
+            ["RateLimit-Policy: \"per-ip\";q=10;w=60, \"per\\\"key\";q=10;w=60", "RateLimit: \"per-ip\";r=3;t=58"]
+        );
+        let limits = [limited("a", 3, false, 58_000), limited("b", 0, true, 200)];
+        assert_eq!(
+            text(&headers(Style::Draft, &limits, true)),
+            ["RateLimit-Policy: \"a\";q=10;w=60, \"b\";q=10;w=60", "RateLimit: \"b\";r=0;t=1", "Retry-After: 1"]
+        );
+        assert!(headers(Style::Off, &limits, true).is_empty());
+        assert!(headers(Style::Draft, &[], true).is_empty());
+    }
+
+    #[test]
+    fn envoyproxy_ratelimit_picks_as_it_does() {
+        let limits = [limited("a", 0, true, 58_000), limited("b", 5, false, 58_000)];
+        assert_eq!(
+            text(&headers(Style::Envoyproxy, &limits, true)),
+            ["RateLimit-Limit: 10", "RateLimit-Remaining: 0", "RateLimit-Reset: 58"]
+        );
+        let limits = [limited("a", 4, false, 1), limited("b", 4, false, 1), limited("c", 2, false, 1)];
+        assert_eq!(text(&headers(Style::Envoyproxy, &limits, false))[1], "RateLimit-Remaining: 2");
+    }
+}

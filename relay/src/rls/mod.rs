@@ -1,0 +1,118 @@
+//! The RLS front: Envoy's rate limit service (gRPC, `envoy.service.
+//! ratelimit.v3.RateLimitService/ShouldRateLimit`) on envoyproxy/
+//! ratelimit's configuration, decided by the relay against the module,
+//! beside the RESP front and sharing its pools, its connection to Redis,
+//! its bounds and its readiness (relay/README.md, "Behind Envoy").
+//!
+//! config/      the YAML files: read, refused, matched
+//! keys.rs      a descriptor's counter key
+//! windows.rs   fixed-window leases and the deny cache, pure
+//! fallback.rs  the local stand-ins while Redis cannot answer
+//! decide.rs    one request's limits, all or nothing
+//! service.rs   ShouldRateLimit: bounds, matching, the answer
+//! headers.rs   response headers (the draft's, envoyproxy/ratelimit's)
+//! stats.rs     statistics under envoyproxy/ratelimit's names
+//! watch.rs     the config reloaded when a file changes
+//! serve.rs     the listener, its bounds, gRPC health
+
+pub mod config;
+pub mod decide;
+pub mod fallback;
+pub mod headers;
+pub mod keys;
+pub mod serve;
+pub mod service;
+pub mod stats;
+pub mod watch;
+pub mod windows;
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use config::Config;
+use decide::Engine;
+use stats::Stats;
+
+use crate::auth::constant_time_eq;
+use crate::Relay;
+
+/// How the RLS front runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `--rls-config`: a file or a directory.
+    pub config_path: PathBuf,
+    /// Files naming the same domain are merged (else refused).
+    pub merge_domains: bool,
+    /// Before every counter key.
+    pub prefix: String,
+    /// Longest a decision waits for Redis before the failure modes answer.
+    pub timeout: Duration,
+    pub headers: headers::Style,
+    /// Every OVER_LIMIT answered OK (statuses kept), as envoyproxy/
+    /// ratelimit's SHADOW_MODE.
+    pub global_shadow: bool,
+    /// A shared secret the caller must send (`authorization: Bearer ...`).
+    pub token: Option<String>,
+    /// How often the config files are looked at.
+    pub poll: Duration,
+}
+
+/// The RLS front's state.
+pub struct Rls {
+    pub engine: Arc<Engine>,
+    config: RwLock<Arc<Config>>,
+    pub options: Options,
+    pub stats: Stats,
+}
+
+impl Rls {
+    /// The front with its first config (read and checked by the caller).
+    pub fn new(relay: Arc<Relay>, cluster: bool, config: Config, options: Options) -> Rls {
+        let stats = Stats::default();
+        stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Rls { engine: Arc::new(Engine::new(relay, cluster)), config: RwLock::new(Arc::new(config)), options, stats }
+    }
+
+    pub fn relay(&self) -> &Arc<Relay> {
+        &self.engine.relay
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_config(&self, config: Config) {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    /// Ready: a config is in force (always, once started) with a domain,
+    /// and Redis answers the relay's probe.
+    pub fn ready(&self) -> bool {
+        !self.config().domains.is_empty() && self.relay().health.ready()
+    }
+
+    /// Whether a call's metadata carries the token (when one is set).
+    fn authorized(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        let Some(token) = &self.options.token else { return true };
+        let sent = metadata.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let sent = sent.strip_prefix("Bearer ").unwrap_or_default();
+        constant_time_eq(sent.as_bytes(), token.as_bytes())
+    }
+
+    /// The RLS front's part of /metrics.
+    pub fn metrics(&self) -> String {
+        let config = self.config();
+        let windows = self.engine.windows();
+        let gauges = [
+            ("rl_relay_rls_ready", "1 while a config is in force and Redis answers, else 0", u64::from(self.ready())),
+            ("rl_relay_rls_domains", "domains of the config in force", config.domains.len() as u64),
+            ("rl_relay_rls_config_files", "files of the config in force", config.files.len() as u64),
+            ("rl_relay_rls_windows", "windows held in memory (leases, refusals)", windows.len() as u64),
+            ("rl_relay_rls_window_evictions", "windows dropped to make room", windows.evictions()),
+        ];
+        drop(windows);
+        self.stats.metrics(&self.engine.counters, &gauges)
+    }
+}

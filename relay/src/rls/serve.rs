@@ -1,0 +1,140 @@
+//! The RLS front's listener: HTTP/2 gRPC with the relay's bounds (at most
+//! `--max-clients` connections, each of at most [`MAX_STREAMS`] calls at
+//! once, a message of at most `--max-request-bytes`, headers of at most
+//! [`MAX_HEADER_BYTES`]), the rate limit service and the standard health
+//! service (`grpc.health.v1.Health`: `""` and `ratelimit` SERVING while
+//! the front is ready).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic_health::ServingStatus;
+
+use super::service::Service;
+use super::Rls;
+use crate::log::{line, Throttled};
+
+/// Calls at once on one connection.
+pub const MAX_STREAMS: u32 = 256;
+/// A call's headers, together.
+pub const MAX_HEADER_BYTES: u32 = 16 << 10;
+
+/// A connection and its slot among `--max-clients`.
+struct Bounded {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connected for Bounded {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Bounded {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Bounded {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// Connections accepted while a slot is free; past `--max-clients` the
+/// next waits in the listener's backlog. Failed accepts back off.
+fn incoming(
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+) -> impl futures_util::Stream<Item = Result<Bounded, io::Error>> {
+    let errors = Throttled::new(Duration::from_secs(10));
+    futures_util::stream::unfold((listener, slots, errors), |(listener, slots, errors)| async move {
+        loop {
+            let slot = slots.clone().acquire_owned().await.ok()?;
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Some((Ok(Bounded { stream, _slot: slot }), (listener, slots, errors)));
+                }
+                Err(e) => {
+                    errors.log(|| format!("--rls-listen: accepting failed: {e}"));
+                    drop(slot);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+}
+
+/// Serves the RLS front on `listener` until the process ends.
+pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
+    let limits = rls.relay().limits;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let ready = rls.clone();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let status = if ready.ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
+            if last != Some(status) {
+                for name in ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"] {
+                    reporter.set_service_status(name, status).await;
+                }
+                last = Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    tokio::spawn(super::watch::watch(rls.clone()));
+    let service = RateLimitServiceServer::new(Service(rls.clone()))
+        .max_decoding_message_size(limits.max_request_bytes)
+        .max_encoding_message_size(limits.max_request_bytes.max(1 << 20));
+    let slots = Arc::new(Semaphore::new(limits.max_clients));
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };
+    line(format_args!("RLS listening on {local}, {token}, config {}", rls.options.config_path.display()));
+    rls.relay().counters.connected_clients.load(Relaxed);
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS)
+        .concurrency_limit_per_connection(MAX_STREAMS as usize)
+        .http2_max_header_list_size(MAX_HEADER_BYTES)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health)
+        .add_service(service)
+        .serve_with_incoming(incoming(listener, slots))
+        .await
+        .map_err(|e| format!("--rls-listen {local}: {e}"))
+}

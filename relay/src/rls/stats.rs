@@ -1,0 +1,345 @@
+//! The RLS front's statistics, under envoyproxy/ratelimit's names as its
+//! Prometheus mapping exports them, so its dashboards and alerts keep
+//! working: `ratelimit_service_rate_limit_{total_hits,over_limit,
+//! near_limit,within_limit,shadow_mode}{domain,key1[,key2]}` (the stats
+//! key `domain.key1.key2...` split on its dots, deeper levels folded into
+//! their parent, as its statsd mapping does), the config loads, the errors
+//! by type, requests and response times by method; and ours, named
+//! `rl_relay_rls_*`. Stats keys are sanitised as envoyproxy/ratelimit does
+//! (`:` and `|` become `_`, and the dots of an IPv4 address).
+//!
+//! The series are bounded: at most [`MAX_SERIES`] label sets; past it a
+//! new one is dropped and counted (`rl_relay_rls_series_dropped_total`),
+//! since `detailed_metric` and `value_to_metric` put request values in the
+//! keys.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::decide::DecisionCounters;
+
+pub const MAX_SERIES: usize = 10_000;
+
+/// envoyproxy/ratelimit's NEAR_LIMIT_RATIO default.
+const NEAR_LIMIT_RATIO: f64 = 0.8;
+
+/// Response time buckets, in seconds.
+const BUCKETS: [f64; 13] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Series {
+    pub total_hits: u64,
+    pub over_limit: u64,
+    pub near_limit: u64,
+    pub within_limit: u64,
+    pub shadow_mode: u64,
+}
+
+type Labels = (String, String, Option<String>);
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    series: Mutex<HashMap<Labels, Series>>,
+    dropped: AtomicU64,
+    pub config_load_success: AtomicU64,
+    pub config_load_error: AtomicU64,
+    pub redis_error: AtomicU64,
+    pub service_error: AtomicU64,
+    pub requests: AtomicU64,
+    pub global_shadow_mode: AtomicU64,
+    pub domain_not_found: AtomicU64,
+    pub unmatched: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub negative_hits: AtomicU64,
+    response_times: Mutex<[u64; BUCKETS.len() + 1]>,
+    response_time_sum_ns: AtomicU64,
+}
+
+/// `:` and `|` as `_`, and the dots of every IPv4-shaped run
+/// (envoyproxy/ratelimit's `SanitizeStatName`).
+pub fn sanitize(key: &str) -> String {
+    let bytes: Vec<char> = key.chars().map(|c| if c == ':' || c == '|' { '_' } else { c }).collect();
+    let mut out = bytes.clone();
+    let digits = |at: usize| -> usize { bytes[at..].iter().take(3).take_while(|c| c.is_ascii_digit()).count() };
+    let mut i = 0;
+    while i < bytes.len() {
+        // Four runs of 1-3 digits joined by dots, starting here.
+        let mut at = i;
+        let mut dots = Vec::with_capacity(3);
+        let mut ok = true;
+        for part in 0..4 {
+            let n = if at < bytes.len() { digits(at) } else { 0 };
+            if n == 0 {
+                ok = false;
+                break;
+            }
+            at += n;
+            if part < 3 {
+                if at < bytes.len() && bytes[at] == '.' {
+                    dots.push(at);
+                    at += 1;
+                } else {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            for d in dots {
+                out[d] = '_';
+            }
+            i = at;
+        } else {
+            i += 1;
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The labels of a stats key: its first three levels.
+fn labels(stats_key: &str) -> Labels {
+    let clean = sanitize(stats_key);
+    let mut parts = clean.splitn(4, '.');
+    let domain = parts.next().unwrap_or_default().to_string();
+    let key1 = parts.next().unwrap_or_default().to_string();
+    let key2 = parts.next().map(str::to_string);
+    (domain, key1, key2)
+}
+
+impl Stats {
+    /// A decided limit: `cost` asked of a limit of `limit` that has
+    /// `remaining` left after it (when admitted).
+    pub fn record(&self, stats_key: &str, limit: u64, cost: u64, remaining: u64, over: bool, shadow: bool) {
+        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        let labels = labels(stats_key);
+        if !series.contains_key(&labels) && series.len() >= MAX_SERIES {
+            self.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        let s = series.entry(labels).or_default();
+        s.total_hits += cost;
+        if over {
+            s.over_limit += cost;
+            if shadow {
+                s.shadow_mode += cost;
+            }
+            return;
+        }
+        let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+        let after = limit.saturating_sub(remaining);
+        let before = after.saturating_sub(cost);
+        if after > near {
+            s.near_limit += if before >= near { cost } else { after - near };
+        }
+        s.within_limit += cost;
+    }
+
+    /// The series of a stats key, for tests.
+    pub fn series(&self, stats_key: &str) -> Series {
+        let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        series.get(&labels(stats_key)).copied().unwrap_or_default()
+    }
+
+    pub fn responded(&self, took: Duration) {
+        self.requests.fetch_add(1, Relaxed);
+        let seconds = took.as_secs_f64();
+        let bucket = BUCKETS.iter().position(|&b| seconds <= b).unwrap_or(BUCKETS.len());
+        self.response_times.lock().unwrap_or_else(|p| p.into_inner())[bucket] += 1;
+        self.response_time_sum_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+    }
+
+    /// The Prometheus text of the RLS front.
+    pub fn metrics(&self, decisions: &DecisionCounters, gauges: &[(&str, &str, u64)]) -> String {
+        let mut out = String::new();
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+        };
+        let label = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+        {
+            let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sorted: Vec<(&Labels, &Series)> = series.iter().collect();
+            sorted.sort_by(|a, b| a.0.cmp(b.0));
+            for (stat, help, value) in [
+                (
+                    "total_hits",
+                    "hits of a limit, their cost (envoyproxy/ratelimit's name)",
+                    (|s: &Series| s.total_hits) as fn(&Series) -> u64,
+                ),
+                ("over_limit", "hits refused by a limit", |s| s.over_limit),
+                ("near_limit", "hits admitted past 80% of a limit", |s| s.near_limit),
+                ("within_limit", "hits admitted by a limit", |s| s.within_limit),
+                ("shadow_mode", "hits a shadow limit would have refused", |s| s.shadow_mode),
+            ] {
+                let name = format!("ratelimit_service_rate_limit_{stat}");
+                family(&mut out, &name, "counter", help);
+                for ((domain, key1, key2), s) in &sorted {
+                    let key2 = key2.as_ref().map(|k| format!(",key2=\"{}\"", label(k))).unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "{name}{{domain=\"{}\",key1=\"{}\"{key2}}} {}",
+                        label(domain),
+                        label(key1),
+                        value(s)
+                    );
+                }
+            }
+        }
+        for (name, help, value) in [
+            ("ratelimit_service_config_load_success", "configurations loaded", &self.config_load_success),
+            (
+                "ratelimit_service_config_load_error",
+                "configurations refused (the one in force kept)",
+                &self.config_load_error,
+            ),
+            (
+                "ratelimit_service_global_shadow_mode",
+                "OVER_LIMIT answers turned OK by --rls-shadow-mode",
+                &self.global_shadow_mode,
+            ),
+        ] {
+            family(&mut out, name, "counter", help);
+            let _ = writeln!(out, "{name} {}", value.load(Relaxed));
+        }
+        family(&mut out, "ratelimit_service_should_rate_limit_error", "counter", "calls with an error, by type");
+        for (kind, value) in [("redis_error", &self.redis_error), ("service_error", &self.service_error)] {
+            let _ = writeln!(
+                out,
+                "ratelimit_service_should_rate_limit_error{{err_type=\"{kind}\"}} {}",
+                value.load(Relaxed)
+            );
+        }
+        family(&mut out, "ratelimit_service_total_requests", "counter", "ShouldRateLimit calls answered");
+        let _ = writeln!(
+            out,
+            "ratelimit_service_total_requests{{grpc_method=\"ShouldRateLimit\"}} {}",
+            self.requests.load(Relaxed)
+        );
+        let name = "ratelimit_service_response_time_seconds";
+        family(&mut out, name, "histogram", "ShouldRateLimit response times");
+        let counts = *self.response_times.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cumulative = 0;
+        for (bound, count) in BUCKETS.iter().zip(counts) {
+            cumulative += count;
+            let _ = writeln!(out, "{name}_bucket{{grpc_method=\"ShouldRateLimit\",le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += counts[BUCKETS.len()];
+        let _ = writeln!(out, "{name}_bucket{{grpc_method=\"ShouldRateLimit\",le=\"+Inf\"}} {cumulative}");
+        let sum = self.response_time_sum_ns.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{grpc_method=\"ShouldRateLimit\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{grpc_method=\"ShouldRateLimit\"}} {cumulative}");
+        let d = decisions;
+        for (name, help, value) in [
+            (
+                "rl_relay_rls_domain_not_found_total",
+                "descriptors of a domain no config names",
+                self.domain_not_found.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_unmatched_descriptors_total",
+                "descriptors of a known domain no limit matches",
+                self.unmatched.load(Relaxed),
+            ),
+            ("rl_relay_rls_from_memory_total", "limits paid from the relay's leases", d.from_memory.load(Relaxed)),
+            (
+                "rl_relay_rls_over_limit_from_memory_total",
+                "limits refused from the deny cache (no Redis call)",
+                d.from_deny_cache.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_redis_calls_total",
+                "commands the RLS front sent to Redis (leases and refunds too)",
+                d.redis_calls.load(Relaxed),
+            ),
+            ("rl_relay_rls_window_leases_total", "fixed-window batches taken", d.window_leases.load(Relaxed)),
+            (
+                "rl_relay_rls_fallback_total",
+                "limits decided by the local fallback (Redis could not answer)",
+                d.fallback.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_failure_denied_total",
+                "limits refused because Redis could not answer (failure_mode: deny)",
+                d.failure_denied.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_refunds_total",
+                "RL.REFUND calls giving back a refused request's bucket tokens",
+                d.refunds.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_given_back_total",
+                "a refused request's tokens put back in the relay's memory",
+                d.given_back.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_window_counts_kept_total",
+                "window counts a refused request left (no refund for windows)",
+                d.window_counts_kept.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_timeouts_total",
+                "decisions answered by the failure modes at the deadline",
+                self.timeouts.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_negative_hits_total",
+                "descriptors with is_negative_hits, answered OK and taking nothing",
+                self.negative_hits.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_series_dropped_total",
+                "hits not in the statistics: past the series bound",
+                self.dropped.load(Relaxed),
+            ),
+        ] {
+            family(&mut out, name, "counter", help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        for (name, help, value) in gauges {
+            family(&mut out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitised_as_envoyproxy_ratelimit_does() {
+        assert_eq!(sanitize("d.remote_address_10.0.0.1"), "d.remote_address_10_0_0_1");
+        assert_eq!(sanitize("d.k_a:b|c"), "d.k_a_b_c");
+        assert_eq!(sanitize("d.v_1.2.3"), "d.v_1.2.3");
+        assert_eq!(sanitize("d.v_1234.2.3.4"), "d.v_1234_2_3_4");
+    }
+
+    #[test]
+    fn labels_fold_deeper_levels() {
+        assert_eq!(labels("domain1.key1_val1"), ("domain1".into(), "key1_val1".into(), None));
+        assert_eq!(
+            labels("domain1.key3_val3.key4_val4.key5_val5"),
+            ("domain1".into(), "key3_val3".into(), Some("key4_val4".into()))
+        );
+    }
+
+    #[test]
+    fn near_limit_is_counted_as_envoyproxy_ratelimit_counts_it() {
+        let s = Stats::default();
+        // Limit 8 (near 6): cost 2 to 7 left 1: near 1, within 2.
+        s.record("d.k", 8, 2, 1, false, false);
+        assert_eq!(s.series("d.k"), Series { total_hits: 2, near_limit: 1, within_limit: 2, ..Series::default() });
+        // Limit 20 (near 16): cost 3 to 19: near 3.
+        s.record("d.j", 20, 3, 1, false, false);
+        assert_eq!(s.series("d.j").near_limit, 3);
+        s.record("d.j", 20, 3, 0, true, true);
+        assert_eq!(
+            s.series("d.j"),
+            Series { total_hits: 6, over_limit: 3, near_limit: 3, within_limit: 3, shadow_mode: 3 }
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! The config, watched: every `--rls-config` file's size and modification
+//! time (and the list of files of a directory) looked at every poll; on a
+//! change the whole config is read again. A good one replaces the one in
+//! force (logged, `ratelimit_service_config_load_success`); a bad one, or
+//! a directory left with no file, is refused and the one in force kept
+//! (logged with the file, line, path and reason,
+//! `ratelimit_service_config_load_error`).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::config::{config_files, Config, ConfigError};
+use super::Rls;
+use crate::log::line;
+
+/// What the files look like: each one's name, size and modification time.
+type Fingerprint = Vec<(String, u64, Option<SystemTime>)>;
+
+fn fingerprint(rls: &Rls) -> Result<Fingerprint, ConfigError> {
+    let files = config_files(&rls.options.config_path)?;
+    Ok(files
+        .into_iter()
+        .map(|(name, path)| {
+            let meta = std::fs::metadata(&path).ok();
+            let len = meta.as_ref().map_or(0, |m| m.len());
+            (name, len, meta.and_then(|m| m.modified().ok()))
+        })
+        .collect())
+}
+
+/// Reads the config at `--rls-config`: refused when it has no file.
+pub fn load(options: &super::Options) -> Result<Config, ConfigError> {
+    let config = Config::load(&options.config_path, options.merge_domains)?;
+    if config.files.is_empty() {
+        return Err(ConfigError {
+            file: options.config_path.display().to_string(),
+            problem: None,
+            reason: "holds no .yaml or .yml file".into(),
+        });
+    }
+    Ok(config)
+}
+
+/// Watches until the process ends.
+pub async fn watch(rls: Arc<Rls>) {
+    let mut seen = fingerprint(&rls).ok();
+    loop {
+        tokio::time::sleep(rls.options.poll).await;
+        let now = fingerprint(&rls).ok();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match load(&rls.options) {
+            Ok(config) => {
+                let (files, domains) = (config.files.len(), config.domains.len());
+                rls.set_config(config);
+                rls.stats.config_load_success.fetch_add(1, Relaxed);
+                line(format_args!("RLS config reloaded: {files} files, {domains} domains"));
+            }
+            Err(e) => {
+                rls.stats.config_load_error.fetch_add(1, Relaxed);
+                line(format_args!("RLS config refused, the one in force kept: {e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The relay with its RLS front as a child process, and a gRPC client of
+//! it (the generated client of envoy-types).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use testkit::free_port;
+use tonic::transport::Channel;
+
+use super::{Relay, Start};
+
+pub const OK: i32 = 1;
+pub const OVER_LIMIT: i32 = 2;
+
+pub struct RlsRelay {
+    pub relay: Relay,
+    pub rls_port: u16,
+    pub metrics_port: u16,
+}
+
+impl RlsRelay {
+    /// A relay in front of `redis` (a cluster's nodes with `cluster`)
+    /// serving RLS on `config`, with `extra` options.
+    pub fn start(redis: &[String], cluster: bool, config: &Path, extra: &[&str]) -> RlsRelay {
+        let (rls_port, metrics_port) = (free_port(), free_port());
+        let mut args: Vec<String> = Vec::new();
+        for url in redis {
+            args.extend(["--redis".into(), url.clone()]);
+        }
+        if cluster {
+            args.push("--cluster".into());
+        }
+        args.extend([
+            "--rls-listen".into(),
+            format!("127.0.0.1:{rls_port}"),
+            "--rls-config".into(),
+            config.display().to_string(),
+            "--metrics".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ]);
+        if !extra.contains(&"--timeout-ms") {
+            args.extend(["--timeout-ms".into(), "1000".into()]);
+        }
+        if !extra.contains(&"--rls-timeout-ms") {
+            args.extend(["--rls-timeout-ms".into(), "2000".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut relay = Relay::spawn(Start { args, ..Start::default() });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", rls_port)).is_err() {
+            assert!(Instant::now() < deadline, "the RLS front did not listen: {}", relay.log());
+            assert!(relay.alive(), "rl-relay exited: {}", relay.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RlsRelay { relay, rls_port, metrics_port }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.rls_port)).await.unwrap()
+    }
+
+    /// GET `path` on the metrics endpoint: the status code and body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let code = text.split(' ').nth(1).unwrap().parse().unwrap();
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (code, body)
+    }
+
+    /// One sample of /metrics (the line's value), 0 if absent.
+    pub fn metric(&self, line_start: &str) -> f64 {
+        let (_, body) = self.get("/metrics");
+        body.lines()
+            .find(|l| l.starts_with(line_start) && l[line_start.len()..].starts_with(' '))
+            .map_or(0.0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+}
+
+/// A descriptor of `entries`.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors.iter().map(|d| descriptor(d)).collect(),
+        hits_addend: 0,
+    }
+}
+
+pub async fn ask(client: &mut RateLimitServiceClient<Channel>, request: RateLimitRequest) -> RateLimitResponse {
+    client.should_rate_limit(request).await.unwrap().into_inner()
+}
+
+/// (requests_per_unit, unit number, name) of a status's limit.
+pub fn limit_of(status: &DescriptorStatus) -> Option<(u32, i32, String)> {
+    status.current_limit.as_ref().map(|l| (l.requests_per_unit, l.unit, l.name.clone()))
+}
+
+/// A header of an answer.
+pub fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    response.response_headers_to_add.iter().find(|h| h.key.eq_ignore_ascii_case(name)).map(|h| h.value.as_str())
+}
+
+/// A config file in a temp dir (the dir is returned to keep it alive).
+pub fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// Calls of `command` the server has counted (INFO commandstats).
+pub fn calls(con: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let prefix = format!("cmdstat_{}:calls=", command.to_ascii_lowercase());
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
