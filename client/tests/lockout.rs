@@ -76,3 +76,65 @@ async fn forget_subject_drops_deny_entries_leases_and_fallback_buckets() {
     // The login group's and the busy policy's two (enforced and shadow).
     assert_eq!(dead.forget_subject("cust"), 3);
 }
+
+/// Past its three a day, a subject is told when the module's next token
+/// comes (8 hours), counted down, on every refusal: never the 100 days a
+/// fleet of 300 gateways would take to refill its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusals_retry_time_is_the_modules_never_scaled_by_the_fleet() {
+    let s = Server::start(&[]);
+    let (c, clock) = on_manual_clock(fleet_of_300(s.url()));
+    let l = Limiter::new(c).unwrap();
+    let login = three_a_day();
+    for _ in 0..3 {
+        assert!(l.check(&login, "cust").await.unwrap().allowed);
+    }
+    let first = l.check(&login, "cust").await.unwrap();
+    assert_eq!((first.allowed, first.source, first.remaining), (false, Source::Redis, 0));
+    let module = first.retry_after.unwrap();
+    assert!(module <= DAY / 3 && module > DAY / 3 - Duration::from_secs(60), "{module:?}");
+    for n in 1..=9 {
+        clock.advance(Duration::from_millis(100));
+        let d = l.check(&login, "cust").await.unwrap();
+        assert_eq!((d.allowed, d.source, d.remaining), (false, Source::DenyCache, 0));
+        assert_eq!(d.retry_after, Some(module - n * Duration::from_millis(100)), "refusal {n}");
+        assert!(d.reset_after >= d.retry_after.unwrap(), "{d:?}");
+    }
+}
+
+/// A remembered refusal is held at most `deny_hold_max`, then Redis is
+/// asked again: a subject whose keys were cleared is admitted without any
+/// gateway being told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_refusal_is_held_at_most_deny_hold_max() {
+    let s = Server::start(&[]);
+    let hold_max = Config::standalone("redis://127.0.0.1/").deny_hold_max;
+    assert_eq!(hold_max, Duration::from_secs(5), "the documented default");
+    for hold_max in [hold_max, Duration::from_secs(30)] {
+        let (c, clock) = on_manual_clock(Config { deny_hold_max: hold_max, ..fleet_of_300(s.url()) });
+        let l = Limiter::new(c).unwrap();
+        let login = three_a_day();
+        del_keys(&s, &login, "cust");
+        for _ in 0..3 {
+            assert!(l.check(&login, "cust").await.unwrap().allowed);
+        }
+        assert_eq!(l.check(&login, "cust").await.unwrap().source, Source::Redis);
+        del_keys(&s, &login, "cust");
+        let takes = calls(&s, "rl.take");
+        clock.advance(hold_max - Duration::from_millis(1));
+        assert_eq!(l.check(&login, "cust").await.unwrap().source, Source::DenyCache);
+        assert_eq!(calls(&s, "rl.take"), takes, "held: no call");
+        clock.advance(Duration::from_millis(1));
+        let d = l.check(&login, "cust").await.unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Redis), "asked again after {hold_max:?}");
+    }
+}
+
+#[test]
+fn deny_hold_max_must_be_above_zero() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let c = Config { deny_hold_max: Duration::ZERO, ..Config::standalone("redis://127.0.0.1:1/") };
+    let e = Limiter::new(c).err().expect("refused");
+    assert!(e.to_string().contains("deny_hold_max must be above zero"), "{e}");
+}

@@ -61,7 +61,7 @@ impl Inner {
             client,
             gateways: AtomicU32::new(config.gateways),
             shards,
-            deny: DenyCache::new(config.deny_cache_entries),
+            deny: DenyCache::new(config.deny_cache_entries, millis(config.deny_hold_max)),
             leases: Leases::new(config.lease_entries),
             fallback: Fallback::new(config.fallback_entries),
             counters: Counters::default(),
