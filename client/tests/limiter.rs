@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -135,22 +136,25 @@ async fn concurrent_first_requests_take_one_batch(backend: Backend) {
     let month = Duration::from_secs(30 * 86_400);
     let c = Config { lease_window: month / 200, ..config(s.url(), backend) };
     let l = Limiter::new(c).unwrap();
-    let p = Arc::new(Policy::builder("api").rule(Rule::new("monthly", 10_000, 10_000, month)).build().unwrap());
+    let p = Policy::builder("api").rule(Rule::new("monthly", 10_000, 10_000, month)).build().unwrap();
     let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 10_000, 10_000, month).unwrap();
-    // 40 requests of one subject arrive at once on an empty lease.
-    let start = Arc::new(tokio::sync::Barrier::new(40));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..40 {
-        let (l, p, start) = (l.clone(), p.clone(), start.clone());
-        tasks.spawn(async move {
-            start.wait().await;
-            l.check(&p, "u").await.unwrap().allowed
-        });
-    }
-    let admitted = tasks.join_all().await.into_iter().filter(|&a| a).count() as u64;
+    let full = tokens(l.client(), &bucket).await;
+    // 40 requests of one subject arrive at once on an empty lease, while
+    // the server holds every answer back (300 ms): polled together, each
+    // reaches its call before the first answer can be read. (Spawned tasks
+    // behind a barrier did not ensure it: on a busy machine the first
+    // request's call was answered before the runtime polled the others,
+    // which then spent from its batch and, at half empty, rightly sent a
+    // top-up: a second batch held.)
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(300).arg("ALL").query(&mut s.con()).unwrap();
+    let mut all = std::pin::pin!(futures_util::future::join_all((0..40).map(|_| l.check(&p, "u"))));
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(all.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "answered while the server was paused");
+    let decisions = all.await;
+    let admitted = decisions.into_iter().filter(|d| d.as_ref().unwrap().allowed).count() as u64;
     assert_eq!(admitted, 40);
     // One of them leases a batch; the others ask for their own token only.
-    let held = 10_000 - tokens(l.client(), &bucket).await - admitted;
+    let held = full - tokens(l.client(), &bucket).await - admitted;
     assert!(held <= 50, "this gateway holds {held} tokens: more than one batch of 50");
 }
 
