@@ -13,9 +13,11 @@
 //! short lease, or the background top-up at half empty): requests that find
 //! the lease short meanwhile ask Redis for their own cost only, so one
 //! gateway never holds more than about a batch, however many requests
-//! arrive at once. A contended bucket is paced: a request the lease cannot
-//! pay is refused from memory until this gateway's share of the rate has
-//! refilled what the last call granted.
+//! arrive at once. A contended bucket's top-ups are paced (until this
+//! gateway's share of the rate has refilled what the last call granted); a
+//! request the lease cannot pay asks Redis, and is refused from memory only
+//! once Redis refused this gateway since its last grant, in a fleet, until
+//! the pace ends (rl-core's `Lease::spend_or_ask`).
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -35,6 +37,9 @@ use crate::{lock, Subject, SubjectKey};
 pub(crate) struct Lease {
     state: rl_core::lease::Lease,
     last: Option<(Decision, u64)>,
+    /// Redis's last refusal of this subject here, and when: what a paced
+    /// refusal answers from.
+    refusal: Option<(Decision, u64)>,
 }
 
 /// What spending from a lease found.
@@ -48,9 +53,10 @@ pub(crate) enum Spend {
     /// is the one lease call under way and asks for a batch; without, it
     /// asks for the rest only.
     Short { reserved: u64, lease: Option<LeaseCall> },
-    /// The bucket is contended and this gateway has had its share for now:
-    /// refused from memory until `until_ms` (nothing reserved).
-    Paced { until_ms: u64 },
+    /// The bucket is contended, Redis refused this gateway since its last
+    /// grant, and this gateway has had its share for now: refused from
+    /// memory (nothing reserved).
+    Paced,
 }
 
 /// The one RL.LEASE call under way for a subject (not an in-flight limit:
@@ -142,10 +148,10 @@ pub(crate) fn spend_with(
 ) -> Spend {
     let mut l = lock(entry);
     let call = |lead: bool| lead.then(|| LeaseCall(Some(entry.clone())));
-    match l.state.spend(cost, batch, now_ms, may_call) {
+    match l.state.spend_or_ask(cost, batch, now_ms, may_call) {
         CoreSpend::Hit { top_up } => Spend::Hit { decision: l.estimate(now_ms), refill: call(top_up) },
         CoreSpend::Short { reserved, lead } => Spend::Short { reserved, lease: call(lead) },
-        CoreSpend::Paced { until_ms } => Spend::Paced { until_ms },
+        CoreSpend::Paced { .. } => Spend::Paced,
     }
 }
 
@@ -167,14 +173,37 @@ impl Lease {
         self.state.want(batch)
     }
 
-    /// A refusal from memory while paced, from the last grant's standing.
-    pub(crate) fn paced_refusal(&self, until_ms: u64, now_ms: u64) -> Decision {
+    /// Redis refused a call for this subject at `now_ms` (`refused`, mapped
+    /// to the policy's rules). `in_fleet`: other gateways take from the
+    /// bucket too, and this one is refused from memory until its pace ends;
+    /// alone, it asks again (the deny cache holds the refusal until the
+    /// next token).
+    pub(crate) fn refused(&mut self, refused: &Decision, now_ms: u64, in_fleet: bool) {
+        self.refusal = Some((*refused, now_ms));
+        self.state.set_refused(in_fleet);
+    }
+
+    /// Redis admitted a request's own call: the next short request asks again.
+    pub(crate) fn admitted(&mut self) {
+        self.state.set_refused(false);
+    }
+
+    /// A refusal from memory while paced: Redis's last refusal, its times
+    /// counted down (the module's retry time, never the pace: that is this
+    /// gateway's share of the fleet, and another gateway may admit the
+    /// subject sooner; past it, 1 ms), no quota left.
+    pub(crate) fn paced_refusal(&self, now_ms: u64) -> Decision {
+        let (refused, at_ms) = self.refusal.unwrap_or((self.estimate(now_ms), now_ms));
+        let past = Duration::from_millis(now_ms.saturating_sub(at_ms));
+        let retry = refused.retry_after.unwrap_or_default().saturating_sub(past).max(Duration::from_millis(1));
         Decision {
             allowed: false,
             remaining: 0,
-            retry_after: Some(Duration::from_millis(until_ms.saturating_sub(now_ms))),
+            retry_after: Some(retry),
+            reset_after: refused.reset_after.saturating_sub(past).max(retry),
             source: Source::Pacing,
-            ..self.estimate(now_ms)
+            shadow_refused: None,
+            ..refused
         }
     }
 
@@ -355,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn a_contended_lease_is_paced_and_asks_for_two_batches() {
+    fn a_contended_lease_asks_until_refused_then_is_paced() {
         let l = new_lease();
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 0) else { panic!("leads") };
         // Asked for 10, got 4: contended, paced for 50 ms.
@@ -367,12 +396,20 @@ mod tests {
         for _ in 0..3 {
             assert!(matches!(spend(&l, 1, 10, 10), Spend::Hit { refill: None, .. }), "no top-up while paced");
         }
-        assert!(matches!(spend(&l, 1, 10, 10), Spend::Paced { until_ms: 50 }), "refused from memory");
-        let d = lock(&l).paced_refusal(50, 10);
-        assert_eq!((d.allowed, d.retry_after, d.source), (false, Some(Duration::from_millis(40)), Source::Pacing));
-        // The pace ends: one call leads, the others are refused meanwhile.
+        // Short: Redis may hold the refill, so the request leads a call.
+        let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 10) else { panic!("asks Redis") };
+        // Redis refused it (a fleet): refused from memory until the pace ends,
+        // naming Redis's retry time counted down, not the pace.
+        let refusal = Decision { allowed: false, retry_after: Some(Duration::from_millis(4)), ..standing(3) };
+        call.done(|l| l.refused(&refusal, 10, true));
+        assert!(matches!(spend(&l, 1, 10, 12), Spend::Paced), "refused from memory");
+        assert!(matches!(spend(&l, 1, 10, 49), Spend::Paced), "until the pace ends");
+        let d = lock(&l).paced_refusal(12);
+        assert_eq!((d.allowed, d.remaining, d.source), (false, 0, Source::Pacing));
+        assert_eq!((d.retry_after, d.limit, d.rule), (Some(Duration::from_millis(2)), 1000, 1));
+        assert_eq!(lock(&l).paced_refusal(30).retry_after, Some(Duration::from_millis(1)), "past Redis's time");
+        // The pace ends: one call leads.
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 50) else { panic!("leads") };
-        assert!(matches!(spend(&l, 1, 10, 50), Spend::Paced { .. }));
         // It got all it asked for: no longer contended.
         call.done(|l| {
             l.answered(20, 20, 50, 50);
@@ -380,5 +417,12 @@ mod tests {
         });
         assert_eq!(lock(&l).want(10), 10);
         assert!(matches!(spend(&l, 15, 10, 51), Spend::Hit { .. }));
+        // Alone, a refusal is not paced: the next short request asks again.
+        let Spend::Short { lease: Some(call), .. } = spend(&l, 5, 10, 52) else { panic!("leads") };
+        call.done(|l| {
+            l.answered(10, 0, 50, 52);
+            l.refused(&refusal, 52, false);
+        });
+        assert!(matches!(spend(&l, 1, 10, 53), Spend::Short { lease: Some(_), .. }));
     }
 }

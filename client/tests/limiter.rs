@@ -285,16 +285,17 @@ async fn a_policy_built_per_request_behaves_like_a_shared_one() {
     assert_eq!(calls(&s, "RL.TAKE"), takes, "refused from memory: no call to Redis");
 }
 
-/// A contended bucket's lease is paced: its refusals from memory say
-/// `Source::Pacing` and count as pacing refusals, apart from the deny
-/// cache's (Redis refused nothing).
+/// In a fleet, a contended bucket's lease is paced once Redis refused this
+/// gateway: its refusals from memory say `Source::Pacing` and count as
+/// pacing refusals, apart from the deny cache's, with no quota left. (A
+/// gateway alone is never paced: see `tests/lease_admission.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pacing_refusals_are_reported_apart_from_the_deny_cache() {
     let s = Server::start(&[]);
     // The limiter's clock stands still: once paced, it stays paced.
-    let (c, _clock) = on_manual_clock(config(s.url(), Backend::Module));
+    let (c, _clock) = on_manual_clock(Config { gateways: 2, ..config(s.url(), Backend::Module) });
     let l = Limiter::new(c).unwrap();
-    // Leases of 100 (one gateway, 1 s of 100 a second).
+    // Leases of 50 (two gateways, 1 s of 100 a second).
     let p = Policy::builder("api").rule(Rule::per_second("s", 100)).build().unwrap();
     let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 100, 100, Duration::from_secs(1)).unwrap();
     // Someone else empties the bucket: the first lease call gets less than it asks.
@@ -304,7 +305,7 @@ async fn pacing_refusals_are_reported_apart_from_the_deny_cache() {
         let d = l.check(&p, "u").await.unwrap();
         match d.source {
             Source::Pacing => {
-                assert!(!d.allowed && d.retry_after.is_some(), "{d:?}");
+                assert!(!d.allowed && d.remaining == 0 && d.retry_after.is_some(), "{d:?}");
                 paced += 1;
             }
             Source::DenyCache => denied += 1,

@@ -1,7 +1,15 @@
 //! A busy subject's group: spend from its lease, top it up in the
-//! background at half empty, and lease synchronously only when it runs
-//! short, at most one RL.LEASE per subject under way. The lease state and
-//! its locks are `lease.rs`.
+//! background at half empty, and ask Redis when it runs short, at most one
+//! RL.LEASE per subject under way. The lease state and its locks are
+//! `lease.rs`.
+//!
+//! A contended bucket's top-ups are paced, its requests are not: a request
+//! the lease cannot pay asks Redis (Redis may hold refill nobody took)
+//! unless Redis refused the subject moments ago: the deny cache's entry
+//! (until the module's retry time, at least this gateway's share of the
+//! refill of the cost) and, in a fleet, the rest of the pace. A gateway
+//! alone so admits what Redis alone admits; in a fleet, the pace after a
+//! refusal keeps each gateway to about two calls per pace.
 
 use std::sync::Arc;
 
@@ -75,9 +83,9 @@ impl Limiter {
                 }
                 return decision;
             }
-            Spend::Paced { until_ms } => {
+            Spend::Paced => {
                 i.record(Event::PacingRefusal, t.prefix(), None);
-                return t.mapped(lock(&entry).paced_refusal(until_ms, now));
+                return lock(&entry).paced_refusal(now);
             }
             Spend::Short { reserved, lease } => (reserved, lease),
         };
@@ -106,6 +114,7 @@ impl Limiter {
         let answer = self.guarded(t.prefix(), admitted, call).await;
         let (after, ttl) = (i.now_ms(), millis(i.config().lease_ttl));
         let pace = |granted| pace_ms(&t.group.params, granted, batch, i.gateways());
+        let in_fleet = i.gateways() > 1;
         match answer {
             Ok(g) if g.tokens >= need => {
                 reserved.spent();
@@ -115,17 +124,34 @@ impl Limiter {
                     l.add(g.tokens - need, &standing, after, ttl);
                     Decision { source: Source::Redis, ..l.estimate(after) }
                 };
-                lease.and_then(|lease| lease.done(update)).unwrap_or(standing)
+                match lease {
+                    Some(lease) => lease.done(update).unwrap_or(standing),
+                    None => {
+                        lock(&entry).admitted();
+                        standing
+                    }
+                }
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
                 reserved.put_back(g.tokens, after);
-                if let Some(lease) = lease {
-                    lease.done(|l| l.answered(want, g.tokens, pace(g.tokens), after));
+                let d = Decision { allowed: false, remaining: 0, ..t.mapped(g.decision) };
+                let refused = |l: &mut Lease| l.refused(&d, after, in_fleet);
+                match lease {
+                    Some(lease) => {
+                        lease.done(|l| {
+                            l.answered(want, g.tokens, pace(g.tokens), after);
+                            refused(l);
+                        });
+                    }
+                    None => refused(&mut lock(&entry)),
                 }
-                let d = t.mapped(g.decision);
-                i.remember(&key, need, &d, now, 0);
-                Decision { allowed: false, ..d }
+                // Held as a quiet subject's refusal is: until the module's
+                // retry time, at least this gateway's share of the refill.
+                let hold =
+                    t.group.params.get(g.decision.rule).map_or(0, |r| rl_core::lease::share_ms(r, need, i.gateways()));
+                i.remember(&key, need, &d, now, hold);
+                d
             }
             Err(e) => {
                 *shard_down |= e.is_shard_failure();
@@ -152,10 +178,16 @@ impl Limiter {
             if let Ok(g) = this.guarded(&r.policy, admitted, grant).await {
                 let (now, ttl) = (i.now_ms(), millis(i.config().lease_ttl));
                 let pace = pace_ms(&r.params, g.tokens, batch, i.gateways());
-                // Empty: requests spend what is left, then are paced.
+                let standing = mapped(&r.rules, g.decision);
+                let in_fleet = i.gateways() > 1;
+                // Empty: requests spend what is left, then ask Redis (in a
+                // fleet, paced: Redis refused this gateway just now).
                 call.done(|l| {
                     l.answered(want, g.tokens, pace, now);
-                    l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl);
+                    if g.tokens == 0 {
+                        l.refused(&Decision { remaining: 0, ..standing }, now, in_fleet);
+                    }
+                    l.add(g.tokens, &standing, now, ttl);
                 });
             }
         });
