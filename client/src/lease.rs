@@ -13,11 +13,11 @@
 //! short lease, or the background top-up at half empty): requests that find
 //! the lease short meanwhile ask Redis for their own cost only, so one
 //! gateway never holds more than about a batch, however many requests
-//! arrive at once. A contended bucket's top-ups are paced (until this
-//! gateway's share of the rate has refilled what the last call granted); a
-//! request the lease cannot pay asks Redis, and is refused from memory only
-//! once Redis refused this gateway since its last grant, in a fleet, until
-//! the pace ends (rl-core's `Lease::spend_or_ask`).
+//! arrive at once. In a fleet a contended bucket is paced (until this
+//! gateway's share of the rate has refilled what the last call granted, a
+//! request the lease cannot pay is refused from memory); a gateway alone
+//! is never paced: a request the lease cannot pay asks Redis (rl-core's
+//! `Lease::spend_or_ask`).
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -53,9 +53,8 @@ pub(crate) enum Spend {
     /// is the one lease call under way and asks for a batch; without, it
     /// asks for the rest only.
     Short { reserved: u64, lease: Option<LeaseCall> },
-    /// The bucket is contended, Redis refused this gateway since its last
-    /// grant, and this gateway has had its share for now: refused from
-    /// memory (nothing reserved).
+    /// In a fleet, the bucket is contended and this gateway has had its
+    /// share for now: refused from memory (nothing reserved).
     Paced,
 }
 
@@ -129,26 +128,36 @@ impl Drop for Reserved<'_> {
 }
 
 /// Spends `cost` tokens of `entry` at `now_ms` if it holds them (expired
-/// ones are dropped first); `batch` is the size of a top-up.
+/// ones are dropped first); `batch` is the size of a top-up; in a fleet.
 #[cfg(test)]
 pub(crate) fn spend(entry: &Arc<Mutex<Lease>>, cost: u64, batch: u64, now_ms: u64) -> Spend {
-    spend_with(entry, cost, batch, now_ms, || true)
+    spend_with(entry, cost, batch, now_ms, true, || true)
 }
 
 /// [`spend`], where `may_call` says whether a lease call could go to Redis
 /// now, asked only when one is wanted: if not (the shard's breaker refuses
 /// it), no lease call is claimed: no top-up is asked for, and a short
-/// request asks for its own cost.
+/// request asks for its own cost. `in_fleet`: other gateways take from the
+/// bucket too, and a contended lease is paced (rl-core's `Lease::spend`);
+/// alone, a request the lease cannot pay asks Redis (`Lease::spend_or_ask`:
+/// nobody else takes the refill, so pacing could only refuse what Redis
+/// holds).
 pub(crate) fn spend_with(
     entry: &Arc<Mutex<Lease>>,
     cost: u64,
     batch: u64,
     now_ms: u64,
+    in_fleet: bool,
     may_call: impl FnOnce() -> bool,
 ) -> Spend {
     let mut l = lock(entry);
     let call = |lead: bool| lead.then(|| LeaseCall(Some(entry.clone())));
-    match l.state.spend_or_ask(cost, batch, now_ms, may_call) {
+    let spent = if in_fleet {
+        l.state.spend(cost, batch, now_ms, may_call)
+    } else {
+        l.state.spend_or_ask(cost, batch, now_ms, may_call)
+    };
+    match spent {
         CoreSpend::Hit { top_up } => Spend::Hit { decision: l.estimate(now_ms), refill: call(top_up) },
         CoreSpend::Short { reserved, lead } => Spend::Short { reserved, lease: call(lead) },
         CoreSpend::Paced { .. } => Spend::Paced,
@@ -174,18 +183,9 @@ impl Lease {
     }
 
     /// Redis refused a call for this subject at `now_ms` (`refused`, mapped
-    /// to the policy's rules). `in_fleet`: other gateways take from the
-    /// bucket too, and this one is refused from memory until its pace ends;
-    /// alone, it asks again (the deny cache holds the refusal until the
-    /// next token).
-    pub(crate) fn refused(&mut self, refused: &Decision, now_ms: u64, in_fleet: bool) {
+    /// to the policy's rules): what a paced refusal names.
+    pub(crate) fn refused(&mut self, refused: &Decision, now_ms: u64) {
         self.refusal = Some((*refused, now_ms));
-        self.state.set_refused(in_fleet);
-    }
-
-    /// Redis admitted a request's own call: the next short request asks again.
-    pub(crate) fn admitted(&mut self) {
-        self.state.set_refused(false);
     }
 
     /// A refusal from memory while paced: Redis's last refusal, its times
@@ -384,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn a_contended_lease_asks_until_refused_then_is_paced() {
+    fn a_contended_lease_is_paced_in_a_fleet_never_alone() {
         let l = new_lease();
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 0) else { panic!("leads") };
         // Asked for 10, got 4: contended, paced for 50 ms.
@@ -396,18 +396,21 @@ mod tests {
         for _ in 0..3 {
             assert!(matches!(spend(&l, 1, 10, 10), Spend::Hit { refill: None, .. }), "no top-up while paced");
         }
-        // Short: Redis may hold the refill, so the request leads a call.
-        let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 10) else { panic!("asks Redis") };
-        // Redis refused it (a fleet): refused from memory until the pace ends,
-        // naming Redis's retry time counted down, not the pace.
+        // In a fleet: refused from memory until the pace ends, no quota left.
+        assert!(matches!(spend(&l, 1, 10, 10), Spend::Paced), "refused from memory");
+        let d = lock(&l).paced_refusal(10);
+        assert_eq!((d.allowed, d.remaining, d.source, d.limit, d.rule), (false, 0, Source::Pacing, 1000, 1));
+        // Once Redis refused, a paced refusal names its retry time counted
+        // down, never the pace (1 ms once past it).
         let refusal = Decision { allowed: false, retry_after: Some(Duration::from_millis(4)), ..standing(3) };
-        call.done(|l| l.refused(&refusal, 10, true));
-        assert!(matches!(spend(&l, 1, 10, 12), Spend::Paced), "refused from memory");
-        assert!(matches!(spend(&l, 1, 10, 49), Spend::Paced), "until the pace ends");
-        let d = lock(&l).paced_refusal(12);
-        assert_eq!((d.allowed, d.remaining, d.source), (false, 0, Source::Pacing));
-        assert_eq!((d.retry_after, d.limit, d.rule), (Some(Duration::from_millis(2)), 1000, 1));
+        lock(&l).refused(&refusal, 10);
+        assert_eq!(lock(&l).paced_refusal(12).retry_after, Some(Duration::from_millis(2)));
         assert_eq!(lock(&l).paced_refusal(30).retry_after, Some(Duration::from_millis(1)), "past Redis's time");
+        assert!(matches!(spend(&l, 1, 10, 49), Spend::Paced), "until the pace ends");
+        // Alone, the same lease asks Redis: it may hold refill nobody took.
+        let alone = spend_with(&l, 1, 10, 49, false, || true);
+        let Spend::Short { lease: Some(call), .. } = alone else { panic!("asks Redis alone: {alone:?}") };
+        drop(call);
         // The pace ends: one call leads.
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 50) else { panic!("leads") };
         // It got all it asked for: no longer contended.
@@ -417,12 +420,5 @@ mod tests {
         });
         assert_eq!(lock(&l).want(10), 10);
         assert!(matches!(spend(&l, 15, 10, 51), Spend::Hit { .. }));
-        // Alone, a refusal is not paced: the next short request asks again.
-        let Spend::Short { lease: Some(call), .. } = spend(&l, 5, 10, 52) else { panic!("leads") };
-        call.done(|l| {
-            l.answered(10, 0, 50, 52);
-            l.refused(&refusal, 52, false);
-        });
-        assert!(matches!(spend(&l, 1, 10, 53), Spend::Short { lease: Some(_), .. }));
     }
 }

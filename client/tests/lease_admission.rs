@@ -116,11 +116,12 @@ async fn a_gateway_alone_refuses_nothing_an_exact_bucket_admits() {
 }
 
 /// Three gateways (`gateways = 3`) share the overload: never over, and
-/// short of the exact bucket by at most what the fleet may hold leased and
-/// unspent, two batches a gateway (the README's bound): 2 × 27 × 3 = 162,
-/// whatever the run's length.
+/// short of the exact bucket by at most the README's bound, whatever the
+/// run's length: two batches a gateway leased and unspent (2 × 27 × 3 =
+/// 162) and what the bucket refills in one pace, at most two batches'
+/// share (2 s of 100/s: 200).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_is_short_by_at_most_two_batches_a_gateway() {
+async fn a_fleet_is_short_by_a_bounded_amount_never_over() {
     let s = Server::start(&[]);
     let fleet: Vec<Limiter> =
         (0..3).map(|_| Limiter::new(Config { gateways: 3, ..config(s.url(), Backend::Module) }).unwrap()).collect();
@@ -129,8 +130,8 @@ async fn a_fleet_is_short_by_at_most_two_batches_a_gateway() {
     assert!(run.gateways <= run.allowance(), "over: {run:?}");
     let batch = 5000 / 60 / 3;
     assert!(
-        run.gateways + 2 * batch * 3 >= run.direct,
-        "the fleet admitted {} where RL.TAKE admitted {}: short by more than two batches a gateway",
+        run.gateways + 2 * batch * 3 + 200 >= run.direct,
+        "the fleet admitted {} where RL.TAKE admitted {}: short by more than the bound",
         run.gateways,
         run.direct
     );

@@ -17,13 +17,11 @@
 //! one call asks for two batches. What a request the lease cannot pay does
 //! meanwhile depends on the spend:
 //!
-//! - [`Lease::spend`] refuses it from memory for the whole pace;
-//! - [`Lease::spend_or_ask`] sends it to Redis (leading the one call when
-//!   none is on its way) unless Redis refused this holder since its last
-//!   grant ([`Lease::set_refused`]): Redis may still admit it, for nobody
-//!   but this holder may have taken the refill. A holder alone never marks
-//!   a refusal so (it asks again when the next token comes); in a fleet the
-//!   pace after a refusal keeps the holders' calls spread.
+//! - [`Lease::spend`] refuses it from memory for the whole pace (holders
+//!   in a fleet: the pace keeps their calls spread);
+//! - [`Lease::spend_or_ask`] sends it to Redis, leading the one call when
+//!   none is on its way (a holder alone: nobody else takes the refill, so
+//!   pacing could only refuse what Redis holds).
 //!
 //! Only refusals are added: never over.
 
@@ -75,9 +73,6 @@ pub struct Lease {
     contended: bool,
     /// While contended, no call goes before this time.
     paced_until_ms: u64,
-    /// Redis refused a call of this holder since its last grant (see
-    /// [`Lease::spend_or_ask`]).
-    refused: bool,
 }
 
 /// What spending from a lease found.
@@ -150,33 +145,17 @@ impl Lease {
         Spend::Hit { top_up: self.claim(half_empty && !paced, may_call) }
     }
 
-    /// [`Lease::spend`], where a request the lease cannot pay is refused
-    /// from memory only while the lease is paced and Redis refused this
-    /// holder since its last grant ([`Lease::set_refused`]); otherwise it
-    /// is `Short`, leading the one call when none is on its way (`may_call`
-    /// as for `spend`), contended or not. Top-ups are paced as by `spend`.
+    /// [`Lease::spend`] for a holder alone, never `Paced`: a request the
+    /// lease cannot pay is `Short`, leading the one call when none is on its
+    /// way (`may_call` as for `spend`), contended or not. Top-ups are paced
+    /// as by `spend`.
     pub fn spend_or_ask(&mut self, cost: u64, batch: u64, now_ms: u64, may_call: impl FnOnce() -> bool) -> Spend {
         self.expire(now_ms);
-        if self.tokens < cost && self.refused && self.is_paced(now_ms) {
-            return Spend::Paced { until_ms: self.paced_until_ms.max(now_ms + 1) };
-        }
         if self.tokens < cost {
             let reserved = std::mem::take(&mut self.tokens);
             return Spend::Short { reserved, lead: self.claim(true, may_call) };
         }
         self.spend(cost, batch, now_ms, may_call)
-    }
-
-    /// Whether Redis refused this holder's last call (a request's own, or
-    /// a lease call that got nothing): with it, [`Lease::spend_or_ask`]
-    /// refuses from memory until the pace ends. A grant clears it.
-    pub fn set_refused(&mut self, refused: bool) {
-        self.refused = refused;
-    }
-
-    /// Whether Redis refused this holder since its last grant.
-    pub fn is_refused(&self) -> bool {
-        self.refused
     }
 
     /// Claims the one call in flight, if one is wanted and none is on its way.
@@ -212,9 +191,8 @@ impl Lease {
     /// A lease call asked for `wanted` and got `granted`: fewer means the
     /// bucket is contended, and the next call waits `pace_ms` (this
     /// holder's share of the rate refilling what was granted, [`pace_ms`]);
-    /// all of it ends that. A grant clears a refusal ([`Lease::set_refused`]).
+    /// all of it ends that.
     pub fn answered(&mut self, wanted: u64, granted: u64, pace_ms: u64, now_ms: u64) {
-        self.refused &= granted == 0;
         self.contended = granted < wanted;
         self.paced_until_ms = if self.contended { now_ms.saturating_add(pace_ms) } else { 0 };
     }
@@ -353,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn a_paced_lease_asks_redis_until_redis_refuses() {
+    fn a_holder_alone_asks_redis_where_a_fleet_is_paced() {
         let mut l = Lease::default();
         let ask = |l: &mut Lease, now| l.spend_or_ask(1, 10, now, || true);
         assert_eq!(ask(&mut l, 0), Spend::Short { reserved: 0, lead: true });
@@ -364,24 +342,14 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(ask(&mut l, 10), Spend::Hit { top_up: false }, "no top-up while paced");
         }
-        // Short while paced: Redis may still hold the refill, so it leads a call.
+        assert_eq!(l.spend(1, 10, 10, || true), Spend::Paced { until_ms: 50 }, "a fleet's holder is paced");
+        // Alone: short while paced, Redis may still hold the refill.
         assert_eq!(ask(&mut l, 10), Spend::Short { reserved: 0, lead: true });
         assert_eq!(ask(&mut l, 10), Spend::Short { reserved: 0, lead: false }, "its own cost beside the call");
-        // Redis refused it: refused from memory until the pace ends.
+        // The call got nothing: still asks.
         l.call_done();
-        l.set_refused(true);
-        assert_eq!(ask(&mut l, 20), Spend::Paced { until_ms: 50 });
-        assert_eq!(l.spend(1, 10, 20, || true), Spend::Paced { until_ms: 50 });
-        assert_eq!(ask(&mut l, 50), Spend::Short { reserved: 0, lead: true }, "the pace ended");
-        // A grant clears the refusal; a lease call that got nothing does not.
-        l.call_done();
-        l.answered(20, 0, 100, 50);
-        assert!(l.is_refused());
-        assert_eq!(ask(&mut l, 60), Spend::Paced { until_ms: 150 });
-        l.answered(20, 5, 100, 150);
-        assert!(!l.is_refused());
-        l.add(5, 150, 1000);
-        assert_eq!(ask(&mut l, 151), Spend::Hit { top_up: false });
+        l.answered(20, 0, 100, 20);
+        assert_eq!(ask(&mut l, 30), Spend::Short { reserved: 0, lead: true });
     }
 
     #[test]

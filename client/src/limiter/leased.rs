@@ -3,13 +3,12 @@
 //! RL.LEASE per subject under way. The lease state and its locks are
 //! `lease.rs`.
 //!
-//! A contended bucket's top-ups are paced, its requests are not: a request
-//! the lease cannot pay asks Redis (Redis may hold refill nobody took)
-//! unless Redis refused the subject moments ago: the deny cache's entry
-//! (until the module's retry time, at least this gateway's share of the
-//! refill of the cost) and, in a fleet, the rest of the pace. A gateway
-//! alone so admits what Redis alone admits; in a fleet, the pace after a
-//! refusal keeps each gateway to about two calls per pace.
+//! In a fleet a contended bucket is paced: a request the lease cannot pay
+//! is refused from memory until this gateway's share of the rate has
+//! refilled what it last got. A gateway alone is never paced: such a
+//! request asks Redis (Redis may hold refill nobody took) unless the deny
+//! cache holds Redis's refusal (until the module's retry time), so it
+//! admits what Redis alone admits.
 
 use std::sync::Arc;
 
@@ -74,7 +73,8 @@ impl Limiter {
         // While the shard's breaker refuses, a top-up or a lease call would
         // be refused: none is claimed.
         let may_call = || !i.breaker_refuses(t.subject, now);
-        let (reserved, lease) = match spend_with(&entry, cost, batch, now, may_call) {
+        let in_fleet = i.gateways() > 1;
+        let (reserved, lease) = match spend_with(&entry, cost, batch, now, in_fleet, may_call) {
             Spend::Hit { decision, refill } => {
                 i.record(Event::LeaseHit, t.prefix(), None);
                 if let Some(call) = refill {
@@ -114,7 +114,6 @@ impl Limiter {
         let answer = self.guarded(t.prefix(), admitted, call).await;
         let (after, ttl) = (i.now_ms(), millis(i.config().lease_ttl));
         let pace = |granted| pace_ms(&t.group.params, granted, batch, i.gateways());
-        let in_fleet = i.gateways() > 1;
         match answer {
             Ok(g) if g.tokens >= need => {
                 reserved.spent();
@@ -124,19 +123,13 @@ impl Limiter {
                     l.add(g.tokens - need, &standing, after, ttl);
                     Decision { source: Source::Redis, ..l.estimate(after) }
                 };
-                match lease {
-                    Some(lease) => lease.done(update).unwrap_or(standing),
-                    None => {
-                        lock(&entry).admitted();
-                        standing
-                    }
-                }
+                lease.and_then(|lease| lease.done(update)).unwrap_or(standing)
             }
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
                 reserved.put_back(g.tokens, after);
                 let d = Decision { allowed: false, remaining: 0, ..t.mapped(g.decision) };
-                let refused = |l: &mut Lease| l.refused(&d, after, in_fleet);
+                let refused = |l: &mut Lease| l.refused(&d, after);
                 match lease {
                     Some(lease) => {
                         lease.done(|l| {
@@ -146,11 +139,8 @@ impl Limiter {
                     }
                     None => refused(&mut lock(&entry)),
                 }
-                // Held as a quiet subject's refusal is: until the module's
-                // retry time, at least this gateway's share of the refill.
-                let hold =
-                    t.group.params.get(g.decision.rule).map_or(0, |r| rl_core::lease::share_ms(r, need, i.gateways()));
-                i.remember(&key, need, &d, now, hold);
+                // Held until the module's retry time.
+                i.remember(&key, need, &d, now, 0);
                 d
             }
             Err(e) => {
@@ -179,13 +169,12 @@ impl Limiter {
                 let (now, ttl) = (i.now_ms(), millis(i.config().lease_ttl));
                 let pace = pace_ms(&r.params, g.tokens, batch, i.gateways());
                 let standing = mapped(&r.rules, g.decision);
-                let in_fleet = i.gateways() > 1;
-                // Empty: requests spend what is left, then ask Redis (in a
-                // fleet, paced: Redis refused this gateway just now).
+                // Empty: requests spend what is left, then (in a fleet) are
+                // paced; alone they ask Redis.
                 call.done(|l| {
                     l.answered(want, g.tokens, pace, now);
                     if g.tokens == 0 {
-                        l.refused(&Decision { remaining: 0, ..standing }, now, in_fleet);
+                        l.refused(&Decision { allowed: false, remaining: 0, ..standing }, now);
                     }
                     l.add(g.tokens, &standing, now, ttl);
                 });
