@@ -282,6 +282,14 @@ pub struct Config {
     /// Default [`Clock::System`]; tests and simulations hand a limiter a
     /// [`ManualClock`](crate::ManualClock).
     pub clock: Clock,
+    /// Longest time a refusal is remembered (the deny cache) before Redis
+    /// is asked again, whatever the retry time Redis named or this
+    /// gateway's share of the refill: a subject whose keys were cleared, or
+    /// whose limit was raised, is admitted within it without any gateway
+    /// being told. A refusal answered from memory still names the module's
+    /// retry time, counted down. Default 5 s: a subject refused everywhere
+    /// then costs at most `gateways / 5` calls a second.
+    pub deny_hold_max: Duration,
 }
 
 impl Config {
@@ -325,6 +333,7 @@ impl Config {
             fallback_entries: 100_000,
             topology_refresh: Duration::from_secs(10),
             clock: Clock::System,
+            deny_hold_max: Duration::from_secs(5),
         }
     }
 
@@ -336,6 +345,7 @@ impl Config {
             ("lease_ttl", self.lease_ttl),
             ("breaker_open_for", self.breaker_open_for),
             ("topology_refresh", self.topology_refresh),
+            ("deny_hold_max", self.deny_hold_max),
         ];
         for (name, value) in positive {
             if value.is_zero() {

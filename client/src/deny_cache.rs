@@ -1,20 +1,22 @@
-//! Subjects Redis refused, refused again from memory until their retry time
-//! (the arithmetic is rl-core's `deny::Denial`, which the relay and the
-//! scale model keep too).
+//! Subjects Redis refused, refused again from memory for a while (the
+//! arithmetic is rl-core's `deny::Denial`, which the relay and the scale
+//! model keep too).
 //!
-//! Only refusals are cached, and only until the moment Redis named, so the
-//! cache can never admit anything: its error is under, never over (a
-//! request that would have passed because someone refunded tokens
-//! meanwhile waits for the retry time instead). A refusal for a cost also
-//! refuses larger costs, never smaller ones, which still ask Redis.
+//! Only refusals are cached, so the cache can never admit anything: its
+//! error is under, never over (a request that would have passed because
+//! someone refunded tokens meanwhile waits instead). A refusal for a cost
+//! also refuses larger costs, never smaller ones, which still ask Redis.
 //!
-//! A refusal is held at least `hold_ms`: the limiter passes this gateway's
-//! share of the rule's refill of the cost (`gateways x cost x period /
-//! refill`), so a subject refused everywhere costs about one call per
-//! token of refill, not one per gateway per retry time. Holding longer only
-//! refuses more (under, never over); for a subject back within its limit a
-//! refusal costs it, on average, less than one more refused request: the
-//! gateway holding it sees fewer than `cost` of its requests meanwhile.
+//! An entry is held until the retry time Redis named, at least `hold_ms`:
+//! the limiter passes this gateway's share of the rule's refill of the
+//! cost (`gateways x cost x period / refill`), so a subject refused
+//! everywhere costs about one call per token of refill, not one per
+//! gateway per retry time. Either is cut to `hold_max_ms`
+//! (`Config::deny_hold_max`): then Redis is asked again, so a subject whose
+//! keys were cleared, or whose limit was raised, is never held out longer.
+//! A refusal answered from memory names the module's retry time counted
+//! down, never the hold: the share is this gateway's, and another may
+//! admit the subject as soon as the module would.
 //!
 //! Memory is bounded in bytes, not entries: each entry weighs its fixed
 //! size plus its subject's length, and the cache holds at most
@@ -33,6 +35,8 @@ use crate::{Subject, SubjectKey};
 #[derive(Clone, Copy, Debug)]
 struct Denial {
     held: rl_core::deny::Denial,
+    /// When the module said the request could pass, and every bucket be full.
+    retry_until_ms: u64,
     reset_until_ms: u64,
     refused: Decision,
 }
@@ -55,12 +59,14 @@ impl quick_cache::Weighter<SubjectKey, Denial> for Bytes {
 
 pub(crate) struct DenyCache {
     map: Cache<SubjectKey, Denial, Bytes>,
+    /// The longest an entry is held.
+    hold_max_ms: u64,
 }
 
 impl DenyCache {
-    pub(crate) fn new(entries: usize) -> DenyCache {
+    pub(crate) fn new(entries: usize, hold_max_ms: u64) -> DenyCache {
         let bytes = (entries as u64).saturating_mul(ENTRY_BUDGET);
-        DenyCache { map: Cache::with_weighter(entries, bytes, Bytes) }
+        DenyCache { map: Cache::with_weighter(entries, bytes, Bytes), hold_max_ms: hold_max_ms.max(1) }
     }
 
     /// The weight of every entry held, in bytes.
@@ -75,22 +81,36 @@ impl DenyCache {
         if !denial.held.refuses(cost, now_ms) {
             return None;
         }
+        // The module's times counted down; past its retry time, the next
+        // instant (the hold is this gateway's, not the module's).
+        let retry_ms = denial.retry_until_ms.saturating_sub(now_ms).max(1);
         Some(Decision {
-            retry_after: Some(Duration::from_millis(denial.held.retry_after_ms(now_ms))),
-            reset_after: Duration::from_millis(denial.reset_until_ms.max(denial.held.until_ms).saturating_sub(now_ms)),
+            remaining: 0,
+            retry_after: Some(Duration::from_millis(retry_ms)),
+            reset_after: Duration::from_millis(denial.reset_until_ms.saturating_sub(now_ms).max(retry_ms)),
             source: Source::DenyCache,
             ..denial.refused
         })
     }
 
     /// Remembers a refusal that named a retry time, for that time or
-    /// `hold_ms`, whichever is longer.
+    /// `hold_ms`, whichever is longer, but never past `hold_max_ms`.
     pub(crate) fn refused(&self, key: &impl Subject, cost: u64, refused: &Decision, now_ms: u64, hold_ms: u64) {
         let retry = refused.retry_after.filter(|_| !refused.allowed).map_or(0, millis);
-        let Some(held) = rl_core::deny::Denial::new(cost, retry, hold_ms, now_ms) else { return };
-        let denial =
-            Denial { held, reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)), refused: *refused };
+        let most = self.hold_max_ms;
+        let Some(held) = rl_core::deny::Denial::new(cost, retry.min(most), hold_ms.min(most), now_ms) else { return };
+        let denial = Denial {
+            held,
+            retry_until_ms: now_ms.saturating_add(retry),
+            reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)),
+            refused: *refused,
+        };
         self.map.insert(key.owned(), denial);
+    }
+
+    /// Drops every refusal remembered for `subject`, in any group: how many.
+    pub(crate) fn forget(&self, subject: &str) -> usize {
+        crate::forget_subject(&self.map, subject)
     }
 }
 
@@ -115,12 +135,14 @@ mod tests {
         (1, false, s.into())
     }
 
+    const HOLD_MAX: u64 = 60_000;
+
     #[test]
     fn refuses_until_the_retry_time_then_asks_again() {
-        let c = DenyCache::new(10);
+        let c = DenyCache::new(10, HOLD_MAX);
         c.refused(&key("a"), 1, &refusal(Some(120)), 1000, 0);
         let d = c.check(&key("a"), 1, 1050).unwrap();
-        assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 2, 5, Source::DenyCache));
+        assert_eq!((d.allowed, d.remaining, d.rule, d.limit, d.source), (false, 0, 2, 5, Source::DenyCache));
         assert_eq!(d.retry_after, Some(Duration::from_millis(70)));
         assert_eq!(d.reset_after, Duration::from_millis(850));
         assert!(c.check(&key("a"), 1, 1120).is_none());
@@ -129,7 +151,7 @@ mod tests {
 
     #[test]
     fn a_refused_cost_refuses_larger_costs_only() {
-        let c = DenyCache::new(10);
+        let c = DenyCache::new(10, HOLD_MAX);
         c.refused(&key("a"), 5, &refusal(Some(100)), 0, 0);
         assert!(c.check(&key("a"), 5, 10).is_some());
         assert!(c.check(&key("a"), 9, 10).is_some());
@@ -138,7 +160,7 @@ mod tests {
 
     #[test]
     fn only_refusals_with_a_retry_time_are_kept() {
-        let c = DenyCache::new(10);
+        let c = DenyCache::new(10, HOLD_MAX);
         c.refused(&key("never"), 1, &refusal(None), 0, 0);
         assert!(c.check(&key("never"), 1, 1).is_none());
         let allowed = Decision { allowed: true, ..refusal(Some(100)) };
@@ -148,7 +170,7 @@ mod tests {
 
     #[test]
     fn memory_is_bounded_under_churn() {
-        let c = DenyCache::new(100);
+        let c = DenyCache::new(100, HOLD_MAX);
         for i in 0..10_000 {
             c.refused(&key(&i.to_string()), 1, &refusal(Some(60_000)), 0, 0);
         }
@@ -161,7 +183,7 @@ mod tests {
     fn long_subjects_are_bounded_in_bytes() {
         // 512-byte subjects (the longest a policy takes): fewer entries, the
         // same bytes as short ones.
-        let c = DenyCache::new(1000);
+        let c = DenyCache::new(1000, HOLD_MAX);
         for i in 0..10_000 {
             let subject = format!("{i:0>512}");
             c.refused(&key(&subject), 1, &refusal(Some(60_000)), 0, 0);
@@ -172,11 +194,23 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_is_held_at_least_the_hold() {
-        let c = DenyCache::new(10);
-        c.refused(&key("a"), 1, &refusal(Some(1)), 0, 3000);
+    fn a_refusal_is_held_at_least_the_hold_naming_the_modules_retry_time() {
+        let c = DenyCache::new(10, HOLD_MAX);
+        c.refused(&key("a"), 1, &refusal(Some(100)), 0, 3000);
+        assert_eq!(c.check(&key("a"), 1, 40).unwrap().retry_after, Some(Duration::from_millis(60)));
         let d = c.check(&key("a"), 1, 2999).expect("held past the retry time");
-        assert_eq!(d.retry_after, Some(Duration::from_millis(1)));
+        assert_eq!(d.retry_after, Some(Duration::from_millis(1)), "the module's time has come: not the hold");
         assert!(c.check(&key("a"), 1, 3000).is_none());
+    }
+
+    #[test]
+    fn no_refusal_is_held_past_the_longest_hold() {
+        let c = DenyCache::new(10, 5000);
+        // Redis said 8 hours, the fleet's share 100 days: asked again after 5 s.
+        c.refused(&key("a"), 1, &refusal(Some(28_800_000)), 0, 8_640_000_000);
+        let d = c.check(&key("a"), 1, 4999).unwrap();
+        assert_eq!(d.retry_after, Some(Duration::from_millis(28_800_000 - 4999)), "the module's, counted down");
+        assert!(d.reset_after >= d.retry_after.unwrap());
+        assert!(c.check(&key("a"), 1, 5000).is_none());
     }
 }

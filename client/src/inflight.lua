@@ -137,7 +137,9 @@ if not all then
     end
     if longer then b = i end
   end
-  return { 0, math.min(in_use[b], limit[b]), wait[b], limit[b], b - 1, id }
+  -- The true count, as the module's: a limit lowered below what is held
+  -- shows what is held.
+  return { 0, in_use[b], wait[b], limit[b], b - 1, id }
 end
 
 -- Granted: the binding key has the fewest slots left after the call.

@@ -13,9 +13,11 @@
 //! short lease, or the background top-up at half empty): requests that find
 //! the lease short meanwhile ask Redis for their own cost only, so one
 //! gateway never holds more than about a batch, however many requests
-//! arrive at once. A contended bucket is paced: a request the lease cannot
-//! pay is refused from memory until this gateway's share of the rate has
-//! refilled what the last call granted.
+//! arrive at once. In a fleet a contended bucket is paced (until this
+//! gateway's share of the rate has refilled what the last call granted, a
+//! request the lease cannot pay is refused from memory); a gateway alone
+//! is never paced: a request the lease cannot pay asks Redis (rl-core's
+//! `Lease::spend_or_ask`).
 //!
 //! Memory is bounded: at most `entries` subjects hold a lease (quick_cache,
 //! CLOCK-Pro eviction).
@@ -35,6 +37,9 @@ use crate::{lock, Subject, SubjectKey};
 pub(crate) struct Lease {
     state: rl_core::lease::Lease,
     last: Option<(Decision, u64)>,
+    /// Redis's last refusal of this subject here, and when: what a paced
+    /// refusal answers from.
+    refusal: Option<(Decision, u64)>,
 }
 
 /// What spending from a lease found.
@@ -48,9 +53,9 @@ pub(crate) enum Spend {
     /// is the one lease call under way and asks for a batch; without, it
     /// asks for the rest only.
     Short { reserved: u64, lease: Option<LeaseCall> },
-    /// The bucket is contended and this gateway has had its share for now:
-    /// refused from memory until `until_ms` (nothing reserved).
-    Paced { until_ms: u64 },
+    /// In a fleet, the bucket is contended and this gateway has had its
+    /// share for now: refused from memory (nothing reserved).
+    Paced,
 }
 
 /// The one RL.LEASE call under way for a subject (not an in-flight limit:
@@ -123,29 +128,39 @@ impl Drop for Reserved<'_> {
 }
 
 /// Spends `cost` tokens of `entry` at `now_ms` if it holds them (expired
-/// ones are dropped first); `batch` is the size of a top-up.
+/// ones are dropped first); `batch` is the size of a top-up; in a fleet.
 #[cfg(test)]
 pub(crate) fn spend(entry: &Arc<Mutex<Lease>>, cost: u64, batch: u64, now_ms: u64) -> Spend {
-    spend_with(entry, cost, batch, now_ms, || true)
+    spend_with(entry, cost, batch, now_ms, true, || true)
 }
 
 /// [`spend`], where `may_call` says whether a lease call could go to Redis
 /// now, asked only when one is wanted: if not (the shard's breaker refuses
 /// it), no lease call is claimed: no top-up is asked for, and a short
-/// request asks for its own cost.
+/// request asks for its own cost. `in_fleet`: other gateways take from the
+/// bucket too, and a contended lease is paced (rl-core's `Lease::spend`);
+/// alone, a request the lease cannot pay asks Redis (`Lease::spend_or_ask`:
+/// nobody else takes the refill, so pacing could only refuse what Redis
+/// holds).
 pub(crate) fn spend_with(
     entry: &Arc<Mutex<Lease>>,
     cost: u64,
     batch: u64,
     now_ms: u64,
+    in_fleet: bool,
     may_call: impl FnOnce() -> bool,
 ) -> Spend {
     let mut l = lock(entry);
     let call = |lead: bool| lead.then(|| LeaseCall(Some(entry.clone())));
-    match l.state.spend(cost, batch, now_ms, may_call) {
+    let spent = if in_fleet {
+        l.state.spend(cost, batch, now_ms, may_call)
+    } else {
+        l.state.spend_or_ask(cost, batch, now_ms, may_call)
+    };
+    match spent {
         CoreSpend::Hit { top_up } => Spend::Hit { decision: l.estimate(now_ms), refill: call(top_up) },
         CoreSpend::Short { reserved, lead } => Spend::Short { reserved, lease: call(lead) },
-        CoreSpend::Paced { until_ms } => Spend::Paced { until_ms },
+        CoreSpend::Paced { .. } => Spend::Paced,
     }
 }
 
@@ -167,14 +182,28 @@ impl Lease {
         self.state.want(batch)
     }
 
-    /// A refusal from memory while paced, from the last grant's standing.
-    pub(crate) fn paced_refusal(&self, until_ms: u64, now_ms: u64) -> Decision {
+    /// Redis refused a call for this subject at `now_ms` (`refused`, mapped
+    /// to the policy's rules): what a paced refusal names.
+    pub(crate) fn refused(&mut self, refused: &Decision, now_ms: u64) {
+        self.refusal = Some((*refused, now_ms));
+    }
+
+    /// A refusal from memory while paced: Redis's last refusal, its times
+    /// counted down (the module's retry time, never the pace: that is this
+    /// gateway's share of the fleet, and another gateway may admit the
+    /// subject sooner; past it, 1 ms), no quota left.
+    pub(crate) fn paced_refusal(&self, now_ms: u64) -> Decision {
+        let (refused, at_ms) = self.refusal.unwrap_or((self.estimate(now_ms), now_ms));
+        let past = Duration::from_millis(now_ms.saturating_sub(at_ms));
+        let retry = refused.retry_after.unwrap_or_default().saturating_sub(past).max(Duration::from_millis(1));
         Decision {
             allowed: false,
             remaining: 0,
-            retry_after: Some(Duration::from_millis(until_ms.saturating_sub(now_ms))),
+            retry_after: Some(retry),
+            reset_after: refused.reset_after.saturating_sub(past).max(retry),
             source: Source::Pacing,
-            ..self.estimate(now_ms)
+            shadow_refused: None,
+            ..refused
         }
     }
 
@@ -232,6 +261,12 @@ impl Leases {
             Ok(lease) => lease,
             Err(never) => match never {},
         }
+    }
+
+    /// Drops the leases of `subject` in every group (their tokens are lost,
+    /// never handed back: under, never over): how many.
+    pub(crate) fn forget(&self, subject: &str) -> usize {
+        crate::forget_subject(&self.map, subject)
     }
 }
 
@@ -349,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn a_contended_lease_is_paced_and_asks_for_two_batches() {
+    fn a_contended_lease_is_paced_in_a_fleet_never_alone() {
         let l = new_lease();
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 0) else { panic!("leads") };
         // Asked for 10, got 4: contended, paced for 50 ms.
@@ -361,12 +396,23 @@ mod tests {
         for _ in 0..3 {
             assert!(matches!(spend(&l, 1, 10, 10), Spend::Hit { refill: None, .. }), "no top-up while paced");
         }
-        assert!(matches!(spend(&l, 1, 10, 10), Spend::Paced { until_ms: 50 }), "refused from memory");
-        let d = lock(&l).paced_refusal(50, 10);
-        assert_eq!((d.allowed, d.retry_after, d.source), (false, Some(Duration::from_millis(40)), Source::Pacing));
-        // The pace ends: one call leads, the others are refused meanwhile.
+        // In a fleet: refused from memory until the pace ends, no quota left.
+        assert!(matches!(spend(&l, 1, 10, 10), Spend::Paced), "refused from memory");
+        let d = lock(&l).paced_refusal(10);
+        assert_eq!((d.allowed, d.remaining, d.source, d.limit, d.rule), (false, 0, Source::Pacing, 1000, 1));
+        // Once Redis refused, a paced refusal names its retry time counted
+        // down, never the pace (1 ms once past it).
+        let refusal = Decision { allowed: false, retry_after: Some(Duration::from_millis(4)), ..standing(3) };
+        lock(&l).refused(&refusal, 10);
+        assert_eq!(lock(&l).paced_refusal(12).retry_after, Some(Duration::from_millis(2)));
+        assert_eq!(lock(&l).paced_refusal(30).retry_after, Some(Duration::from_millis(1)), "past Redis's time");
+        assert!(matches!(spend(&l, 1, 10, 49), Spend::Paced), "until the pace ends");
+        // Alone, the same lease asks Redis: it may hold refill nobody took.
+        let alone = spend_with(&l, 1, 10, 49, false, || true);
+        let Spend::Short { lease: Some(call), .. } = alone else { panic!("asks Redis alone: {alone:?}") };
+        drop(call);
+        // The pace ends: one call leads.
         let Spend::Short { lease: Some(call), .. } = spend(&l, 1, 10, 50) else { panic!("leads") };
-        assert!(matches!(spend(&l, 1, 10, 50), Spend::Paced { .. }));
         // It got all it asked for: no longer contended.
         call.done(|l| {
             l.answered(20, 20, 50, 50);

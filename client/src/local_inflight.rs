@@ -72,7 +72,9 @@ impl LocalInflight {
             if slots.is_empty() {
                 map.remove(subject);
             }
-            return Err(LocalRefusal { rule, in_flight: in_flight.min(share), retry_ms });
+            // The true count: a share lowered below what is held (a policy
+            // reloaded, the fleet grown) shows what is held.
+            return Err(LocalRefusal { rule, in_flight, retry_ms });
         }
         *next += 1;
         slots.push((*next, now + timeout_ms, cost));
@@ -139,5 +141,16 @@ mod tests {
         let (_, _, _) = local.acquire("v", &[1], 100, 1, 0).unwrap();
         assert!(local.acquire("w", &[1], 100, 2, 0).is_err());
         assert_eq!(local.subjects(), 2, "a refused subject leaves no entry");
+    }
+
+    #[test]
+    fn a_refusal_reports_the_true_count_above_a_lowered_share() {
+        let local = LocalInflight::default();
+        for now in 0..4 {
+            local.acquire("u", &[4], 1000, 1, now).unwrap();
+        }
+        // The share fell to 2 (a lowered limit, a grown fleet) with 4 held.
+        let refused = local.acquire("u", &[2], 1000, 1, 10).unwrap_err();
+        assert_eq!(refused, LocalRefusal { rule: 0, in_flight: 4, retry_ms: Some(992) });
     }
 }

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -135,22 +136,25 @@ async fn concurrent_first_requests_take_one_batch(backend: Backend) {
     let month = Duration::from_secs(30 * 86_400);
     let c = Config { lease_window: month / 200, ..config(s.url(), backend) };
     let l = Limiter::new(c).unwrap();
-    let p = Arc::new(Policy::builder("api").rule(Rule::new("monthly", 10_000, 10_000, month)).build().unwrap());
+    let p = Policy::builder("api").rule(Rule::new("monthly", 10_000, 10_000, month)).build().unwrap();
     let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 10_000, 10_000, month).unwrap();
-    // 40 requests of one subject arrive at once on an empty lease.
-    let start = Arc::new(tokio::sync::Barrier::new(40));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..40 {
-        let (l, p, start) = (l.clone(), p.clone(), start.clone());
-        tasks.spawn(async move {
-            start.wait().await;
-            l.check(&p, "u").await.unwrap().allowed
-        });
-    }
-    let admitted = tasks.join_all().await.into_iter().filter(|&a| a).count() as u64;
+    let full = tokens(l.client(), &bucket).await;
+    // 40 requests of one subject arrive at once on an empty lease, while
+    // the server holds every answer back (300 ms): polled together, each
+    // reaches its call before the first answer can be read. (Spawned tasks
+    // behind a barrier did not ensure it: on a busy machine the first
+    // request's call was answered before the runtime polled the others,
+    // which then spent from its batch and, at half empty, rightly sent a
+    // top-up: a second batch held.)
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(300).arg("ALL").query(&mut s.con()).unwrap();
+    let mut all = std::pin::pin!(futures_util::future::join_all((0..40).map(|_| l.check(&p, "u"))));
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(all.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "answered while the server was paused");
+    let decisions = all.await;
+    let admitted = decisions.into_iter().filter(|d| d.as_ref().unwrap().allowed).count() as u64;
     assert_eq!(admitted, 40);
     // One of them leases a batch; the others ask for their own token only.
-    let held = 10_000 - tokens(l.client(), &bucket).await - admitted;
+    let held = full - tokens(l.client(), &bucket).await - admitted;
     assert!(held <= 50, "this gateway holds {held} tokens: more than one batch of 50");
 }
 
@@ -281,16 +285,17 @@ async fn a_policy_built_per_request_behaves_like_a_shared_one() {
     assert_eq!(calls(&s, "RL.TAKE"), takes, "refused from memory: no call to Redis");
 }
 
-/// A contended bucket's lease is paced: its refusals from memory say
-/// `Source::Pacing` and count as pacing refusals, apart from the deny
-/// cache's (Redis refused nothing).
+/// In a fleet, a contended bucket's lease is paced once Redis refused this
+/// gateway: its refusals from memory say `Source::Pacing` and count as
+/// pacing refusals, apart from the deny cache's, with no quota left. (A
+/// gateway alone is never paced: see `tests/lease_admission.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pacing_refusals_are_reported_apart_from_the_deny_cache() {
     let s = Server::start(&[]);
     // The limiter's clock stands still: once paced, it stays paced.
-    let (c, _clock) = on_manual_clock(config(s.url(), Backend::Module));
+    let (c, _clock) = on_manual_clock(Config { gateways: 2, ..config(s.url(), Backend::Module) });
     let l = Limiter::new(c).unwrap();
-    // Leases of 100 (one gateway, 1 s of 100 a second).
+    // Leases of 50 (two gateways, 1 s of 100 a second).
     let p = Policy::builder("api").rule(Rule::per_second("s", 100)).build().unwrap();
     let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 100, 100, Duration::from_secs(1)).unwrap();
     // Someone else empties the bucket: the first lease call gets less than it asks.
@@ -300,7 +305,7 @@ async fn pacing_refusals_are_reported_apart_from_the_deny_cache() {
         let d = l.check(&p, "u").await.unwrap();
         match d.source {
             Source::Pacing => {
-                assert!(!d.allowed && d.retry_after.is_some(), "{d:?}");
+                assert!(!d.allowed && d.remaining == 0 && d.retry_after.is_some(), "{d:?}");
                 paced += 1;
             }
             Source::DenyCache => denied += 1,

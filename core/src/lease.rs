@@ -13,9 +13,17 @@
 //! At most one lease call per subject is in flight (`leasing`). A
 //! contended bucket (a call got fewer tokens than it asked for) is paced:
 //! until this holder's share of the rate has refilled what the last call
-//! granted (a batch if nothing), a request the lease cannot pay is refused
-//! from memory, then one call asks for two batches. Only refusals are
-//! added: never over.
+//! granted (a batch if nothing), no top-up is sent, and once the pace ends
+//! one call asks for two batches. What a request the lease cannot pay does
+//! meanwhile depends on the spend:
+//!
+//! - [`Lease::spend`] refuses it from memory for the whole pace (holders
+//!   in a fleet: the pace keeps their calls spread);
+//! - [`Lease::spend_or_ask`] sends it to Redis, leading the one call when
+//!   none is on its way (a holder alone: nobody else takes the refill, so
+//!   pacing could only refuse what Redis holds).
+//!
+//! Only refusals are added: never over.
 
 use crate::BucketParams;
 
@@ -135,6 +143,19 @@ impl Lease {
         self.tokens -= cost;
         let half_empty = 2 * self.tokens <= batch;
         Spend::Hit { top_up: self.claim(half_empty && !paced, may_call) }
+    }
+
+    /// [`Lease::spend`] for a holder alone, never `Paced`: a request the
+    /// lease cannot pay is `Short`, leading the one call when none is on its
+    /// way (`may_call` as for `spend`), contended or not. Top-ups are paced
+    /// as by `spend`.
+    pub fn spend_or_ask(&mut self, cost: u64, batch: u64, now_ms: u64, may_call: impl FnOnce() -> bool) -> Spend {
+        self.expire(now_ms);
+        if self.tokens < cost {
+            let reserved = std::mem::take(&mut self.tokens);
+            return Spend::Short { reserved, lead: self.claim(true, may_call) };
+        }
+        self.spend(cost, batch, now_ms, may_call)
     }
 
     /// Claims the one call in flight, if one is wanted and none is on its way.
@@ -307,6 +328,28 @@ mod tests {
         l.add(19, 50, 1000);
         assert_eq!(l.want(10), 10);
         assert!(matches!(spend(&mut l, 15, 10, 51), Spend::Hit { .. }));
+    }
+
+    #[test]
+    fn a_holder_alone_asks_redis_where_a_fleet_is_paced() {
+        let mut l = Lease::default();
+        let ask = |l: &mut Lease, now| l.spend_or_ask(1, 10, now, || true);
+        assert_eq!(ask(&mut l, 0), Spend::Short { reserved: 0, lead: true });
+        // Asked for 10, got 4: contended, paced for 50 ms.
+        l.call_done();
+        l.answered(10, 4, 50, 0);
+        l.add(3, 0, 1000);
+        for _ in 0..3 {
+            assert_eq!(ask(&mut l, 10), Spend::Hit { top_up: false }, "no top-up while paced");
+        }
+        assert_eq!(l.spend(1, 10, 10, || true), Spend::Paced { until_ms: 50 }, "a fleet's holder is paced");
+        // Alone: short while paced, Redis may still hold the refill.
+        assert_eq!(ask(&mut l, 10), Spend::Short { reserved: 0, lead: true });
+        assert_eq!(ask(&mut l, 10), Spend::Short { reserved: 0, lead: false }, "its own cost beside the call");
+        // The call got nothing: still asks.
+        l.call_done();
+        l.answered(20, 0, 100, 20);
+        assert_eq!(ask(&mut l, 30), Spend::Short { reserved: 0, lead: true });
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl Inner {
             client,
             gateways: AtomicU32::new(config.gateways),
             shards,
-            deny: DenyCache::new(config.deny_cache_entries),
+            deny: DenyCache::new(config.deny_cache_entries, millis(config.deny_hold_max)),
             leases: Leases::new(config.lease_entries),
             fallback: Fallback::new(config.fallback_entries),
             counters: Counters::default(),
@@ -145,6 +145,12 @@ impl Inner {
     /// Every known shard and whether its breaker is open at `now`.
     pub(super) fn shard_states(&self, now: u64) -> Vec<(String, bool)> {
         self.shards.states(now)
+    }
+
+    /// Drops every local entry of `subject` (deny cache, leases, fallback),
+    /// in every group: how many.
+    pub(super) fn forget(&self, subject: &str) -> usize {
+        self.deny.forget(subject) + self.leases.forget(subject) + self.fallback.forget(subject)
     }
 
     /// The subject's lease, created empty if it has none.

@@ -1,7 +1,14 @@
 //! A busy subject's group: spend from its lease, top it up in the
-//! background at half empty, and lease synchronously only when it runs
-//! short, at most one RL.LEASE per subject under way. The lease state and
-//! its locks are `lease.rs`.
+//! background at half empty, and ask Redis when it runs short, at most one
+//! RL.LEASE per subject under way. The lease state and its locks are
+//! `lease.rs`.
+//!
+//! In a fleet a contended bucket is paced: a request the lease cannot pay
+//! is refused from memory until this gateway's share of the rate has
+//! refilled what it last got. A gateway alone is never paced: such a
+//! request asks Redis (Redis may hold refill nobody took) unless the deny
+//! cache holds Redis's refusal (until the module's retry time), so it
+//! admits what Redis alone admits.
 
 use std::sync::Arc;
 
@@ -66,7 +73,8 @@ impl Limiter {
         // While the shard's breaker refuses, a top-up or a lease call would
         // be refused: none is claimed.
         let may_call = || !i.breaker_refuses(t.subject, now);
-        let (reserved, lease) = match spend_with(&entry, cost, batch, now, may_call) {
+        let in_fleet = i.gateways() > 1;
+        let (reserved, lease) = match spend_with(&entry, cost, batch, now, in_fleet, may_call) {
             Spend::Hit { decision, refill } => {
                 i.record(Event::LeaseHit, t.prefix(), None);
                 if let Some(call) = refill {
@@ -75,9 +83,9 @@ impl Limiter {
                 }
                 return decision;
             }
-            Spend::Paced { until_ms } => {
+            Spend::Paced => {
                 i.record(Event::PacingRefusal, t.prefix(), None);
-                return t.mapped(lock(&entry).paced_refusal(until_ms, now));
+                return lock(&entry).paced_refusal(now);
             }
             Spend::Short { reserved, lease } => (reserved, lease),
         };
@@ -120,12 +128,20 @@ impl Limiter {
             Ok(g) => {
                 // RL.LEASE grants nothing below MIN; should it ever, keep what came.
                 reserved.put_back(g.tokens, after);
-                if let Some(lease) = lease {
-                    lease.done(|l| l.answered(want, g.tokens, pace(g.tokens), after));
+                let d = Decision { allowed: false, remaining: 0, ..t.mapped(g.decision) };
+                let refused = |l: &mut Lease| l.refused(&d, after);
+                match lease {
+                    Some(lease) => {
+                        lease.done(|l| {
+                            l.answered(want, g.tokens, pace(g.tokens), after);
+                            refused(l);
+                        });
+                    }
+                    None => refused(&mut lock(&entry)),
                 }
-                let d = t.mapped(g.decision);
+                // Held until the module's retry time.
                 i.remember(&key, need, &d, now, 0);
-                Decision { allowed: false, ..d }
+                d
             }
             Err(e) => {
                 *shard_down |= e.is_shard_failure();
@@ -152,10 +168,15 @@ impl Limiter {
             if let Ok(g) = this.guarded(&r.policy, admitted, grant).await {
                 let (now, ttl) = (i.now_ms(), millis(i.config().lease_ttl));
                 let pace = pace_ms(&r.params, g.tokens, batch, i.gateways());
-                // Empty: requests spend what is left, then are paced.
+                let standing = mapped(&r.rules, g.decision);
+                // Empty: requests spend what is left, then (in a fleet) are
+                // paced; alone they ask Redis.
                 call.done(|l| {
                     l.answered(want, g.tokens, pace, now);
-                    l.add(g.tokens, &mapped(&r.rules, g.decision), now, ttl);
+                    if g.tokens == 0 {
+                        l.refused(&Decision { allowed: false, remaining: 0, ..standing }, now);
+                    }
+                    l.add(g.tokens, &standing, now, ttl);
                 });
             }
         });
