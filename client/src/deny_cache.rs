@@ -92,6 +92,11 @@ impl DenyCache {
             Denial { held, reset_until_ms: now_ms.saturating_add(millis(refused.reset_after)), refused: *refused };
         self.map.insert(key.owned(), denial);
     }
+
+    /// Drops every refusal remembered for `subject`, in any group: how many.
+    pub(crate) fn forget(&self, subject: &str) -> usize {
+        crate::forget_subject(&self.map, subject)
+    }
 }
 
 #[cfg(test)]

@@ -222,6 +222,11 @@ impl Fallback {
         }
     }
 
+    /// Drops the stand-in buckets of `subject` in every group: how many.
+    pub(crate) fn forget(&self, subject: &str) -> usize {
+        crate::forget_subject(&self.map, subject)
+    }
+
     /// Rescales `local` when the fleet size or the slack changed since it
     /// was scaled. `Err(i)` as [`Fallback::local`].
     fn rescale(&self, local: &mut Local, key: &impl Subject, scale: &Scale) -> Result<(), usize> {

@@ -93,6 +93,23 @@ impl Subject for SubjectRef<'_> {
     }
 }
 
+/// Drops every entry of `map` kept for `subject`, in any group, enforced
+/// or shadow: how many there were (counted under each shard's lock, so
+/// exactly the ones removed).
+pub(crate) fn forget_subject<V, W>(map: &quick_cache::sync::Cache<SubjectKey, V, W>, subject: &str) -> usize
+where
+    V: Clone,
+    W: quick_cache::Weighter<SubjectKey, V> + Clone,
+{
+    let dropped = std::cell::Cell::new(0);
+    map.retain(|key, _| {
+        let kept = &*key.2 != subject;
+        dropped.set(dropped.get() + usize::from(!kept));
+        kept
+    });
+    dropped.get()
+}
+
 /// Locks a mutex; a poisoned one (a panic elsewhere while held) still
 /// holds consistent plain data here, so it is used as is. Tried first
 /// without blocking: a lock found held is counted ([`sim::lock_waits`]).

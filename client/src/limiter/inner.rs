@@ -147,6 +147,12 @@ impl Inner {
         self.shards.states(now)
     }
 
+    /// Drops every local entry of `subject` (deny cache, leases, fallback),
+    /// in every group: how many.
+    pub(super) fn forget(&self, subject: &str) -> usize {
+        self.deny.forget(subject) + self.leases.forget(subject) + self.fallback.forget(subject)
+    }
+
     /// The subject's lease, created empty if it has none.
     pub(super) fn lease(&self, key: &impl Subject) -> Arc<Mutex<Lease>> {
         self.leases.entry(key)

@@ -92,6 +92,18 @@ impl Limiter {
         self.inner.set_gateways(gateways);
     }
 
+    /// Drops what this gateway keeps in memory for `subject`, under every
+    /// policy: its remembered refusals (the deny cache), its leases (their
+    /// tokens dropped, never handed back to Redis: under, never over) and
+    /// its outage fallback buckets. Returns how many entries were dropped.
+    /// The subject's next request asks Redis. Redis is not touched: to
+    /// unlock a subject, clear its keys there too (`rlctl unlock` does
+    /// both, telling every gateway through the rules channel). In-flight
+    /// slots held by running requests are theirs and are left alone.
+    pub fn forget_subject(&self, subject: &str) -> usize {
+        self.inner.forget(subject)
+    }
+
     /// Totals of every [`Event`] since the limiter was made.
     pub fn counters(&self) -> &Counters {
         self.inner.counters()
