@@ -3,6 +3,8 @@
 
 mod compile;
 pub mod exporter;
+mod fleet;
+mod history;
 #[cfg(feature = "tower")]
 mod layer;
 mod live;
@@ -13,6 +15,8 @@ mod store;
 mod watch;
 
 pub use compile::parse_network;
+pub use fleet::{escaped, fleet_status, FleetStatus, GatewayReport, REPORT_FORGOTTEN_AFTER};
+pub use history::{diff, HistoryEntry, HISTORY_LEN};
 #[cfg(feature = "tower")]
 pub use layer::LiveDecide;
 pub use live::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
