@@ -9,6 +9,7 @@ mod history;
 mod layer;
 mod live;
 mod regional;
+mod server_limits;
 mod snapshot;
 mod spec;
 mod store;
@@ -21,6 +22,7 @@ pub use history::{diff, HistoryEntry, HISTORY_LEN};
 pub use layer::LiveDecide;
 pub use live::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
 pub use regional::{GlobalLimit, RegionalShares, SHARES_KEY};
+pub use server_limits::server_refusals;
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{
     global_rules, stored_kind_changes, FleetBackend, GlobalSpec, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec,

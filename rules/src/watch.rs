@@ -22,6 +22,8 @@ use rl_client::{Error, Result};
 
 use crate::fleet::{default_gateway_name, GatewayReport, Origin};
 use crate::live::{Installed, LiveRules};
+use crate::server_limits::server_refusals;
+use crate::snapshot::Snapshot;
 use crate::spec::{read, RuleSetSpec};
 use crate::store::{unix_ms, RulesStore, Stored, DEFAULT_KEY, UNLOCK};
 
@@ -328,11 +330,33 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
     match &stored.rules {
         // install_as counts and remembers its own refusals.
         Some(set) => {
+            if let Some(e) = server_refusal(rules, set, &stored).await {
+                return rules.rejected(Some(stored.version), stored.publication.as_deref(), &label, &e);
+            }
             let _ = rules.install_as(set, &stored.overrides, stored.version, &origin(&stored), &label, true);
         }
         None => {
             let e = Error::Rules("the store has a version but no rules".to_owned());
             rules.rejected(Some(stored.version), stored.publication.as_deref(), &label, &e);
+        }
+    }
+}
+
+/// The limiter's server's refusal of a stored set's limits (an EXACT
+/// window above its max-log-limit): installed, every request of the rule
+/// would error at Redis. `None` when it accepts them, when the set does
+/// not compile (installing it names why), or when the server cannot be
+/// asked now (the set is installed: its requests fail over as any).
+async fn server_refusal(rules: &LiveRules, set: &RuleSetSpec, stored: &Stored) -> Option<Error> {
+    let snapshot = Snapshot::compile(set, &stored.overrides, stored.version).ok()?;
+    match server_refusals(rules.limiter().client(), &snapshot).await {
+        Ok(faults) if faults.is_empty() => None,
+        Ok(faults) => {
+            Some(Error::Rules(format!("rule set rejected: the limiter's server refuses {}", faults.join("; "))))
+        }
+        Err(e) => {
+            tracing::debug!(target: "rl_rules", error = %e, "cannot ask the limiter's server about the set's limits");
+            None
         }
     }
 }

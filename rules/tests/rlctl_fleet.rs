@@ -106,14 +106,17 @@ async fn status_shows_the_fleets_spread_and_warns_on_a_gateway_behind() {
     let run = rlctl(&["status", "--redis", &url]).await;
     assert_eq!(run.code, 1, "{}{}", run.out, run.err);
     assert!(
-        run.out.contains(&format!("gateways: 2 reporting; version 2 of lineage {lineage}: 1, version 1 of lineage {lineage}: 1")),
+        run.out.contains(&format!(
+            "gateways: 2 reporting; version 2 of lineage {lineage}: 1, version 1 of lineage {lineage}: 1"
+        )),
         "{}",
         run.out
     );
     assert!(run.out.contains("  gw-lua: version 1 of lineage") && run.out.contains("[BEHIND]"), "{}", run.out);
     let warning = run.out.lines().find(|l| l.starts_with("warning: gateway gw-lua is behind")).unwrap_or_default();
     assert!(
-        warning.contains(&format!("it runs version 1 of lineage {lineage}, the store has version 2 of lineage {lineage}"))
+        warning
+            .contains(&format!("it runs version 1 of lineage {lineage}, the store has version 2 of lineage {lineage}"))
             && warning.contains("window"),
         "the warning names the versions and the refusal: {}",
         run.out
@@ -198,7 +201,10 @@ async fn history_diff_and_rollback_of_rule_sets() {
     let history = ok(&url, &["history"]).await;
     let lines: Vec<&str> = history.lines().collect();
     assert_eq!(lines.len(), 2, "{history}");
-    assert!(lines[0].starts_with("version 2 of lineage ") && lines[0].ends_with("2 rules (the set in force)"), "{history}");
+    assert!(
+        lines[0].starts_with("version 2 of lineage ") && lines[0].ends_with("2 rules (the set in force)"),
+        "{history}"
+    );
     assert!(lines[1].starts_with("version 1 of lineage ") && lines[1].ends_with(": 1 rules"), "{history}");
 
     let diff = ok(&url, &["diff", "--from", "1"]).await;
@@ -238,7 +244,17 @@ async fn override_mistakes_are_refused_and_reasons_cannot_forge_lines() {
         let url = url.clone();
         async move {
             rlctl(&[
-                "override", "add", "--subject", "k", "--limit", limit, "--expires", "1h", "--reason", "INC-2", "--redis",
+                "override",
+                "add",
+                "--subject",
+                "k",
+                "--limit",
+                limit,
+                "--expires",
+                "1h",
+                "--reason",
+                "INC-2",
+                "--redis",
                 &url,
             ])
             .await
@@ -258,7 +274,11 @@ async fn override_mistakes_are_refused_and_reasons_cannot_forge_lines() {
     assert_eq!(add("s=5/1s").await.code, 0);
     let run = add("s=5/1s,exact").await;
     assert_eq!(run.code, 1, "{}", run.out);
-    assert!(run.err.contains("override rejected") && run.err.contains("changes from bucket to exact on the same keys"), "{}", run.err);
+    assert!(
+        run.err.contains("override rejected") && run.err.contains("changes from bucket to exact on the same keys"),
+        "{}",
+        run.err
+    );
     assert_eq!(add("e=5/1s,exact").await.code, 0, "another name is other keys");
     let run = add("e=5/1s,window").await;
     assert!(run.err.contains("changes from exact to window on the same keys"), "{}", run.err);
@@ -266,7 +286,17 @@ async fn override_mistakes_are_refused_and_reasons_cannot_forge_lines() {
 
     let forged = "INC-3\n  ovr-admin-0000000000000000: subject \"admin\" (expires in 29days): s=1000000/1s; reason: ok";
     let run = rlctl(&[
-        "override", "add", "--ip", "203.0.113.0/24", "--limit", "s=1/1s", "--expires", "1h", "--reason", forged, "--redis",
+        "override",
+        "add",
+        "--ip",
+        "203.0.113.0/24",
+        "--limit",
+        "s=1/1s",
+        "--expires",
+        "1h",
+        "--reason",
+        forged,
+        "--redis",
         &url,
     ])
     .await;
@@ -275,4 +305,75 @@ async fn override_mistakes_are_refused_and_reasons_cannot_forge_lines() {
     assert!(!list.lines().any(|l| l.starts_with("  ovr-admin")), "a forged line: {list}");
     assert!(list.contains(r#"reason: INC-3\n  ovr-admin-0000000000000000"#), "{list}");
     assert!(ok(&url, &["active"]).await.contains(r"reason: INC-3\n  ovr-admin"), "active shows it escaped too");
+}
+
+/// An EXACT window of 20,000: above the module's default max-log-limit (10,000).
+const BIG_EXACT: &str = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
+                         limits = [{ name = \"e\", kind = \"exact\", limit = 20000, per = \"1m\" }]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_the_server_refuses_are_caught_before_any_request() {
+    let s = Server::start(&[]);
+    let url = s.url();
+    let dir = tempfile::tempdir().unwrap();
+    let big = write(dir.path(), "big.toml", BIG_EXACT);
+    // The rule format alone accepts it...
+    assert_eq!(rlctl(&["validate", &big]).await.code, 0);
+    // ...the server does not.
+    let run = rlctl(&["validate", &big, "--redis", &url]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    assert!(
+        run.err.contains("rule set rejected: the server at redis://127.0.0.1:")
+            && run.err.contains("refuses rule 'default' limit 'e': the server refuses it: ")
+            && run.err.contains("is 20000, above the EXACT maximum of 10000"),
+        "{}",
+        run.err
+    );
+    let inflight = write(
+        dir.path(),
+        "inflight.toml",
+        "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
+         limits = [{ name = \"s\", rate = 10, per = \"1s\" }, { name = \"c\", kind = \"inflight\", limit = 20000, timeout = \"30s\" }]\n",
+    );
+    let run = rlctl(&["validate", &inflight, "--redis", &url]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    assert!(run.err.contains("limit 'c'") && run.err.contains("max-inflight-limit"), "{}", run.err);
+    let run = rlctl(&["publish", &big, "--redis", &url]).await;
+    assert_eq!(run.code, 1, "{}", run.out);
+    assert!(run.err.contains("above the EXACT maximum of 10000"), "{}", run.err);
+    assert!(ok(&url, &["active"]).await.contains("nothing published"), "nothing was published");
+    let unreachable = rlctl(&["validate", &big, "--redis", "redis://127.0.0.1:1/"]).await;
+    assert_eq!(unreachable.code, 1);
+    assert!(unreachable.err.contains("cannot ask redis://127.0.0.1:1/"), "{}", unreachable.err);
+
+    // Rules on a server that allows it, the limiter on one that does not:
+    // the gateway asks its own server and refuses the set, saying why.
+    let rules_server = Server::start(&[]);
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("rl.max-log-limit").arg(50000).query(&mut rules_server.con()).unwrap();
+    let rules_url = rules_server.url();
+    assert_eq!(rlctl(&["validate", &big, "--redis", &rules_url]).await.code, 0, "50,000 allowed there");
+    ok(&rules_url, &["publish", &write(dir.path(), "a.toml", &bucket(10))]).await;
+    let limiter = Limiter::new(config(url.clone(), Backend::Module)).unwrap();
+    let gw = LiveRules::new(limiter, &RuleSetSpec::from_toml(&bucket(1)).unwrap()).unwrap();
+    let _w = gw
+        .watch_redis(RedisSource { poll_every: Duration::from_millis(200), ..RedisSource::new(rules_url.clone()) })
+        .unwrap();
+    reached(&gw, 1).await;
+    ok(&rules_url, &["publish", &big]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gw.status().rejected == 0 {
+        assert!(Instant::now() < deadline, "version 2 was not refused: {:?}", gw.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let st = gw.status();
+    assert_eq!(st.version, 1, "the set in force stays");
+    assert!(
+        st.last_error.as_deref().is_some_and(|e| e.contains("version 2")
+            && e.contains("the limiter's server refuses rule 'default' limit 'e'")
+            && e.contains("above the EXACT maximum of 10000")),
+        "{st:?}"
+    );
+    let v = gw.check(&Request::new().subject("u")).await.unwrap();
+    assert_eq!((v.version, v.decision.source), (1, Source::Redis), "requests still decided by Redis: {v:?}");
 }

@@ -38,6 +38,11 @@ enum Command {
         /// Check as a gateway on the Lua backend would (no windows or quotas).
         #[arg(long)]
         lua: bool,
+        /// Also ask this server (the limiter's) whether it accepts every
+        /// limit (an EXACT window above its max-log-limit, an in-flight
+        /// limit above its max-inflight-limit).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
     },
     /// Check a rule file with the overrides in force and publish it as the next version.
     Publish {
@@ -211,10 +216,13 @@ type Output = (String, Option<String>);
 async fn run(command: Command) -> Result<Output, Error> {
     let done = |text: String| Ok((text, None));
     match command {
-        Command::Validate { file, lua } => {
+        Command::Validate { file, lua, redis } => {
             let spec = RuleSetSpec::from_file(&file)?;
             let backend = if lua { Backend::Lua } else { Backend::Module };
             let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
+            if let Some(url) = redis {
+                check_server(&url, backend, &snapshot, true).await?;
+            }
             let ok = format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot));
             let lines = std::iter::once(ok)
                 .chain(inflight_limits(&snapshot))
@@ -227,6 +235,14 @@ async fn run(command: Command) -> Result<Output, Error> {
             let spec = RuleSetSpec::from_file(&file)?;
             let store = open(&store)?;
             let before = store.read().await?;
+            // The server the rules are published to, as the limiter's:
+            // each gateway asks its own again before installing.
+            let overrides = before.overrides.clone();
+            if let Ok(snapshot) =
+                Snapshot::compile(&spec, &overrides, spec.version.unwrap_or(before.version.saturating_add(1)))
+            {
+                check_server(store.url(), Backend::Module, &snapshot, false).await?;
+            }
             let version = store.publish(&spec).await?;
             let lineage = store.read().await?.lineage.unwrap_or_default();
             let mut published = format!(
@@ -320,6 +336,29 @@ async fn run(command: Command) -> Result<Output, Error> {
                 }
             };
             done(format!("override '{id}' removed in version {version}"))
+        }
+    }
+}
+
+/// Refuses a set whose limits the server at `url` refuses. When the
+/// server cannot be asked, `validate` (`strict`) fails and `publish` goes
+/// on (its gateways ask their own servers before installing).
+async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<(), Error> {
+    let config = rl_client::Config { backend, ..rl_client::Config::standalone(url) };
+    let client = rl_client::Client::new(&config)?;
+    match rl_rules::server_refusals(&client, snapshot).await {
+        Ok(faults) if faults.is_empty() => Ok(()),
+        Ok(faults) => Err(Error::Rules(format!(
+            "rule set rejected: the server at {} refuses {}",
+            rl_rules::exporter::redacted(url),
+            faults.join("; ")
+        ))),
+        Err(e) if strict => {
+            Err(Error::Rules(format!("cannot ask {} about the set's limits: {e}", rl_rules::exporter::redacted(url))))
+        }
+        Err(e) => {
+            eprintln!("rlctl: warning: cannot ask the server about the set's limits ({e}): gateways check them before installing");
+            Ok(())
         }
     }
 }
