@@ -192,7 +192,7 @@ pub fn fleet_status(
             ago(r.reported_at())
         ));
     }
-    spread.sort_by(|a, b| b.0 .0.cmp(&a.0 .0));
+    spread.sort_by_key(|((version, _), _)| std::cmp::Reverse(*version));
     let counts: Vec<String> =
         spread.iter().map(|((v, l), n)| format!("version {v}{}: {n}", of(l.as_deref()))).collect();
     let reporting = reports.len() - status.gone.len();
