@@ -377,3 +377,37 @@ async fn limits_the_server_refuses_are_caught_before_any_request() {
     let v = gw.check(&Request::new().subject("u")).await.unwrap();
     assert_eq!((v.version, v.decision.source), (1, Source::Redis), "requests still decided by Redis: {v:?}");
 }
+
+/// The root README's `ACL SETUSER rl-unlock ...` recipe, password replaced.
+fn unlock_recipe(password: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let line = readme.lines().find(|l| l.starts_with("ACL SETUSER rl-unlock ")).expect("the rl-unlock recipe");
+    let args = line.split_whitespace().skip(3);
+    args.map(|a| if a.starts_with('>') { format!(">{password}") } else { a.to_owned() }).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_runs_as_the_readmes_rl_unlock_user() {
+    let s = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    ok(&s.url(), &["publish", &write(dir.path(), "a.toml", &bucket(10))]).await;
+    let mut admin = s.con();
+    let _: () = redis::cmd("SET").arg("rl:default:{k1}:s").arg("x").query(&mut admin).unwrap();
+    // Redis 7.0 has no CLIENT SETINFO (the README says to leave it out there).
+    let info: String = redis::cmd("INFO").arg("server").query(&mut admin).unwrap();
+    let seven_oh = info.lines().any(|l| l.starts_with("redis_version:7.0."));
+    let recipe: Vec<String> =
+        unlock_recipe("pw-unlock").into_iter().filter(|a| !(seven_oh && a == "+client|setinfo")).collect();
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg("rl-unlock").arg(recipe).query(&mut admin).unwrap();
+    let _: () = redis::cmd("ACL").arg("LOG").arg("RESET").query(&mut admin).unwrap();
+    let url = format!("redis://rl-unlock:pw-unlock@127.0.0.1:{}/", s.port);
+    let out = ok(&url, &["unlock", "k1"]).await;
+    assert!(out.contains("1 of its 1 keys held counts"), "{out}");
+    assert!(!out.contains("pw-unlock"), "{out}");
+    let log: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
+    assert!(log.is_empty(), "ACL LOG: {log:?}");
+    // What it may not do: write the rules.
+    let mut user = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let e = redis::cmd("HSET").arg("rl:rules").arg("version").arg(9).query::<()>(&mut user).unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("noperm"), "{e}");
+}
