@@ -18,6 +18,7 @@ use quick_cache::sync::Cache;
 use rl_client::{Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
 use rl_http::headers::{self, PolicyHeaders};
 
+use crate::fleet::Origin;
 use crate::regional::{Regional, RegionalShares};
 use crate::snapshot::{CompiledRule, Request, Snapshot};
 use crate::spec::{RuleSetSpec, RuleSpec};
@@ -95,6 +96,14 @@ pub struct Admission {
 pub struct RulesStatus {
     /// The version in force.
     pub version: u64,
+    /// The id of the publication in force, unique per change to the rules
+    /// store (`None` for a set not from a store): a gateway following
+    /// Redis takes the store's set whenever its id or version differs from
+    /// this, whatever the version.
+    pub publication: Option<String>,
+    /// The lineage of the set in force: the id of the store's line of
+    /// versions, new when a store that lost its rules is published again.
+    pub lineage: Option<String>,
     /// Where it came from (`initial`, a file, a Redis URL).
     pub source: String,
     /// When it was installed.
@@ -171,13 +180,18 @@ struct Inner {
 
 struct State {
     source: String,
+    origin: Origin,
+    /// What keeps the rules current ("Redis", "a file"): one source of
+    /// truth per gateway.
+    follows: Option<&'static str>,
     installed_at: SystemTime,
     confirmed: Instant,
     rejected: u64,
     refresh_failures: u64,
     last_error: Option<String>,
-    /// The newest version refused, so a watcher does not fetch it again.
-    rejected_version: Option<u64>,
+    /// The newest version refused (and its publication), so a watcher
+    /// does not fetch it again.
+    rejected_version: Option<(u64, Option<String>)>,
 }
 
 impl Inner {
@@ -203,6 +217,8 @@ impl LiveRules {
                 current: ArcSwap::from_pointee(snapshot),
                 state: Mutex::new(State {
                     source: "initial".to_owned(),
+                    origin: Origin::default(),
+                    follows: None,
                     installed_at: SystemTime::now(),
                     confirmed: Instant::now(),
                     rejected: 0,
@@ -353,23 +369,33 @@ impl LiveRules {
     /// than the one in force and passes every check; otherwise the one in
     /// force stays, and a refusal is counted and reported in [`status`](Self::status).
     pub fn install(&self, spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64, source: &str) -> Result<Installed> {
-        self.install_as(spec, overrides, version, source, true)
+        let origin = self.inner.state().origin.clone();
+        self.install_as(spec, overrides, version, &origin, source, true)
     }
 
-    /// [`install`](Self::install); `named` false for a set that names no
-    /// version of its own (a file loaded as the next one): refused, it
-    /// marks no version as refused.
+    /// [`install`](Self::install) of a set from `origin`: one of another
+    /// publication than the set in force is taken whatever its version;
+    /// `named` false for a set that names no version of its own (a file
+    /// loaded as the next one): refused, it marks no version as refused.
     pub(crate) fn install_as(
         &self,
         spec: &RuleSetSpec,
         overrides: &[RuleSpec],
         version: u64,
+        origin: &Origin,
         source: &str,
         named: bool,
     ) -> Result<Installed> {
         let mut state = self.inner.state();
         let current = self.inner.current.load();
-        if version <= current.version() {
+        // A set of the store's is installed unless it is the one in force:
+        // the store is the truth, even gone back. Others only move forward.
+        let same = state.origin.publication == origin.publication;
+        let not_newer = match origin.publication {
+            Some(_) => version == current.version(),
+            None => version <= current.version(),
+        };
+        if same && not_newer {
             return Ok(Installed::NotNewer);
         }
         let lua = self.inner.limiter.client().backend() == Backend::Lua;
@@ -380,34 +406,40 @@ impl LiveRules {
                 }
                 self.inner.current.store(Arc::new(snapshot));
                 state.source = source.to_owned();
+                state.origin = origin.clone();
                 state.installed_at = SystemTime::now();
                 state.confirmed = Instant::now();
                 state.last_error = None;
-                state.rejected_version = state.rejected_version.filter(|&r| r > version);
-                tracing::info!(target: "rl_rules", version, source, "rule set installed: in force");
+                let newer = |(v, p): &(u64, Option<String>)| *v > version && *p == origin.publication;
+                state.rejected_version = state.rejected_version.take().filter(newer);
+                let (publication, lineage) = (origin.publication.as_deref(), origin.lineage.as_deref());
+                tracing::info!(target: "rl_rules", version, publication, lineage, source, "rule set installed: in force");
                 Ok(Installed::Now(version))
             }
             Err(e) => {
                 drop(state);
-                self.rejected(named.then_some(version), source, &e);
+                self.rejected(named.then_some(version), origin.publication.as_deref(), source, &e);
                 Err(e)
             }
         }
     }
 
     /// A rule set was refused: counted, logged, and reported in the
-    /// status; the one in force stays. A `version` newer than the one in
-    /// force is remembered, so a watcher does not fetch it again; a set
-    /// that names no version (a file that does not parse) marks none.
-    pub(crate) fn rejected(&self, version: Option<u64>, source: &str, error: &Error) {
+    /// status; the one in force stays. A `version` (of `publication`)
+    /// newer than the one in force, or of another publication, is
+    /// remembered, so a watcher does not fetch it again; a set that names
+    /// no version (a file that does not parse) marks none.
+    pub(crate) fn rejected(&self, version: Option<u64>, publication: Option<&str>, source: &str, error: &Error) {
         let mut state = self.inner.state();
         state.rejected += 1;
         let current = self.inner.current.load().version();
-        if let Some(newer) = version.filter(|&v| v > current) {
-            state.rejected_version = Some(newer);
+        let other = state.origin.publication.as_deref() != publication;
+        if let Some(newer) = version.filter(|&v| v > current || other) {
+            state.rejected_version = Some((newer, publication.map(str::to_owned)));
         }
+        let of = publication.map(|p| format!(" (publication {p})")).unwrap_or_default();
         let text = match version {
-            Some(version) => format!("version {version} from {source}: {error}"),
+            Some(version) => format!("version {version}{of} from {source}: {error}"),
             None => format!("{source}: {error}"),
         };
         tracing::error!(target: "rl_rules", refused = %text, in_force = current, "rule set refused: the one in force stays");
@@ -419,6 +451,8 @@ impl LiveRules {
         let state = self.inner.state();
         RulesStatus {
             version: self.inner.current.load().version(),
+            publication: state.origin.publication.clone(),
+            lineage: state.origin.lineage.clone(),
             source: state.source.clone(),
             installed_at: state.installed_at,
             age: state.confirmed.elapsed(),
@@ -428,14 +462,55 @@ impl LiveRules {
         }
     }
 
-    /// The source was read and holds nothing newer: the snapshot is current.
+    /// The source was read and holds what is in force: the snapshot is
+    /// current.
     pub(crate) fn confirmed(&self) {
         let mut state = self.inner.state();
         state.confirmed = Instant::now();
         let current = self.inner.current.load().version();
-        if !matches!(state.rejected_version, Some(r) if r > current) {
+        if !matches!(&state.rejected_version, Some((r, p)) if *r > current || *p != state.origin.publication) {
+            state.rejected_version = None;
             state.last_error = None;
         }
+    }
+
+    /// The source was read and does not hold what is in force (it is
+    /// behind, or lost its rules): the snapshot stays, unconfirmed, so its
+    /// age grows, and `why` is the status's `last_error`.
+    pub(crate) fn unconfirmed(&self, why: String) {
+        let mut state = self.inner.state();
+        if state.last_error.as_deref() != Some(why.as_str()) {
+            tracing::error!(target: "rl_rules", error = %why, "the rules source does not hold the set in force");
+        }
+        state.last_error = Some(why);
+    }
+
+    /// Marks `what` ("Redis", "a file") as what keeps these rules current;
+    /// refused while another watcher does: two sources would each take
+    /// the other's set for a change and undo it.
+    pub(crate) fn follow(&self, what: &'static str) -> Result<()> {
+        let mut state = self.inner.state();
+        match state.follows {
+            Some(other) => Err(Error::invalid(format!(
+                "these rules already follow {other}: one source of truth per gateway (drop that watcher first; \
+                 a file only to start with: LiveRules::start)"
+            ))),
+            None => {
+                state.follows = Some(what);
+                Ok(())
+            }
+        }
+    }
+
+    /// The watcher stopped: another source may be followed.
+    pub(crate) fn unfollow(&self) {
+        self.inner.state().follows = None;
+    }
+
+    /// The version and origin in force, read together.
+    pub(crate) fn identity(&self) -> (u64, Origin) {
+        let state = self.inner.state();
+        (self.inner.current.load().version(), state.origin.clone())
     }
 
     /// The source could not be read; the snapshot in force stays.
@@ -452,7 +527,7 @@ impl LiveRules {
     }
 
     /// Whether `version` was already refused: a watcher skips fetching it again.
-    pub(crate) fn was_rejected(&self, version: u64) -> bool {
-        self.inner.state().rejected_version == Some(version)
+    pub(crate) fn was_rejected(&self, version: u64, publication: Option<&str>) -> bool {
+        matches!(&self.inner.state().rejected_version, Some((v, p)) if *v == version && p.as_deref() == publication)
     }
 }

@@ -6,15 +6,26 @@
 //! | field | value |
 //! |---|---|
 //! | `version` | the version in force; every change moves it forward by at least one |
+//! | `id` | the id of the change in force: new with every change |
+//! | `lineage` | the id of this line of versions: the first change's `id` |
 //! | `rules` | the rule set (the file's rules and settings) as JSON |
 //! | `published_at` | Unix milliseconds of the last change |
 //! | `override:<id>` | one emergency override as JSON: a rule with a subject or ip, an expiry and a reason |
 //!
 //! Every change runs one script that checks the version it was prepared
-//! against, writes, moves the version and publishes the new version on
+//! against, writes, moves the version and publishes `VERSION ID` on
 //! the channel of the same name. Overrides live beside the rule set, not in
 //! it: publishing a new rule file keeps them, and adding one does not
 //! republish the file.
+//!
+//! A gateway takes the store's set whenever its `id` or version differs
+//! from the one in force: a server that lost the hash (a restart without
+//! persistence) starts a new lineage at version 1, a failover to a replica
+//! that missed a change can give another change the same version, and
+//! both are taken. Beside the hash,
+//! `<key>:history` keeps the last published sets (for `rlctl history`,
+//! `diff` and `rollback`), and `<key>:gateways` what each gateway runs
+//! (for `rlctl status`).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -22,6 +33,8 @@ use std::time::{Duration, SystemTime};
 use rl_client::{Connection, ConnectionStatus, Error, Result, Target};
 
 use crate::compile::{parse_network, refused};
+use crate::fleet::{new_lineage, GatewayReport, Origin};
+use crate::history::{HistoryEntry, HISTORY_LEN};
 use crate::snapshot::Snapshot;
 use crate::spec::{stored_kind_changes, MatchSpec, RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION};
 
@@ -58,15 +71,24 @@ local after = version(ARGV[2])
 if after == nil or after <= current then
   return redis.error_reply('ERR version ' .. ARGV[2] .. ' is not above ' .. raw .. ' and at most 2^53 - 1')
 end
-for i = 4, #ARGV, 3 do
+local lineage = redis.call('HGET', KEYS[1], 'lineage')
+if not lineage then
+  lineage = ARGV[4]
+  redis.call('HSET', KEYS[1], 'lineage', lineage)
+end
+redis.call('HSET', KEYS[1], 'id', ARGV[4])
+for i = 6, #ARGV, 3 do
   if ARGV[i] == 'set' then
     redis.call('HSET', KEYS[1], ARGV[i + 1], ARGV[i + 2])
+  elseif ARGV[i] == 'history' then
+    redis.call('LPUSH', KEYS[2], ARGV[2] .. ' ' .. lineage .. ' ' .. ARGV[i + 1] .. '\n' .. ARGV[i + 2])
+    redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
   else
     redis.call('HDEL', KEYS[1], ARGV[i + 1])
   end
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2])
-redis.call('PUBLISH', ARGV[3], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2] .. ' ' .. ARGV[4])
 return ARGV[2]
 ";
 
@@ -75,6 +97,11 @@ return ARGV[2]
 pub struct Stored {
     /// The version in force in the store (0: nothing published).
     pub version: u64,
+    /// The id of the change in force (`None`: nothing published, or
+    /// written before ids).
+    pub publication: Option<String>,
+    /// The lineage its versions count in (`None` as for `publication`).
+    pub lineage: Option<String>,
     /// The rule set, once one was published.
     pub rules: Option<RuleSetSpec>,
     /// Every override that parses, expired ones included, by id.
@@ -118,7 +145,8 @@ impl Stored {
             .get("published_at")
             .and_then(|ms| ms.parse::<u64>().ok())
             .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
-        Ok(Stored { version, rules, overrides, invalid, published_at })
+        let (publication, lineage) = (fields.get("id").cloned(), fields.get("lineage").cloned());
+        Ok(Stored { version, publication, lineage, rules, overrides, invalid, published_at })
     }
 
     /// An error naming every override that does not parse, if any: what
@@ -216,6 +244,18 @@ impl RulesStore {
         parse_version(v.as_deref())
     }
 
+    /// The version in force and its origin: one HMGET, what a gateway polls.
+    pub(crate) async fn head(&self) -> Result<(u64, Origin)> {
+        let (v, publication, lineage): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(&self.key)
+            .arg("version")
+            .arg("id")
+            .arg("lineage")
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok((parse_version(v.as_deref())?, Origin { publication, lineage }))
+    }
+
     /// Everything the hash holds, parsed.
     pub async fn read(&self) -> Result<Stored> {
         Stored::from_fields(&self.fields().await?)
@@ -250,7 +290,7 @@ impl RulesStore {
             // The version lives in its own field: the stored set has none.
             let body = RuleSetSpec { version: None, ..rules.clone() }.to_json();
             check_size(&body, &stored.overrides)?;
-            Ok((version, vec![Op::Set("rules".to_owned(), body)]))
+            Ok((version, vec![Op::Set("rules".to_owned(), body.clone()), Op::History(body)]))
         })
         .await
     }
@@ -287,6 +327,18 @@ impl RulesStore {
                     "the id is already the override of {}: remove that one, or give this one another --id",
                     shown(&other.scope)
                 )));
+            }
+            // The same id keeps the same keys: a limit changing kind on them
+            // would answer WRONGTYPE until they expire, as publish refuses.
+            if let Some(old) = stored.overrides.iter().find(|o| o.id == rule.id) {
+                let alone = |r: &RuleSpec| RuleSetSpec { rules: vec![r.clone()], ..rules.clone() };
+                let changes = stored_kind_changes(&alone(old), &alone(rule));
+                if !changes.is_empty() {
+                    return Err(rejected(format!(
+                        "it replaces the override with the same id: {} (or remove the old one first)",
+                        changes.join("; ")
+                    )));
+                }
             }
             let replaced: Vec<&RuleSpec> =
                 stored.overrides.iter().filter(|o| o.id != rule.id && target(&o.scope) == wanted).collect();
@@ -349,7 +401,7 @@ impl RulesStore {
         for _ in 0..5 {
             let stored = self.read().await?;
             let (version, mut ops) = prepare(&stored)?;
-            let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis();
+            let now_ms = unix_ms(SystemTime::now());
             ops.push(Op::Set("published_at".to_owned(), now_ms.to_string()));
             match self.commit(stored.version, version, &ops).await {
                 Err(e) if is_changed(&e) => continue,
@@ -364,11 +416,14 @@ impl RulesStore {
     async fn commit(&self, expected: u64, version: u64, ops: &[Op]) -> Result<u64> {
         let script = redis::Script::new(COMMIT);
         let mut call = script.key(&self.key);
-        call.arg(expected).arg(version).arg(&self.key);
+        call.key(self.history_key());
+        call.arg(expected).arg(version).arg(&self.key).arg(new_lineage()).arg(HISTORY_LEN);
+        let now_ms = unix_ms(SystemTime::now());
         for op in ops {
             match op {
                 Op::Set(field, value) => call.arg("set").arg(field).arg(value),
                 Op::Del(field) => call.arg("del").arg(field).arg(""),
+                Op::History(set) => call.arg("history").arg(now_ms).arg(set),
             };
         }
         match call.invoke_async(&mut self.con.clone()).await {
@@ -376,11 +431,99 @@ impl RulesStore {
             answer => Ok(answer?),
         }
     }
+
+    /// The list of past rule sets, newest first.
+    fn history_key(&self) -> String {
+        format!("{}:history", self.key)
+    }
+
+    /// The hash of what each gateway runs.
+    fn reports_key(&self) -> String {
+        format!("{}:gateways", self.key)
+    }
+
+    /// The rule sets published, newest first (at most [`HISTORY_LEN`]);
+    /// an entry that does not parse is skipped.
+    pub async fn history(&self) -> Result<Vec<HistoryEntry>> {
+        let raw: Vec<String> =
+            redis::cmd("LRANGE").arg(self.history_key()).arg(0).arg(-1).query_async(&mut self.con.clone()).await?;
+        Ok(raw.iter().filter_map(|r| HistoryEntry::parse(r)).collect())
+    }
+
+    /// Publishes the set of `version` from the history again, as the next
+    /// version, with every check of [`publish`](Self::publish). Returns
+    /// the new version.
+    pub async fn rollback(&self, version: u64) -> Result<u64> {
+        let history = self.history().await?;
+        let Some(entry) = history.iter().find(|e| e.version == version) else {
+            let kept: Vec<String> = history.iter().map(|e| e.version.to_string()).collect();
+            return Err(Error::Rules(format!(
+                "version {version} is not in the history (kept: {})",
+                if kept.is_empty() { "none".to_owned() } else { kept.join(", ") }
+            )));
+        };
+        self.publish(&entry.rules).await
+    }
+
+    /// Writes what this gateway runs under `name` (one field per gateway).
+    pub async fn report(&self, name: &str, report: &GatewayReport) -> Result<()> {
+        let _: () = redis::cmd("HSET")
+            .arg(self.reports_key())
+            .arg(name)
+            .arg(report.to_json())
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// What every gateway last reported, by name; a report that does not
+    /// parse is left out.
+    pub async fn reports(&self) -> Result<Vec<(String, GatewayReport)>> {
+        let raw: HashMap<String, String> =
+            redis::cmd("HGETALL").arg(self.reports_key()).query_async(&mut self.con.clone()).await?;
+        let mut out: Vec<(String, GatewayReport)> =
+            raw.into_iter().filter_map(|(name, json)| Some((name, GatewayReport::from_json(&json)?))).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Removes the reports of gateways gone for good.
+    pub async fn forget_reports(&self, names: &[String]) -> Result<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let _: () = redis::cmd("HDEL").arg(self.reports_key()).arg(names).query_async(&mut self.con.clone()).await?;
+        Ok(())
+    }
+
+    /// Deletes `keys` (a subject's keys) and tells every gateway on the
+    /// rules channel to drop what it remembers of `subject`. Returns the
+    /// keys deleted and the watchers that heard it.
+    pub async fn unlock(&self, subject: &str, keys: &[String]) -> Result<(u64, u64)> {
+        let deleted: u64 =
+            if keys.is_empty() { 0 } else { redis::cmd("DEL").arg(keys).query_async(&mut self.con.clone()).await? };
+        let heard: u64 = redis::cmd("PUBLISH")
+            .arg(&self.key)
+            .arg(format!("{UNLOCK}{subject}"))
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok((deleted, heard))
+    }
+}
+
+/// The rules channel's message telling gateways to forget a subject:
+/// this, then the subject as it is.
+pub(crate) const UNLOCK: &str = "unlock ";
+
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
 enum Op {
     Set(String, String),
     Del(String),
+    /// The published set, kept in the history.
+    History(String),
 }
 
 fn is_changed(e: &Error) -> bool {

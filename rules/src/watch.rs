@@ -1,10 +1,14 @@
 //! Background refresh of live rules, off the request path.
 //!
-//! From Redis: a subscription to the rules channel brings "version N is
-//! out" at once; a poll of the version (every 5 s by default) catches a
-//! missed message or a lost subscription, so a new version reaches every
-//! gateway within one poll interval plus a fetch. From a file: its
-//! contents are polled.
+//! From Redis: a subscription to the rules channel brings "version N of
+//! lineage L is out" at once; a poll of the version and lineage (every 5 s
+//! by default) catches a missed message or a lost subscription, so a new
+//! version reaches every gateway within one poll interval plus a fetch.
+//! Each poll also writes what the gateway runs to `<key>:gateways`, for
+//! `rlctl status`. The channel also carries `unlock SUBJECT`: the gateway
+//! drops its deny entries and leases of that subject. From a file: its
+//! contents are polled. One source per gateway: a second watcher of
+//! other rules is refused.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,9 +20,12 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use rl_client::{Error, Result};
 
+use crate::fleet::{default_gateway_name, GatewayReport, Origin};
 use crate::live::{Installed, LiveRules};
+use crate::server_limits::server_refusals;
+use crate::snapshot::Snapshot;
 use crate::spec::{read, RuleSetSpec};
-use crate::store::{RulesStore, Stored, DEFAULT_KEY};
+use crate::store::{unix_ms, RulesStore, Stored, DEFAULT_KEY, UNLOCK};
 
 /// Where and how often to look for rules in Redis.
 #[derive(Clone, PartialEq, Eq)]
@@ -34,6 +41,9 @@ pub struct RedisSource {
     pub poll_every: Duration,
     /// Longest wait for any call. Default 2 s.
     pub timeout: Duration,
+    /// The name this gateway reports under in `<key>:gateways` (what
+    /// `rlctl status` lists). Default: the host name, `:`, the process id.
+    pub gateway: Option<String>,
 }
 
 /// The URL without its password: a source may be logged.
@@ -44,6 +54,7 @@ impl std::fmt::Debug for RedisSource {
             .field("key", &self.key)
             .field("poll_every", &self.poll_every)
             .field("timeout", &self.timeout)
+            .field("gateway", &self.gateway)
             .finish()
     }
 }
@@ -56,41 +67,129 @@ impl RedisSource {
             key: DEFAULT_KEY.to_owned(),
             poll_every: Duration::from_secs(5),
             timeout: Duration::from_secs(2),
+            gateway: None,
         }
     }
 }
 
-/// A running refresh; dropping it stops it.
-#[derive(Debug)]
+/// A running refresh; dropping it stops it (and another source may then
+/// be watched).
 pub struct Watcher {
     task: JoinHandle<()>,
+    rules: LiveRules,
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher").field("running", &!self.task.is_finished()).finish()
+    }
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
         self.task.abort();
+        self.rules.unfollow();
     }
 }
 
 impl LiveRules {
     /// Keeps the rules current from Redis (see [`RulesStore`] for the
-    /// layout), starting with a read now. Call it inside a tokio runtime.
+    /// layout), starting with a read now: the store's set is taken when it
+    /// is newer or of another lineage than the one in force. Refused while
+    /// another watcher keeps these rules current. Call it inside a tokio
+    /// runtime.
     pub fn watch_redis(&self, source: RedisSource) -> Result<Watcher> {
         if source.poll_every.is_zero() || source.timeout.is_zero() {
             return Err(Error::invalid("a rules source needs poll_every and timeout above zero"));
         }
         let runtime = runtime()?;
         let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
+        self.follow("Redis")?;
         let rules = self.clone();
-        Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, source)) })
+        Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, source)), rules: self.clone() })
     }
 
     /// Keeps the rules current from a rule file, loaded again when its
     /// contents change (read every `every`). A file without `version` is
-    /// loaded as the next version.
+    /// loaded as the next version. Refused while another watcher keeps
+    /// these rules current (a gateway following Redis starts from its file
+    /// with [`LiveRules::start`] instead).
     pub fn watch_file(&self, path: impl Into<PathBuf>, every: Duration) -> Result<Watcher> {
+        let runtime = runtime()?;
+        self.follow("a file")?;
         let rules = self.clone();
-        Ok(Watcher { task: runtime()?.spawn(watch_file(rules, path.into(), every.max(Duration::from_millis(10)))) })
+        let task = runtime.spawn(watch_file(rules, path.into(), every.max(Duration::from_millis(10))));
+        Ok(Watcher { task, rules: self.clone() })
+    }
+
+    /// A gateway following Redis, started from what is there: the store's
+    /// set when it has a good one, else the rule file at `bootstrap` (the
+    /// store empty or unreachable). A broken file does not stop a gateway
+    /// while the store has a set: it starts from the store, and the file's
+    /// refusal is counted in its status's `rejected` (and is `last_error`
+    /// until the store confirms the set), and logged. Errors
+    /// when neither gives a set. Call it inside a tokio runtime.
+    pub async fn start(
+        limiter: rl_client::Limiter,
+        bootstrap: impl AsRef<Path>,
+        source: RedisSource,
+    ) -> Result<(LiveRules, Watcher)> {
+        let path = bootstrap.as_ref();
+        let file = RuleSetSpec::from_file(path);
+        let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
+        let stored = match timeout(source.timeout, store.read()).await {
+            Ok(Ok(stored)) => stored.check_overrides().map(|()| stored),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Rules(format!("no answer within {:?}", source.timeout))),
+        };
+        let label = format!("{} {}", store.url(), store.key());
+        let rules = match (&stored, &file) {
+            (Ok(Stored { rules: Some(set), .. }), _) => {
+                let stored = stored.as_ref().expect("matched Ok");
+                let rules = LiveRules::new(limiter.clone(), set)
+                    .and_then(|rules| {
+                        rules.install_as(set, &stored.overrides, stored.version, &origin(stored), &label, true)?;
+                        Ok(rules)
+                    })
+                    .or_else(|store_fault| match &file {
+                        Ok(spec) => {
+                            let rules = LiveRules::new(limiter.clone(), spec)?;
+                            rules.rejected(Some(stored.version), stored.publication.as_deref(), &label, &store_fault);
+                            Ok(rules)
+                        }
+                        Err(file_fault) => Err(Error::Rules(format!(
+                            "no rules to start from: {label}: {store_fault}; {}: {file_fault}",
+                            path.display()
+                        ))),
+                    })?;
+                if let Err(fault) = &file {
+                    let why = Error::Rules(format!("{fault} (started from {label})"));
+                    rules.rejected(None, None, &path.display().to_string(), &why);
+                }
+                rules
+            }
+            (_, Ok(spec)) => {
+                let rules = LiveRules::new(limiter, spec)?;
+                if let Err(e) = &stored {
+                    rules.refresh_failed(&label, e);
+                }
+                rules
+            }
+            (Ok(_), Err(file_fault)) => {
+                return Err(Error::Rules(format!(
+                    "no rules to start from: {label} holds none, and {}: {file_fault}",
+                    path.display()
+                )))
+            }
+            (Err(store_fault), Err(file_fault)) => {
+                return Err(Error::Rules(format!(
+                    "no rules to start from: {label}: {store_fault}; {}: {file_fault}",
+                    path.display()
+                )))
+            }
+        };
+        let watcher = rules.watch_redis(source)?;
+        Ok((rules, watcher))
     }
 }
 
@@ -100,6 +199,7 @@ fn runtime() -> Result<tokio::runtime::Handle> {
 }
 
 async fn watch_redis(rules: LiveRules, store: RulesStore, source: RedisSource) {
+    let name = source.gateway.clone().unwrap_or_else(default_gateway_name);
     let mut messages: Option<PubSubStream> = None;
     let mut next_poll = Instant::now();
     let mut next_subscribe = Instant::now();
@@ -123,14 +223,20 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, source: RedisSource) {
         let wake = if messages.is_some() { next_poll } else { next_poll.min(next_subscribe) };
         tokio::select! {
             message = next_message(&mut messages) => match message {
-                // "version N is out": fetch it now unless it is not newer.
-                Some(payload) => {
-                    // An unreadable announcement is checked too: the read decides.
-                    let current = rules.snapshot().version();
-                    if !matches!(payload.trim().parse::<u64>(), Ok(v) if v <= current) {
-                        next_poll = Instant::now();
+                Some(payload) => match payload.strip_prefix(UNLOCK) {
+                    Some(subject) => {
+                        let dropped = rules.limiter().forget_subject(subject);
+                        tracing::info!(target: "rl_rules", subject, dropped, "unlocked: the subject's deny entries and leases dropped");
                     }
-                }
+                    // "version N, change ID is out": fetch it now unless it
+                    // is what is in force. An unreadable announcement is
+                    // checked too: the read decides.
+                    None => {
+                        if !announces_nothing_new(&payload, rules.identity()) {
+                            next_poll = Instant::now();
+                        }
+                    }
+                },
                 None => {
                     tracing::warn!(target: "rl_rules", channel = store.key(), poll_every = ?source.poll_every, "rules channel closed: polling until it is back");
                     messages = None;
@@ -140,8 +246,40 @@ async fn watch_redis(rules: LiveRules, store: RulesStore, source: RedisSource) {
         }
         if Instant::now() >= next_poll {
             refresh(&rules, &store).await;
+            report(&rules, &store, &name, source.poll_every).await;
             next_poll = after(source.poll_every);
         }
+    }
+}
+
+/// Whether an announcement (`VERSION ID`) is of the set in force.
+fn announces_nothing_new(payload: &str, (version, origin): (u64, Origin)) -> bool {
+    let mut parts = payload.split_whitespace();
+    let announced = parts.next().and_then(|v| v.parse::<u64>().ok());
+    let id = parts.next();
+    announced == Some(version) && id.is_some() && id == origin.publication.as_deref()
+}
+
+/// Where a stored set comes from.
+fn origin(stored: &Stored) -> Origin {
+    Origin { publication: stored.publication.clone(), lineage: stored.lineage.clone() }
+}
+
+/// Writes what this gateway runs for `rlctl status`; a failure is logged
+/// at debug (the rules in force do not depend on it).
+async fn report(rules: &LiveRules, store: &RulesStore, name: &str, poll_every: Duration) {
+    let status = rules.status();
+    let report = GatewayReport {
+        version: status.version,
+        publication: status.publication,
+        lineage: status.lineage,
+        age_ms: status.age.as_millis().min(u64::MAX as u128) as u64,
+        last_error: status.last_error,
+        reported_at_ms: unix_ms(std::time::SystemTime::now()),
+        poll_every_ms: poll_every.as_millis().min(u64::MAX as u128) as u64,
+    };
+    if let Err(e) = store.report(name, &report).await {
+        tracing::debug!(target: "rl_rules", gateway = name, error = %e, "cannot report the rules in force");
     }
 }
 
@@ -162,19 +300,38 @@ async fn next_message(messages: &mut Option<PubSubStream>) -> Option<String> {
     }
 }
 
-/// Reads the version; fetches and installs the whole hash when newer.
+/// Reads the version and the change's id; fetches and installs the whole
+/// hash when either differs from the set in force (the store is the one
+/// source of truth: a store that went back, restored or failed over, is
+/// followed too). An emptied store leaves the set in force unconfirmed
+/// (its age grows) and says why.
 async fn refresh(rules: &LiveRules, store: &RulesStore) {
     // Named in log lines and the status: never with its password.
     let source = &rl_client::redacted(store.url());
-    let version = match store.version().await {
-        Ok(v) => v,
+    let (version, theirs) = match store.head().await {
+        Ok(head) => head,
         Err(e) => return rules.refresh_failed(source, &e),
     };
-    let current = rules.snapshot().version();
-    if version <= current {
+    let (current, ours) = rules.identity();
+    if version == 0 && theirs.publication.is_none() {
+        // Nothing published: a gateway on its own first set is current; one
+        // that followed the store has lost its source.
+        return match &ours.lineage {
+            None => rules.confirmed(),
+            Some(lineage) => rules.unconfirmed(format!(
+                "{source} {} holds no rules (lost: a restart without persistence?): version {current} of lineage \
+                 {lineage} stays until a set is published",
+                store.key()
+            )),
+        };
+    }
+    if version == current && theirs.publication == ours.publication {
         return rules.confirmed();
     }
-    if rules.was_rejected(version) {
+    if theirs.lineage == ours.lineage && theirs.lineage.is_some() && version <= current {
+        tracing::warn!(target: "rl_rules", store = version, in_force = current, "the rules store went back (a restore, or a failover that lost a change): following it");
+    }
+    if rules.was_rejected(version, theirs.publication.as_deref()) {
         return;
     }
     let fields = match store.fields().await {
@@ -186,16 +343,38 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
     // installed, or refused, is the version the fields hold.
     let stored = match Stored::from_fields(&fields).and_then(|s| s.check_overrides().map(|()| s)) {
         Ok(stored) => stored,
-        Err(e) => return rules.rejected(Some(version), &label, &e),
+        Err(e) => return rules.rejected(Some(version), theirs.publication.as_deref(), &label, &e),
     };
     match &stored.rules {
-        // install counts and remembers its own refusals.
+        // install_as counts and remembers its own refusals.
         Some(set) => {
-            let _ = rules.install(set, &stored.overrides, stored.version, &label);
+            if let Some(e) = server_refusal(rules, set, &stored).await {
+                return rules.rejected(Some(stored.version), stored.publication.as_deref(), &label, &e);
+            }
+            let _ = rules.install_as(set, &stored.overrides, stored.version, &origin(&stored), &label, true);
         }
         None => {
             let e = Error::Rules("the store has a version but no rules".to_owned());
-            rules.rejected(Some(stored.version), &label, &e);
+            rules.rejected(Some(stored.version), stored.publication.as_deref(), &label, &e);
+        }
+    }
+}
+
+/// The limiter's server's refusal of a stored set's limits (an EXACT
+/// window above its max-log-limit): installed, every request of the rule
+/// would error at Redis. `None` when it accepts them, when the set does
+/// not compile (installing it names why), or when the server cannot be
+/// asked now (the set is installed: its requests fail over as any).
+async fn server_refusal(rules: &LiveRules, set: &RuleSetSpec, stored: &Stored) -> Option<Error> {
+    let snapshot = Snapshot::compile(set, &stored.overrides, stored.version).ok()?;
+    match server_refusals(rules.limiter().client(), &snapshot).await {
+        Ok(faults) if faults.is_empty() => None,
+        Ok(faults) => {
+            Some(Error::Rules(format!("rule set rejected: the limiter's server refuses {}", faults.join("; "))))
+        }
+        Err(e) => {
+            tracing::debug!(target: "rl_rules", error = %e, "cannot ask the limiter's server about the set's limits");
+            None
         }
     }
 }
@@ -226,13 +405,15 @@ async fn watch_file(rules: LiveRules, path: PathBuf, every: Duration) {
                 // newer. A file without a version names none: refused, it
                 // marks none (Redis's next version must still be fetched).
                 let named = spec.version.is_some();
-                if let Ok(Installed::NotNewer) = rules.install_as(&spec, &[], version, &source, named) {
+                if let Ok(Installed::NotNewer) =
+                    rules.install_as(&spec, &[], version, &Origin::default(), &source, named)
+                {
                     let e = Error::Rules(format!("version {version} is not above version {current} in force"));
-                    rules.rejected(Some(version), &source, &e);
+                    rules.rejected(Some(version), None, &source, &e);
                 }
             }
             // Unreadable: it names no version, and none is marked refused.
-            Err(e) => rules.rejected(None, &source, &e),
+            Err(e) => rules.rejected(None, None, &source, &e),
         }
         seen = Some(text);
     }

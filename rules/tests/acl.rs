@@ -176,6 +176,7 @@ async fn a_gateway_with_live_rules_and_rlctl_run_as_their_users() {
     assert!(!rules.check(&Request::new().subject("k9")).await.unwrap().decision.allowed, "the override holds");
     rlctl(&["active"]);
     rlctl(&["override", "list"]);
+    rlctl(&["history"]);
     rlctl(&["override", "remove", "--subject", "k9"]);
     // A gateway of global rules reads its region's share table and adds
     // its usage (rl-balancer's gateway sync: HINCRBY, HMGET, TIME).

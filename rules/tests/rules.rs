@@ -504,7 +504,9 @@ async fn shadow_rules_are_reported_and_never_refuse() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_that_cannot_refresh_keeps_its_rules_and_reports_their_age() {
     let limits = Server::start(&[]);
-    let mut rules_server = Server::start(&[]);
+    // Persistent: back from a crash with its rules (one that lost them is
+    // reported as such, tests/lineage.rs).
+    let mut rules_server = Server::start(&["--appendonly", "yes", "--appendfsync", "always"]);
     let store = RulesStore::new(&rules_server.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
     let version = store.publish(&versioned(3)).await.unwrap();
     let rules = LiveRules::new(limiter(&limits), &versioned(0)).unwrap();
@@ -557,6 +559,8 @@ async fn a_rule_file_is_reloaded_when_it_changes() {
     assert_eq!(rules.check(&Request::new().subject("u")).await.unwrap().rule.id(), "d2");
     // A file without a version names none, so its refusal marks none: the
     // next version from Redis still comes (it was marked, and then skipped).
+    // One source at a time: the file's watcher goes first.
+    drop(_watcher);
     let _redis = rules.watch_redis(RedisSource::new(s.url())).unwrap();
     let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
     assert_eq!(store.publish(&RuleSetSpec { version: Some(2), ..versioned(3) }).await.unwrap(), 2);

@@ -1,5 +1,6 @@
-//! rlctl: validate a rule file, publish it to Redis, see what is in force,
-//! and add or remove emergency overrides. What an on-call engineer types at
+//! rlctl: validate a rule file, publish it to Redis, see what is in force
+//! and what every gateway runs, add or remove emergency overrides, unlock
+//! a subject, and go back to a past rule set. What an on-call engineer types at
 //! 3 a.m.; every failure says what is wrong and exits non-zero.
 
 use std::process::ExitCode;
@@ -8,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, Parser, Subcommand};
 use rl_client::{Backend, Error, FailMode};
 use rl_rules::{
-    override_id, parse_network, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec, RuleSpec, RulesStore, Snapshot,
-    Stored, DEFAULT_KEY, MAX_OVERRIDE,
+    diff, escaped, fleet_status, override_id, parse_network, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec,
+    RuleSpec, RulesStore, Snapshot, Stored, DEFAULT_KEY, MAX_OVERRIDE,
 };
 
 #[derive(Parser)]
@@ -39,6 +40,11 @@ enum Command {
         /// Check as a gateway on the Lua backend would (no windows or quotas).
         #[arg(long)]
         lua: bool,
+        /// Also ask this server (the limiter's) whether it accepts every
+        /// limit (an EXACT window above its max-log-limit, an in-flight
+        /// limit above its max-inflight-limit).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
     },
     /// Check a rule file with the overrides in force and publish it as the next version.
     Publish {
@@ -48,6 +54,46 @@ enum Command {
     },
     /// Show the version in force, its rules and overrides.
     Active {
+        #[command(flatten)]
+        store: Store,
+    },
+    /// What every gateway runs: the fleet's spread of versions, and a
+    /// warning (exit 1) for a gateway behind, silent or stale.
+    Status {
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Clear a subject's counts (every rule's keys for it) and tell every
+    /// gateway to drop its deny entries and leases for it.
+    Unlock {
+        /// The subject as the gateway keys it: an API key, `ip:203.0.113.7/32`.
+        subject: String,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// The rule sets published, newest first (the last ten are kept).
+    History {
+        #[command(flatten)]
+        store: Store,
+    },
+    /// What changes: from the set in force (or --from VERSION) to FILE (or
+    /// --to VERSION, or the set in force).
+    Diff {
+        /// A rule file to compare with.
+        file: Option<String>,
+        /// A version from the history to compare from.
+        #[arg(long, value_name = "VERSION")]
+        from: Option<u64>,
+        /// A version from the history to compare to.
+        #[arg(long, value_name = "VERSION", conflicts_with = "file")]
+        to: Option<u64>,
+        #[command(flatten)]
+        store: Store,
+    },
+    /// Publish a past rule set again, as the next version (checked as publish checks it).
+    Rollback {
+        /// The version in the history to go back to.
+        version: u64,
         #[command(flatten)]
         store: Store,
     },
@@ -173,10 +219,13 @@ type Output = (String, Option<String>);
 async fn run(command: Command) -> Result<Output, Error> {
     let done = |text: String| Ok((text, None));
     match command {
-        Command::Validate { file, lua } => {
+        Command::Validate { file, lua, redis } => {
             let spec = RuleSetSpec::from_file(&file)?;
             let backend = if lua { Backend::Lua } else { Backend::Module };
             let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
+            if let Some(url) = redis {
+                check_server(&url, backend, &snapshot, true).await?;
+            }
             let ok = format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot));
             let lines = std::iter::once(ok)
                 .chain(inflight_limits(&snapshot))
@@ -188,12 +237,28 @@ async fn run(command: Command) -> Result<Output, Error> {
         Command::Publish { file, store } => {
             let spec = RuleSetSpec::from_file(&file)?;
             let store = open(&store)?;
+            let before = store.read().await?;
+            // The server the rules are published to, as the limiter's:
+            // each gateway asks its own again before installing.
+            let overrides = before.overrides.clone();
+            if let Ok(snapshot) =
+                Snapshot::compile(&spec, &overrides, spec.version.unwrap_or(before.version.saturating_add(1)))
+            {
+                check_server(store.url(), Backend::Module, &snapshot, false).await?;
+            }
             let version = store.publish(&spec).await?;
-            let published = format!(
-                "published {file} as version {version} on {} {}",
+            let lineage = store.read().await?.lineage.unwrap_or_default();
+            let mut published = format!(
+                "published {file} as version {version} of lineage {lineage} on {} {}",
                 rl_rules::exporter::redacted(store.url()),
                 store.key()
             );
+            if before.version == 0 {
+                published.push_str(&format!(
+                    "\nnote: the store held no rules: lineage {lineage} starts here; every gateway takes it, whatever \
+                     version it ran (a first publication, or the rules were lost: check `rlctl status`)"
+                ));
+            }
             // Checked by publish already: compiled again only for its warnings.
             match Snapshot::compile(&spec, &[], version) {
                 Ok(snapshot) => done(with_warnings(published, &snapshot)),
@@ -201,6 +266,44 @@ async fn run(command: Command) -> Result<Output, Error> {
             }
         }
         Command::Active { store } => active(&open(&store)?.read().await?),
+        Command::Status { store } => status(&open(&store)?).await,
+        Command::Unlock { subject, store } => unlock(&open(&store)?, &subject).await,
+        Command::History { store } => history(&open(&store)?).await,
+        Command::Diff { file, from, to, store } => {
+            let store = open(&store)?;
+            let past = |version: u64| {
+                let store = store.clone();
+                async move {
+                    let history = store.history().await?;
+                    let entry = history.into_iter().find(|e| e.version == version);
+                    entry
+                        .map(|e| e.rules)
+                        .ok_or_else(|| Error::Rules(format!("version {version} is not in the history")))
+                }
+            };
+            let in_force = || async {
+                store.read().await?.rules.ok_or_else(|| Error::Rules("nothing is published yet".to_owned()))
+            };
+            let (old, old_name) = match from {
+                Some(v) => (past(v).await?, format!("version {v}")),
+                None => (in_force().await?, "the set in force".to_owned()),
+            };
+            let (new, new_name) = match (&file, to) {
+                (Some(file), _) => (RuleSetSpec::from_file(file)?, file.clone()),
+                (None, Some(v)) => (past(v).await?, format!("version {v}")),
+                (None, None) => (in_force().await?, "the set in force".to_owned()),
+            };
+            let lines = diff(&old, &new);
+            if lines.is_empty() {
+                return done(format!("no change from {old_name} to {new_name}"));
+            }
+            done(std::iter::once(format!("from {old_name} to {new_name}:")).chain(lines).collect::<Vec<_>>().join("\n"))
+        }
+        Command::Rollback { version, store } => {
+            let store = open(&store)?;
+            let published = store.rollback(version).await?;
+            done(format!("version {version} published again as version {published}"))
+        }
         Command::Metrics { redis, listen } => {
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
@@ -236,6 +339,29 @@ async fn run(command: Command) -> Result<Output, Error> {
                 }
             };
             done(format!("override '{id}' removed in version {version}"))
+        }
+    }
+}
+
+/// Refuses a set whose limits the server at `url` refuses. When the
+/// server cannot be asked, `validate` (`strict`) fails and `publish` goes
+/// on (its gateways ask their own servers before installing).
+async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<(), Error> {
+    let config = rl_client::Config { backend, ..rl_client::Config::standalone(url) };
+    let client = rl_client::Client::new(&config)?;
+    match rl_rules::server_refusals(&client, snapshot).await {
+        Ok(faults) if faults.is_empty() => Ok(()),
+        Ok(faults) => Err(Error::Rules(format!(
+            "rule set rejected: the server at {} refuses {}",
+            rl_rules::exporter::redacted(url),
+            faults.join("; ")
+        ))),
+        Err(e) if strict => {
+            Err(Error::Rules(format!("cannot ask {} about the set's limits: {e}", rl_rules::exporter::redacted(url))))
+        }
+        Err(e) => {
+            eprintln!("rlctl: warning: cannot ask the server about the set's limits ({e}): gateways check them before installing");
+            Ok(())
         }
     }
 }
@@ -284,7 +410,11 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
     if add.broad && add.matched.ip.is_none() {
         return Err(Error::Rules("--broad is for an --ip override: a network broader than /16 or /32".to_owned()));
     }
-    let limits = add.limits.iter().map(|l| LimitSpec::parse_short(l)).collect::<Result<Vec<_>, _>>()?;
+    let limits = add
+        .limits
+        .iter()
+        .map(|l| check_parts(l).and_then(|()| LimitSpec::parse_short(l)))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(RuleSpec {
         id: add.id.clone().unwrap_or_else(|| override_id(&scope)),
         scope,
@@ -298,6 +428,27 @@ fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {
         global: None,
         ..RuleSpec::default()
     })
+}
+
+/// Refuses a `--limit` whose options conflict (`burst=5,burst=7`,
+/// `window,exact`, a burst with another kind than a bucket): the last one
+/// would otherwise win, silently.
+fn check_parts(text: &str) -> Result<(), Error> {
+    let options: Vec<&str> = text.split(',').skip(1).map(str::trim).collect();
+    let bad = |why: String| Error::Rules(format!("--limit {text:?}: {why}"));
+    let bursts: Vec<&str> = options.iter().filter_map(|o| o.strip_prefix("burst=")).collect();
+    let kinds: Vec<&&str> = options.iter().filter(|o| !o.starts_with("burst=")).collect();
+    if bursts.len() > 1 {
+        return Err(bad(format!("burst is given {} times ({}): give it once", bursts.len(), bursts.join(", "))));
+    }
+    if kinds.len() > 1 {
+        let list: Vec<&str> = kinds.iter().map(|k| **k).collect();
+        return Err(bad(format!("{} kinds given ({}): a limit has one", kinds.len(), list.join(", "))));
+    }
+    if let (Some(kind), Some(_)) = (kinds.first(), bursts.first()) {
+        return Err(bad(format!("burst is for a bucket, not {kind}")));
+    }
+    Ok(())
 }
 
 /// `15m` from now, or a UTC time as written; within [`MAX_OVERRIDE`] of
@@ -436,7 +587,7 @@ fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
             o.id,
             target.unwrap_or_default(),
             limits.join(", "),
-            o.reason
+            escaped(&o.reason)
         ));
     }
     out.extend(stored.invalid.iter().map(|i| format!("  invalid: {i}")));
@@ -446,4 +597,86 @@ fn overrides(stored: &Stored, now: SystemTime) -> Option<String> {
 /// Whole seconds read better in a listing.
 fn round(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
+}
+
+async fn status(store: &RulesStore) -> Result<Output, Error> {
+    let stored = store.read().await?;
+    let reports = store.reports().await?;
+    let fleet = fleet_status(
+        stored.version,
+        stored.publication.as_deref(),
+        stored.lineage.as_deref(),
+        stored.published_at,
+        &reports,
+        SystemTime::now(),
+    );
+    store.forget_reports(&fleet.gone).await?;
+    let when = stored.published_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()).unwrap_or_default();
+    let head = match &stored.lineage {
+        _ if stored.version == 0 => "the store holds no rules".to_owned(),
+        Some(l) => format!("the store: version {} of lineage {l} (changed {when})", stored.version),
+        None => format!("the store: version {} (changed {when})", stored.version),
+    };
+    let mut out = vec![head];
+    out.extend(fleet.lines);
+    out.extend(fleet.warnings.iter().map(|w| format!("warning: {w}")));
+    let problem =
+        (!fleet.warnings.is_empty()).then(|| format!("{} warning(s) about the fleet (above)", fleet.warnings.len()));
+    Ok((out.join("\n"), problem))
+}
+
+/// Every key the rules in force keep for `subject` (each rate limit of
+/// every rule and override); in-flight slots belong to running requests
+/// and are left.
+async fn unlock(store: &RulesStore, subject: &str) -> Result<Output, Error> {
+    let stored = store.read().await?;
+    let Some(rules) = &stored.rules else {
+        return Err(Error::Rules("nothing is published yet: there are no keys to find".to_owned()));
+    };
+    // Overrides that do not compile still name their keys' prefix: each
+    // is taken with the set alone, and the ones that fail left out.
+    let good: Vec<RuleSpec> = stored
+        .overrides
+        .iter()
+        .filter(|o| Snapshot::compile(rules, std::slice::from_ref(*o), stored.version).is_ok())
+        .cloned()
+        .collect();
+    let snapshot = Snapshot::compile(rules, &good, stored.version)?;
+    let mut keys = Vec::new();
+    for rule in snapshot.rules() {
+        keys.extend(rule.policy().keys(subject)?);
+    }
+    keys.sort();
+    keys.dedup();
+    let (deleted, heard) = store.unlock(subject, &keys).await?;
+    Ok((
+        format!(
+            "unlocked {subject:?}: {deleted} of its {} keys held counts and were deleted; {heard} gateway watcher(s) told to drop its deny entries and leases",
+            keys.len()
+        ),
+        None,
+    ))
+}
+
+async fn history(store: &RulesStore) -> Result<Output, Error> {
+    let history = store.history().await?;
+    if history.is_empty() {
+        return Ok(("no rule sets in the history".to_owned(), None));
+    }
+    let stored = store.read().await?;
+    // The newest set of the store's lineage is the one in force (later
+    // versions may be override changes).
+    let in_force = history.iter().position(|e| stored.lineage.as_deref() == Some(e.lineage.as_str()));
+    let lines = history.iter().enumerate().map(|(i, e)| {
+        let current = in_force == Some(i);
+        format!(
+            "version {} of lineage {}, published {}: {} rules{}",
+            e.version,
+            e.lineage,
+            humantime::format_rfc3339_seconds(e.published_at),
+            e.rules.rules.len(),
+            if current { " (the set in force)" } else { "" }
+        )
+    });
+    Ok((lines.collect::<Vec<_>>().join("\n"), None))
 }
