@@ -384,7 +384,8 @@ impl Engine {
             let group: Vec<&Item> = members.iter().map(|&j| &items[j]).collect();
             let take = window_args("RL.WINDOW", &group, *cost, *mode);
             // The call answers for its binding key only: each key's own
-            // numbers come from a peek sent right behind it (one round trip).
+            // numbers come from a peek sent once it is answered (sent at
+            // once, the connection may put a peek before the take).
             let peeks: Vec<Vec<Bytes>> = match group.len() {
                 1 => Vec::new(),
                 _ => group.iter().map(|item| window_args("RL.WINDOWPEEK", &[item], *cost, *mode)).collect(),
@@ -392,9 +393,9 @@ impl Engine {
             self.counters.redis_calls.fetch_add(1 + peeks.len() as u64, Relaxed);
             async move {
                 let key = Some(group[0].key.as_bytes());
-                let take = self.relay.send(&take, key);
-                let peeks = join_all(peeks.iter().map(|args| self.relay.send(args, key)));
-                futures_util::future::join(take, peeks).await
+                let take = self.relay.send(&take, key).await;
+                let peeks = join_all(peeks.iter().map(|args| self.relay.send(args, key))).await;
+                (take, peeks)
             }
         });
         let bucket_calls = buckets.into_iter().map(|(i, plan)| {
