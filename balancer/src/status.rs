@@ -4,14 +4,10 @@
 //! `/metrics`. The share table's age on each region's exporter says the
 //! same from the other side: a balancer that is up and failing shows here.
 
-use std::convert::Infallible;
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
 use tokio::net::TcpListener;
 
 use crate::run::RoundReport;
@@ -145,48 +141,12 @@ impl Status {
     }
 }
 
-/// Scrapes served at once; more wait in the listener's backlog.
-const MAX_CONNECTIONS: usize = 16;
-/// How long a request's head may take to arrive.
-const READ_FOR: Duration = Duration::from_secs(2);
-
-/// Serves `/metrics` on `listener` until the task is dropped: a few
-/// connections at once, each request's head within a short wait (hyper
-/// bounds its size).
+/// Serves `/metrics` on `listener` until the task is dropped (rl-rules'
+/// server: the exporter's bounds).
 pub async fn serve(status: Arc<Status>, listener: TcpListener) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let Ok((stream, _)) = listener.accept().await else {
-            // Out of descriptors, most likely: wait rather than spin.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
+    rl_rules::exporter::serve_metrics(listener, "rl-balancer --metrics", move || {
         let status = status.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let status = status.clone();
-                async move { Ok::<_, Infallible>(answer(&status, req.uri().path())) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(READ_FOR)
-                .serve_connection(io, service)
-                .await;
-        });
-    }
-}
-
-fn answer(status: &Status, path: &str) -> Response<Full<Bytes>> {
-    if path != "/metrics" {
-        let mut not_found = Response::new(Full::new(Bytes::from_static(b"only /metrics here\n")));
-        *not_found.status_mut() = StatusCode::NOT_FOUND;
-        return not_found;
-    }
-    let mut ok = Response::new(Full::new(Bytes::from(status.render())));
-    ok.headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
-    ok
+        async move { status.render() }
+    })
+    .await;
 }

@@ -270,24 +270,56 @@ pub async fn serve(redis_url: &str, listener: TcpListener) -> Result<(), String>
         eprintln!("rlctl metrics: scraping {now} now, the primary of {}", status.configured);
     });
     let log = Arc::new(ScrapeLog { server, last: Mutex::new(None) });
+    serve_metrics(listener, "rlctl metrics", move || {
+        let (client, log) = (client.clone(), log.clone());
+        async move {
+            match scrape(&mut client.clone()).await {
+                Ok(text) => {
+                    log.answered();
+                    text
+                }
+                Err(why) => {
+                    log.failed(&why);
+                    DOWN.to_owned()
+                }
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// Scrapes served at once; more wait in the listener's backlog.
+const MAX_CONNECTIONS: usize = 16;
+/// How long a request's head may take to arrive (hyper bounds its size).
+const READ_FOR: Duration = Duration::from_secs(2);
+
+/// Serves `/metrics` on `listener`, each scrape's text from `render`, until
+/// the task is dropped: a few connections at once, a request's head within
+/// a short wait, accept errors (out of descriptors) backed off and logged
+/// under `name`. The exporter's and rl-balancer's `--metrics`.
+pub async fn serve_metrics<F, Fut>(listener: TcpListener, name: &'static str, render: F)
+where
+    F: Fn() -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = String> + Send,
+{
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { return Ok(()) };
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // Out of descriptors, most likely: wait rather than spin or exit.
-                eprintln!("rlctl metrics: accept failed: {e}");
+                eprintln!("{name}: accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let (client, log) = (client.clone(), log.clone());
+        let render = render.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (client, log) = (client.clone(), log.clone());
-                async move { Ok::<_, Infallible>(answer(&client, &log, req.uri().path()).await) }
+                let render = render.clone();
+                async move { Ok::<_, Infallible>(answer(req.uri().path(), render).await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new()
@@ -299,29 +331,17 @@ pub async fn serve(redis_url: &str, listener: TcpListener) -> Result<(), String>
     }
 }
 
-/// Scrapes served at once; more wait in the listener's backlog.
-const MAX_CONNECTIONS: usize = 16;
-/// How long a request's head may take to arrive (hyper bounds its size).
-const READ_FOR: Duration = Duration::from_secs(2);
-
-async fn answer(client: &Connection, log: &ScrapeLog, path: &str) -> Response<Full<Bytes>> {
+async fn answer<F, Fut>(path: &str, render: F) -> Response<Full<Bytes>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
     if path != "/metrics" {
         let mut not_found = Response::new(Full::new(Bytes::from_static(b"only /metrics here\n")));
         *not_found.status_mut() = StatusCode::NOT_FOUND;
         return not_found;
     }
-    let scraped = scrape(&mut client.clone()).await;
-    let text = match scraped {
-        Ok(text) => {
-            log.answered();
-            text
-        }
-        Err(why) => {
-            log.failed(&why);
-            DOWN.to_owned()
-        }
-    };
-    let mut ok = Response::new(Full::new(Bytes::from(text)));
+    let mut ok = Response::new(Full::new(Bytes::from(render().await)));
     ok.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; version=0.0.4"));
     ok
 }
