@@ -5,35 +5,16 @@
 
 #[path = "../../client/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::config;
 use rl_client::{Backend, Limiter, Source};
 use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
+use support::rlctl;
 use testkit::Server;
-
-struct Run {
-    code: i32,
-    out: String,
-    err: String,
-}
-
-async fn rlctl(args: &[&str]) -> Run {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_rlctl")).args(&args).env_remove("RL_REDIS_URL").output().unwrap()
-    })
-    .await
-    .unwrap();
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        out: String::from_utf8_lossy(&output.stdout).into_owned(),
-        err: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
 
 /// `rlctl args... --redis url`, which must succeed; its stdout.
 async fn ok(url: &str, args: &[&str]) -> String {

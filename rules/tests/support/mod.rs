@@ -1,5 +1,5 @@
-//! What the operations tests share: `rlctl metrics` as a process, an HTTP
-//! GET, Prometheus' own Python parser and promtool.
+//! What the operations and rlctl tests share: `rlctl metrics` as a process,
+//! an `rlctl` run, an HTTP GET, Prometheus' own Python parser and promtool.
 
 #![allow(dead_code)]
 
@@ -204,4 +204,26 @@ pub fn expected_metrics() -> Vec<(String, Vec<String>)> {
 pub fn listed(name: &str, sections: &[(String, Vec<String>)]) -> bool {
     let base = ["_sum", "_count", "_bucket"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
     sections.iter().any(|(_, names)| names.iter().any(|n| n == name || n == base))
+}
+
+/// What an `rlctl` run ended with.
+pub struct Run {
+    pub code: i32,
+    pub out: String,
+    pub err: String,
+}
+
+/// The built `rlctl` with `args` (RL_REDIS_URL unset), off the runtime's threads.
+pub async fn rlctl(args: &[&str]) -> Run {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_rlctl")).args(&args).env_remove("RL_REDIS_URL").output().unwrap()
+    })
+    .await
+    .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        out: String::from_utf8_lossy(&output.stdout).into_owned(),
+        err: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
 }
