@@ -264,7 +264,13 @@ fn max_clients_refuses_the_excess_as_redis_does() {
     let (mut served, refused) = connect_all(&relay, 8);
     assert_eq!((served.len(), refused), (5, 3));
     served.pop();
-    // The freed place is taken again (the relay notices the close).
+    // The relay notices the close (until then a new client is rightly
+    // refused, and counted), then the freed place is taken again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !call(&mut served[0], "INFO relay").text().contains("connected_clients:4\r\n") {
+        assert!(Instant::now() < deadline, "the close was not noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     still_serves(&mut relay);
     let info = call(&mut served[0], "INFO relay").text();
     assert!(info.contains("rejected_clients:3\r\n"), "{info}");
