@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use rl_core::gcra::{GcraError, GcraParams};
 use rl_core::inflight::{valid_id, InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
-use rl_core::limits::{MAX_KEYS, MAX_TOKENS, MAX_WINDOW_LIMIT};
+use rl_core::limits::{MAX_KEYS, MAX_TIME_MS, MAX_TOKENS, MAX_WINDOW_LIMIT};
 use rl_core::window::WindowParams;
 use rl_core::INLINE;
 use rl_core::{BucketOp, BucketParams, ParamError, WindowMode};
@@ -196,21 +196,34 @@ pub fn parse_refund(argv: &[&[u8]]) -> Result<BucketArgs, ArgError> {
     Ok(BucketArgs { numkeys: g.numkeys, buckets: g.params, op: BucketOp::Refund { tokens } })
 }
 
-/// RL.WINDOW and RL.WINDOWPEEK: `... [COST n] [SLIDING | EXACT | FIXED]`.
+/// RL.WINDOW and RL.WINDOWPEEK: `... [COST n] [SLIDING | EXACT | FIXED]
+/// [TIME] [REFUND at_ms]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowArgs {
     pub numkeys: usize,
     pub windows: SmallVec<[WindowParams; INLINE]>,
     pub cost: u64,
     pub mode: WindowMode,
+    /// TIME: the reply ends with the server's reading the call decided at.
+    pub time: bool,
+    /// REFUND at_ms: give back `cost` counted by the call that answered
+    /// `at_ms` with TIME, instead of counting.
+    pub refund_at_ms: Option<u64>,
 }
 
 /// `max_log` is the largest limit an EXACT window may have (module config).
 pub fn parse_window(argv: &[&[u8]], max_log: u64) -> Result<WindowArgs, ArgError> {
     let g = groups(argv, WINDOW_GROUP, |[limit, window]| WindowParams::new(limit, window, MAX_WINDOW_LIMIT))?;
-    let [cost, sliding, exact, fixed] = options(
+    let [cost, sliding, exact, fixed, time, refund_at_ms] = options(
         g.rest,
-        [("COST", Some(MAX_WINDOW_LIMIT)), ("SLIDING", None), ("EXACT", None), ("FIXED", None)],
+        [
+            ("COST", Some(MAX_WINDOW_LIMIT)),
+            ("SLIDING", None),
+            ("EXACT", None),
+            ("FIXED", None),
+            ("TIME", None),
+            ("REFUND", Some(MAX_TIME_MS)),
+        ],
         g.numkeys,
         &WINDOW_GROUP,
     )?;
@@ -232,7 +245,14 @@ pub fn parse_window(argv: &[&[u8]], max_log: u64) -> Result<WindowArgs, ArgError
             )));
         }
     }
-    Ok(WindowArgs { numkeys: g.numkeys, windows: g.params, cost: cost.unwrap_or(1), mode })
+    Ok(WindowArgs {
+        numkeys: g.numkeys,
+        windows: g.params,
+        cost: cost.unwrap_or(1),
+        mode,
+        time: time.is_some(),
+        refund_at_ms,
+    })
 }
 
 /// RL.ACQUIRE and RL.INFLIGHT: in-flight limits, the id and the cost.
@@ -508,6 +528,18 @@ mod tests {
             "ERR too many numbers: 1 key takes 2 (limit window_ms per key), found an extra '60000'"
         );
         assert!(parse_window(&argv("RL.WINDOW 1 a 0 1000"), 10).unwrap_err().0.starts_with("ERR limit of key 1"));
+        let a = parse_window(&argv("RL.WINDOW 1 a 5 1000 fixed time"), 10).unwrap();
+        assert_eq!((a.time, a.refund_at_ms), (true, None));
+        let a = parse_window(&argv("RL.WINDOW 1 a 5 1000 COST 2 REFUND 1764650000300"), 10).unwrap();
+        assert_eq!((a.time, a.refund_at_ms, a.cost), (false, Some(1_764_650_000_300), 2));
+        assert_eq!(
+            parse_window(&argv("RL.WINDOW 1 a 5 1000 REFUND 0"), 10).unwrap_err().0,
+            format!("ERR REFUND must be an integer from 1 to {MAX_TIME_MS}, got '0'")
+        );
+        assert_eq!(
+            parse_window(&argv("RL.WINDOW 1 a 5 1000 REFUND"), 10).unwrap_err().0,
+            "ERR option REFUND needs a value"
+        );
     }
 
     #[test]

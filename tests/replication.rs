@@ -62,9 +62,18 @@ fn every_command_replicates_its_effect() {
             ("RL.WINDOW", format!("2 {t}:e1 {t}:e2 10 30000 100 60000 EXACT")),
             ("CL.THROTTLE", format!("{t}:cell 5 10 60 2")),
         ];
-        for _ in 0..3 {
+        for round in 0..3 {
             for (cmd, args) in &calls {
                 call(&mut p, cmd, args);
+            }
+            // Window refunds: the counters' new states, the log whole.
+            for (keys, mode) in [("s1 s2", "SLIDING"), ("f1 f2", "FIXED"), ("e1 e2", "EXACT")] {
+                let keys: Vec<String> = keys.split(' ').map(|k| format!("{t}:{k}")).collect();
+                let args = format!("2 {} {} 10 30000 100 60000 COST {} {mode}", keys[0], keys[1], 1 + round);
+                let r = call(&mut p, "RL.WINDOW", &format!("{args} TIME"));
+                if r[0] == 1 && (i + round) % 2 == 0 {
+                    call(&mut p, "RL.WINDOW", &format!("{args} REFUND {}", r[6]));
+                }
             }
             std::thread::sleep(Duration::from_millis(2));
         }

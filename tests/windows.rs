@@ -183,7 +183,7 @@ fn window_errors() {
         (&[b"1", b"w", b"10", b"1000", b"10"], "ERR too many numbers: 1 key takes 2 (limit window_ms per key)"),
         (
             &[b"1", b"w", b"10", b"1000", b"BURST"],
-            "ERR unknown option 'BURST' (options: COST n, SLIDING, EXACT, FIXED)",
+            "ERR unknown option 'BURST' (options: COST n, SLIDING, EXACT, FIXED, TIME, REFUND n)",
         ),
         (&[], "ERR numkeys is missing"),
     ];
@@ -209,4 +209,96 @@ fn an_exact_log_costs_memory_per_admitted_millisecond() {
     let many = memory(&mut con, "e");
     eprintln!("MEMORY USAGE of an EXACT log: {one} B with 1 entry, {many} B with ~200");
     assert!(many > one && many < one + 200 * 8 * 3, "{one} -> {many}");
+}
+
+/// RL.WINDOW with TIME and the reading as a string argument.
+fn timed(con: &mut redis::Connection, args: &str) -> (Vec<i64>, String) {
+    let r = call(con, "RL.WINDOW", &format!("{args} TIME"));
+    assert_eq!(r.len(), 7, "TIME adds the server's reading: {r:?}");
+    (r[..6].to_vec(), r[6].to_string())
+}
+
+#[test]
+fn time_answers_the_server_s_reading() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let before = server_ms(&mut con);
+    let (r, at) = timed(&mut con, "1 t 5 60000 FIXED");
+    let after = server_ms(&mut con);
+    assert_eq!(r[..2], [1, 4]);
+    let at: u64 = at.parse().unwrap();
+    assert!((before..=after).contains(&at), "{before} <= {at} <= {after}");
+    let peek: Vec<i64> = call(&mut con, "RL.WINDOWPEEK", "1 t 5 60000 FIXED TIME");
+    assert_eq!(peek.len(), 7);
+    assert_eq!(call(&mut con, "RL.WINDOW", "1 t 5 60000 FIXED").len(), 6, "six integers unless asked");
+}
+
+#[test]
+fn refund_gives_back_a_call_s_count_in_every_mode() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    for mode in ["FIXED", "SLIDING", "EXACT"] {
+        let (a, b) = (format!("{{r{mode}}}:a"), format!("{{r{mode}}}:b"));
+        call(&mut con, "RL.WINDOW", &format!("2 {a} {b} 5 3600000 10 3600000 COST 2 {mode}"));
+        let (r, at) = timed(&mut con, &format!("2 {a} {b} 5 3600000 10 3600000 COST 3 {mode}"));
+        assert_eq!(r[..2], [1, 0], "{mode}: a full");
+        // The request was refused elsewhere: its 3 go back to both keys.
+        let r = call(&mut con, "RL.WINDOW", &format!("2 {a} {b} 5 3600000 10 3600000 COST 3 {mode} REFUND {at}"));
+        assert_eq!(r, [1, 3, 0, r[3], 5, 0], "{mode}: the windows after the refund");
+        let peek = call(&mut con, "RL.WINDOWPEEK", &format!("2 {a} {b} 5 3600000 10 3600000 COST 3 {mode}"));
+        assert_eq!(peek[..2], [1, 0], "{mode}: room for 3 again");
+        assert_eq!(call(&mut con, "RL.WINDOWPEEK", &format!("1 {b} 10 3600000 {mode}"))[1], 7);
+        // A refund of more than a key counts gives back what it counts,
+        // and a key left with nothing is removed.
+        call(&mut con, "RL.WINDOW", &format!("1 {b} 10 3600000 COST 9 {mode} REFUND {at}"));
+        let exists: i64 = redis::cmd("EXISTS").arg(&b).query(&mut con).unwrap();
+        assert_eq!(exists, 0, "{mode}: nothing counted, no key");
+        // A key that never counted anything stays absent.
+        call(&mut con, "RL.WINDOW", &format!("1 {{r{mode}}}:none 10 3600000 {mode} REFUND {at}"));
+        let exists: i64 = redis::cmd("EXISTS").arg(format!("{{r{mode}}}:none")).query(&mut con).unwrap();
+        assert_eq!(exists, 0);
+    }
+    let info: String = redis::cmd("INFO").arg("rl").query(&mut con).unwrap();
+    let field = |name: &str| {
+        info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).map(|v| v.trim().parse::<u64>().unwrap())
+    };
+    // 6 decided calls (allowed), 9 refunds counted only as calls.
+    assert_eq!(field("rl_window_allowed"), Some(6), "{info}");
+    assert_eq!(field("rl_window_calls"), Some(15), "{info}");
+}
+
+#[test]
+fn refund_of_a_window_that_has_ended_gives_nothing_back() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    // A 200 ms window: counted in one, refunded once the next has begun.
+    let (r, at) = timed(&mut con, "1 f 2 200 FIXED COST 2");
+    assert_eq!(r[0], 1);
+    std::thread::sleep(Duration::from_millis(r[3] as u64 + 5));
+    call(&mut con, "RL.WINDOW", "1 f 2 200 FIXED COST 2");
+    let r = call(&mut con, "RL.WINDOW", &format!("1 f 2 200 FIXED COST 2 REFUND {at}"));
+    assert_eq!(r[1], 0, "the new window's count is not the refunded call's");
+    assert_eq!(call(&mut con, "RL.WINDOWPEEK", "1 f 2 200 FIXED")[0], 0);
+    // EXACT: the call's entry has left the window; a newer one stays.
+    let (_, at) = timed(&mut con, "1 e 1 200 EXACT");
+    std::thread::sleep(Duration::from_millis(210));
+    assert_eq!(call(&mut con, "RL.WINDOW", "1 e 1 200 EXACT")[0], 1);
+    call(&mut con, "RL.WINDOW", &format!("1 e 1 200 EXACT REFUND {at}"));
+    assert_eq!(call(&mut con, "RL.WINDOWPEEK", "1 e 1 200 EXACT")[0], 0, "the newer entry still counts");
+}
+
+#[test]
+fn refund_is_refused_where_it_makes_no_sense() {
+    let s = Server::start(&[]);
+    let mut con = s.con();
+    let now = server_ms(&mut con);
+    let err = call_err(&mut con, "RL.WINDOWPEEK", &[b"1", b"k", b"5", b"1000", b"REFUND", now.to_string().as_bytes()]);
+    assert!(err.contains("RL.WINDOWPEEK counts nothing"), "{err}");
+    let ahead = (now + 2 * 86_400_000).to_string();
+    let err = call_err(&mut con, "RL.WINDOW", &[b"1", b"k", b"5", b"1000", b"REFUND", ahead.as_bytes()]);
+    assert!(err.contains("more than a day ahead"), "{err}");
+    let err = call_err(&mut con, "RL.WINDOW", &[b"1", b"k", b"5", b"1000", b"REFUND", b"soon"]);
+    assert!(err.starts_with("ERR REFUND must be an integer"), "{err}");
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut con).unwrap();
+    assert_eq!(exists, 0, "a refused call writes nothing");
 }

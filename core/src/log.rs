@@ -205,6 +205,38 @@ impl Log {
     }
 }
 
+impl Log {
+    /// Gives back `n` requests logged by a call decided at `at_ms` (the
+    /// server's reading it answered with), if they still count at `now_ms`
+    /// in a window of `window_ms`; answers how many were given back.
+    ///
+    /// The call logged them at `at_ms` or later (at the newest entry's time
+    /// if the clock read earlier), so they are taken from the oldest entries
+    /// from `at_ms` on: entries logged before them, if any, go first, which
+    /// errs toward refusing. Once `at_ms` has left the window, nothing is
+    /// given back: its entry may be gone, and newer ones are not its.
+    pub fn refund(&mut self, n: u64, at_ms: u64, window_ms: u64, now_ms: u64) -> u64 {
+        if at_ms < (now_ms + 1).saturating_sub(window_ms) {
+            return 0;
+        }
+        let mut left = n;
+        let mut i = self.entries.partition_point(|e| e.at_ms() < at_ms);
+        while left > 0 && i < self.entries.len() {
+            let e = self.entries[i];
+            let taken = e.count().min(left);
+            left -= taken;
+            if taken == e.count() {
+                self.entries.remove(i);
+            } else {
+                self.entries[i] = Entry::new(e.at_ms(), e.count() - taken);
+                i += 1;
+            }
+        }
+        self.total -= n - left;
+        n - left
+    }
+}
+
 /// An EXACT call's view: the check and, if admitted, the append to apply.
 pub struct LogCheck {
     pub check: Check,
@@ -387,6 +419,36 @@ mod tests {
         assert_eq!(full.accepts(&a(0, MAX_LOG_LIMIT, 1)), Err(LogError::Length));
         assert_eq!(full.accepts(&a(0, MAX_LOG_LIMIT - 1, 1)), Ok(()), "merges into the last entry");
         assert_eq!(full.accepts(&a(1, MAX_LOG_LIMIT, 1)), Ok(()), "one entry left");
+    }
+
+    #[test]
+    fn a_refund_takes_back_the_call_s_own_entries() {
+        let p = p(5, 1000);
+        let mut log = Log::default();
+        for (t, cost) in [(100, 1), (400, 2), (600, 1)] {
+            call(&p, &mut log, cost, t);
+        }
+        // The call at 400 is refunded: 100 and 600 stay.
+        assert_eq!(log.refund(2, 400, 1000, 700), 2);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [Entry::new(100, 1), Entry::new(600, 1)]);
+        assert_eq!(log.total, 2);
+        // More than the entries from 400 on hold: what there is.
+        assert_eq!(log.refund(3, 400, 1000, 700), 1);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [Entry::new(100, 1)]);
+        // Part of a shared entry.
+        let mut log = Log::from_entries([Entry::new(50, 4)]).unwrap();
+        assert_eq!(log.refund(1, 50, 1000, 60), 1);
+        assert_eq!(log.entries().collect::<Vec<_>>(), [Entry::new(50, 3)]);
+    }
+
+    #[test]
+    fn a_refund_after_its_call_left_the_window_gives_nothing_back() {
+        // The call at 100 left the window at 1_100; 1_200's entry is not its.
+        let mut log = Log::from_entries([Entry::new(1_200, 1)]).unwrap();
+        assert_eq!(log.refund(1, 100, 1000, 1_250), 0);
+        assert_eq!(log.len(), 1);
+        assert_eq!(log.refund(1, 300, 1000, 1_250), 1, "300 still counts until 1_300");
+        assert!(log.is_empty());
     }
 
     #[test]

@@ -233,6 +233,28 @@ pub fn check(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, co
     }
 }
 
+/// A window's state once `n` requests counted by a call decided at
+/// `at_ms` (the server's reading it answered with) are given back, where
+/// they still count; None: nothing of them counts any more.
+///
+/// They are in the window holding `at_ms`: its current count while it is
+/// the stored window, the previous count (SLIDING) once the next window
+/// began, nothing after that or for FIXED. A stored window that does not
+/// line up (the clock stepped back, the window changed length) gives
+/// nothing back: under, never over.
+pub fn refund(p: &WindowParams, mode: WindowMode, state: &WindowState, n: u64, at_ms: u64) -> Option<WindowState> {
+    let start = p.start_of(at_ms);
+    let mut after = *state;
+    if state.start_ms == start && state.current > 0 {
+        after.current -= n.min(state.current);
+    } else if mode != WindowMode::Fixed && state.start_ms == start + p.window_ms && state.previous > 0 {
+        after.previous -= n.min(state.previous);
+    } else {
+        return None;
+    }
+    Some(after)
+}
+
 /// The earliest time from `at` on when a SLIDING window would admit `cost`
 /// (cost <= limit), with no other arrivals: the previous window's weight
 /// decays by `previous` units a ms; at the next window the current count
@@ -393,6 +415,37 @@ mod tests {
             let c = check(&p, mode, Some(&s), 1, 4_500);
             assert!(!c.check.admits, "{mode:?}");
             assert_eq!(c.check.wait_ms, if mode == Fixed { 1_500 } else { 2_000 });
+        }
+    }
+
+    #[test]
+    fn a_refund_gives_back_to_the_window_that_counted_it() {
+        let p = w(10, 1000);
+        let s = WindowState { start_ms: 5_000, previous: 4, current: 3 };
+        // Counted at 5_300 in [5_000, 6_000): the current count.
+        assert_eq!(refund(&p, Fixed, &s, 2, 5_300), Some(WindowState { current: 1, ..s }));
+        assert_eq!(refund(&p, Sliding, &s, 5, 5_999), Some(WindowState { current: 0, ..s }), "never below 0");
+        // Counted in [4_000, 5_000): SLIDING still weighs it as the
+        // previous count, FIXED no longer counts it.
+        assert_eq!(refund(&p, Sliding, &s, 1, 4_500), Some(WindowState { previous: 3, ..s }));
+        assert_eq!(refund(&p, Fixed, &s, 1, 4_500), None);
+        // Two windows ago, or a window the stored one is not (the clock
+        // stepped back): nothing is given back.
+        assert_eq!(refund(&p, Sliding, &s, 1, 3_500), None);
+        assert_eq!(refund(&p, Sliding, &s, 1, 6_100), None);
+        let empty = WindowState { start_ms: 5_000, previous: 0, current: 0 };
+        assert_eq!(refund(&p, Sliding, &empty, 1, 5_100), None);
+    }
+
+    #[test]
+    fn a_refunded_call_leaves_the_window_as_if_never_counted() {
+        let p = w(3, 1000);
+        for mode in [Sliding, Fixed] {
+            let (_, s) = run(&p, mode, &[5_100, 5_200]);
+            let taken = check(&p, mode, s.as_ref(), 1, 5_300);
+            assert!(taken.check.admits);
+            let back = refund(&p, mode, &taken.after, 1, 5_300).unwrap();
+            assert_eq!(Some(back), s, "{mode:?}");
         }
     }
 

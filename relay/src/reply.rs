@@ -46,10 +46,14 @@ impl Reply {
         Reply::Array(fields.into_iter().map(Reply::Int).collect())
     }
 
-    /// The module's six integers, if this is such a reply.
+    /// The module's six integers, if this is such a reply (the server's
+    /// reading may follow them: RL.WINDOW's TIME).
     pub fn module_reply(&self) -> Option<rl_core::Reply> {
         let Reply::Array(items) = self else { return None };
-        let [granted, remaining, retry_after_ms, reset_after_ms, limit, binding] = &items[..] else { return None };
+        let [granted, remaining, retry_after_ms, reset_after_ms, limit, binding, ..] = &items[..] else { return None };
+        if items.len() > 7 {
+            return None;
+        }
         let int = |r: &Reply| if let Reply::Int(i) = r { Some(*i) } else { None };
         Some(rl_core::Reply {
             granted: u64::try_from(int(granted)?).ok()?,
@@ -59,6 +63,18 @@ impl Reply {
             limit: u64::try_from(int(limit)?).ok()?,
             binding: usize::try_from(int(binding)?).ok()?,
         })
+    }
+
+    /// The server's reading a call decided at: the seventh integer of
+    /// `RL.WINDOW ... TIME`.
+    pub fn module_time(&self) -> Option<u64> {
+        match self {
+            Reply::Array(items) if items.len() == 7 => match items[6] {
+                Reply::Int(t) => u64::try_from(t).ok(),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 }
 
@@ -100,5 +116,14 @@ mod tests {
         assert_eq!(Reply::six(r, false).module_reply().unwrap().granted, 1);
         assert_eq!(Reply::Array(vec![Reply::Int(1)]).module_reply(), None);
         assert_eq!(Reply::Int(1).module_reply(), None);
+        let mut timed = Reply::six(r, false);
+        assert_eq!(timed.module_time(), None);
+        if let Reply::Array(items) = &mut timed {
+            items.push(Reply::Int(1_764_650_000_300));
+        }
+        assert_eq!(
+            (timed.module_reply().map(|r| r.remaining), timed.module_time()),
+            (Some(r.remaining), Some(1_764_650_000_300))
+        );
     }
 }

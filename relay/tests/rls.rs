@@ -153,6 +153,45 @@ async fn all_or_nothing_and_a_refused_request_takes_nothing() {
     assert_eq!(remaining(&r), vec![95], "refused from memory by the 0: wide not asked");
 }
 
+/// What a fixed hourly window `key` has counted, read from Redis.
+fn counted(con: &mut redis::Connection, key: &str, limit: i64) -> i64 {
+    let peek: Vec<i64> =
+        redis::cmd("RL.WINDOWPEEK").arg(1).arg(key).arg(limit).arg(3_600_000).arg("FIXED").query(con).unwrap();
+    // A peek answers what taking 1 more would leave.
+    limit - peek[1] - peek[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_counted_in_another_call_are_given_back() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(API);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--lease-window-ms", "100"]);
+    let mut client = relay.client().await;
+    let mut con = server.con();
+    // tight=r has 1 left, which the relay does not know: Redis refuses.
+    let tight = "rl:rls:{api|tight=r}:fixed:hour";
+    let _: Vec<i64> = redis::cmd("RL.WINDOW")
+        .arg(&[1.to_string(), tight.into(), "5".into(), "3600000".into()])
+        .arg(&["COST", "4", "FIXED"])
+        .query(&mut con)
+        .unwrap();
+    // Different costs: two calls; wide counts 2 while tight refuses 3.
+    let mut r = with_cost(request("api", &[&[("tight", "r")], &[("wide", "r")], &[("exact", "r")]]), 2);
+    r.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
+    let answer = ask(&mut client, r).await;
+    assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK, OK]));
+    // The refund is sent once the request is answered.
+    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 2.0, "two window refunds");
+    assert_eq!(counted(&mut con, "rl:rls:{api|wide=r}:fixed:hour", 100), 0, "wide gave its 2 back");
+    assert_eq!(counted(&mut con, tight, 5), 4, "tight counted nothing");
+    let exact: i64 = redis::cmd("EXISTS").arg("rl:rls:{api|exact=r}:exact:hour").query(&mut con).unwrap();
+    assert_eq!(exact, 0, "the exact log gave its entry back: no key");
+    assert_eq!(relay.metric("rl_relay_rls_window_counts_kept_total"), 0.0);
+    // Through the relay too: wide has its 100.
+    let answer = ask(&mut client, request("api", &[&[("wide", "r")]])).await;
+    assert_eq!(remaining(&answer), vec![99]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_addend_per_request_and_per_descriptor() {
     let server = Server::start(&[]);
@@ -470,6 +509,24 @@ async fn on_a_cluster() {
     assert_eq!(r.overall_code, OVER_LIMIT);
     assert_eq!(ask(&mut client, with_cost(request("api", &[&[("bucket", "y")]]), 3)).await.overall_code, OK);
     assert_eq!(ask(&mut client, request("api", &[&[("tight", "x")]])).await.statuses[0].limit_remaining, 1);
+    // Across nodes, windows give back their counts too: tight=z, with 1
+    // left unknown to the relay, refuses a request of 2 on its node; the
+    // six wide counters on the others give their 2 back.
+    let tight = "rl:rls:{api|tight=z}:fixed:hour";
+    let _: Vec<i64> = redis::cmd("RL.WINDOW")
+        .arg(&[1.to_string(), tight.into(), "5".into(), "3600000".into()])
+        .arg(&["COST", "4", "FIXED"])
+        .query(&mut cluster.node_for(tight).con())
+        .unwrap();
+    let mut with_tight = refs.clone();
+    with_tight.push(&[("tight", "z")]);
+    let r = ask(&mut client, with_cost(request("api", &with_tight), 2)).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 6.0, "six window refunds");
+    for v in &values {
+        let key = format!("rl:rls:{{api|wide={v}}}:fixed:hour");
+        assert_eq!(counted(&mut cluster.node_for(&key).con(), &key, 100), 2, "{key} kept only the first request");
+    }
 }
 
 fn wait_for(mut done: impl FnMut() -> bool, what: &str) {

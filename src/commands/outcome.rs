@@ -147,8 +147,15 @@ where
             }
         }
     }
-    replicate(ctx, &effects);
-    for effect in &effects {
+    publish(ctx, event, &effects);
+    failed
+}
+
+/// Replicates the writes of a call as one command and fires their
+/// keyspace events (`event` for a written key, `del` for a removed one).
+pub(crate) fn publish(ctx: Ctx, event: &CStr, effects: &[Effect]) {
+    replicate(ctx, effects);
+    for effect in effects {
         match *effect {
             Effect::Remove { key } => ctx.notify(NOTIFY_GENERIC, c"del", key),
             Effect::Store { key, .. } | Effect::LogAppend { key, .. } | Effect::Slot { key, .. } => {
@@ -156,7 +163,6 @@ where
             }
         }
     }
-    failed
 }
 
 /// After a refusal: keeps every existing key until its state is worth
@@ -180,13 +186,22 @@ fn keep_alive<T: Value>(ctx: Ctx, names: &[*mut RedisModuleString], loaded: &Loa
 /// The six-integer reply: `[first, remaining, retry_after_ms, reset_after_ms,
 /// limit, binding]`, `first` being allowed (0/1) or the tokens granted.
 pub(crate) fn reply(ctx: Ctx, d: &Reply, first: i64) -> Counted {
-    ctx.reply_array(6);
+    reply_with_time(ctx, d, first, None)
+}
+
+/// The six-integer reply, and `time` (the server's reading, ms) as a
+/// seventh when asked for.
+pub(crate) fn reply_with_time(ctx: Ctx, d: &Reply, first: i64, time: Option<u64>) -> Counted {
+    ctx.reply_array(6 + usize::from(time.is_some()));
     ctx.reply_integer(first);
     ctx.reply_integer(d.remaining as i64);
     ctx.reply_integer(d.retry_after_ms);
     ctx.reply_integer(d.reset_after_ms as i64);
     ctx.reply_integer(d.limit as i64);
     ctx.reply_integer(d.binding as i64);
+    if let Some(t) = time {
+        ctx.reply_integer(t as i64);
+    }
     if d.allowed() {
         Counted::Allowed
     } else {

@@ -13,12 +13,13 @@
 //!    a refused call counts nothing anywhere), one per descriptor in a
 //!    cluster (each key its own slot); each bucket its own `RL.TAKE` or
 //!    lease through the relay's pools.
-//! 3. When one refuses, the others' tokens go back: to the relay's pools
-//!    (memory), to Redis with `RL.REFUND` (buckets); a window counted in
-//!    another call than the refusing one keeps its count (the module has
-//!    no refund for windows: under, never over), counted in
-//!    `window_counts_kept`. Redis down: each limit follows its failure
-//!    mode (the local fallback, or refused).
+//! 3. When one refuses, the others' counts go back: to the relay's pools
+//!    (memory), to Redis with `RL.REFUND` (buckets) or `RL.WINDOW ...
+//!    REFUND at` (a window counted in another call than the refusing one:
+//!    `at` is the server's reading that call answered with, `TIME`, so the
+//!    module gives back to the window that counted it, or nothing once it
+//!    ended). Redis down: each limit follows its failure mode (the local
+//!    fallback, or refused).
 //!
 //! Shadow limits are decided each on its own, beside, and never undone.
 
@@ -109,8 +110,11 @@ enum Took {
     Pool,
     /// A bucket in Redis: RL.REFUND.
     Redis,
-    /// A window's count in Redis: kept.
-    Counted,
+    /// A window's count in Redis, by a call the server decided at `at_ms`
+    /// (None: a reply without it; the count is kept).
+    Counted {
+        at_ms: Option<u64>,
+    },
 }
 
 /// Counters of the decisions (the stats module reports them).
@@ -123,6 +127,7 @@ pub struct DecisionCounters {
     pub fallback: AtomicU64,
     pub failure_denied: AtomicU64,
     pub refunds: AtomicU64,
+    pub window_refunds: AtomicU64,
     pub given_back: AtomicU64,
     pub window_counts_kept: AtomicU64,
 }
@@ -277,9 +282,14 @@ impl Engine {
         let outcomes: Vec<(Outcome, Took)> = outcomes.into_iter().map(|o| o.expect("every limit answered")).collect();
         let refused = outcomes.iter().zip(items).any(|((o, _), i)| o.over && !i.shadow);
         if refused {
+            let mut counted = Vec::new();
             for ((_, took), item) in outcomes.iter().zip(items).filter(|(_, i)| !i.shadow) {
-                self.undo(item, *took, now);
+                match *took {
+                    Took::Counted { at_ms: Some(at) } => counted.push((item, at)),
+                    took => self.undo(item, took, now),
+                }
             }
+            self.refund_windows(&counted);
         }
         outcomes.into_iter().map(|(o, _)| o).collect()
     }
@@ -382,7 +392,9 @@ impl Engine {
         let sent = now_ms();
         let window_calls = groups.iter().map(|(mode, cost, _, members)| {
             let group: Vec<&Item> = members.iter().map(|&j| &items[j]).collect();
-            let take = window_args("RL.WINDOW", &group, *cost, *mode);
+            let mut take = window_args("RL.WINDOW", &group, *cost, *mode);
+            // The server's reading, to refund this call's counts by.
+            take.push(Bytes::from_static(b"TIME"));
             // The call answers for its binding key only: each key's own
             // numbers come from a peek sent once it is answered (sent at
             // once, the connection may put a peek before the take).
@@ -430,6 +442,7 @@ impl Engine {
                 }
                 continue;
             };
+            let at_ms = reply.module_time();
             let mut windows = self.windows();
             for (n, &i) in members.iter().enumerate() {
                 let Counter::Window { window, .. } = items[i].counter else { continue };
@@ -449,7 +462,7 @@ impl Engine {
                         Reply { granted: 1, remaining: own.remaining, reset_after_ms: reset, limit: window.limit, ..r };
                     windows.answered(&items[i].key, cost, reply, sent, done);
                     let reply = Reply { remaining: (reply.remaining + held).min(window.limit), ..reply };
-                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Counted));
+                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Counted { at_ms }));
                 } else if let Some(reply) =
                     (members.len() == 1).then(|| windows.pay(&items[i].key, cost, done)).flatten()
                 {
@@ -542,9 +555,41 @@ impl Engine {
                 let key = item.key.clone();
                 tokio::spawn(async move { engine.relay.send(&args, Some(key.as_bytes())).await });
             }
-            Took::Counted => {
+            Took::Counted { .. } => {
                 self.counters.window_counts_kept.fetch_add(1, Relaxed);
             }
+        }
+    }
+
+    /// Gives back the window counts of a refused request, in the background:
+    /// one `RL.WINDOW ... REFUND at` per call that counted them (the same
+    /// mode, cost and reading; one key per call in a cluster).
+    fn refund_windows(self: &Arc<Self>, counted: &[(&Item, u64)]) {
+        let mut calls: Vec<(WindowMode, u64, u64, Vec<&Item>)> = Vec::new();
+        for &(item, at) in counted {
+            let Counter::Window { mode, .. } = item.counter else { continue };
+            let joins = |c: &&mut (WindowMode, u64, u64, Vec<&Item>)| {
+                !self.cluster && (c.0, c.1, c.2) == (mode, item.cost, at) && c.3.len() < rl_core::limits::MAX_KEYS
+            };
+            match calls.iter_mut().find(joins) {
+                Some(call) => call.3.push(item),
+                None => calls.push((mode, item.cost, at, vec![item])),
+            }
+        }
+        for (mode, cost, at, group) in calls {
+            let mut args = window_args("RL.WINDOW", &group, cost, mode);
+            args.push(Bytes::from_static(b"REFUND"));
+            args.push(at.to_string().into());
+            self.counters.window_refunds.fetch_add(group.len() as u64, Relaxed);
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            let engine = self.clone();
+            let key = group[0].key.clone();
+            tokio::spawn(async move {
+                let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
+                if reply.module_reply().is_none() {
+                    engine.relay.health.failed("RL.WINDOW REFUND", &format!("{reply:?}"));
+                }
+            });
         }
     }
 

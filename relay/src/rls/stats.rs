@@ -275,8 +275,13 @@ impl Stats {
                 d.given_back.load(Relaxed),
             ),
             (
+                "rl_relay_rls_window_refunds_total",
+                "window counts of a refused request given back (RL.WINDOW ... REFUND)",
+                d.window_refunds.load(Relaxed),
+            ),
+            (
                 "rl_relay_rls_window_counts_kept_total",
-                "window counts a refused request left (no refund for windows)",
+                "window counts a refused request left (a reply without the server's reading)",
                 d.window_counts_kept.load(Relaxed),
             ),
             (
