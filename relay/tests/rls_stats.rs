@@ -1,4 +1,5 @@
-//! The RLS front's statistics read by Prometheus' own Python parser: a
+//! The RLS front's statistics read by Prometheus' own Python parser and
+//! its windows over real time (fixed, sliding, exact, token bucket): a
 //! real relay, real servers with the module, envoy-types' generated gRPC
 //! client.
 
@@ -8,6 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::rls::*;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -15,6 +17,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use testkit::Server;
 use tonic::transport::Channel;
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
 
 /// A sample as prometheus_client's parser read it: its name, its labels
 /// sorted, `k="v"` joined by commas.
@@ -324,4 +330,236 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
         ["rl.window", "rl.windowpeek", "rl.take", "rl.refund"].iter().map(|c| calls(&mut con, c)).sum();
     assert_eq!(on_server, redis_calls, "commands the server counted");
     assert_eq!((calls(&mut con, "rl.windowpeek"), calls(&mut con, "rl.take")), (2, 3));
+}
+
+/// One call of a burst: when it was sent, when answered, and the answer.
+struct Call {
+    sent: u64,
+    answered: u64,
+    admitted: bool,
+    reset_s: Option<i64>,
+}
+
+/// `n` calls in a row of one descriptor.
+async fn burst(client: &mut RateLimitServiceClient<Channel>, entries: &[(&str, &str)], n: usize) -> Vec<Call> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let sent = now_ms();
+        let r = ask(client, request("time", &[entries])).await;
+        let answered = now_ms();
+        out.push(Call {
+            sent,
+            answered,
+            admitted: r.overall_code == OK,
+            reset_s: r.statuses[0].duration_until_reset.as_ref().map(|d| d.seconds),
+        });
+    }
+    out
+}
+
+fn pattern(calls: &[Call]) -> Vec<bool> {
+    calls.iter().map(|c| c.admitted).collect()
+}
+
+fn admitted(calls: &[Call]) -> u64 {
+    calls.iter().filter(|c| c.admitted).count() as u64
+}
+
+/// Whether every call of `calls` was sent and answered in epoch second `s`.
+fn within_second(calls: &[Call], s: u64) -> bool {
+    calls.iter().all(|c| c.sent / 1000 == s && c.answered / 1000 == s)
+}
+
+/// Sleeps until epoch ms `at` (now if past).
+async fn until(at: u64) {
+    tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
+}
+
+/// Sleeps until `ms` into a second (this one if still before it, else the next).
+async fn into_second(ms: u64) {
+    let now = now_ms();
+    let start = now - now % 1000;
+    until(if now % 1000 < ms { start + ms } else { start + 1000 + ms }).await;
+}
+
+const TIME: &str = "\
+domain: time
+descriptors:
+  - key: fixed
+    rate_limit: { unit: second, requests_per_unit: 5 }
+  - key: fixed10
+    rate_limit: { unit: second, requests_per_unit: 10 }
+  - key: sliding
+    rate_limit: { unit: second, requests_per_unit: 10, algorithm: sliding_window }
+  - key: exact
+    rate_limit: { unit: second, requests_per_unit: 5, algorithm: exact_window }
+  - key: bucket
+    rate_limit: { unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 4 }
+";
+
+/// A relay on TIME whose limits are all quiet (a batch of a tenth of a
+/// second's rate is at most a token): every decision is Redis's, exact.
+fn time_relay(server: &Server) -> (tempfile::TempDir, RlsRelay) {
+    let (dir, config) = config_file(TIME);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--lease-window-ms", "100"]);
+    (dir, relay)
+}
+
+/// Attempts of a timed scenario: one whose calls did not land where the
+/// scenario needs them (a busy machine: a burst straddled a second) is
+/// tried again with fresh counters; its assertions are not made.
+const ATTEMPTS: usize = 4;
+
+/// A fixed window of a second is aligned to the epoch: 5 admitted from
+/// the middle of a second, refused until that second ends, 5 again right
+/// after it, only ~half a second after the first (a window started at the
+/// first request would still be closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_resets_at_the_epoch_aligned_second() {
+    let server = Server::start(&[]);
+    let (_dir, relay) = time_relay(&server);
+    let mut client = relay.client().await;
+    for attempt in 0..ATTEMPTS {
+        let value = format!("a{attempt}");
+        into_second(500).await;
+        let first = burst(&mut client, &[("fixed", &value)], 6).await;
+        let s = first[0].sent / 1000;
+        if !within_second(&first, s) {
+            continue;
+        }
+        assert_eq!(pattern(&first), [true, true, true, true, true, false]);
+        // Refused past the middle of a second: the window ends within it.
+        assert_eq!(first[5].reset_s, Some(1), "seconds until the window resets");
+        until((s + 1) * 1000 + 20).await;
+        let second = burst(&mut client, &[("fixed", &value)], 6).await;
+        if !within_second(&second, s + 1) {
+            continue;
+        }
+        assert!(second[0].sent - first[0].sent < 1000);
+        assert_eq!(pattern(&second), [true, true, true, true, true, false], "a new epoch second, a new window");
+        return;
+    }
+    panic!("no attempt of {ATTEMPTS} kept its bursts within a second each: the machine is too busy");
+}
+
+/// A sliding window weighs the previous one: right after the boundary,
+/// after a full second of 10, it admits only what the previous second's
+/// fading weight leaves (10 x the fraction of the second gone), while a
+/// fixed window of 10 admits all 10 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_weighs_the_previous_second() {
+    let server = Server::start(&[]);
+    let (_dir, relay) = time_relay(&server);
+    let mut client = relay.client().await;
+    for attempt in 0..ATTEMPTS {
+        let value = format!("a{attempt}");
+        into_second(50).await;
+        let sliding = burst(&mut client, &[("sliding", &value)], 11).await;
+        let fixed = burst(&mut client, &[("fixed10", &value)], 11).await;
+        let s = sliding[0].sent / 1000;
+        if !within_second(&sliding, s) || !within_second(&fixed, s) {
+            continue;
+        }
+        let ten_then_refused: Vec<bool> = (0..11).map(|i| i < 10).collect();
+        assert_eq!(pattern(&sliding), ten_then_refused, "the first second: no previous one to weigh");
+        assert_eq!(pattern(&fixed), ten_then_refused);
+        let start = (s + 1) * 1000;
+        until(start + 100).await;
+        let sliding = burst(&mut client, &[("sliding", &value)], 10).await;
+        let fixed = burst(&mut client, &[("fixed10", &value)], 10).await;
+        if !within_second(&sliding, s + 1) || !within_second(&fixed, s + 1) {
+            continue;
+        }
+        assert_eq!(admitted(&fixed), 10, "a fixed window starts empty");
+        // Admitted while 10 x (1000 - t) + (n + 1) x 1000 <= 10 x 1000,
+        // t ms into the second: n + 1 <= t / 100.
+        let (t0, t1) = (sliding[0].sent - start, sliding[9].answered - start);
+        let n = admitted(&sliding);
+        assert!((t0 / 100..=t1 / 100).contains(&n), "{n} admitted between {t0} and {t1} ms into the second");
+        assert!(n < admitted(&fixed), "the sliding window admits fewer: {n}");
+        return;
+    }
+    panic!("no attempt of {ATTEMPTS} kept its bursts within a second each: the machine is too busy");
+}
+
+/// An exact window counts the last second, whatever its epoch alignment:
+/// 5 admitted late in a second are still counted after the boundary
+/// (where a fixed window would admit), and once they are a second old, 5
+/// and no more are admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_window_admits_the_limit_in_any_rolling_second() {
+    let server = Server::start(&[]);
+    let (_dir, relay) = time_relay(&server);
+    let mut client = relay.client().await;
+    for attempt in 0..ATTEMPTS {
+        let value = format!("a{attempt}");
+        into_second(700).await;
+        let first = burst(&mut client, &[("exact", &value)], 6).await;
+        let s = first[0].sent / 1000;
+        if !within_second(&first, s) {
+            continue;
+        }
+        assert_eq!(pattern(&first), [true, true, true, true, true, false]);
+        until((s + 1) * 1000 + 20).await;
+        let after = burst(&mut client, &[("exact", &value)], 1).await;
+        if after[0].answered >= first[0].sent + 1000 {
+            continue; // the first admitted may have left the last second
+        }
+        assert!(!after[0].admitted, "5 admitted less than a second ago, across the epoch boundary");
+        until(first[4].answered + 1000 + 20).await;
+        let again = burst(&mut client, &[("exact", &value)], 6).await;
+        if again[5].answered >= again[0].sent + 1000 {
+            continue; // the burst itself lasted a second
+        }
+        assert_eq!(pattern(&again), [true, true, true, true, true, false], "a second later: 5 again, no more");
+        return;
+    }
+    panic!("no attempt of {ATTEMPTS} kept its calls within the second they needed: the machine is too busy");
+}
+
+/// ceil(2 x ms / 1000): the tokens a bucket of 2 a second refills in `ms`, rounded up.
+fn refilled_up(ms: u64) -> u64 {
+    (2 * ms).div_ceil(1000)
+}
+
+/// A token bucket of 2 a second with a burst of 4: 4 at once, then what
+/// refills (2 a second, continuously), and never more than the burst
+/// however long it rested. Each bound is in whole tokens from when calls
+/// were sent and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_refills_over_time_up_to_its_burst() {
+    let server = Server::start(&[]);
+    let (_dir, relay) = time_relay(&server);
+    let mut client = relay.client().await;
+    for attempt in 0..ATTEMPTS {
+        let value = format!("a{attempt}");
+        let entries = [("bucket", value.as_str())];
+        // Full at first: 4, plus at most what refilled during the burst.
+        let first = burst(&mut client, &entries, 6).await;
+        let n = admitted(&first);
+        assert!(pattern(&first)[..4].iter().all(|&a| a), "the burst of 4");
+        assert!(n <= 4 + 2 * (first[5].answered - first[0].sent) / 1000, "{n} admitted at once");
+        if first[5].admitted {
+            continue; // the burst took a second: not empty at its end
+        }
+        // Empty (less than a token) when its last call was refused; a
+        // second later, what refilled since.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let second = burst(&mut client, &entries, 6).await;
+        let n = admitted(&second);
+        let at_least = (2 * (second[0].sent - first[5].answered) / 1000).min(4);
+        let at_most = refilled_up(second[5].answered - first[5].sent);
+        assert!((at_least..=at_most).contains(&n), "{n} admitted after a second: {at_least}..={at_most}");
+        if second[5].admitted {
+            continue;
+        }
+        // 2.6 s of rest would refill 5: the bucket holds 4 at most.
+        tokio::time::sleep(Duration::from_millis(2600)).await;
+        let third = burst(&mut client, &entries, 6).await;
+        let n = admitted(&third);
+        assert!(pattern(&third)[..4].iter().all(|&a| a), "full again");
+        assert!(n <= 4 + 2 * (third[5].answered - third[0].sent) / 1000, "{n} admitted: the burst caps the rest");
+        return;
+    }
+    panic!("no attempt of {ATTEMPTS} ended a burst refused: the machine is too busy");
 }
