@@ -1,7 +1,7 @@
-//! The RLS front's statistics read by Prometheus' own Python parser and
-//! its windows over real time (fixed, sliding, exact, token bucket): a
-//! real relay, real servers with the module, envoy-types' generated gRPC
-//! client.
+//! The RLS front's statistics read by Prometheus' own Python parser, its
+//! windows over real time (fixed, sliding, exact, token bucket), and what
+//! relay/README.md's "Behind Envoy" claims beside them: a real relay, real
+//! servers with the module, envoy-types' generated gRPC client.
 
 mod common;
 
@@ -12,11 +12,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::rls::*;
+use common::{Relay, Start};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use testkit::Server;
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -562,4 +566,75 @@ async fn token_bucket_refills_over_time_up_to_its_burst() {
         return;
     }
     panic!("no attempt of {ATTEMPTS} ended a burst refused: the machine is too busy");
+}
+
+const EDGE: &str = "\
+domain: edge
+descriptors:
+  - key: m
+    rate_limit: { unit: minute, requests_per_unit: 100 }
+  - key: h
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+  - key: d
+    rate_limit: { unit: day, requests_per_unit: 100 }
+";
+
+async fn health(relay: &RlsRelay, service: &str) -> Result<i32, tonic::Code> {
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap();
+    let mut client = HealthClient::new(channel.connect().await.unwrap());
+    client
+        .check(HealthCheckRequest { service: service.into() })
+        .await
+        .map(|r| r.into_inner().status)
+        .map_err(|e| e.code())
+}
+
+/// relay/README.md, "Behind Envoy", beside what rls.rs tests: gRPC health
+/// under the service's full name, `/healthcheck` answering `OK`,
+/// `--rls-prefix` and escaped counter keys, windows aligned to their unit
+/// (a day ends at UTC midnight), a bad config exiting with status 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_envoy_as_the_readme_says() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(EDGE);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--rls-prefix", "rl:edge:"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while health(&relay, "envoy.service.ratelimit.v3.RateLimitService").await != Ok(ServingStatus::Serving as i32) {
+        assert!(std::time::Instant::now() < deadline, "the service's full name never SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(health(&relay, "ratelimit").await, Ok(ServingStatus::Serving as i32));
+    assert_eq!(health(&relay, "nope").await, Err(tonic::Code::NotFound));
+    assert_eq!(relay.get("/healthcheck"), (200, "OK".to_string()));
+
+    let mut client = relay.client().await;
+    // Each unit's window ends at its epoch-aligned end (UTC midnight for a day).
+    for (k, unit_ms) in [("m", 60_000u64), ("h", 3_600_000), ("d", 86_400_000)] {
+        loop {
+            let sent = now_ms();
+            let r = ask(&mut client, request("edge", &[&[(k, "v")]])).await;
+            let answered = now_ms();
+            if sent / unit_ms != answered / unit_ms {
+                continue; // the call straddled the window's end
+            }
+            let end = (sent / unit_ms + 1) * unit_ms;
+            let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as u64;
+            let (lo, hi) = ((end - answered).div_ceil(1000), (end - sent).div_ceil(1000));
+            assert!((lo..=hi).contains(&reset), "{k}: {reset} s to the window's end, not {lo}..={hi}");
+            break;
+        }
+    }
+    // The prefix, and the descriptor escaped inside one hash tag.
+    let r = ask(&mut client, request("edge", &[&[("m", "a|b=c{d}%")]])).await;
+    assert_eq!(r.overall_code, OK);
+    let exists: i64 =
+        redis::cmd("EXISTS").arg("rl:edge:{edge|m=a%7Cb%3Dc%7Bd%7D%25}:fixed:minute").query(&mut server.con()).unwrap();
+    assert_eq!(exists, 1, "{:?}", redis::cmd("KEYS").arg("*").query::<Vec<String>>(&mut server.con()));
+
+    // A bad config at start: status 2 (rls.rs checks it is not 0).
+    let (_bad, bad) = config_file("domain: edge\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight }\n");
+    let args =
+        ["--redis", "redis://127.0.0.1:1/", "--rls-listen", "127.0.0.1:0", "--rls-config", bad.to_str().unwrap()];
+    let mut refused = Relay::spawn(Start { no_wait: true, ..Start::args(&args) });
+    assert_eq!(refused.exit_code(), Some(2), "{}", refused.log());
 }
