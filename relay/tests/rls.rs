@@ -151,6 +151,12 @@ async fn all_or_nothing_and_a_refused_request_takes_nothing() {
     assert_eq!((r.overall_code, codes(&r)), (OVER_LIMIT, vec![OVER_LIMIT, OK]));
     let r = ask(&mut client, request("api", &[&[("wide", "a")]])).await;
     assert_eq!(remaining(&r), vec![95], "refused from memory by the 0: wide not asked");
+    // Statistics count every descriptor by its code, as envoyproxy/ratelimit
+    // does, whether Redis or memory refused its request: wide's 3 + 3 + 1 +
+    // 1 + 1 hits were all within its limit, though it was charged 5.
+    let wide =
+        |stat: &str| relay.metric(&format!("ratelimit_service_rate_limit_{stat}{{domain=\"api\",key1=\"wide\"}}"));
+    assert_eq!((wide("total_hits"), wide("within_limit"), wide("over_limit")), (9.0, 9.0, 0.0));
 }
 
 /// What a fixed hourly window `key` has counted, read from Redis.

@@ -217,7 +217,7 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
     r.descriptors[0].is_negative_hits = true;
     assert_eq!(c.ask(r).await.overall_code, OK);
     // Different costs go in different calls: kept2 (3) refuses 2 of its 1
-    // left, kept1's 1 was counted in its own call and stays counted.
+    // left, kept1's 1 was counted in its own call and is given back.
     assert_eq!(c.ask(costing("stats", &[("kept2", "a")], 2)).await.overall_code, OK);
     let mut r = request("stats", &[&[("kept1", "a")], &[("kept2", "a")]]);
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 1 });
@@ -236,6 +236,12 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
     let e = c.client.should_rate_limit(request("", &[&[("near", "a")]])).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 
+    // The refund is sent once the request is answered.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while relay.metric("rl_relay_rls_window_refunds_total") < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "kept1's count was not given back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let (code, text) = relay.get("/metrics");
     assert_eq!(code, 200);
     let families = parse_prometheus(&text);
@@ -291,8 +297,8 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
 
     // The rest of envoyproxy/ratelimit's names and ours, exactly. Redis
     // calls: near 11, cost 4, outer 6, deep 3, detailed 3, v2m 3, plain 2,
-    // shadow 3, kept 3, g 1 + 2 peeks, bucket 3.
-    let redis_calls = 11 + 4 + 6 + 3 + 3 + 3 + 2 + 3 + 3 + 3 + 3;
+    // shadow 3, kept 3 + kept1's refund, g 1 + 2 peeks, bucket 3.
+    let redis_calls = 11 + 4 + 6 + 3 + 3 + 3 + 2 + 3 + 4 + 3 + 3;
     for (name, labels, value) in [
         ("ratelimit_service_config_load_success_total", "", 1),
         ("ratelimit_service_config_load_error_total", "", 0),
@@ -312,7 +318,8 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
         ("rl_relay_rls_failure_denied_total", "", 0),
         ("rl_relay_rls_refunds_total", "", 0),
         ("rl_relay_rls_given_back_total", "", 0),
-        ("rl_relay_rls_window_counts_kept_total", "", 1),
+        ("rl_relay_rls_window_refunds_total", "", 1),
+        ("rl_relay_rls_window_counts_kept_total", "", 0),
         ("rl_relay_rls_timeouts_total", "", 0),
         ("rl_relay_rls_negative_hits_total", "", 1),
         ("rl_relay_rls_series_dropped_total", "", 0),

@@ -89,6 +89,8 @@ pub enum Source {
     FailureDenied,
     /// Not asked: another limit refused the request first.
     NotAsked,
+    /// A shadow limit Redis did not answer in time: nothing known.
+    Unanswered,
 }
 
 /// A limit's answer.

@@ -250,7 +250,7 @@ impl Rls {
                                 limit: 0,
                                 binding: 0,
                             };
-                            Outcome { over: false, reply, source: Source::NotAsked }
+                            Outcome { over: false, reply, source: Source::Unanswered }
                         } else {
                             self.engine.failed(item)
                         }
@@ -280,8 +280,16 @@ impl Rls {
                         _ => outcome.reply.reset_after_ms,
                     };
                     let reset_ms = if wait_ms > 0 { wait_ms } else { unit.ms() - now_ms() % unit.ms() };
-                    if outcome.source != Source::NotAsked {
-                        let rpu = u64::from(limit.requests_per_unit);
+                    // Counted as its code says, as envoyproxy/ratelimit counts
+                    // every descriptor of a request; one another limit
+                    // refused first has no count to be near a limit by.
+                    let rpu = u64::from(limit.requests_per_unit);
+                    let known = match outcome.source {
+                        Source::Unanswered => None,
+                        Source::NotAsked => Some(None),
+                        _ => Some(Some(remaining)),
+                    };
+                    if let Some(remaining) = known {
                         self.stats.record(&found.stats_key, rpu, item.cost, remaining, outcome.over, item.shadow);
                     }
                     if !item.shadow {

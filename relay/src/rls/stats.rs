@@ -111,8 +111,9 @@ fn labels(stats_key: &str) -> Labels {
 
 impl Stats {
     /// A decided limit: `cost` asked of a limit of `limit` that has
-    /// `remaining` left after it (when admitted).
-    pub fn record(&self, stats_key: &str, limit: u64, cost: u64, remaining: u64, over: bool, shadow: bool) {
+    /// `remaining` left after it (when admitted; None: not known, the limit
+    /// was not asked, so never near).
+    pub fn record(&self, stats_key: &str, limit: u64, cost: u64, remaining: Option<u64>, over: bool, shadow: bool) {
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         let labels = labels(stats_key);
         if !series.contains_key(&labels) && series.len() >= MAX_SERIES {
@@ -128,13 +129,14 @@ impl Stats {
             }
             return;
         }
+        s.within_limit += cost;
+        let Some(remaining) = remaining else { return };
         let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
         let after = limit.saturating_sub(remaining);
         let before = after.saturating_sub(cost);
         if after > near {
             s.near_limit += if before >= near { cost } else { after - near };
         }
-        s.within_limit += cost;
     }
 
     /// The series of a stats key, for tests.
@@ -336,15 +338,18 @@ mod tests {
     fn near_limit_is_counted_as_envoyproxy_ratelimit_counts_it() {
         let s = Stats::default();
         // Limit 8 (near 6): cost 2 to 7 left 1: near 1, within 2.
-        s.record("d.k", 8, 2, 1, false, false);
+        s.record("d.k", 8, 2, Some(1), false, false);
         assert_eq!(s.series("d.k"), Series { total_hits: 2, near_limit: 1, within_limit: 2, ..Series::default() });
         // Limit 20 (near 16): cost 3 to 19: near 3.
-        s.record("d.j", 20, 3, 1, false, false);
+        s.record("d.j", 20, 3, Some(1), false, false);
         assert_eq!(s.series("d.j").near_limit, 3);
-        s.record("d.j", 20, 3, 0, true, true);
+        s.record("d.j", 20, 3, Some(0), true, true);
         assert_eq!(
             s.series("d.j"),
             Series { total_hits: 6, over_limit: 3, near_limit: 3, within_limit: 3, shadow_mode: 3 }
         );
+        // Not asked (another limit refused first): a hit within, never near.
+        s.record("d.n", 8, 7, None, false, false);
+        assert_eq!(s.series("d.n"), Series { total_hits: 7, within_limit: 7, ..Series::default() });
     }
 }
