@@ -74,7 +74,7 @@ fn number() -> impl Strategy<Value = Vec<u8>> {
 fn word() -> impl Strategy<Value = Vec<u8>> {
     let words: Vec<&'static str> = vec![
         "COST", "cost", "FORCE", "WANT", "MIN", "TOKENS", "SLIDING", "EXACT", "FIXED", "PXAT", "k", "{u}a", "{u}b",
-        "bucket", "window", "log", "cell", "string", "ID", "id",
+        "bucket", "window", "log", "cell", "string", "ID", "id", "TIME", "REFUND",
     ];
     proptest::sample::select(words).prop_map(|w| w.as_bytes().to_vec())
 }
@@ -117,6 +117,9 @@ fn plausible(huge: bool) -> impl Strategy<Value = (&'static str, Vec<Vec<u8>>)> 
         ("RL.WINDOW", 2, &["FIXED"], "w"),
         ("RL.WINDOW", 2, &["EXACT", "COST", "2"], "e"),
         ("RL.WINDOWPEEK", 2, &["EXACT"], "e"),
+        ("RL.WINDOW", 2, &["FIXED", "TIME"], "w"),
+        ("RL.WINDOW", 2, &["COST", "2", "REFUND", "1796188358649"], "w"),
+        ("RL.WINDOW", 2, &["EXACT", "REFUND", "1796188358649"], "e"),
         ("RL.ACQUIRE", 2, &["ID", "req", "COST", "2"], "f"),
         ("RL.ACQUIRE", 2, &[], "f"),
         ("RL.INFLIGHT", 2, &["ID", "req"], "f"),
