@@ -6,9 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::rls::*;
@@ -37,49 +34,22 @@ struct Family {
     samples: BTreeMap<SampleKey, f64>,
 }
 
-/// `text` read by prometheus_client's parser (unpacked under .deps/ by
-/// `make servers`), through the script rules' tests use.
+/// `text` read by prometheus_client's parser, each sample keyed by its
+/// name and its labels in order.
 fn parse_prometheus(text: &str) -> Vec<Family> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let lib = repo.join(".deps/prometheus-client");
-    assert!(
-        lib.join("prometheus_client/parser.py").exists(),
-        "Prometheus' Python parser is not under {}: run `make servers` (it fetches the prometheus-client wheel)",
-        lib.display()
-    );
-    let mut child = Command::new("python3")
-        .arg(repo.join("rules/tests/support/promparse.py"))
-        .env("PYTHONPATH", &lib)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "the parser refused the text: {}\n{text}", String::from_utf8_lossy(&out.stderr));
-    let families: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the parser's JSON");
-    let str_of = |v: &serde_json::Value| v.as_str().unwrap().to_string();
-    families
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| Family {
-            name: str_of(&f["name"]),
-            kind: str_of(&f["type"]),
-            samples: f["samples"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    let labels: BTreeMap<&String, String> =
-                        s["labels"].as_object().unwrap().iter().map(|(k, v)| (k, str_of(v))).collect();
-                    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-                    ((str_of(&s["name"]), labels.join(",")), s["value"].as_f64().unwrap())
-                })
-                .collect(),
-        })
-        .collect()
+    let family = |f: testkit::prometheus::Family| Family {
+        samples: f
+            .samples
+            .into_iter()
+            .map(|s| {
+                let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                ((s.name, labels.join(",")), s.value)
+            })
+            .collect(),
+        name: f.name,
+        kind: f.kind,
+    };
+    testkit::prometheus::parse(text).into_iter().map(family).collect()
 }
 
 /// The samples of the parsed families, by (sample name, labels).

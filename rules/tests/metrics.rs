@@ -6,7 +6,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{get, parse_prometheus, Exporter};
+use support::{get, Exporter};
+use testkit::prometheus::parse as parse_prometheus;
 use testkit::{call, Server};
 
 fn value(page: &str, series: &str) -> Option<f64> {

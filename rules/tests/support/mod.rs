@@ -1,5 +1,6 @@
 //! What the operations and rlctl tests share: `rlctl metrics` as a process,
-//! an `rlctl` run, an HTTP GET, Prometheus' own Python parser and promtool.
+//! an `rlctl` run, an HTTP GET and promtool (Prometheus' Python parser is
+//! testkit's).
 
 #![allow(dead_code)]
 
@@ -74,46 +75,6 @@ fn repo() -> PathBuf {
 /// A file of the repository, as text.
 pub fn repo_file(path: &str) -> String {
     std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// One family as Prometheus' Python parser (prometheus_client) read it.
-#[derive(Debug, serde::Deserialize)]
-pub struct Family {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub samples: Vec<Sample>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-pub struct Sample {
-    pub name: String,
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub value: f64,
-}
-
-/// `text` read by prometheus_client's parser (from `make servers`, under
-/// .deps/), which types each sample by the family it follows, as
-/// Prometheus' own scrape parser does.
-pub fn parse_prometheus(text: &str) -> Vec<Family> {
-    let lib = repo().join(".deps/prometheus-client");
-    assert!(
-        lib.join("prometheus_client/parser.py").exists(),
-        "Prometheus' Python parser is not under {}: run `make servers` (it fetches the prometheus-client wheel)",
-        lib.display()
-    );
-    let mut child = Command::new("python3")
-        .arg(repo().join("rules/tests/support/promparse.py"))
-        .env("PYTHONPATH", &lib)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "the parser refused the text: {}\n{text}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("the parser's JSON")
 }
 
 /// Runs promtool (Debian's prometheus package: `make deps` installs it)
