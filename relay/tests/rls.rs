@@ -181,18 +181,21 @@ async fn windows_counted_in_another_call_are_given_back() {
         .arg(&["COST", "4", "FIXED"])
         .query(&mut con)
         .unwrap();
-    // Different costs: two calls; wide counts 2 while tight refuses 3.
-    let mut r = with_cost(request("api", &[&[("tight", "r")], &[("wide", "r")], &[("exact", "r")]]), 2);
+    // Different costs: other calls; wide counts 2 (twice: named twice, in
+    // two calls) and exact 2 while tight refuses 3.
+    let descriptors: [&[(&str, &str)]; 4] = [&[("tight", "r")], &[("wide", "r")], &[("wide", "r")], &[("exact", "r")]];
+    let mut r = with_cost(request("api", &descriptors), 2);
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
     let answer = ask(&mut client, r).await;
-    assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK, OK]));
-    // The refund is sent once the request is answered.
-    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 2.0, "two window refunds");
-    assert_eq!(counted(&mut con, "rl:rls:{api|wide=r}:fixed:hour", 100), 0, "wide gave its 2 back");
+    assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK, OK, OK]));
+    // The refunds are sent once the request is answered, one per call.
+    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 3.0, "three window refunds");
+    assert_eq!(counted(&mut con, "rl:rls:{api|wide=r}:fixed:hour", 100), 0, "wide gave its 2 + 2 back");
     assert_eq!(counted(&mut con, tight, 5), 4, "tight counted nothing");
     let exact: i64 = redis::cmd("EXISTS").arg("rl:rls:{api|exact=r}:exact:hour").query(&mut con).unwrap();
     assert_eq!(exact, 0, "the exact log gave its entry back: no key");
     assert_eq!(relay.metric("rl_relay_rls_window_counts_kept_total"), 0.0);
+    assert_eq!(relay.metric("rl_relay_rls_refund_errors_total"), 0.0, "Redis took every refund");
     // Through the relay too: wide has its 100.
     let answer = ask(&mut client, request("api", &[&[("wide", "r")]])).await;
     assert_eq!(remaining(&answer), vec![99]);

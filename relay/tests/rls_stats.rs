@@ -289,6 +289,7 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
         ("rl_relay_rls_refunds_total", "", 0),
         ("rl_relay_rls_given_back_total", "", 0),
         ("rl_relay_rls_window_refunds_total", "", 1),
+        ("rl_relay_rls_refund_errors_total", "", 0),
         ("rl_relay_rls_window_counts_kept_total", "", 0),
         ("rl_relay_rls_timeouts_total", "", 0),
         ("rl_relay_rls_negative_hits_total", "", 1),

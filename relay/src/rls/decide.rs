@@ -130,6 +130,8 @@ pub struct DecisionCounters {
     pub failure_denied: AtomicU64,
     pub refunds: AtomicU64,
     pub window_refunds: AtomicU64,
+    /// Refunds Redis did not take (the counts stand: under, never over).
+    pub refund_errors: AtomicU64,
     pub given_back: AtomicU64,
     pub window_counts_kept: AtomicU64,
 }
@@ -555,7 +557,10 @@ impl Engine {
                 let args = bucket_args("RL.REFUND", &item.key, &params, "TOKENS", item.cost);
                 let engine = self.clone();
                 let key = item.key.clone();
-                tokio::spawn(async move { engine.relay.send(&args, Some(key.as_bytes())).await });
+                tokio::spawn(async move {
+                    let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
+                    engine.refunded("RL.REFUND", &reply);
+                });
             }
             Took::Counted { .. } => {
                 self.counters.window_counts_kept.fetch_add(1, Relaxed);
@@ -571,7 +576,10 @@ impl Engine {
         for &(item, at) in counted {
             let Counter::Window { mode, .. } = item.counter else { continue };
             let joins = |c: &&mut (WindowMode, u64, u64, Vec<&Item>)| {
-                !self.cluster && (c.0, c.1, c.2) == (mode, item.cost, at) && c.3.len() < rl_core::limits::MAX_KEYS
+                !self.cluster
+                    && (c.0, c.1, c.2) == (mode, item.cost, at)
+                    && c.3.len() < rl_core::limits::MAX_KEYS
+                    && !c.3.iter().any(|other| other.key == item.key)
             };
             match calls.iter_mut().find(joins) {
                 Some(call) => call.3.push(item),
@@ -588,10 +596,16 @@ impl Engine {
             let key = group[0].key.clone();
             tokio::spawn(async move {
                 let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
-                if reply.module_reply().is_none() {
-                    engine.relay.health.failed("RL.WINDOW REFUND", &format!("{reply:?}"));
-                }
+                engine.refunded("RL.WINDOW REFUND", &reply);
             });
+        }
+    }
+
+    /// A refund's reply: one Redis did not take is logged and counted.
+    fn refunded(&self, what: &str, reply: &crate::reply::Reply) {
+        if reply.module_reply().is_none() {
+            self.counters.refund_errors.fetch_add(1, Relaxed);
+            self.relay.health.failed(what, &format!("{reply:?}"));
         }
     }
 

@@ -282,6 +282,11 @@ impl Stats {
                 d.window_refunds.load(Relaxed),
             ),
             (
+                "rl_relay_rls_refund_errors_total",
+                "refunds Redis did not take (their counts stand: under, never over)",
+                d.refund_errors.load(Relaxed),
+            ),
+            (
                 "rl_relay_rls_window_counts_kept_total",
                 "window counts a refused request left (a reply without the server's reading)",
                 d.window_counts_kept.load(Relaxed),
