@@ -3,7 +3,8 @@
 //! envoyproxy/ratelimit's Redis work (its INCRBY + EXPIRE pipeline per
 //! descriptor per request, replayed) and Limitador (the `limitador` crate,
 //! driven in-process: an `AsyncRateLimiter` on its `AsyncRedisStorage`, then
-//! on its `CachedRedisStorage` with its default settings), against one
+//! on its `CachedRedisStorage`, its default settings and, on the quiet
+//! descriptors, 20,000 cached counters), against one
 //! redis-server with the module, on the same machine. Prints a Markdown table.
 //!
 //! Cases: one hot descriptor; 10,000 quiet descriptors; three descriptors
