@@ -1,16 +1,22 @@
 //! `make bench-rls`: the relay's RLS front (a release `rl-relay`, a child
 //! process, asked over gRPC by the generated client of envoy-types) beside
 //! envoyproxy/ratelimit's Redis work (its INCRBY + EXPIRE pipeline per
-//! descriptor per request, replayed), against one redis-server with the
-//! module, on the same machine. Prints a Markdown table.
+//! descriptor per request, replayed) and Limitador (the `limitador` crate,
+//! driven in-process: an `AsyncRateLimiter` on its `AsyncRedisStorage`, then
+//! on its `CachedRedisStorage`, its default settings and, on the quiet
+//! descriptors, 20,000 cached counters), against one
+//! redis-server with the module, on the same machine. Prints a Markdown table.
 //!
 //! Cases: one hot descriptor; 10,000 quiet descriptors; three descriptors
 //! per request. Then exactness: 32 concurrent callers on one descriptor of
 //! a limit of 1,000, 2,000 requests: admitted against allowed.
-//! Limitador is not driven: its crate builds only with its RocksDB storage.
 //!
 //! Redis calls per decision are counted on the server (INFO commandstats,
-//! the INFO calls themselves left out). Latency is each call's, as the
+//! every command, the INFO calls themselves left out: commands that a
+//! script or a module runs inside count too, and a breakdown by command is
+//! printed under the table). The cached storage's writes are made in the
+//! background: its count is read after one more flushing period, its
+//! decisions/s over the decisions alone. Latency is each call's, as the
 //! caller sees it, with `CALLERS` callers at once (closed loop).
 
 use std::path::PathBuf;
@@ -22,6 +28,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use limitador::limit::{Context, Limit, Predicate};
+use limitador::storage::redis::{AsyncRedisStorage, DEFAULT_FLUSHING_PERIOD_SEC, DEFAULT_MAX_CACHED_COUNTERS};
+use limitador::AsyncRateLimiter;
 use testkit::{free_port, Server};
 use tonic::transport::Channel;
 
@@ -83,6 +92,10 @@ struct Row {
     p50: Duration,
     p99: Duration,
     calls_per_decision: f64,
+    /// Commands per decision by name, most first.
+    mix: Vec<(String, f64)>,
+    /// Why there are no numbers: the run stopped making progress.
+    stopped: Option<String>,
 }
 
 struct Relay {
@@ -123,13 +136,37 @@ fn start_relay(redis: &str, config: &std::path::Path) -> Relay {
     Relay { child, rls_port }
 }
 
-/// Commands the server ran, INFO left out.
-fn commands(con: &mut redis::Connection) -> u64 {
+/// Commands the server ran, by name, INFO left out.
+#[derive(Clone, Default)]
+struct Commands(std::collections::BTreeMap<String, u64>);
+
+impl Commands {
+    fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    fn since(&self, before: &Commands) -> Commands {
+        Commands(
+            self.0
+                .iter()
+                .map(|(k, &n)| (k.clone(), n - before.0.get(k).copied().unwrap_or(0)))
+                .filter(|&(_, n)| n > 0)
+                .collect(),
+        )
+    }
+}
+
+fn commands(con: &mut redis::Connection) -> Commands {
     let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    Commands(
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                let name = l.strip_prefix("cmdstat_")?.split(':').next()?.to_string();
+                Some((name, l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok()?))
+            })
+            .collect(),
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -206,6 +243,188 @@ async fn run_relay_paced(channel: Channel, rate: u64, seconds: u64) -> Vec<Durat
     lat
 }
 
+/// CONFIG's limits for Limitador, in `namespace`: one per descriptor key,
+/// counted per value (the key a variable of the limit), same limit, same
+/// window (an hour).
+fn limitador_limits(namespace: &'static str) -> Vec<Limit> {
+    [("hot", 1_000_000_000), ("quiet", 1_000), ("a", 1_000_000_000), ("b", 1_000_000_000), ("c", 1_000_000_000), ("exact", 1_000)]
+        .into_iter()
+        .map(|(key, max)| Limit::new(namespace, max, 3600, Vec::<Predicate>::new(), [key.try_into().unwrap()]))
+        .collect()
+}
+
+/// Limitador's work for `total` requests of `case`, in-process, from
+/// `CALLERS` tasks: one `check_rate_limited_and_update` a request, its
+/// context the request's descriptors (key: value), admitted when not limited.
+async fn run_limitador(
+    limiter: Arc<AsyncRateLimiter>,
+    namespace: &'static str,
+    case: Case,
+    total: usize,
+    done: Arc<std::sync::atomic::AtomicUsize>,
+) -> (Vec<Duration>, usize, Duration) {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (limiter, next, done) = (limiter.clone(), next.clone(), done.clone());
+            tokio::spawn(async move {
+                let (mut lat, mut admitted) = (Vec::new(), 0);
+                let namespace = namespace.into();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= total {
+                        return (lat, admitted);
+                    }
+                    let values: std::collections::HashMap<String, String> = case.descriptors(i).into_iter().collect();
+                    let ctx: Context = values.into();
+                    let t = Instant::now();
+                    let result =
+                        limiter.check_rate_limited_and_update(&namespace, &ctx, 1).await.expect("Limitador check");
+                    lat.push(t.elapsed());
+                    admitted += usize::from(!result.limited);
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let (mut lat, mut admitted) = (Vec::with_capacity(total), 0);
+    for c in callers {
+        let (l, a) = c.await.unwrap();
+        lat.extend(l);
+        admitted += a;
+    }
+    (lat, admitted, started.elapsed())
+}
+
+/// What a run of Limitador's cached storage on a runtime of its own tells.
+enum CachedEvent {
+    Warmed,
+    Measured(Vec<Duration>, usize, Duration),
+}
+
+/// Limitador's cached storage (a new one, `max_cached` counters, its other
+/// settings its defaults) on a runtime and threads of its own, for `case`:
+/// `warmup` requests and a flushing period, then, once `go` says so,
+/// `total` requests and another flushing period. Apart because it can stop
+/// making progress for good: on many descriptors (10,000 quiet ones) it did
+/// here within its warm-up, its CPU idle, with 10,000 cached counters or
+/// 20,000. From its source, a likely cause: `Batcher::add` holds a DashMap
+/// entry (a lock of a shard) across the await of a semaphore, which
+/// tokio's cooperative budget can make yield; a worker that then locks the
+/// same shard blocks its thread. The bench gives up on it after
+/// `CACHED_PATIENCE` without progress and goes on, leaving those threads.
+fn spawn_cached(
+    url: String,
+    namespace: &'static str,
+    max_cached: usize,
+    case: Case,
+    warmup: usize,
+    total: usize,
+    done: Arc<std::sync::atomic::AtomicUsize>,
+) -> (std::sync::mpsc::Receiver<CachedEvent>, std::sync::mpsc::Sender<()>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let limiter = rt.block_on(async {
+            let storage = limitador::storage::redis::CachedRedisStorageBuilder::new(&url)
+                .max_cached_counters(max_cached)
+                .build()
+                .await
+                .expect("Limitador's cached Redis storage");
+            let limiter = Arc::new(AsyncRateLimiter::new_with_storage(Box::new(storage)));
+            for limit in limitador_limits(namespace) {
+                limiter.add_limit(limit);
+            }
+            if warmup > 0 {
+                run_limitador(limiter.clone(), namespace, case, warmup, done.clone()).await;
+                after_flush().await;
+            }
+            limiter
+        });
+        let _ = tx.send(CachedEvent::Warmed);
+        if go_rx.recv().is_err() {
+            return;
+        }
+        let (lat, admitted, wall) = rt.block_on(async {
+            let measured = run_limitador(limiter, namespace, case, total, done).await;
+            after_flush().await;
+            measured
+        });
+        let _ = tx.send(CachedEvent::Measured(lat, admitted, wall));
+    });
+    (rx, go_tx)
+}
+
+/// How long a run of the cached storage may take before the bench gives up on it.
+const CACHED_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A row of Limitador's cached storage for `case` (`None`: it stopped, and why).
+fn cached_row(
+    who: &'static str,
+    url: &str,
+    namespace: &'static str,
+    max_cached: usize,
+    case: Case,
+    con: &mut redis::Connection,
+) -> Row {
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (rx, go) = spawn_cached(url.to_string(), namespace, max_cached, case, 2_000, DECISIONS, done.clone());
+    let stopped = |what: String| Row {
+        who,
+        case: case.name(),
+        per_second: 0.0,
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+        calls_per_decision: 0.0,
+        mix: Vec::new(),
+        stopped: Some(what),
+    };
+    if !matches!(rx.recv_timeout(CACHED_PATIENCE), Ok(CachedEvent::Warmed)) {
+        return stopped(format!(
+            "stopped in its warm-up: {} of 2,000 decisions, none more in {} s",
+            done.load(std::sync::atomic::Ordering::Relaxed),
+            CACHED_PATIENCE.as_secs()
+        ));
+    }
+    let before = commands(con);
+    go.send(()).unwrap();
+    match rx.recv_timeout(CACHED_PATIENCE) {
+        Ok(CachedEvent::Measured(lat, _, wall)) => row(who, case.name(), lat, wall, commands(con).since(&before)),
+        _ => stopped(format!(
+            "stopped: {} of {DECISIONS} decisions, none more in {} s",
+            done.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(2_000),
+            CACHED_PATIENCE.as_secs()
+        )),
+    }
+}
+
+/// Admitted of `total` requests of `case` by a new cached storage of default settings (`None`: it stopped).
+fn cached_admitted(url: &str, namespace: &'static str, case: Case, total: usize) -> Option<usize> {
+    let (rx, go) = spawn_cached(
+        url.to_string(),
+        namespace,
+        DEFAULT_MAX_CACHED_COUNTERS,
+        case,
+        0,
+        total,
+        Arc::default(),
+    );
+    rx.recv_timeout(CACHED_PATIENCE).ok()?;
+    go.send(()).ok()?;
+    match rx.recv_timeout(CACHED_PATIENCE) {
+        Ok(CachedEvent::Measured(_, admitted, _)) => Some(admitted),
+        _ => None,
+    }
+}
+
+/// One more flushing period of the cached storage (its writes to Redis are
+/// in the background), and a little.
+async fn after_flush() {
+    tokio::time::sleep(Duration::from_millis(DEFAULT_FLUSHING_PERIOD_SEC * 1000 + 500)).await;
+}
+
 /// envoyproxy/ratelimit's work for `total` requests of `case`: per request
 /// one pipeline of INCRBY + EXPIRE per descriptor, admitted when every
 /// count is within its limit (it counts them all either way).
@@ -246,15 +465,20 @@ fn run_envoyproxy(url: &str, case: Case, total: usize, limit: u64) -> (Vec<Durat
     (lat, admitted, started.elapsed())
 }
 
-fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Duration, calls: u64) -> Row {
+fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Duration, calls: Commands) -> Row {
     lat.sort();
+    let n = lat.len() as f64;
+    let mut mix: Vec<_> = calls.0.iter().map(|(k, &c)| (k.clone(), c as f64 / n)).collect();
+    mix.sort_by(|a, b| b.1.total_cmp(&a.1));
     Row {
+        mix,
+        stopped: None,
         who,
         case,
         per_second: lat.len() as f64 / wall.as_secs_f64(),
         p50: percentile(&lat, 0.50),
         p99: percentile(&lat, 0.99),
-        calls_per_decision: calls as f64 / lat.len() as f64,
+        calls_per_decision: calls.total() as f64 / n,
     }
 }
 
@@ -269,18 +493,50 @@ async fn main() {
     let channel =
         Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap().connect().await.unwrap();
     let mut con = server.con();
+    // Limitador: the same limits in a namespace of each storage's own, so
+    // that their counters are apart.
+    // that their counters are apart; the cached storage a new one for each
+    // case (see spawn_cached).
+    let (redis_ns, cached_ns) = ("limitador-redis", "limitador-cached");
+    let limitador_redis = Arc::new(AsyncRateLimiter::new_with_storage(Box::new(
+        AsyncRedisStorage::new(&server.url()).await.expect("Limitador's Redis storage"),
+    )));
+    for limit in limitador_limits(redis_ns) {
+        limitador_redis.add_limit(limit);
+    }
     let mut rows = Vec::new();
     for case in [Case::Hot, Case::Quiet, Case::Three] {
         // Warm up (connections, the first lease), then measure.
         run_relay(channel.clone(), case, 2_000).await;
         let before = commands(&mut con);
         let (lat, _, wall) = run_relay(channel.clone(), case, DECISIONS).await;
-        rows.push(row("rl-relay", case.name(), lat, wall, commands(&mut con) - before));
+        rows.push(row("rl-relay", case.name(), lat, wall, commands(&mut con).since(&before)));
+        eprintln!("{}, {}: done", "rl-relay", case.name());
         let url = server.url();
         let before = commands(&mut con);
         let (lat, _, wall) =
             tokio::task::spawn_blocking(move || run_envoyproxy(&url, case, DECISIONS, u64::MAX)).await.unwrap();
-        rows.push(row("envoyproxy/ratelimit's pipeline", case.name(), lat, wall, commands(&mut con) - before));
+        rows.push(row("envoyproxy/ratelimit's pipeline", case.name(), lat, wall, commands(&mut con).since(&before)));
+        eprintln!("{}, {}: done", "envoyproxy/ratelimit's pipeline", case.name());
+        run_limitador(limitador_redis.clone(), redis_ns, case, 2_000, Arc::default()).await;
+        let before = commands(&mut con);
+        let (lat, _, wall) = run_limitador(limitador_redis.clone(), redis_ns, case, DECISIONS, Arc::default()).await;
+        rows.push(row("Limitador, Redis storage", case.name(), lat, wall, commands(&mut con).since(&before)));
+        eprintln!("{}, {}: done", "Limitador, Redis storage", case.name());
+        let url = server.url();
+        let who = "Limitador, cached Redis storage";
+        rows.push(tokio::task::block_in_place(|| {
+            cached_row(who, &url, cached_ns, DEFAULT_MAX_CACHED_COUNTERS, case, &mut con)
+        }));
+        if matches!(case, Case::Quiet) {
+            // Its default of cached counters is this case's number of
+            // descriptors; twice as many, one setting apart from the defaults.
+            let who = "Limitador, cached Redis storage, 20,000 cached counters";
+            rows.push(tokio::task::block_in_place(|| {
+                cached_row(who, &url, "limitador-cached-20k", 20_000, case, &mut con)
+            }));
+        }
+        eprintln!("{}, {}: done", "Limitador, cached Redis storage", case.name());
     }
     let paced = run_relay_paced(channel.clone(), 10_000, 2).await;
     // Exactness: 2,000 requests on a limit of 1,000, on keys not used yet.
@@ -288,10 +544,23 @@ async fn main() {
     let url = server.url();
     let (_, replay_admitted, _) =
         tokio::task::spawn_blocking(move || run_envoyproxy(&url, Case::Exact, 2_000, 1_000)).await.unwrap();
-    let exactness = [("rl-relay", relay_admitted), ("envoyproxy/ratelimit's pipeline", replay_admitted)];
+    let (_, redis_admitted, _) =
+        run_limitador(limitador_redis.clone(), redis_ns, Case::Exact, 2_000, Arc::default()).await;
+    let url = server.url();
+    let cached = tokio::task::block_in_place(|| cached_admitted(&url, cached_ns, Case::Exact, 2_000));
+    let exactness = [
+        ("rl-relay", relay_admitted.to_string()),
+        ("envoyproxy/ratelimit's pipeline", replay_admitted.to_string()),
+        ("Limitador, Redis storage", redis_admitted.to_string()),
+        ("Limitador, cached Redis storage", cached.map_or("stopped (no progress)".to_string(), |n| n.to_string())),
+    ];
     println!("| service | case | decisions/s | p50 | p99 | Redis calls per decision |");
     println!("|---|---|---|---|---|---|");
     for r in &rows {
+        if let Some(why) = &r.stopped {
+            println!("| {} | {} | {why} | – | – | – |", r.who, r.case);
+            continue;
+        }
         println!(
             "| {} | {} | {:.0} | {:.3} ms | {:.3} ms | {:.4} |",
             r.who,
@@ -301,6 +570,13 @@ async fn main() {
             r.p99.as_secs_f64() * 1e3,
             r.calls_per_decision
         );
+    }
+    println!();
+    println!("Commands per decision, by command:");
+    println!();
+    for r in rows.iter().filter(|r| r.stopped.is_none()) {
+        let mix: Vec<_> = r.mix.iter().map(|(k, c)| format!("{k} {c:.4}")).collect();
+        println!("- {}, {}: {}", r.who, r.case, mix.join(", "));
     }
     println!();
     println!(
@@ -317,6 +593,14 @@ async fn main() {
         println!("| {who} | {admitted} |");
     }
     println!();
-    println!("Limitador: not run (its crate builds only with its RocksDB storage: about 50 minutes of this machine).");
+    println!(
+        "Limitador {}: AsyncRateLimiter in-process; cached storage with its defaults (flushing period {} s, \
+         batch size {}, {} cached counters, response timeout {} ms).",
+        "0.14.0",
+        DEFAULT_FLUSHING_PERIOD_SEC,
+        limitador::storage::redis::DEFAULT_BATCH_SIZE,
+        DEFAULT_MAX_CACHED_COUNTERS,
+        limitador::storage::redis::DEFAULT_RESPONSE_TIMEOUT_MS
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
