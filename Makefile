@@ -45,10 +45,18 @@ bench: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
 
 # The relay's RLS front (Envoy's rate limit service) beside
-# envoyproxy/ratelimit's Redis work, replayed, on one server: decisions/s,
+# envoyproxy/ratelimit's Redis work, replayed, and Limitador in-process
+# (librocksdb-dev installed for its crate), on one server: decisions/s,
 # p50/p99, Redis calls per decision, exactness (relay/README.md "Behind
 # Envoy"). relay/bench-rls is its own workspace: make test never builds it.
 bench-rls: deps servers build
+	@[ -e /usr/include/rocksdb/c.h ] || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing: librocksdb-dev (Limitador's crate links it)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends librocksdb-dev >/dev/null; \
+		else \
+			echo "missing: librocksdb-dev (Limitador's crate links it): sudo apt-get install -y librocksdb-dev"; exit 1; \
+		fi; }
 	cargo build --release -q -p rl-relay
 	cd relay/bench-rls && RL_MODULE=$(MODULE) RL_RELAY_BIN=$(CURDIR)/target/release/rl-relay cargo run --release -q
 
