@@ -19,7 +19,7 @@ const CONFIG: &str = "\
 domain: api
 descriptors:
   - key: wide
-    rate_limit: { unit: hour, requests_per_unit: 100000 }
+    rate_limit: { unit: hour, requests_per_unit: 1000 }
 ";
 
 /// Waits (without blocking the runtime) until `done`, 10 s at most.
@@ -53,9 +53,7 @@ fn read_exact_or(s: &mut TcpStream, buf: &mut [u8]) -> Result<(), Read2> {
         match s.read(&mut buf[at..]) {
             Ok(0) => return Err(Read2::Closed),
             Ok(n) => at += n,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(Read2::TimedOut)
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Err(Read2::TimedOut),
             Err(_) => return Err(Read2::Closed),
         }
     }
@@ -155,4 +153,145 @@ async fn past_max_clients_a_connection_waits_until_one_closes() {
     drop(client);
     // The RLS front counts none of this: no connection was refused.
     assert_eq!(relay.metric("rl_relay_rejected_clients_total"), 0.0);
+}
+
+// ---- 3. 16 KiB of headers ----
+
+/// A call whose headers (HPACK's count: name + value + 32 a field,
+/// pseudo-headers included) reach 16 KiB is refused by the HTTP/2 layer
+/// with HTTP status 431 and no grpc-status (UNKNOWN to a gRPC client);
+/// the same connection and others keep being served, and 512 bytes under is
+/// served (the client's own headers, pseudo-headers and all, come to under
+/// 512 of HPACK's bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_of_16_kib_are_refused_and_just_under_served() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let mut client = relay.client().await;
+    let with_pad = |field_bytes: usize| {
+        // One field of `field_bytes` as HPACK counts it.
+        let value = "p".repeat(field_bytes - "x-pad".len() - 32);
+        let mut r = tonic::Request::new(request("api", &[&[("wide", "h")]]));
+        r.metadata_mut().insert("x-pad", value.parse().unwrap());
+        r
+    };
+    let e = client.should_rate_limit(with_pad(16 << 10)).await.unwrap_err();
+    // HTTP 431 (h2's answer), which gRPC clients map to UNKNOWN.
+    assert_eq!(e.code(), tonic::Code::Unknown, "{e:?}");
+    assert!(e.message().contains("431"), "{e:?}");
+    // The same connection still serves, a call just under too.
+    assert_eq!(ask(&mut client, request("api", &[&[("wide", "h")]])).await.overall_code, OK);
+    let r = client.should_rate_limit(with_pad((16 << 10) - 512)).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, OK);
+    let mut other = relay.client().await;
+    assert_eq!(ask(&mut other, request("api", &[&[("wide", "h")]])).await.overall_code, OK);
+    // Refused before the service: not a request of its statistics.
+    assert_eq!(relay.metric("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}"), 3.0);
+}
+
+// ---- 4. compression ----
+
+/// A message compressed with gzip (or any encoding) is answered
+/// UNIMPLEMENTED, naming the encoding and saying `grpc-accept-encoding:
+/// identity`, and the connection keeps serving. The request says its
+/// encoding in `grpc-encoding`, which tonic's server reads before the
+/// message (so the message's bytes do not matter; tonic's client would
+/// need its `gzip` feature, which brings flate2 and crc32fast, to compress
+/// one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_messages_are_unimplemented() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let mut client = relay.client().await;
+    let encoded = |encoding: &'static str| {
+        let mut r = tonic::Request::new(request("api", &[&[("wide", "z")]]));
+        r.metadata_mut().insert("grpc-encoding", encoding.parse().unwrap());
+        r
+    };
+    for encoding in ["gzip", "deflate", "zstd"] {
+        let e = client.should_rate_limit(encoded(encoding)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{encoding}: {e:?}");
+        assert!(e.message().contains(encoding), "{e:?}");
+        let accepted = e.metadata().get("grpc-accept-encoding").and_then(|v| v.to_str().ok());
+        assert_eq!(accepted, Some("identity"), "{e:?}");
+    }
+    // Uncompressed, said or not: served.
+    let r = client.should_rate_limit(encoded("identity")).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(ask(&mut client, request("api", &[&[("wide", "z")]])).await.statuses[0].limit_remaining, 998);
+}
+
+// ---- 5. --max-request-bytes ----
+
+fn varint_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 0x80 {
+        n >>= 7;
+        len += 1;
+    }
+    len
+}
+
+/// A length-delimited field (number below 16) of `n` bytes, 0 if empty
+/// (proto3 leaves empty strings out).
+fn field(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        1 + varint_len(n) + n
+    }
+}
+
+/// Protobuf's length of a request of plain descriptors (no hits, no
+/// override): what the gRPC layer compares with --max-request-bytes.
+fn encoded_len(r: &RateLimitRequest) -> usize {
+    let descriptors: usize = r
+        .descriptors
+        .iter()
+        .map(|d| {
+            assert!(d.limit.is_none() && d.hits_addend.is_none() && !d.is_negative_hits);
+            let entries: usize = d.entries.iter().map(|e| field(field(e.key.len()) + field(e.value.len()))).sum();
+            1 + varint_len(entries) + entries
+        })
+        .sum();
+    assert_eq!(r.hits_addend, 0);
+    field(r.domain.len()) + descriptors
+}
+
+/// A request of four `wide` descriptors of `bytes` encoded (each within the
+/// service's 1 KiB of keys and values).
+fn request_of(bytes: usize) -> RateLimitRequest {
+    let values: Vec<String> = (0..4).map(|i| format!("{i}{}", "v".repeat(899))).collect();
+    let descriptors: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("wide", v.as_str())]).collect();
+    let mut r = request("api", &descriptors.iter().map(|d| &d[..]).collect::<Vec<_>>());
+    let mut next = 0;
+    while encoded_len(&r) < bytes {
+        r.descriptors[next % 4].entries[0].value.push('v');
+        next += 1;
+    }
+    assert_eq!(encoded_len(&r), bytes, "no value lengths give exactly {bytes} bytes");
+    r
+}
+
+/// A message of exactly --max-request-bytes is served; one byte more is
+/// OUT_OF_RANGE from the gRPC layer, which the service never sees (no
+/// statistics); the connection keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_past_max_request_bytes_is_out_of_range() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--max-request-bytes", "4096"]);
+    let mut client = relay.client().await;
+    let r = ask(&mut client, request_of(4096)).await;
+    assert_eq!((r.overall_code, r.statuses.len()), (OK, 4));
+    let e = client.should_rate_limit(request_of(4097)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
+    assert!(e.message().contains("4097") && e.message().contains("4096"), "{e:?}");
+    assert_eq!(ask(&mut client, request_of(4000)).await.overall_code, OK);
+    assert_eq!(relay.metric("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}"), 2.0);
+    assert_eq!(relay.metric("ratelimit_service_should_rate_limit_error{err_type=\"service_error\"}"), 0.0);
+    let hits = relay.metric("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"wide\"}");
+    assert_eq!(hits, 8.0, "the refused message's descriptors are not counted");
 }
