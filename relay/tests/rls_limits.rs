@@ -295,3 +295,168 @@ async fn a_message_past_max_request_bytes_is_out_of_range() {
     let hits = relay.metric("ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"wide\"}");
     assert_eq!(hits, 8.0, "the refused message's descriptors are not counted");
 }
+
+// ---- 2. 256 calls at once on a connection ----
+
+/// At most 256 calls run at once on one connection (the server's
+/// SETTINGS_MAX_CONCURRENT_STREAMS): of 300 calls sent at once on one
+/// connection while Redis holds every write (CLIENT PAUSE WRITE), 256 reach
+/// the service and ask Redis, the others wait in the client (as Envoy's
+/// does) until some finish; a call needing no Redis waits behind them on
+/// that connection, and is answered at once on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_256_calls_at_once_on_a_connection() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    // Nothing times out while Redis is paused.
+    let extra = ["--timeout-ms", "30000", "--rls-timeout-ms", "60000"];
+    let relay = RlsRelay::start(&[server.url()], false, &config, &extra);
+    let client = relay.client().await;
+    // The connection's settings are known once a call is answered.
+    assert_eq!(ask(&mut client.clone(), request("api", &[&[("wide", "warm")]])).await.overall_code, OK);
+    let calls = || relay.metric("rl_relay_rls_redis_calls_total");
+    let before = calls();
+    let mut admin = server.con();
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(20_000).arg("WRITE").query(&mut admin).unwrap();
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let value = format!("s{i}");
+                ask(&mut client, request("api", &[&[("wide", value.as_str())]])).await.overall_code
+            })
+        })
+        .collect();
+    wait_until(|| calls() >= before + 256.0, "256 calls asking Redis").await;
+    // An unknown domain needs no Redis: on this connection it waits for a
+    // stream too.
+    let unknown = || request("elsewhere", &[&[("k", "v")]]);
+    let behind = {
+        let mut client = client.clone();
+        tokio::spawn(async move { ask(&mut client, unknown()).await.overall_code })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(calls(), before + 256.0, "more than 256 calls at once on one connection");
+    assert_eq!(relay.metric("rl_relay_rls_domain_not_found_total"), 0.0, "the 301st call ran");
+    assert!(!behind.is_finished());
+    assert_eq!(tasks.iter().filter(|t| t.is_finished()).count(), 0, "answered while Redis is paused");
+    // Meanwhile the front and Redis's readiness probe are fine: another
+    // connection is answered at once.
+    let mut other = relay.client().await;
+    assert_eq!(ask(&mut other, unknown()).await.overall_code, OK);
+    assert_eq!(relay.metric("rl_relay_rls_domain_not_found_total"), 1.0);
+    assert_eq!(relay.metric("rl_relay_rls_fallback_total"), 0.0, "every call asked Redis");
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut admin).unwrap();
+    for t in tasks {
+        assert_eq!(tokio::time::timeout(Duration::from_secs(20), t).await.unwrap().unwrap(), OK);
+    }
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), behind).await.unwrap().unwrap(), OK);
+    assert_eq!(relay.metric("rl_relay_rls_domain_not_found_total"), 2.0);
+}
+
+const HEADERS: u8 = 0x1;
+const DATA: u8 = 0x0;
+const RST_STREAM: u8 = 0x3;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const REFUSED_STREAM: u32 = 0x7;
+
+/// A ShouldRateLimit call's header block: every field a literal without
+/// indexing (HPACK's simplest form, no Huffman).
+fn call_headers(port: u16) -> Vec<u8> {
+    let authority = format!("127.0.0.1:{port}");
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
+        (":authority", authority.as_str()),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    block
+}
+
+/// The gRPC message of a request to an unknown domain (answered OK without
+/// Redis): `domain: "elsewhere", descriptors: [{entries: [{k: v}]}]`.
+fn unknown_domain_message() -> Vec<u8> {
+    let entry = [0x0a, 1, b'k', 0x12, 1, b'v'];
+    let mut descriptor = vec![0x0a, entry.len() as u8];
+    descriptor.extend_from_slice(&entry);
+    let mut message = vec![0x0a, 9];
+    message.extend_from_slice(b"elsewhere");
+    message.extend_from_slice(&[0x12, descriptor.len() as u8]);
+    message.extend_from_slice(&descriptor);
+    let mut out = vec![0, 0, 0, 0, message.len() as u8];
+    out.extend_from_slice(&message);
+    out
+}
+
+/// Frames until one on `stream` of `kind` (SETTINGS and the like skipped);
+/// panics on a RST_STREAM of another stream or after 10 s.
+fn wait_frame(s: &mut TcpStream, kind: u8, stream: u32) -> (u8, Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "no frame {kind} on stream {stream}");
+        match read_frame(s) {
+            Read2::Frame(k, flags, id, payload) if k == kind && id == stream => return (flags, payload),
+            Read2::Frame(RST_STREAM, _, id, payload) => panic!("stream {id} reset: {payload:?}"),
+            Read2::Frame(..) | Read2::TimedOut => {}
+            Read2::Closed => panic!("closed waiting for frame {kind} on stream {stream}"),
+        }
+    }
+}
+
+/// A client that does not wait (opens a 257th stream past the server's
+/// SETTINGS_MAX_CONCURRENT_STREAMS of 256) has it refused, REFUSED_STREAM,
+/// safe to retry, the others untouched; once one ends, another is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_257th_stream_at_once_is_refused() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let port = relay.rls_port;
+    tokio::task::spawn_blocking(move || {
+        let mut s = h2_open(port, Duration::from_secs(10));
+        let Read2::Frame(SETTINGS, 0, 0, settings) = read_frame(&mut s) else { panic!("no server preface") };
+        let max_streams =
+            settings.chunks(6).find(|e| e[..2] == [0, 3]).map(|e| u32::from_be_bytes([e[2], e[3], e[4], e[5]]));
+        assert_eq!(max_streams, Some(256), "SETTINGS_MAX_CONCURRENT_STREAMS");
+        s.write_all(&frame(SETTINGS, 0x1, 0, &[])).unwrap();
+        // 257 calls opened, none sending its message yet.
+        let headers = call_headers(port);
+        let mut out = Vec::new();
+        for n in 0..257u32 {
+            out.extend(frame(HEADERS, END_HEADERS, 2 * n + 1, &headers));
+        }
+        s.write_all(&out).unwrap();
+        let (_, code) = wait_frame(&mut s, RST_STREAM, 513);
+        assert_eq!(u32::from_be_bytes(code[..4].try_into().unwrap()), REFUSED_STREAM);
+        // Stream 1 sends its message and is answered OK (overall_code 1)...
+        let message = unknown_domain_message();
+        s.write_all(&frame(DATA, END_STREAM, 1, &message)).unwrap();
+        let (_, data) = wait_frame(&mut s, DATA, 1);
+        assert_eq!(data[5..7], [0x08, 0x01], "OK: {data:?}");
+        loop {
+            let (flags, _) = wait_frame(&mut s, HEADERS, 1);
+            if flags & END_STREAM != 0 {
+                break;
+            }
+        }
+        // ...which frees a stream: a new call is served.
+        let mut out = frame(HEADERS, END_HEADERS, 515, &headers);
+        out.extend(frame(DATA, END_STREAM, 515, &message));
+        s.write_all(&out).unwrap();
+        let (_, data) = wait_frame(&mut s, DATA, 515);
+        assert_eq!(data[5..7], [0x08, 0x01], "OK: {data:?}");
+    })
+    .await
+    .unwrap();
+    assert_eq!(relay.metric("rl_relay_rls_domain_not_found_total"), 2.0);
+}
