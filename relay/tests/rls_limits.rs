@@ -460,3 +460,65 @@ async fn a_257th_stream_at_once_is_refused() {
     .unwrap();
     assert_eq!(relay.metric("rl_relay_rls_domain_not_found_total"), 2.0);
 }
+
+// ---- 6. the local fallback's share while Redis is down ----
+
+const DOWN: &str = "\
+domain: down
+descriptors:
+  - key: window
+    rate_limit: { unit: hour, requests_per_unit: 40 }
+  - key: tiny_window
+    rate_limit: { unit: hour, requests_per_unit: 6 }
+  - key: bucket
+    rate_limit: { unit: hour, requests_per_unit: 40, algorithm: token_bucket, burst: 8 }
+  - key: tiny_bucket
+    rate_limit: { unit: hour, requests_per_unit: 40, algorithm: token_bucket, burst: 2 }
+";
+
+/// With Redis stopped (and the relay knowing it), each limit of the
+/// default failure mode is decided by the relay's local stand-in at its
+/// share of `--relays` (relay/src/rls/fallback.rs): a window holds half of
+/// the relay's share of its limit, `floor(limit / 2 / relays)`, and refuses
+/// all when that is below one; a token bucket holds the relay's share of
+/// its burst, `floor(burst / relays)`, one at least (so `max(burst,
+/// relays)` fleet-wide). Limits are per hour: nothing refills meanwhile.
+/// (`failure_mode: deny` answering OVER_LIMIT with Redis down is in
+/// tests/rls.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_the_fallback_admits_this_relays_share() {
+    let mut server = Server::start(&[]);
+    let (_dir, config) = config_file(DOWN);
+    let extra = |relays: &'static str| ["--timeout-ms", "100", "--rls-timeout-ms", "300", "--relays", relays];
+    let one = RlsRelay::start(&[server.url()], false, &config, &extra("1"));
+    let four = RlsRelay::start(&[server.url()], false, &config, &extra("4"));
+    for relay in [&one, &four] {
+        wait_until(|| relay.get("/healthcheck").0 == 200, "ready").await;
+    }
+    server.kill();
+    // Once the probe has failed, decisions do not wait for Redis (one that
+    // timed out would be charged to the stand-in once more when its call
+    // fails in the background).
+    for relay in [&one, &four] {
+        wait_until(|| relay.get("/healthcheck").0 == 500, "not ready without Redis").await;
+    }
+    let asks = 30;
+    // (key, admitted with --relays 1, with --relays 4)
+    let expected = [("window", 20, 5), ("tiny_window", 3, 0), ("bucket", 8, 2), ("tiny_bucket", 2, 1)];
+    for (relay, relays) in [(&one, 1), (&four, 4)] {
+        let mut client = relay.client().await;
+        for (key, with_one, with_four) in expected {
+            let admitted = if relays == 1 { with_one } else { with_four };
+            let mut codes = Vec::new();
+            for _ in 0..asks {
+                codes.push(ask(&mut client, request("down", &[&[(key, "k")]])).await.overall_code);
+            }
+            let mut want = vec![OK; admitted];
+            want.resize(asks, OVER_LIMIT);
+            assert_eq!(codes, want, "{key} with --relays {relays}: {admitted} admitted, then refused");
+        }
+        let fallback = relay.metric("rl_relay_rls_fallback_total");
+        assert_eq!(fallback, (asks * expected.len()) as f64, "every decision by the stand-in, once");
+        assert_eq!(relay.metric("rl_relay_rls_redis_calls_total"), 0.0, "nothing sent to a Redis known down");
+    }
+}
