@@ -145,13 +145,14 @@ async fn past_max_clients_a_connection_waits_until_one_closes() {
     match read_frame(&mut waiting) {
         Read2::TimedOut => {}
         Read2::Closed => panic!("refused (closed) rather than held in the backlog"),
-        Read2::Frame(..) => panic!("a fourth connection was served at --max-clients 3"),
+        Read2::Frame(..) => panic!("a connection past the three held was served at --max-clients 3"),
     }
     drop(held.remove(0));
     waiting.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     served(&mut waiting).unwrap_or_else(|e| panic!("served once a connection closed, got {e}"));
     drop(client);
-    // The RLS front counts none of this: no connection was refused.
+    // Nothing was refused, so nothing is counted (rejected_clients is the
+    // RESP front's; the RLS front has no connection metric).
     assert_eq!(relay.metric("rl_relay_rejected_clients_total"), 0.0);
 }
 
