@@ -4,6 +4,7 @@
 //! statistics.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -224,11 +225,21 @@ impl Rls {
         }
         let engine = self.engine.clone();
         let shared = Arc::new(items);
-        let task = {
+        let mut decision = {
             let shared = shared.clone();
-            tokio::spawn(async move { engine.decide(&shared).await })
+            Box::pin(async move { engine.decide(&shared).await })
         };
-        match tokio::time::timeout(self.options.timeout, task).await {
+        // A decision memory makes (a lease, the deny cache) is ready at its
+        // first poll: answered here, without a task and its wake-up on
+        // another thread. One that waits for Redis goes on in a task of its
+        // own, so that past the deadline it still finishes.
+        let waker = futures_util::task::noop_waker();
+        let first = decision.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+        let task = match first {
+            std::task::Poll::Ready(outcomes) => Ok(Ok(outcomes)),
+            std::task::Poll::Pending => tokio::time::timeout(self.options.timeout, tokio::spawn(decision)).await,
+        };
+        match task {
             Ok(Ok(outcomes)) => {
                 if outcomes.iter().any(|o| matches!(o.source, Source::Fallback | Source::FailureDenied)) {
                     self.stats.redis_error.fetch_add(1, Relaxed);
