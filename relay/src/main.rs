@@ -133,7 +133,7 @@ async fn run(args: Args) -> Result<(), String> {
         max_request_bytes: args.max_request_bytes as usize,
         max_arguments: args.max_arguments as usize,
         max_pending_bytes: args.max_pending_bytes as usize,
-        max_clients: fit_max_clients(args.max_clients) as usize,
+        max_clients: fit_max_clients(args.max_clients, 1 + u64::from(args.rls.rls_listen.is_some())) as usize,
     };
     let settings = Settings {
         window_ms: args.lease_window_ms,
@@ -197,11 +197,12 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
     Ok(Some((Arc::new(Rls::new(relay.clone(), args.cluster, config, options)), listener)))
 }
 
-/// `wanted` clients if the open-file limit allows them (raised toward the
-/// hard limit if need be, as Redis does), else as many as it allows, said
-/// in the log.
-fn fit_max_clients(wanted: u64) -> u64 {
-    let need = wanted + RESERVED_FDS;
+/// `wanted` clients on each of `fronts` fronts (the RESP front, and the
+/// RLS front when it serves: each takes up to `--max-clients`) if the
+/// open-file limit allows them (raised toward the hard limit if need be, as
+/// Redis does), else as many as it allows, said in the log.
+fn fit_max_clients(wanted: u64, fronts: u64) -> u64 {
+    let need = wanted.saturating_mul(fronts).saturating_add(RESERVED_FDS);
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit and setrlimit read and write the struct given.
     unsafe {
@@ -218,10 +219,11 @@ fn fit_max_clients(wanted: u64) -> u64 {
     if limit.rlim_cur >= need {
         return wanted;
     }
-    let fit = limit.rlim_cur.saturating_sub(RESERVED_FDS).max(1);
+    let fit = (limit.rlim_cur.saturating_sub(RESERVED_FDS) / fronts).max(1);
+    let each = if fronts > 1 { " on each of the RESP and RLS fronts" } else { "" };
     line(format_args!(
-        "--max-clients {wanted} lowered to {fit}: the open-file limit is {} and the relay keeps {RESERVED_FDS} \
-         for itself (raise it with ulimit -n or LimitNOFILE=)",
+        "--max-clients {wanted} lowered to {fit}{each}: the open-file limit is {} and the relay keeps \
+         {RESERVED_FDS} for itself (raise it with ulimit -n or LimitNOFILE=)",
         limit.rlim_cur
     ));
     fit

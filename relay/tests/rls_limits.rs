@@ -523,3 +523,33 @@ async fn redis_down_the_fallback_admits_this_relays_share() {
         assert_eq!(relay.metric("rl_relay_rls_redis_calls_total"), 0.0, "nothing sent to a Redis known down");
     }
 }
+
+/// Each front takes up to `--max-clients` connections, so with the RLS
+/// front the open-file limit must hold twice as many: the relay lowers
+/// `--max-clients` to half of what the limit leaves (it fitted one front's
+/// worth before, and both fronts full ran out of descriptors).
+#[test]
+fn max_clients_fits_the_open_file_limit_for_both_fronts() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    let rls_port = testkit::free_port();
+    let args = [
+        "--redis".to_string(),
+        server.url(),
+        "--rls-listen".into(),
+        format!("127.0.0.1:{rls_port}"),
+        "--rls-config".into(),
+        config.display().to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut start = common::Start::args(&args);
+    start.max_files = Some(256);
+    let relay = common::Relay::spawn(start);
+    // 256 files less the 48 the relay keeps, halved.
+    assert_eq!(relay.info_field("max_clients"), 104, "{}", relay.log());
+    assert!(relay.log().contains("lowered to 104 on each of the RESP and RLS fronts"), "{}", relay.log());
+    // Without the RLS front, one front's worth.
+    let mut start = common::Start::args(&["--redis", &server.url()]);
+    start.max_files = Some(256);
+    assert_eq!(common::Relay::spawn(start).info_field("max_clients"), 208);
+}
