@@ -131,6 +131,9 @@ async fn past_max_clients_a_connection_waits_until_one_closes() {
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!call.is_finished(), "a fourth connection was served at --max-clients 3");
+    // The front shows it is full.
+    assert_eq!(relay.metric("rl_relay_rls_connections"), 3.0);
+    assert_eq!(relay.metric("rl_relay_rls_max_connections"), 3.0);
     // ...the RESP front has its own --max-clients: still served meanwhile.
     let pong: String = redis::cmd("PING").query(&mut relay.relay.con()).unwrap();
     assert_eq!(pong, "PONG");
@@ -152,8 +155,10 @@ async fn past_max_clients_a_connection_waits_until_one_closes() {
     served(&mut waiting).unwrap_or_else(|e| panic!("served once a connection closed, got {e}"));
     drop(client);
     // Nothing was refused, so nothing is counted (rejected_clients is the
-    // RESP front's; the RLS front has no connection metric).
+    // RESP front's); the connections gauge follows the closes.
     assert_eq!(relay.metric("rl_relay_rejected_clients_total"), 0.0);
+    drop((held, waiting));
+    wait_until(|| relay.metric("rl_relay_rls_connections") == 0.0, "the closed connections leave the gauge").await;
 }
 
 // ---- 3. 16 KiB of headers ----

@@ -107,6 +107,16 @@ impl Rls {
         let windows = self.engine.windows();
         let gauges = [
             ("rl_relay_rls_ready", "1 while a config is in force and Redis answers, else 0", u64::from(self.ready())),
+            (
+                "rl_relay_rls_connections",
+                "connections open on the RLS front; past rl_relay_rls_max_connections new ones wait",
+                self.stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            (
+                "rl_relay_rls_max_connections",
+                "--max-clients of the RLS front (fitted to the open-file limit)",
+                self.relay().limits.max_clients as u64,
+            ),
             ("rl_relay_rls_domains", "domains of the config in force", config.domains.len() as u64),
             ("rl_relay_rls_config_files", "files of the config in force", config.files.len() as u64),
             ("rl_relay_rls_windows", "windows held in memory (leases, refusals)", windows.len() as u64),

@@ -28,10 +28,17 @@ pub const MAX_STREAMS: u32 = 256;
 /// A call's headers, together.
 pub const MAX_HEADER_BYTES: u32 = 16 << 10;
 
-/// A connection and its slot among `--max-clients`.
+/// A connection and its slot among `--max-clients`, counted while open.
 struct Bounded {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
+    rls: Arc<Rls>,
+}
+
+impl Drop for Bounded {
+    fn drop(&mut self) {
+        self.rls.stats.connections.fetch_sub(1, Relaxed);
+    }
 }
 
 impl Connected for Bounded {
@@ -79,20 +86,25 @@ impl AsyncWrite for Bounded {
 fn incoming(
     listener: TcpListener,
     slots: Arc<Semaphore>,
+    rls: Arc<Rls>,
 ) -> impl futures_util::Stream<Item = Result<Bounded, io::Error>> {
     let errors = Throttled::new(Duration::from_secs(10));
-    futures_util::stream::unfold((listener, slots, errors), |(listener, slots, errors)| async move {
-        loop {
-            let slot = slots.clone().acquire_owned().await.ok()?;
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    return Some((Ok(Bounded { stream, _slot: slot }), (listener, slots, errors)));
-                }
-                Err(e) => {
-                    errors.log(|| format!("--rls-listen: accepting failed: {e}"));
-                    drop(slot);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+    futures_util::stream::unfold((listener, slots, errors), move |(listener, slots, errors)| {
+        let rls = rls.clone();
+        async move {
+            loop {
+                let slot = slots.clone().acquire_owned().await.ok()?;
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        rls.stats.connections.fetch_add(1, Relaxed);
+                        return Some((Ok(Bounded { stream, _slot: slot, rls }), (listener, slots, errors)));
+                    }
+                    Err(e) => {
+                        errors.log(|| format!("--rls-listen: accepting failed: {e}"));
+                        drop(slot);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 }
             }
         }
@@ -125,7 +137,6 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };
     line(format_args!("RLS listening on {local}, {token}, config {}", rls.options.config_path.display()));
-    rls.relay().counters.connected_clients.load(Relaxed);
     tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS)
         .concurrency_limit_per_connection(MAX_STREAMS as usize)
@@ -134,7 +145,7 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health)
         .add_service(service)
-        .serve_with_incoming(incoming(listener, slots))
+        .serve_with_incoming(incoming(listener, slots, rls.clone()))
         .await
         .map_err(|e| format!("--rls-listen {local}: {e}"))
 }

@@ -54,6 +54,8 @@ pub struct Stats {
     pub unmatched: AtomicU64,
     pub timeouts: AtomicU64,
     pub negative_hits: AtomicU64,
+    /// Connections open on the RLS front (at most `--max-clients`).
+    pub connections: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
 }
