@@ -161,6 +161,41 @@ async fn past_max_clients_a_connection_waits_until_one_closes() {
     wait_until(|| relay.metric("rl_relay_rls_connections") == 0.0, "the closed connections leave the gauge").await;
 }
 
+/// A connection that never sends HTTP/2's preface (or only part of it)
+/// would hold its slot for good: it is closed after 10 s, counted, and the
+/// connection waiting for its slot is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_no_preface_is_closed_and_its_slot_freed() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(CONFIG);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--max-clients", "2"]);
+    let port = relay.rls_port;
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut partial = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    partial.write_all(&PREFACE[..10]).unwrap();
+    let target = url(&relay);
+    let call = tokio::spawn(async move {
+        let mut client = RateLimitServiceClient::connect(target).await.unwrap();
+        ask(&mut client, request("api", &[&[("wide", "p")]])).await.overall_code
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!call.is_finished(), "served while two idle connections held both slots");
+    let code = tokio::time::timeout(Duration::from_secs(20), call).await.expect("served once an idle one closed");
+    assert_eq!(code.unwrap(), OK);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(9), "closed after {waited:?}, before its 10 s");
+    for (what, s) in [("silent", &mut silent), ("partial", &mut partial)] {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut byte = [0u8; 1];
+        // Closed: an end of stream, or a reset (the relay closed it with
+        // the partial preface unread).
+        let read = s.read(&mut byte).map_err(|e| e.kind());
+        assert!(matches!(read, Ok(0) | Err(ErrorKind::ConnectionReset)), "the {what} connection is closed: {read:?}");
+    }
+    assert_eq!(relay.metric("rl_relay_rls_handshake_timeouts_total"), 2.0);
+}
+
 // ---- 3. 16 KiB of headers ----
 
 /// A call whose headers (HPACK's count: name + value + 32 a field,

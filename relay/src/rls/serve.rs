@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -81,13 +82,57 @@ impl AsyncWrite for Bounded {
     }
 }
 
-/// Connections accepted while a slot is free; past `--max-clients` the
-/// next waits in the listener's backlog. Failed accepts back off.
+/// How long a new connection has to send HTTP/2's client preface: one that
+/// sends nothing would hold its slot among `--max-clients` for good (the
+/// keepalive pings begin only after the handshake).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`: what a client sends first.
+const PREFACE_LEN: usize = 24;
+
+/// Whether the peer sends a preface's worth of bytes (read by hyper after:
+/// only peeked here); false if it closes first.
+async fn sends_preface(stream: &TcpStream) -> bool {
+    let mut buf = [0u8; PREFACE_LEN];
+    loop {
+        match stream.peek(&mut buf).await {
+            Ok(n) if n >= PREFACE_LEN => return true,
+            Ok(0) | Err(_) => return false,
+            // Part of it: wait for the rest.
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Connections accepted while a slot is free, served once they send the
+/// HTTP/2 preface (within [`HANDSHAKE_TIMEOUT`], else closed and counted;
+/// one the peer closes first is dropped);
+/// past `--max-clients` the next waits in the listener's backlog.
 fn incoming(
     listener: TcpListener,
     slots: Arc<Semaphore>,
     rls: Arc<Rls>,
 ) -> impl futures_util::Stream<Item = Result<Bounded, io::Error>> {
+    let max = rls.relay().limits.max_clients.max(1);
+    accepted(listener, slots, rls)
+        .map(|conn| async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, sends_preface(&conn.stream)).await {
+                Ok(true) => Some(Ok(conn)),
+                // Closed by the peer (a port probe): nothing to count.
+                Ok(false) => None,
+                Err(_) => {
+                    conn.rls.stats.handshake_timeouts.fetch_add(1, Relaxed);
+                    None
+                }
+            }
+        })
+        .buffer_unordered(max)
+        .filter_map(std::future::ready)
+}
+
+/// Connections as they are accepted, each holding a slot. Failed accepts
+/// back off.
+fn accepted(listener: TcpListener, slots: Arc<Semaphore>, rls: Arc<Rls>) -> impl futures_util::Stream<Item = Bounded> {
     let errors = Throttled::new(Duration::from_secs(10));
     futures_util::stream::unfold((listener, slots, errors), move |(listener, slots, errors)| {
         let rls = rls.clone();
@@ -98,7 +143,7 @@ fn incoming(
                     Ok((stream, _)) => {
                         let _ = stream.set_nodelay(true);
                         rls.stats.connections.fetch_add(1, Relaxed);
-                        return Some((Ok(Bounded { stream, _slot: slot, rls }), (listener, slots, errors)));
+                        return Some((Bounded { stream, _slot: slot, rls }, (listener, slots, errors)));
                     }
                     Err(e) => {
                         errors.log(|| format!("--rls-listen: accepting failed: {e}"));

@@ -56,6 +56,8 @@ pub struct Stats {
     pub negative_hits: AtomicU64,
     /// Connections open on the RLS front (at most `--max-clients`).
     pub connections: AtomicU64,
+    /// Connections closed for sending no HTTP/2 preface in time.
+    pub handshake_timeouts: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
 }
@@ -292,6 +294,11 @@ impl Stats {
                 "rl_relay_rls_window_counts_kept_total",
                 "window counts a refused request left (a reply without the server's reading)",
                 d.window_counts_kept.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_handshake_timeouts_total",
+                "connections closed for sending no HTTP/2 preface within 10 s (their slot freed)",
+                self.handshake_timeouts.load(Relaxed),
             ),
             (
                 "rl_relay_rls_timeouts_total",
