@@ -149,6 +149,9 @@ async fn all_or_nothing_and_a_refused_request_takes_nothing() {
     // A limit of 0 refuses everything; unlimited and no limit take nothing.
     let r = ask(&mut client, request("api", &[&[("zero", "a")], &[("wide", "a")]])).await;
     assert_eq!((r.overall_code, codes(&r)), (OVER_LIMIT, vec![OVER_LIMIT, OK]));
+    // wide, not asked, shows what the relay knows of it (Redis said 96),
+    // not its full limit.
+    assert_eq!(remaining(&r), vec![0, 96]);
     let r = ask(&mut client, request("api", &[&[("wide", "a")]])).await;
     assert_eq!(remaining(&r), vec![95], "refused from memory by the 0: wide not asked");
     // Statistics count every descriptor by its code, as envoyproxy/ratelimit

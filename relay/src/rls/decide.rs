@@ -261,11 +261,16 @@ impl Engine {
                         }
                         self.relay.cancel(&[Bytes::copy_from_slice(item.key.as_bytes())], plan);
                     }
+                    // Not asked: what memory knows of it, else its limit.
+                    let known = match item.counter {
+                        Counter::Window { window, .. } => self.windows().known(&item.key, window, now),
+                        _ => None,
+                    };
                     let reply = Reply {
                         granted: 0,
-                        remaining: item.counter.limit(),
+                        remaining: known.map_or(item.counter.limit(), |r| r.remaining),
                         retry_after_ms: 0,
-                        reset_after_ms: 0,
+                        reset_after_ms: known.map_or(0, |r| r.reset_after_ms),
                         limit: item.counter.limit(),
                         binding: 0,
                     };

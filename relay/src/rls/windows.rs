@@ -262,6 +262,15 @@ impl Windows {
         Some(entry.standing(window, 1, 0, now_ms))
     }
 
+    /// What memory knows of a fixed window's room at `now_ms` (Redis's last
+    /// word on it in the window it was said for, with the tokens held), if
+    /// anything: for a limit not asked.
+    pub fn known(&self, key: &str, window: Window, now_ms: u64) -> Option<Reply> {
+        let entry = self.table.get(key).filter(|e| e.window == Some(window) && now_ms < e.ends_ms)?;
+        entry.room?;
+        Some(entry.standing(window, 1, 0, now_ms))
+    }
+
     /// Tokens held for `key`'s window at `now_ms`: Redis counted them, the
     /// relay may still spend them (a reply's remaining counts them in).
     pub fn held(&self, key: &str, now_ms: u64) -> u64 {
