@@ -187,6 +187,17 @@ fn request(descriptors: &[(String, String)]) -> RateLimitRequest {
     }
 }
 
+/// The callers' latencies, together, and how many they admitted.
+async fn gather(callers: Vec<tokio::task::JoinHandle<(Vec<Duration>, usize)>>, total: usize) -> (Vec<Duration>, usize) {
+    let (mut lat, mut admitted) = (Vec::with_capacity(total), 0);
+    for c in callers {
+        let (l, a) = c.await.unwrap();
+        lat.extend(l);
+        admitted += a;
+    }
+    (lat, admitted)
+}
+
 /// `total` requests of `case` from `CALLERS` callers: latencies, admitted, wall time.
 async fn run_relay(channel: Channel, case: Case, total: usize) -> (Vec<Duration>, usize, Duration) {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -211,12 +222,7 @@ async fn run_relay(channel: Channel, case: Case, total: usize) -> (Vec<Duration>
             })
         })
         .collect();
-    let (mut lat, mut admitted) = (Vec::with_capacity(total), 0);
-    for c in callers {
-        let (l, a) = c.await.unwrap();
-        lat.extend(l);
-        admitted += a;
-    }
+    let (lat, admitted) = gather(callers, total).await;
     (lat, admitted, started.elapsed())
 }
 
@@ -353,12 +359,7 @@ async fn run_limitador(
             })
         })
         .collect();
-    let (mut lat, mut admitted) = (Vec::with_capacity(total), 0);
-    for c in callers {
-        let (l, a) = c.await.unwrap();
-        lat.extend(l);
-        admitted += a;
-    }
+    let (lat, admitted) = gather(callers, total).await;
     (lat, admitted, started.elapsed())
 }
 
@@ -575,18 +576,18 @@ async fn main() {
         let before = commands(&mut con);
         let (lat, _, wall) = run_relay(channel.clone(), case, DECISIONS).await;
         rows.push(row("rl-relay", case.name(), lat, wall, commands(&mut con).since(&before)));
-        eprintln!("{}, {}: done", "rl-relay", case.name());
+        eprintln!("rl-relay, {}: done", case.name());
         let url = server.url();
         let before = commands(&mut con);
         let (lat, _, wall) =
             tokio::task::spawn_blocking(move || run_envoyproxy(&url, case, DECISIONS, u64::MAX)).await.unwrap();
         rows.push(row("envoyproxy/ratelimit's pipeline", case.name(), lat, wall, commands(&mut con).since(&before)));
-        eprintln!("{}, {}: done", "envoyproxy/ratelimit's pipeline", case.name());
+        eprintln!("envoyproxy/ratelimit's pipeline, {}: done", case.name());
         run_limitador(limitador_redis.clone(), redis_ns, case, 2_000, Arc::default()).await;
         let before = commands(&mut con);
         let (lat, _, wall) = run_limitador(limitador_redis.clone(), redis_ns, case, DECISIONS, Arc::default()).await;
         rows.push(row("Limitador, Redis storage", case.name(), lat, wall, commands(&mut con).since(&before)));
-        eprintln!("{}, {}: done", "Limitador, Redis storage", case.name());
+        eprintln!("Limitador, Redis storage, {}: done", case.name());
         let url = server.url();
         let who = "Limitador, cached Redis storage";
         rows.push(tokio::task::block_in_place(|| {
@@ -600,7 +601,7 @@ async fn main() {
                 cached_row(who, &url, "limitador-cached-20k", 20_000, case, &mut con)
             }));
         }
-        eprintln!("{}, {}: done", "Limitador, cached Redis storage", case.name());
+        eprintln!("Limitador, cached Redis storage, {}: done", case.name());
     }
     let one_caller = run_relay_one_caller(channel.clone()).await;
     let paced = paced_rounds(&channel).await;
