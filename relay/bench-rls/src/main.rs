@@ -654,9 +654,8 @@ async fn main() {
     }
     println!();
     println!(
-        "Limitador {}: AsyncRateLimiter in-process; cached storage with its defaults (flushing period {} s, \
+        "Limitador 0.14.0: AsyncRateLimiter in-process; cached storage with its defaults (flushing period {} s, \
          batch size {}, {} cached counters, response timeout {} ms).",
-        "0.14.0",
         DEFAULT_FLUSHING_PERIOD_SEC,
         limitador::storage::redis::DEFAULT_BATCH_SIZE,
         DEFAULT_MAX_CACHED_COUNTERS,
