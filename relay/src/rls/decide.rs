@@ -371,8 +371,7 @@ impl Engine {
             }
             return out;
         }
-        // Windows grouped by (mode, cost, shadow) on one server.
-        let mut groups: Vec<(WindowMode, u64, bool, Vec<usize>)> = Vec::new();
+        let mut windows = Vec::new();
         let mut buckets = Vec::new();
         let mut peeks = Vec::new();
         for (i, step) in pending {
@@ -380,26 +379,17 @@ impl Engine {
             match step {
                 Step::Window => {
                     let Counter::Window { mode, .. } = item.counter else { continue };
-                    let joins = |g: &&mut (WindowMode, u64, bool, Vec<usize>)| {
-                        !self.cluster
-                            && g.0 == mode
-                            && g.1 == item.cost
-                            && g.2 == item.shadow
-                            && g.3.len() < rl_core::limits::MAX_KEYS
-                            && !g.3.iter().any(|&j| items[j].key == item.key)
-                    };
-                    match groups.iter_mut().find(joins) {
-                        Some(group) => group.3.push(i),
-                        None => groups.push((mode, item.cost, item.shadow, vec![i])),
-                    }
+                    windows.push(((mode, item.cost, item.shadow), i));
                 }
                 Step::Bucket(plan) => buckets.push((i, plan)),
                 Step::Peek => peeks.push(i),
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
+        // Windows grouped by (mode, cost, shadow).
+        let groups = self.window_calls(windows, |&j| items[j].key.as_str());
         let sent = now_ms();
-        let window_calls = groups.iter().map(|(mode, cost, _, members)| {
+        let window_calls = groups.iter().map(|((mode, cost, _), members)| {
             let group: Vec<&Item> = members.iter().map(|&j| &items[j]).collect();
             let mut take = window_args("RL.WINDOW", &group, *cost, *mode);
             // The server's reading, to refund this call's counts by.
@@ -443,7 +433,7 @@ impl Engine {
         let (window_replies, bucket_replies, peek_replies) =
             futures_util::future::join3(join_all(window_calls), join_all(bucket_calls), join_all(peek_calls)).await;
         let done = now_ms();
-        for ((mode, cost, _, members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
+        for (((mode, cost, _), members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
             let Some(r) = reply.module_reply() else {
                 self.relay.health.failed("RL.WINDOW", &format!("{reply:?}"));
                 for i in members {
@@ -577,21 +567,11 @@ impl Engine {
     /// one `RL.WINDOW ... REFUND at` per call that counted them (the same
     /// mode, cost and reading; one key per call in a cluster).
     fn refund_windows(self: &Arc<Self>, counted: &[(&Item, u64)]) {
-        let mut calls: Vec<(WindowMode, u64, u64, Vec<&Item>)> = Vec::new();
-        for &(item, at) in counted {
-            let Counter::Window { mode, .. } = item.counter else { continue };
-            let joins = |c: &&mut (WindowMode, u64, u64, Vec<&Item>)| {
-                !self.cluster
-                    && (c.0, c.1, c.2) == (mode, item.cost, at)
-                    && c.3.len() < rl_core::limits::MAX_KEYS
-                    && !c.3.iter().any(|other| other.key == item.key)
-            };
-            match calls.iter_mut().find(joins) {
-                Some(call) => call.3.push(item),
-                None => calls.push((mode, item.cost, at, vec![item])),
-            }
-        }
-        for (mode, cost, at, group) in calls {
+        let members = counted.iter().filter_map(|&(item, at)| match item.counter {
+            Counter::Window { mode, .. } => Some(((mode, item.cost, at), item)),
+            _ => None,
+        });
+        for ((mode, cost, at), group) in self.window_calls(members, |&item| item.key.as_str()) {
             let mut args = window_args("RL.WINDOW", &group, cost, mode);
             args.push(Bytes::from_static(b"REFUND"));
             args.push(at.to_string().into());
@@ -604,6 +584,31 @@ impl Engine {
                 engine.refunded("RL.WINDOW REFUND", &reply);
             });
         }
+    }
+
+    /// Window limits gathered into calls: those of one `kind` (mode, cost
+    /// and what else must match) share a call on one server, at most
+    /// MAX_KEYS and no key twice (the module refuses that); each its own
+    /// call in a cluster (each key its own slot).
+    fn window_calls<'k, K: PartialEq, T>(
+        &self,
+        members: impl IntoIterator<Item = (K, T)>,
+        key: impl Fn(&T) -> &'k str,
+    ) -> Vec<(K, Vec<T>)> {
+        let mut calls: Vec<(K, Vec<T>)> = Vec::new();
+        for (kind, member) in members {
+            let joins = |c: &&mut (K, Vec<T>)| {
+                !self.cluster
+                    && c.0 == kind
+                    && c.1.len() < rl_core::limits::MAX_KEYS
+                    && !c.1.iter().any(|other| key(other) == key(&member))
+            };
+            match calls.iter_mut().find(joins) {
+                Some(call) => call.1.push(member),
+                None => calls.push((kind, vec![member])),
+            }
+        }
+        calls
     }
 
     /// A refund's reply: one Redis did not take is logged and counted.
