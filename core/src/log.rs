@@ -206,6 +206,15 @@ impl Log {
 }
 
 impl Log {
+    /// Where a refund of a call decided at `at_ms` would start taking
+    /// entries, if it would give anything back (see `refund`).
+    pub fn refundable_from(&self, at_ms: u64, window_ms: u64, now_ms: u64) -> Option<usize> {
+        if at_ms < (now_ms + 1).saturating_sub(window_ms) {
+            return None;
+        }
+        Some(self.entries.partition_point(|e| e.at_ms() < at_ms)).filter(|&i| i < self.entries.len())
+    }
+
     /// Gives back `n` requests logged by a call decided at `at_ms` (the
     /// server's reading it answered with), if they still count at `now_ms`
     /// in a window of `window_ms`; answers how many were given back.
@@ -216,11 +225,8 @@ impl Log {
     /// errs toward refusing. Once `at_ms` has left the window, nothing is
     /// given back: its entry may be gone, and newer ones are not its.
     pub fn refund(&mut self, n: u64, at_ms: u64, window_ms: u64, now_ms: u64) -> u64 {
-        if at_ms < (now_ms + 1).saturating_sub(window_ms) {
-            return 0;
-        }
+        let Some(mut i) = self.refundable_from(at_ms, window_ms, now_ms) else { return 0 };
         let mut left = n;
-        let mut i = self.entries.partition_point(|e| e.at_ms() < at_ms);
         while left > 0 && i < self.entries.len() {
             let e = self.entries[i];
             let taken = e.count().min(left);

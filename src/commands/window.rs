@@ -133,14 +133,13 @@ fn refund_exact(ctx: Ctx, keys: DistinctKeys, a: &WindowArgs, at: u64, now: u64)
     let mut loaded = load::<Log>(ctx, keys, true)?;
     let mut effects: SmallVec<[Effect; INLINE]> = SmallVec::new();
     for (i, p) in a.windows.iter().enumerate() {
-        if loaded.get(i).is_none() {
+        // Nothing to give back: the key is not written (nor signalled).
+        if loaded.get(i).and_then(|log| log.refundable_from(at, p.window_ms(), now)).is_none() {
             continue;
         }
         let expires_at_ms = loaded.expires_at(i);
         let log = loaded.get_or_create(i, Log::default)?;
-        if log.refund(a.cost, at, p.window_ms(), now) == 0 {
-            continue;
-        }
+        log.refund(a.cost, at, p.window_ms(), now);
         if log.is_empty() {
             loaded.remove(i);
             effects.push(Effect::Remove { key: names[i] });
