@@ -123,8 +123,9 @@ impl LiveRules {
     }
 
     /// A gateway following Redis, started from what is there: the store's
-    /// set when it has a good one, else the rule file at `bootstrap` (the
-    /// store empty or unreachable). A broken file does not stop a gateway
+    /// set when it has a good one (that the limiter's server accepts), else
+    /// the rule file at `bootstrap` (the store empty, unreachable, or its
+    /// set refused: counted and `last_error`). A broken file does not stop a gateway
     /// while the store has a set: it starts from the store, and the file's
     /// refusal is counted in its status's `rejected` (and is `last_error`
     /// until the store confirms the set), and logged. Errors
@@ -146,7 +147,12 @@ impl LiveRules {
         let rules = match (&stored, &file) {
             (Ok(Stored { rules: Some(set), .. }), _) => {
                 let stored = stored.as_ref().expect("matched Ok");
-                let rules = LiveRules::new(limiter.clone(), set)
+                // As the watcher does: a set the limiter's server refuses
+                // would make every request of its rule error at Redis.
+                let refusal = server_refusal(limiter.client(), set, stored).await;
+                let rules = refusal
+                    .map_or(Ok(()), Err)
+                    .and_then(|()| LiveRules::new(limiter.clone(), set))
                     .and_then(|rules| {
                         rules.install_as(set, &stored.overrides, stored.version, &origin(stored), &label, true)?;
                         Ok(rules)
@@ -348,7 +354,7 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
     match &stored.rules {
         // install_as counts and remembers its own refusals.
         Some(set) => {
-            if let Some(e) = server_refusal(rules, set, &stored).await {
+            if let Some(e) = server_refusal(rules.limiter().client(), set, &stored).await {
                 return rules.rejected(Some(stored.version), stored.publication.as_deref(), &label, &e);
             }
             let _ = rules.install_as(set, &stored.overrides, stored.version, &origin(&stored), &label, true);
@@ -365,9 +371,9 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
 /// would error at Redis. `None` when it accepts them, when the set does
 /// not compile (installing it names why), or when the server cannot be
 /// asked now (the set is installed: its requests fail over as any).
-async fn server_refusal(rules: &LiveRules, set: &RuleSetSpec, stored: &Stored) -> Option<Error> {
+async fn server_refusal(client: &rl_client::Client, set: &RuleSetSpec, stored: &Stored) -> Option<Error> {
     let snapshot = Snapshot::compile(set, &stored.overrides, stored.version).ok()?;
-    match server_refusals(rules.limiter().client(), &snapshot).await {
+    match server_refusals(client, &snapshot).await {
         Ok(faults) if faults.is_empty() => None,
         Ok(faults) => {
             Some(Error::Rules(format!("rule set rejected: the limiter's server refuses {}", faults.join("; "))))

@@ -359,6 +359,42 @@ async fn limits_the_server_refuses_are_caught_before_any_request() {
     assert_eq!((v.version, v.decision.source), (1, Source::Redis), "requests still decided by Redis: {v:?}");
 }
 
+/// A gateway started from the store (LiveRules::start) asks its own server
+/// about the stored set as the watcher does: a set it refuses is not
+/// installed (its requests would all error at Redis and fall back), the
+/// bootstrap file is, and the status says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_starting_from_a_set_its_server_refuses_starts_from_its_file() {
+    let limiter_server = Server::start(&[]);
+    let rules_server = Server::start(&[]);
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("rl.max-log-limit").arg(50000).query(&mut rules_server.con()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    ok(&rules_server.url(), &["publish", &write(dir.path(), "big.toml", BIG_EXACT)]).await;
+    let bootstrap = write(dir.path(), "bootstrap.toml", &bucket(1));
+    let limiter = Limiter::new(config(limiter_server.url(), Backend::Module)).unwrap();
+    let source = RedisSource { poll_every: Duration::from_millis(100), ..RedisSource::new(rules_server.url()) };
+    let (gw, _watcher) = LiveRules::start(limiter, &bootstrap, source).await.unwrap();
+    let st = gw.status();
+    assert_ne!(st.version, 1, "the refused set is not in force: {st:?}");
+    assert_eq!(st.rejected, 1, "{st:?}");
+    assert!(
+        st.last_error.as_deref().is_some_and(|e| e.contains("version 1")
+            && e.contains("the limiter's server refuses rule 'default' limit 'e'")
+            && e.contains("above the EXACT maximum of 10000")),
+        "{st:?}"
+    );
+    let first = gw.check(&Request::new().subject("u")).await.unwrap();
+    assert_eq!(first.decision.source, Source::Redis, "decided by Redis, not by the fallback: {first:?}");
+    assert!(first.decision.allowed, "{first:?}");
+    let second = gw.check(&Request::new().subject("u")).await.unwrap();
+    assert!(!second.decision.allowed, "the file's rate of 1 a second applies: {second:?}");
+    // The watcher does not install it later either.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_ne!(gw.status().version, 1, "{:?}", gw.status());
+    assert_eq!(gw.status().rejected, 1, "refused once, not again at every poll: {:?}", gw.status());
+}
+
 /// The root README's `ACL SETUSER rl-unlock ...` recipe, password replaced.
 fn unlock_recipe(password: &str) -> Vec<String> {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
