@@ -17,7 +17,10 @@
 //! printed under the table). The cached storage's writes are made in the
 //! background: its count is read after one more flushing period, its
 //! decisions/s over the decisions alone. Latency is each call's, as the
-//! caller sees it, with `CALLERS` callers at once (closed loop).
+//! caller sees it, with `CALLERS` callers at once (closed loop). Then the
+//! relay's hot descriptor alone: one caller, and rounds of an open loop at
+//! 10,000 a second beside a probe of the machine's own pauses
+//! (`cargo run --release -- paced` runs only these).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -242,17 +245,28 @@ async fn run_relay_one_caller(channel: Channel) -> Vec<Duration> {
 
 /// Rounds of the open-loop run: a shared machine's neighbours make one
 /// round's tail differ from the next's, so each is shown.
-const PACED_ROUNDS: usize = 5;
+const PACED_ROUNDS: usize = 10;
+/// How often the open loop's ticker wakes its sender: requests go out one
+/// or two at a time, as from many independent callers (tokio's timer has
+/// a 1 ms grain: a burst of ten every ms queues the tenth behind nine).
+const PACED_GRAIN: Duration = Duration::from_micros(100);
+/// A sleep of the pause probe, and how much longer one must take to count
+/// as the machine's own pause.
+const PROBE_SLEEP: Duration = Duration::from_micros(500);
+const PAUSE: Duration = Duration::from_millis(2);
 
-async fn paced_rounds(channel: &Channel) -> Vec<Vec<Duration>> {
-    let mut rounds = Vec::with_capacity(PACED_ROUNDS);
-    for _ in 0..PACED_ROUNDS {
-        rounds.push(run_relay_paced(channel.clone(), 10_000, 2).await);
-    }
-    rounds
+/// One open-loop round: its latencies, sorted, and the machine's own
+/// pauses meanwhile.
+struct Round {
+    lat: Vec<Duration>,
+    pauses: Vec<Duration>,
 }
 
-fn print_paced(one_caller: &[Duration], rounds: &[Vec<Duration>]) {
+fn paced_rounds(port: u16) -> Vec<Round> {
+    (0..PACED_ROUNDS).map(|_| run_relay_paced(port, 10_000, 2)).collect()
+}
+
+fn print_paced(one_caller: &[Duration], rounds: &[Round]) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
         "rl-relay, one hot descriptor, one caller a request at a time: p50 {:.3} ms, p99 {:.3} ms",
@@ -260,51 +274,106 @@ fn print_paced(one_caller: &[Duration], rounds: &[Vec<Duration>]) {
         ms(percentile(one_caller, 0.99))
     );
     println!(
-        "rl-relay, one hot descriptor at 10,000 decisions a second, {} rounds of 2 s (open loop, sent every ms, from each send):",
-        rounds.len()
+        "rl-relay, one hot descriptor at 10,000 decisions a second, {} rounds of 2 s (open loop, sent every {} µs, \
+         from each send; the machine's pauses: sleeps of {} ms by an idle thread that took {} ms more):",
+        rounds.len(),
+        PACED_GRAIN.as_micros(),
+        ms(PROBE_SLEEP),
+        ms(PAUSE)
     );
-    for (i, paced) in rounds.iter().enumerate() {
+    for (i, round) in rounds.iter().enumerate() {
+        let longest = round.pauses.iter().max().copied().unwrap_or_default();
         println!(
-            "- round {}: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            "- round {}: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; the machine paused {} times, {:.1} ms in all, the \
+             longest {:.1} ms",
             i + 1,
-            ms(percentile(paced, 0.50)),
-            ms(percentile(paced, 0.99)),
-            ms(paced.last().copied().unwrap_or_default())
+            ms(percentile(&round.lat, 0.50)),
+            ms(percentile(&round.lat, 0.99)),
+            ms(round.lat.last().copied().unwrap_or_default()),
+            round.pauses.len(),
+            ms(round.pauses.iter().sum()),
+            ms(longest)
         );
     }
+    let within = |r: &Round| percentile(&r.lat, 0.99) <= Duration::from_millis(1);
+    let quiet = rounds.iter().filter(|r| r.pauses.is_empty());
+    println!(
+        "p99 within 1 ms: {} of {} rounds; {} of the {} rounds in which the machine did not pause",
+        rounds.iter().filter(|r| within(r)).count(),
+        rounds.len(),
+        quiet.clone().filter(|r| within(r)).count(),
+        quiet.count()
+    );
 }
 
-/// The hot case at `rate` requests a second for `seconds`, open loop:
-/// every millisecond the requests due by then are sent, whatever is still
-/// unanswered, and each latency runs from its send (so queueing counts, and
-/// the sender's own 1 ms grain does not: waking for every request, 10,000
-/// times a second, took a core's share from the two the processes share).
-async fn run_relay_paced(channel: Channel, rate: u64, seconds: u64) -> Vec<Duration> {
-    let started = Instant::now();
-    let total = rate * seconds;
-    let mut calls = Vec::with_capacity(total as usize);
-    let mut tick = tokio::time::interval(Duration::from_millis(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let mut sent = 0;
-    while sent < total {
-        tick.tick().await;
-        let due = (started.elapsed().as_nanos() as u64 * rate / 1_000_000_000 + 1).min(total);
-        for _ in sent..due {
-            let mut client = RateLimitServiceClient::new(channel.clone());
-            let at = Instant::now();
-            calls.push(tokio::spawn(async move {
-                client.should_rate_limit(request(&Case::Hot.descriptors(0))).await.expect("ShouldRateLimit");
-                at.elapsed()
-            }));
+/// The machine's own pauses until `stop`: a thread that only sleeps
+/// [`PROBE_SLEEP`] at a time, each sleep that took [`PAUSE`] longer (the
+/// virtual machine's host, or a core held by another thread, kept it
+/// from running).
+fn probe_pauses(stop: Arc<std::sync::atomic::AtomicBool>) -> Vec<Duration> {
+    let mut pauses = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let t = Instant::now();
+        std::thread::sleep(PROBE_SLEEP);
+        let late = t.elapsed().saturating_sub(PROBE_SLEEP);
+        if late > PAUSE {
+            pauses.push(late);
         }
-        sent = sent.max(due);
     }
-    let mut lat = Vec::with_capacity(calls.len());
-    for c in calls {
-        lat.push(c.await.unwrap());
-    }
-    lat.sort();
-    lat
+    pauses
+}
+
+/// The hot case at `rate` requests a second for `seconds`, open loop, from
+/// a runtime of one thread of its own: a ticker thread wakes it every
+/// [`PACED_GRAIN`], the requests due by then are sent, whatever is still
+/// unanswered, and each latency runs from its send (so queueing counts).
+fn run_relay_paced(port: u16, rate: u64, seconds: u64) -> Round {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let stop = stop.clone();
+        std::thread::spawn(move || probe_pauses(stop))
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let lat = std::thread::spawn(move || {
+        rt.block_on(async move {
+            let channel = Channel::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await.unwrap();
+            let (tx, mut ticks) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let ticker = std::thread::spawn(move || {
+                while tx.send(()).is_ok() {
+                    std::thread::sleep(PACED_GRAIN);
+                }
+            });
+            let started = Instant::now();
+            let total = rate * seconds;
+            let mut calls = Vec::with_capacity(total as usize);
+            let mut sent = 0;
+            while sent < total {
+                ticks.recv().await;
+                let due = (started.elapsed().as_nanos() as u64 * rate / 1_000_000_000 + 1).min(total);
+                for _ in sent..due {
+                    let mut client = RateLimitServiceClient::new(channel.clone());
+                    let at = Instant::now();
+                    calls.push(tokio::spawn(async move {
+                        client.should_rate_limit(request(&Case::Hot.descriptors(0))).await.expect("ShouldRateLimit");
+                        at.elapsed()
+                    }));
+                }
+                sent = sent.max(due);
+            }
+            drop(ticks);
+            let mut lat = Vec::with_capacity(calls.len());
+            for c in calls {
+                lat.push(c.await.unwrap());
+            }
+            ticker.join().unwrap();
+            lat.sort();
+            lat
+        })
+    })
+    .join()
+    .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    Round { lat, pauses: probe.join().unwrap() }
 }
 
 /// CONFIG's limits for Limitador, in `namespace`: one per descriptor key,
@@ -556,7 +625,7 @@ async fn main() {
         // `cargo run --release -- paced`: the open-loop run alone.
         run_relay(channel.clone(), Case::Hot, 2_000).await;
         let one_caller = run_relay_one_caller(channel.clone()).await;
-        print_paced(&one_caller, &paced_rounds(&channel).await);
+        print_paced(&one_caller, &tokio::task::block_in_place(|| paced_rounds(relay.rls_port)));
         return;
     }
     // Limitador: the same limits in a namespace of each storage's own, so
@@ -604,7 +673,7 @@ async fn main() {
         eprintln!("Limitador, cached Redis storage, {}: done", case.name());
     }
     let one_caller = run_relay_one_caller(channel.clone()).await;
-    let paced = paced_rounds(&channel).await;
+    let paced = tokio::task::block_in_place(|| paced_rounds(relay.rls_port));
     // Exactness: 2,000 requests on a limit of 1,000, on keys not used yet.
     let (_, relay_admitted, _) = run_relay(channel.clone(), Case::Exact, 2_000).await;
     let url = server.url();
