@@ -40,7 +40,7 @@ pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
 pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
 pub use limiter::{Check, Limiter, NoPermit, Permit};
-pub use metrics::{Counters, Event, Metrics};
+pub use metrics::{prometheus_label, Counters, Event, Metrics};
 pub use names::validate_name;
 pub use policy::{period_ms, FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use primary::{is_wrong_server, ConnectionStatus};

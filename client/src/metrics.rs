@@ -141,9 +141,23 @@ impl Metrics for Counters {
     }
 }
 
+/// A Prometheus label value as the text format wants it: backslash, quote
+/// and newline escaped (for a team exporting [`Counters`] by name, and the
+/// project's own exporters).
+pub fn prometheus_label(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_escape_what_the_text_format_reads_as_syntax() {
+        assert_eq!(prometheus_label(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(prometheus_label("line\nnext"), "line\\nnext");
+        assert_eq!(prometheus_label("plain {x=1}"), "plain {x=1}");
+    }
 
     #[test]
     fn counts_each_event_apart() {

@@ -17,6 +17,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use bytes::Bytes;
+use rl_client::prometheus_label as label;
 
 use crate::pool::Pools;
 
@@ -303,11 +304,6 @@ pub fn metrics(view: &View) -> String {
         refused,
     );
     out
-}
-
-/// A Prometheus label value: backslash, quote and newline escaped.
-fn label(text: &str) -> String {
-    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]

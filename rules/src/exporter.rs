@@ -22,7 +22,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use redis::aio::ConnectionLike;
-use rl_client::{Connection, Target};
+use rl_client::{prometheus_label as label, Connection, Target};
 use tokio::net::TcpListener;
 
 /// What one scrape asks the server for: an ACL user for the exporter needs
@@ -88,11 +88,6 @@ fn families() -> Vec<Family> {
 /// The limiter's commands as INFO commandstats and latencystats name them.
 fn limiter_command(name: &str) -> bool {
     name.starts_with("rl.") || name == "cl.throttle"
-}
-
-/// A Prometheus label value: backslash, quote and newline escaped.
-fn label(text: &str) -> String {
-    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// A decimal without float noise: `digits` places, trailing zeros cut.

@@ -163,7 +163,7 @@ impl Stats {
         let family = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
         };
-        let label = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+        let label = rl_client::prometheus_label;
         {
             let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
             let mut sorted: Vec<(&Labels, &Series)> = series.iter().collect();
