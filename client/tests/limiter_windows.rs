@@ -41,7 +41,8 @@ async fn a_quota_is_counted_by_the_module_after_the_bucket() {
     }
     assert_eq!((calls(&s, "rl.take"), calls(&s, "rl.window")), (4, 4));
     let hourly = rl_client::Bucket::new(p.keys("u").unwrap().remove(0), 5, 5, HOUR).unwrap();
-    assert_eq!(tokens(l.client(), &hourly).await, 1, "5 an hour, 4 taken");
+    assert_eq!(tokens(l.client(), &hourly).await, 2, "5 an hour, 4 taken, and the one the quota refused given back");
+    assert_eq!(calls(&s, "rl.refund"), 1, "one refund, for the request the quota refused");
     assert_eq!(l.counters().get(Event::DenyCacheHit), 10);
     // The bucket refuses first: the quota does not count what the rate refused.
     let tight = Policy::builder("tight")
@@ -55,6 +56,33 @@ async fn a_quota_is_counted_by_the_module_after_the_bucket() {
     let w = [rl_client::Window::new(tight.keys("v").unwrap().remove(1), 100, DAY).unwrap()];
     let d = l.client().window_peek(&w, 1, WindowMode::Sliding).await.unwrap();
     assert_eq!(d.remaining, 98, "only the admitted request counted: {d:?}");
+}
+
+/// A hot bucket paid from its lease, then refused by a quota: the token is
+/// given back to Redis's bucket (RL.REFUND), as for a bucket Redis charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_refusal_gives_back_a_leased_buckets_token() {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    let p = Policy::builder("api")
+        .rule(Rule::per_second("rate", 100_000))
+        .rule(Rule::window("daily", 2, DAY, WindowMode::Fixed))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let d = l.check(&p, "u").await.unwrap();
+        assert!(d.allowed, "{d:?}");
+    }
+    assert!(calls(&s, "rl.lease") >= 1, "the bucket is leased");
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.rule), (false, 1), "the quota refuses: {d:?}");
+    assert_eq!(calls(&s, "rl.refund"), 1, "the refused request's bucket token given back");
+    // Then refused from the deny cache, before the bucket pays anything.
+    for _ in 0..5 {
+        let d = l.check(&p, "u").await.unwrap();
+        assert_eq!((d.allowed, d.source), (false, Source::DenyCache), "{d:?}");
+    }
+    assert_eq!(calls(&s, "rl.refund"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,15 +111,18 @@ impl Limiter {
                 policy.prefix()
             )));
         }
-        let t = Evaluation { policy, group: &policy.buckets, shadow: false, subject };
-        let Some(admitted) = self.inner.admit_call(subject, self.inner.now_ms()) else {
-            return Ok(None);
-        };
+        Ok(self.adjust_group(Evaluation { policy, group: &policy.buckets, shadow: false, subject }, op).await)
+    }
+
+    /// `op` (a refund or a forced take) on a bucket group's keys; `None`
+    /// when Redis could not be reached.
+    pub(super) async fn adjust_group(&self, t: Evaluation<'_>, op: BucketOp) -> Option<Decision> {
+        let admitted = self.inner.admit_call(t.subject, self.inner.now_ms())?;
         let keys = t.keys();
         // Boxed, as a check's call is: held inline, the call's future would
         // make every caller's future as large, a batch's on every request.
         let call = Box::pin(self.inner.client().run(op, &keys, &t.group.params));
-        Ok(self.guarded(t.prefix(), admitted, call).await.ok().map(|d| t.mapped(d)))
+        self.guarded(t.prefix(), admitted, call).await.ok().map(|d| t.mapped(d))
     }
 
     /// Bad input is the caller's error, never a decision.

@@ -149,6 +149,10 @@ impl Limiter {
         }
         let mut shard_down = false;
         let mut outcome = Outcome::default();
+        // The buckets' evaluation, when their tokens were taken: a window
+        // refusing after them gives them back (a refused request takes
+        // nothing).
+        let mut buckets_took = None;
         for (group, batch) in groups.iter().zip(batches) {
             let t = evaluation(group);
             let d = if batch > 1 {
@@ -157,7 +161,13 @@ impl Limiter {
                 self.asked(t, cost, now, &mut shard_down).await
             };
             if !outcome.add(d) {
+                if let Some(buckets) = buckets_took.filter(|_| !shard_down) {
+                    self.adjust_group(buckets, BucketOp::Refund { tokens: cost }).await;
+                }
                 break;
+            }
+            if group.window.is_none() && took_tokens(&d) {
+                buckets_took = Some(t);
             }
         }
         outcome.decision()

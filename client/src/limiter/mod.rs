@@ -18,8 +18,9 @@
 //!   a bucket at most `max(slack x capacity, gateways)` at once and `slack`
 //!   x its rate after (a share below one token is one token per gateway),
 //!   a window at most `slack` x its limit in any window;
-//! - window rules are evaluated after the buckets, so a request refused by a
-//!   window has spent its bucket tokens: under, never over.
+//! - window rules are evaluated after the buckets; a request refused by a
+//!   window gives its bucket tokens back (RL.REFUND), missing until then
+//!   and lost if that call fails: under, never over.
 
 mod batch;
 mod call;
