@@ -193,6 +193,43 @@ async fn windows_counted_in_another_call_are_given_back() {
     assert_eq!(remaining(&answer), vec![99]);
 }
 
+/// A module older than `RL.WINDOW ... TIME` (a rollback, or a relay
+/// upgraded first): windows are still decided by Redis, TIME is dropped
+/// after the first refusal (shown in the log and a gauge), and a refused
+/// request's windows in other calls keep their counts (under, counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_without_time_still_decides_windows() {
+    let server = Server::start(&[]);
+    let old = common::BeforeTime::start(server.port);
+    let (_dir, config) = config_file(API);
+    let relay = RlsRelay::start(&[old.url()], false, &config, &["--lease-window-ms", "100"]);
+    let mut client = relay.client().await;
+    let mut con = server.con();
+    assert_eq!(relay.metric("rl_relay_rls_window_time"), 1.0, "TIME until refused");
+    let answer = ask(&mut client, request("api", &[&[("wide", "o")]])).await;
+    assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![99]), "{answer:?}");
+    let answer = ask(&mut client, request("api", &[&[("wide", "o")], &[("exact", "o")]])).await;
+    assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![98, 2]), "{answer:?}");
+    assert_eq!(old.refused.load(std::sync::atomic::Ordering::Relaxed), 1, "TIME sent once, then dropped");
+    assert_eq!(relay.metric("rl_relay_rls_window_time"), 0.0);
+    let errors = relay.metric("ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"}");
+    assert_eq!(errors, 0.0, "no decision fell back");
+    assert!(relay.relay.log().contains("RL.WINDOW refuses TIME: the module predates it"), "{}", relay.relay.log());
+    // Refused by tight (Redis's count, unknown to the relay): wide, counted
+    // in another call, keeps its count: under, and counted.
+    let tight = "rl:rls:{api|tight=o}:fixed:hour";
+    let _: Vec<i64> = redis::cmd("RL.WINDOW")
+        .arg(&[1.to_string(), tight.into(), "5".into(), "3600000".into()])
+        .arg(&["COST", "5", "FIXED"])
+        .query(&mut con)
+        .unwrap();
+    let answer = ask(&mut client, with_cost(request("api", &[&[("tight", "o")], &[("exact", "o")]]), 1)).await;
+    assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK]));
+    wait_for(|| relay.metric("rl_relay_rls_window_counts_kept_total") >= 1.0, "the kept count shown");
+    assert_eq!(relay.metric("rl_relay_rls_window_refunds_total"), 0.0, "nothing to refund by");
+    assert_eq!(counted(&mut con, "rl:rls:{api|wide=o}:fixed:hour", 100), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_addend_per_request_and_per_descriptor() {
     let server = Server::start(&[]);

@@ -23,7 +23,7 @@
 //!
 //! Shadow limits are decided each on its own, beside, and never undone.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +34,7 @@ use rl_core::{BucketParams, Reply, WindowMode};
 use super::config::FailureMode;
 use super::fallback::{self, Fallback};
 use super::windows::{Plan as WindowPlan, Window, Windows};
+use crate::log::line;
 use crate::pool::{Need, Plan};
 use crate::relay::{Origin, Relay};
 
@@ -144,6 +145,10 @@ pub struct Engine {
     cluster: bool,
     started: Instant,
     pub counters: DecisionCounters,
+    /// Whether RL.WINDOW takes TIME (false once a module older than the
+    /// option refused it: windows are then counted without the server's
+    /// reading, and not given back across calls).
+    window_time: AtomicBool,
 }
 
 fn now_ms() -> u64 {
@@ -223,7 +228,30 @@ impl Engine {
             cluster,
             started: Instant::now(),
             counters: DecisionCounters::default(),
+            window_time: AtomicBool::new(true),
         }
+    }
+
+    /// Whether window calls carry TIME (see `window_time`).
+    pub fn window_time(&self) -> bool {
+        self.window_time.load(Relaxed)
+    }
+
+    /// `reply` is a module's refusal of TIME (it predates the option): the
+    /// first one is logged, and window calls go without it from then on.
+    fn refuses_time(&self, reply: &crate::reply::Reply) -> bool {
+        let crate::reply::Reply::Error(e) = reply else { return false };
+        if !e.contains("unknown option 'TIME'") {
+            return false;
+        }
+        if self.window_time.swap(false, Relaxed) {
+            line(format_args!(
+                "RL.WINDOW refuses TIME: the module predates it (upgrade it to this release's); windows are counted \
+                 without the server's reading, so a refused request's windows counted in other calls are not given \
+                 back (under, never over; rl_relay_rls_window_time 0)"
+            ));
+        }
+        true
     }
 
     fn mono_ms(&self) -> u64 {
@@ -393,7 +421,10 @@ impl Engine {
             let group: Vec<&Item> = members.iter().map(|&j| &items[j]).collect();
             let mut take = window_args("RL.WINDOW", &group, *cost, *mode);
             // The server's reading, to refund this call's counts by.
-            take.push(Bytes::from_static(b"TIME"));
+            let time = self.window_time();
+            if time {
+                take.push(Bytes::from_static(b"TIME"));
+            }
             // The call answers for its binding key only: each key's own
             // numbers come from a peek sent once it is answered (sent at
             // once, the connection may put a peek before the take).
@@ -404,7 +435,12 @@ impl Engine {
             self.counters.redis_calls.fetch_add(1 + peeks.len() as u64, Relaxed);
             async move {
                 let key = Some(group[0].key.as_bytes());
-                let take = self.relay.send(&take, key).await;
+                let mut reply = self.relay.send(&take, key).await;
+                if time && self.refuses_time(&reply) {
+                    // Refused before counting anything: sent again without.
+                    reply = self.relay.send(&take[..take.len() - 1], key).await;
+                }
+                let take = reply;
                 let peeks = join_all(peeks.iter().map(|args| self.relay.send(args, key))).await;
                 (take, peeks)
             }

@@ -121,6 +121,12 @@ impl Rls {
             ("rl_relay_rls_config_files", "files of the config in force", config.files.len() as u64),
             ("rl_relay_rls_windows", "windows held in memory (leases, refusals)", windows.len() as u64),
             ("rl_relay_rls_window_evictions", "windows dropped to make room", windows.evictions()),
+            (
+                "rl_relay_rls_window_time",
+                "1 while RL.WINDOW gives the server's reading (TIME), 0 once a module older than it refused: a \
+                 refused request's windows counted in other calls are then not given back",
+                u64::from(self.engine.window_time()),
+            ),
         ];
         drop(windows);
         self.stats.metrics(&self.engine.counters, &gauges)

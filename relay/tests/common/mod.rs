@@ -295,6 +295,72 @@ fn read_line(s: &mut TcpStream) -> Option<String> {
     }
 }
 
+/// A reply as RESP2 bytes.
+pub fn encode_reply(reply: &Resp) -> Vec<u8> {
+    match reply {
+        Resp::Simple(t) => format!("+{t}\r\n").into_bytes(),
+        Resp::Error(t) => format!("-{t}\r\n").into_bytes(),
+        Resp::Int(n) => format!(":{n}\r\n").into_bytes(),
+        Resp::Null => b"$-1\r\n".to_vec(),
+        Resp::Bulk(b) => encode(&[b]).split_off(4),
+        Resp::Array(items) => {
+            let mut out = format!("*{}\r\n", items.len()).into_bytes();
+            items.iter().for_each(|i| out.extend(encode_reply(i)));
+            out
+        }
+        other => panic!("not a RESP2 reply: {other:?}"),
+    }
+}
+
+/// The module as it was before `RL.WINDOW ... TIME` (0.2.0), in front of a
+/// real server: every command goes on to it, except an RL.WINDOW naming
+/// TIME, which gets the error 0.2.0's parser gave (nothing counted).
+pub struct BeforeTime {
+    pub port: u16,
+    /// RL.WINDOW calls refused for TIME.
+    pub refused: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl BeforeTime {
+    pub fn start(upstream_port: u16) -> BeforeTime {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = refused.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let (Ok(mut client), count) = (client, count.clone()) else { return };
+                std::thread::spawn(move || {
+                    let mut upstream = TcpStream::connect(("127.0.0.1", upstream_port)).unwrap();
+                    // One command, one reply, in order.
+                    while let Some(Resp::Array(args)) = read(&mut client) {
+                        let args: Vec<Vec<u8>> =
+                            args.into_iter().map(|a| if let Resp::Bulk(b) = a { b } else { vec![] }).collect();
+                        let named = |word: &[u8]| args.iter().any(|a| a.eq_ignore_ascii_case(word));
+                        let reply = if args[0].eq_ignore_ascii_case(b"RL.WINDOW") && named(b"TIME") {
+                            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Resp::Error("ERR unknown option 'TIME' (options: COST n, SLIDING, EXACT, FIXED)".into())
+                        } else {
+                            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                            upstream.write_all(&encode(&args)).unwrap();
+                            let Some(reply) = read(&mut upstream) else { return };
+                            reply
+                        };
+                        if client.write_all(&encode_reply(&reply)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        BeforeTime { port, refused }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
 /// Whether the relay closed `s` (end of stream or reset) within 5 s.
 pub fn closed(s: &mut TcpStream) -> bool {
     let mut buf = [0u8; 256];
