@@ -197,6 +197,7 @@ async fn windows_counted_in_another_call_are_given_back() {
 /// upgraded first): windows are still decided by Redis, TIME is dropped
 /// after the first refusal (shown in the log and a gauge), and a refused
 /// request's windows in other calls keep their counts (under, counted).
+/// Once the module is upgraded TIME is taken again within a minute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_module_without_time_still_decides_windows() {
     let server = Server::start(&[]);
@@ -228,6 +229,23 @@ async fn a_module_without_time_still_decides_windows() {
     wait_for(|| relay.metric("rl_relay_rls_window_counts_kept_total") >= 1.0, "the kept count shown");
     assert_eq!(relay.metric("rl_relay_rls_window_refunds_total"), 0.0, "nothing to refund by");
     assert_eq!(counted(&mut con, "rl:rls:{api|wide=o}:fixed:hour", 100), 2);
+    // The module upgraded: within the minute TIME is tried again and taken.
+    old.upgraded.store(true, std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(75);
+    for n in 0.. {
+        if relay.metric("rl_relay_rls_window_time") == 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "TIME was not tried again: {}", relay.relay.log());
+        // A new window each time: one call to Redis each.
+        let value = format!("p{n}");
+        assert_eq!(ask(&mut client, request("api", &[&[("wide", &value)]])).await.overall_code, OK);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(relay.relay.log().contains("RL.WINDOW takes TIME again"), "{}", relay.relay.log());
+    let answer = ask(&mut client, with_cost(request("api", &[&[("tight", "o")], &[("exact", "o")]]), 1)).await;
+    assert_eq!(answer.overall_code, OVER_LIMIT);
+    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 1.0, "the exact count given back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

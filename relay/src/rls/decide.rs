@@ -23,7 +23,7 @@
 //!
 //! Shadow limits are decided each on its own, beside, and never undone.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -145,11 +145,15 @@ pub struct Engine {
     cluster: bool,
     started: Instant,
     pub counters: DecisionCounters,
-    /// Whether RL.WINDOW takes TIME (false once a module older than the
-    /// option refused it: windows are then counted without the server's
-    /// reading, and not given back across calls).
-    window_time: AtomicBool,
+    /// Until when (`mono_ms`) RL.WINDOW goes without TIME, 0 while it takes
+    /// it: a module older than the option refused it; windows are then
+    /// counted without the server's reading, and not given back across
+    /// calls. Tried again every [`TIME_RETRY_MS`] (the module upgraded).
+    time_off_until: AtomicU64,
 }
+
+/// How long window calls go without TIME after a module refused it.
+const TIME_RETRY_MS: u64 = 60_000;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -228,27 +232,37 @@ impl Engine {
             cluster,
             started: Instant::now(),
             counters: DecisionCounters::default(),
-            window_time: AtomicBool::new(true),
+            time_off_until: AtomicU64::new(0),
         }
     }
 
-    /// Whether window calls carry TIME (see `window_time`).
+    /// Whether window calls carry TIME now (see `time_off_until`).
     pub fn window_time(&self) -> bool {
-        self.window_time.load(Relaxed)
+        self.mono_ms() >= self.time_off_until.load(Relaxed)
     }
 
-    /// `reply` is a module's refusal of TIME (it predates the option): the
-    /// first one is logged, and window calls go without it from then on.
+    /// Whether RL.WINDOW takes TIME as far as the relay knows: false since
+    /// a module refused it, until a call with it is answered.
+    pub fn window_time_taken(&self) -> bool {
+        self.time_off_until.load(Relaxed) == 0
+    }
+
+    /// `reply` to a call with TIME: a module's refusal of the option (it
+    /// predates it; logged when it starts), and calls go without it for
+    /// [`TIME_RETRY_MS`]; a module's answer turns it back on.
     fn refuses_time(&self, reply: &crate::reply::Reply) -> bool {
-        let crate::reply::Reply::Error(e) = reply else { return false };
-        if !e.contains("unknown option 'TIME'") {
+        let refused = matches!(reply, crate::reply::Reply::Error(e) if e.contains("unknown option 'TIME'"));
+        if !refused {
+            if reply.module_reply().is_some() && self.time_off_until.swap(0, Relaxed) != 0 {
+                line(format_args!("RL.WINDOW takes TIME again: refunds across calls are back"));
+            }
             return false;
         }
-        if self.window_time.swap(false, Relaxed) {
+        if self.time_off_until.swap(self.mono_ms() + TIME_RETRY_MS, Relaxed) == 0 {
             line(format_args!(
                 "RL.WINDOW refuses TIME: the module predates it (upgrade it to this release's); windows are counted \
                  without the server's reading, so a refused request's windows counted in other calls are not given \
-                 back (under, never over; rl_relay_rls_window_time 0)"
+                 back (under, never over; rl_relay_rls_window_time 0); TIME is tried again every minute"
             ));
         }
         true

@@ -123,9 +123,9 @@ impl Rls {
             ("rl_relay_rls_window_evictions", "windows dropped to make room", windows.evictions()),
             (
                 "rl_relay_rls_window_time",
-                "1 while RL.WINDOW gives the server's reading (TIME), 0 once a module older than it refused: a \
-                 refused request's windows counted in other calls are then not given back",
-                u64::from(self.engine.window_time()),
+                "1 while RL.WINDOW gives the server's reading (TIME), 0 since a module older than it refused (tried \
+                 again every minute): a refused request's windows counted in other calls are then not given back",
+                u64::from(self.engine.window_time_taken()),
             ),
         ];
         drop(windows);

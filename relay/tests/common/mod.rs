@@ -319,6 +319,8 @@ pub struct BeforeTime {
     pub port: u16,
     /// RL.WINDOW calls refused for TIME.
     pub refused: Arc<std::sync::atomic::AtomicU64>,
+    /// Set: the module upgraded, TIME taken from then on.
+    pub upgraded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl BeforeTime {
@@ -326,10 +328,11 @@ impl BeforeTime {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let count = refused.clone();
+        let upgraded = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, new) = (refused.clone(), upgraded.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
-                let (Ok(mut client), count) = (client, count.clone()) else { return };
+                let (Ok(mut client), count, new) = (client, count.clone(), new.clone()) else { return };
                 std::thread::spawn(move || {
                     let mut upstream = TcpStream::connect(("127.0.0.1", upstream_port)).unwrap();
                     // One command, one reply, in order.
@@ -337,7 +340,8 @@ impl BeforeTime {
                         let args: Vec<Vec<u8>> =
                             args.into_iter().map(|a| if let Resp::Bulk(b) = a { b } else { vec![] }).collect();
                         let named = |word: &[u8]| args.iter().any(|a| a.eq_ignore_ascii_case(word));
-                        let reply = if args[0].eq_ignore_ascii_case(b"RL.WINDOW") && named(b"TIME") {
+                        let old = !new.load(std::sync::atomic::Ordering::Relaxed);
+                        let reply = if old && args[0].eq_ignore_ascii_case(b"RL.WINDOW") && named(b"TIME") {
                             count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             Resp::Error("ERR unknown option 'TIME' (options: COST n, SLIDING, EXACT, FIXED)".into())
                         } else {
@@ -353,7 +357,7 @@ impl BeforeTime {
                 });
             }
         });
-        BeforeTime { port, refused }
+        BeforeTime { port, refused, upgraded }
     }
 
     pub fn url(&self) -> String {
