@@ -36,10 +36,24 @@ fn the_list_is_what_each_component_serves() {
         let upstream =
             rl_relay::upstream::Upstream::open(&["redis://127.0.0.1:1/".to_owned()], false, timeout).unwrap();
         let options = rl_relay::relay::Options { timeout, ..Default::default() };
-        let relay = rl_relay::relay::Relay::new(rl_relay::pool::Pools::default(), upstream, options);
-        families(&relay.metrics())
+        let relay =
+            std::sync::Arc::new(rl_relay::relay::Relay::new(rl_relay::pool::Pools::default(), upstream, options));
+        let rls_options = rl_relay::rls::Options {
+            config_path: "rls.yaml".into(),
+            merge_domains: false,
+            prefix: "rl:rls:".into(),
+            timeout,
+            headers: Default::default(),
+            global_shadow: false,
+            token: None,
+            poll: timeout,
+        };
+        let rls = rl_relay::rls::Rls::new(relay.clone(), false, Default::default(), rls_options);
+        (families(&relay.metrics()), families(&rls.metrics()))
     });
+    let (relay, rls) = relay;
     assert_eq!(sorted(relay), sorted(section(&sections, "relay").to_vec()), "rl-relay --metrics' families");
+    assert_eq!(sorted(rls), sorted(section(&sections, "rls").to_vec()), "rl-relay --rls-listen's families");
     // The balancer's section is checked against a running rl-balancer in
     // balancer/tests/ops.rs (rl-balancer depends on rl-rules, not back).
     assert!(!section(&sections, "balancer").is_empty());
