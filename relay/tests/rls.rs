@@ -151,6 +151,19 @@ async fn all_or_nothing_and_a_refused_request_takes_nothing() {
     assert_eq!((wide("total_hits"), wide("within_limit"), wide("over_limit")), (9.0, 9.0, 0.0));
 }
 
+/// Counts `cost` on the fixed hourly window `key` of `limit` in Redis,
+/// past the relay (which does not know of it).
+fn spend(con: &mut redis::Connection, key: &str, limit: u64, cost: u64) {
+    let _: Vec<i64> = redis::cmd("RL.WINDOW")
+        .arg(1)
+        .arg(key)
+        .arg(limit)
+        .arg(3_600_000)
+        .arg(&["COST", &cost.to_string(), "FIXED"])
+        .query(con)
+        .unwrap();
+}
+
 /// What a fixed hourly window `key` has counted, read from Redis.
 fn counted(con: &mut redis::Connection, key: &str, limit: i64) -> i64 {
     let peek: Vec<i64> =
@@ -168,11 +181,7 @@ async fn windows_counted_in_another_call_are_given_back() {
     let mut con = server.con();
     // tight=r has 1 left, which the relay does not know: Redis refuses.
     let tight = "rl:rls:{api|tight=r}:fixed:hour";
-    let _: Vec<i64> = redis::cmd("RL.WINDOW")
-        .arg(&[1.to_string(), tight.into(), "5".into(), "3600000".into()])
-        .arg(&["COST", "4", "FIXED"])
-        .query(&mut con)
-        .unwrap();
+    spend(&mut con, tight, 5, 4);
     // Different costs: other calls; wide counts 2 (twice: named twice, in
     // two calls) and exact 2 while tight refuses 3.
     let descriptors: [&[(&str, &str)]; 4] = [&[("tight", "r")], &[("wide", "r")], &[("wide", "r")], &[("exact", "r")]];
@@ -219,11 +228,7 @@ async fn a_module_without_time_still_decides_windows() {
     // Refused by tight (Redis's count, unknown to the relay): wide, counted
     // in another call, keeps its count: under, and counted.
     let tight = "rl:rls:{api|tight=o}:fixed:hour";
-    let _: Vec<i64> = redis::cmd("RL.WINDOW")
-        .arg(&[1.to_string(), tight.into(), "5".into(), "3600000".into()])
-        .arg(&["COST", "5", "FIXED"])
-        .query(&mut con)
-        .unwrap();
+    spend(&mut con, tight, 5, 5);
     let answer = ask(&mut client, with_cost(request("api", &[&[("tight", "o")], &[("exact", "o")]]), 1)).await;
     assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK]));
     wait_for(|| relay.metric("rl_relay_rls_window_counts_kept_total") >= 1.0, "the kept count shown");
@@ -569,11 +574,7 @@ async fn on_a_cluster() {
     // left unknown to the relay, refuses a request of 2 on its node; the
     // six wide counters on the others give their 2 back.
     let tight = "rl:rls:{api|tight=z}:fixed:hour";
-    let _: Vec<i64> = redis::cmd("RL.WINDOW")
-        .arg(&[1.to_string(), tight.into(), "5".into(), "3600000".into()])
-        .arg(&["COST", "4", "FIXED"])
-        .query(&mut cluster.node_for(tight).con())
-        .unwrap();
+    spend(&mut cluster.node_for(tight).con(), tight, 5, 4);
     let mut with_tight = refs.clone();
     with_tight.push(&[("tight", "z")]);
     let r = ask(&mut client, with_cost(request("api", &with_tight), 2)).await;
