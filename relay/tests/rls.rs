@@ -225,7 +225,7 @@ async fn a_module_without_time_still_decides_windows() {
     let errors = relay.metric("ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"}");
     assert_eq!(errors, 0.0, "no decision fell back");
     assert!(relay.relay.log().contains("RL.WINDOW refuses TIME: the module predates it"), "{}", relay.relay.log());
-    // Refused by tight (Redis's count, unknown to the relay): wide, counted
+    // Refused by tight (Redis's count, unknown to the relay): exact, counted
     // in another call, keeps its count: under, and counted.
     let tight = "rl:rls:{api|tight=o}:fixed:hour";
     spend(&mut con, tight, 5, 5);
@@ -233,7 +233,16 @@ async fn a_module_without_time_still_decides_windows() {
     assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK]));
     wait_for(|| relay.metric("rl_relay_rls_window_counts_kept_total") >= 1.0, "the kept count shown");
     assert_eq!(relay.metric("rl_relay_rls_window_refunds_total"), 0.0, "nothing to refund by");
-    assert_eq!(counted(&mut con, "rl:rls:{api|wide=o}:fixed:hour", 100), 2);
+    // exact holds both its counts: the second request's and the refused one's.
+    let exact: Vec<i64> = redis::cmd("RL.WINDOWPEEK")
+        .arg(1)
+        .arg("rl:rls:{api|exact=o}:exact:hour")
+        .arg(3)
+        .arg(3_600_000)
+        .arg("EXACT")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((exact[0], exact[1]), (1, 0), "2 of 3 counted: one more would leave 0");
     // The module upgraded: within the minute TIME is tried again and taken.
     old.upgraded.store(true, std::sync::atomic::Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(75);

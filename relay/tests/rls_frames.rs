@@ -90,10 +90,14 @@ async fn crafted_frames_get_grpc_errors_and_the_front_keeps_serving() {
         let (http, status, text) = post(port, METHOD, grpc, body).await;
         assert_eq!((http, status.as_deref()), (200, Some(want)), "{what}: {text}");
     }
-    // Two messages on a unary call: the first is decided, once, and the
-    // second never read (tonic's unary server).
+    // Two messages on a unary call: tonic's unary server reads them all
+    // before the service runs, and decides the first, once; a second that
+    // is not protobuf fails the call, nothing decided.
     let two = [frame(0, len, &message), frame(0, len, &message)].concat();
     assert_eq!(post(port, METHOD, grpc, two).await.1.as_deref(), Some("0"));
+    let then_bad = [frame(0, len, &message), frame(0, 5, &[0xff; 5])].concat();
+    let bad = post(port, METHOD, grpc, then_bad).await;
+    assert_eq!(bad.1.as_deref(), Some("13"), "{bad:?}");
     let (_, status, _) =
         post(port, "/envoy.service.ratelimit.v3.RateLimitService/Nope", grpc, frame(0, len, &message)).await;
     assert_eq!(status.as_deref(), Some("12"), "an unknown method: UNIMPLEMENTED");

@@ -125,7 +125,8 @@ impl LiveRules {
     /// A gateway following Redis, started from what is there: the store's
     /// set when it has a good one (that the limiter's server accepts), else
     /// the rule file at `bootstrap` (the store empty, unreachable, or its
-    /// set refused: counted and `last_error`). A broken file does not stop a gateway
+    /// set refused: counted and `last_error`; a refused set with no good
+    /// file starts all the same, the refusal counted). A broken file does not stop a gateway
     /// while the store has a set: it starts from the store, and the file's
     /// refusal is counted in its status's `rejected` (and is `last_error`
     /// until the store confirms the set), and logged. Errors
@@ -150,6 +151,12 @@ impl LiveRules {
                 // As the watcher does: a set the limiter's server refuses
                 // would make every request of its rule error at Redis.
                 let refusal = server_refusal(limiter.client(), set, stored).await;
+                // With no file to start from, the refused set starts all the
+                // same (its other rules apply), the refusal in the status.
+                let (refusal, in_force_anyway) = match (refusal, &file) {
+                    (Some(refused), Err(_)) => (None, Some(refused)),
+                    (refusal, _) => (refusal, None),
+                };
                 let rules = refusal
                     .map_or(Ok(()), Err)
                     .and_then(|()| LiveRules::new(limiter.clone(), set))
@@ -171,6 +178,13 @@ impl LiveRules {
                 if let Err(fault) = &file {
                     let why = Error::Rules(format!("{fault} (started from {label})"));
                     rules.rejected(None, None, &path.display().to_string(), &why);
+                }
+                if let Some(refused) = in_force_anyway {
+                    let why = Error::Rules(format!(
+                        "{refused} (in force all the same: {} gives no rules to start from)",
+                        path.display()
+                    ));
+                    rules.rejected(None, None, &label, &why);
                 }
                 rules
             }

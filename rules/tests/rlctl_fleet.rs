@@ -393,6 +393,19 @@ async fn a_gateway_starting_from_a_set_its_server_refuses_starts_from_its_file()
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_ne!(gw.status().version, 1, "{:?}", gw.status());
     assert_eq!(gw.status().rejected, 1, "refused once, not again at every poll: {:?}", gw.status());
+    // No file to start from: the refused set starts all the same (its other
+    // rules apply), and the status says the server refuses it.
+    let limiter = Limiter::new(config(limiter_server.url(), Backend::Module)).unwrap();
+    let source = RedisSource { poll_every: Duration::from_millis(100), ..RedisSource::new(rules_server.url()) };
+    let missing = dir.path().join("missing.toml");
+    let (gw, _watcher) = LiveRules::start(limiter, &missing, source).await.unwrap();
+    let st = gw.status();
+    assert_eq!((st.version, st.rejected), (1, 2), "the file's fault and the refusal: {st:?}");
+    assert!(
+        st.last_error.as_deref().is_some_and(|e| e.contains("the limiter's server refuses rule 'default' limit 'e'")
+            && e.contains("in force all the same")),
+        "{st:?}"
+    );
 }
 
 /// The root README's `ACL SETUSER rl-unlock ...` recipe, password replaced.

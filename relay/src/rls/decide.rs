@@ -236,24 +236,30 @@ impl Engine {
         }
     }
 
-    /// Whether window calls carry TIME now (see `time_off_until`).
-    pub fn window_time(&self) -> bool {
-        self.mono_ms() >= self.time_off_until.load(Relaxed)
+    /// Whether a window call built now carries TIME (see `time_off_until`),
+    /// and the state it was decided on (non-zero: a retry while off).
+    fn window_time(&self) -> (bool, u64) {
+        let off_until = self.time_off_until.load(Relaxed);
+        (off_until == 0 || self.mono_ms() >= off_until, off_until)
     }
 
     /// Whether RL.WINDOW takes TIME as far as the relay knows: false since
-    /// a module refused it, until a call with it is answered.
+    /// a module refused it, until a retry with it is answered.
     pub fn window_time_taken(&self) -> bool {
         self.time_off_until.load(Relaxed) == 0
     }
 
-    /// `reply` to a call with TIME: a module's refusal of the option (it
-    /// predates it; logged when it starts), and calls go without it for
-    /// [`TIME_RETRY_MS`]; a module's answer turns it back on.
-    fn refuses_time(&self, reply: &crate::reply::Reply) -> bool {
+    /// `reply` to a call sent with TIME while the state was `seen`: a
+    /// module's refusal of the option (it predates it; logged when TIME
+    /// goes off), and calls go without it for [`TIME_RETRY_MS`]. Only a
+    /// retry (`seen` non-zero) answered by a module turns it back on: calls
+    /// already on their way when another node refused do not (mixed
+    /// versions would flip it on every call).
+    fn refuses_time(&self, reply: &crate::reply::Reply, seen: u64) -> bool {
         let refused = matches!(reply, crate::reply::Reply::Error(e) if e.contains("unknown option 'TIME'"));
         if !refused {
-            if reply.module_reply().is_some() && self.time_off_until.swap(0, Relaxed) != 0 {
+            let answered = reply.module_reply().is_some();
+            if seen != 0 && answered && self.time_off_until.compare_exchange(seen, 0, Relaxed, Relaxed).is_ok() {
                 line(format_args!("RL.WINDOW takes TIME again: refunds across calls are back"));
             }
             return false;
@@ -435,7 +441,7 @@ impl Engine {
             let group: Vec<&Item> = members.iter().map(|&j| &items[j]).collect();
             let mut take = window_args("RL.WINDOW", &group, *cost, *mode);
             // The server's reading, to refund this call's counts by.
-            let time = self.window_time();
+            let (time, seen) = self.window_time();
             if time {
                 take.push(Bytes::from_static(b"TIME"));
             }
@@ -450,8 +456,9 @@ impl Engine {
             async move {
                 let key = Some(group[0].key.as_bytes());
                 let mut reply = self.relay.send(&take, key).await;
-                if time && self.refuses_time(&reply) {
+                if time && self.refuses_time(&reply, seen) {
                     // Refused before counting anything: sent again without.
+                    self.counters.redis_calls.fetch_add(1, Relaxed);
                     reply = self.relay.send(&take[..take.len() - 1], key).await;
                 }
                 let take = reply;
