@@ -126,11 +126,11 @@ impl LiveRules {
     /// set when it has a good one (that the limiter's server accepts), else
     /// the rule file at `bootstrap` (the store empty, unreachable, or its
     /// set refused: counted and `last_error`; a refused set with no good
-    /// file starts all the same, the refusal counted). A broken file does not stop a gateway
-    /// while the store has a set: it starts from the store, and the file's
-    /// refusal is counted in its status's `rejected` (and is `last_error`
-    /// until the store confirms the set), and logged. Errors
-    /// when neither gives a set. Call it inside a tokio runtime.
+    /// file starts all the same, the refusal counted). A broken file does
+    /// not stop a gateway while the store has a set: it starts from the
+    /// store, and the file's refusal is counted in its status's `rejected`
+    /// (and is `last_error` until the store confirms the set), and logged.
+    /// Errors when neither gives a set. Call it inside a tokio runtime.
     pub async fn start(
         limiter: rl_client::Limiter,
         bootstrap: impl AsRef<Path>,

@@ -461,9 +461,8 @@ impl Engine {
                     self.counters.redis_calls.fetch_add(1, Relaxed);
                     reply = self.relay.send(&take[..take.len() - 1], key).await;
                 }
-                let take = reply;
                 let peeks = join_all(peeks.iter().map(|args| self.relay.send(args, key))).await;
-                (take, peeks)
+                (reply, peeks)
             }
         });
         let bucket_calls = buckets.into_iter().map(|(i, plan)| {

@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use rl_client::prometheus_label as label;
+
 use super::decide::DecisionCounters;
 
 pub const MAX_SERIES: usize = 10_000;
@@ -163,7 +165,6 @@ impl Stats {
         let family = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
         };
-        let label = rl_client::prometheus_label;
         {
             let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
             let mut sorted: Vec<(&Labels, &Series)> = series.iter().collect();
