@@ -16,7 +16,10 @@
 //! script or a module runs inside count too, and a breakdown by command is
 //! printed under the table). The cached storage's writes are made in the
 //! background: its count is read after one more flushing period, its
-//! decisions/s over the decisions alone. Latency is each call's, as the
+//! decisions/s over the decisions alone. CPU per decision: the service's
+//! process (the relay's; the bench's own for the replay and Limitador,
+//! which run in it, their callers included) from /proc, Redis's from INFO
+//! cpu. Latency is each call's, as the
 //! caller sees it, with `CALLERS` callers at once (closed loop). Then the
 //! relay's hot descriptor alone: one caller, and rounds of an open loop at
 //! 10,000 a second beside a probe of the machine's own pauses
@@ -95,6 +98,10 @@ struct Row {
     p50: Duration,
     p99: Duration,
     calls_per_decision: f64,
+    /// Decisions per CPU second of the service's process.
+    per_cpu_second: f64,
+    /// Redis's CPU time per decision.
+    redis_cpu: Duration,
     /// Commands per decision by name, most first.
     mix: Vec<(String, f64)>,
     /// Why there are no numbers: the run stopped making progress.
@@ -159,17 +166,60 @@ impl Commands {
     }
 }
 
-fn commands(con: &mut redis::Connection) -> Commands {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
-    Commands(
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-            .filter_map(|l| {
-                let name = l.strip_prefix("cmdstat_")?.split(':').next()?.to_string();
-                Some((name, l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok()?))
-            })
-            .collect(),
-    )
+/// What the server and a service's process have spent so far: commands by
+/// name, and CPU time (Redis's from INFO, in µs; the process's from /proc,
+/// in ticks of 10 ms).
+struct Reading {
+    commands: Commands,
+    redis_cpu: f64,
+    service_cpu: f64,
+}
+
+/// What a run spent: [`Reading`]s apart.
+struct Spent {
+    calls: Commands,
+    redis_cpu: f64,
+    service_cpu: f64,
+}
+
+impl Reading {
+    /// The server's counts and the CPU of the process `service` (the
+    /// relay's, or the bench's own for what runs in it).
+    fn take(con: &mut redis::Connection, service: u32) -> Reading {
+        let info: String = redis::cmd("INFO").arg("commandstats").arg("cpu").query(con).unwrap();
+        let commands = Commands(
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+                .filter_map(|l| {
+                    let name = l.strip_prefix("cmdstat_")?.split(':').next()?.to_string();
+                    Some((name, l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok()?))
+                })
+                .collect(),
+        );
+        let redis_cpu = info
+            .lines()
+            .filter_map(|l| l.strip_prefix("used_cpu_sys:").or_else(|| l.strip_prefix("used_cpu_user:")))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+            .sum();
+        Reading { commands, redis_cpu, service_cpu: process_cpu(service) }
+    }
+
+    fn since(&self, before: &Reading) -> Spent {
+        Spent {
+            calls: self.commands.since(&before.commands),
+            redis_cpu: self.redis_cpu - before.redis_cpu,
+            service_cpu: self.service_cpu - before.service_cpu,
+        }
+    }
+}
+
+/// CPU seconds (user and system, of every thread, those ended too) of the
+/// process `pid`, from /proc: ticks of USER_HZ, which Linux fixes at 100.
+fn process_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    (fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()) as f64 / 100.0
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -303,6 +353,16 @@ fn print_paced(one_caller: &[Duration], rounds: &[Round]) {
         rounds.len(),
         quiet.clone().filter(|r| within(r)).count(),
         quiet.count()
+    );
+    let mut all: Vec<Duration> = rounds.iter().flat_map(|r| r.lat.iter().copied()).collect();
+    all.sort_unstable();
+    println!(
+        "all {} rounds together, {} requests: p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms",
+        rounds.len(),
+        all.len(),
+        ms(percentile(&all, 0.50)),
+        ms(percentile(&all, 0.99)),
+        ms(percentile(&all, 0.999))
     );
 }
 
@@ -513,6 +573,8 @@ fn cached_row(
         p50: Duration::ZERO,
         p99: Duration::ZERO,
         calls_per_decision: 0.0,
+        per_cpu_second: 0.0,
+        redis_cpu: Duration::ZERO,
         mix: Vec::new(),
         stopped: Some(what),
     };
@@ -523,10 +585,12 @@ fn cached_row(
             CACHED_PATIENCE.as_secs()
         ));
     }
-    let before = commands(con);
+    let before = Reading::take(con, std::process::id());
     go.send(()).unwrap();
     match rx.recv_timeout(CACHED_PATIENCE) {
-        Ok(CachedEvent::Measured(lat, _, wall)) => row(who, case.name(), lat, wall, commands(con).since(&before)),
+        Ok(CachedEvent::Measured(lat, _, wall)) => {
+            row(who, case.name(), lat, wall, Reading::take(con, std::process::id()).since(&before))
+        }
         _ => stopped(format!(
             "stopped: {} of {DECISIONS} decisions, none more in {} s",
             done.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(2_000),
@@ -593,9 +657,10 @@ fn run_envoyproxy(url: &str, case: Case, total: usize, limit: u64) -> (Vec<Durat
     (lat, admitted, started.elapsed())
 }
 
-fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Duration, calls: Commands) -> Row {
+fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Duration, spent: Spent) -> Row {
     lat.sort();
     let n = lat.len() as f64;
+    let calls = &spent.calls;
     let mut mix: Vec<_> = calls.0.iter().map(|(k, &c)| (k.clone(), c as f64 / n)).collect();
     mix.sort_by(|a, b| b.1.total_cmp(&a.1));
     Row {
@@ -607,6 +672,8 @@ fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Dura
         p50: percentile(&lat, 0.50),
         p99: percentile(&lat, 0.99),
         calls_per_decision: calls.total() as f64 / n,
+        per_cpu_second: n / spent.service_cpu,
+        redis_cpu: Duration::from_secs_f64(spent.redis_cpu / n),
     }
 }
 
@@ -642,20 +709,23 @@ async fn main() {
     for case in [Case::Hot, Case::Quiet, Case::Three] {
         // Warm up (connections, the first lease), then measure.
         run_relay(channel.clone(), case, 2_000).await;
-        let before = commands(&mut con);
+        let (relay_pid, bench_pid) = (relay.child.id(), std::process::id());
+        let before = Reading::take(&mut con, relay_pid);
         let (lat, _, wall) = run_relay(channel.clone(), case, DECISIONS).await;
-        rows.push(row("rl-relay", case.name(), lat, wall, commands(&mut con).since(&before)));
+        rows.push(row("rl-relay", case.name(), lat, wall, Reading::take(&mut con, relay_pid).since(&before)));
         eprintln!("rl-relay, {}: done", case.name());
         let url = server.url();
-        let before = commands(&mut con);
+        let before = Reading::take(&mut con, bench_pid);
         let (lat, _, wall) =
             tokio::task::spawn_blocking(move || run_envoyproxy(&url, case, DECISIONS, u64::MAX)).await.unwrap();
-        rows.push(row("envoyproxy/ratelimit's pipeline", case.name(), lat, wall, commands(&mut con).since(&before)));
+        let spent = Reading::take(&mut con, bench_pid).since(&before);
+        rows.push(row("envoyproxy/ratelimit's pipeline", case.name(), lat, wall, spent));
         eprintln!("envoyproxy/ratelimit's pipeline, {}: done", case.name());
         run_limitador(limitador_redis.clone(), redis_ns, case, 2_000, Arc::default()).await;
-        let before = commands(&mut con);
+        let before = Reading::take(&mut con, bench_pid);
         let (lat, _, wall) = run_limitador(limitador_redis.clone(), redis_ns, case, DECISIONS, Arc::default()).await;
-        rows.push(row("Limitador, Redis storage", case.name(), lat, wall, commands(&mut con).since(&before)));
+        let spent = Reading::take(&mut con, bench_pid).since(&before);
+        rows.push(row("Limitador, Redis storage", case.name(), lat, wall, spent));
         eprintln!("Limitador, Redis storage, {}: done", case.name());
         let url = server.url();
         let who = "Limitador, cached Redis storage";
@@ -689,21 +759,26 @@ async fn main() {
         ("Limitador, Redis storage", redis_admitted.to_string()),
         ("Limitador, cached Redis storage", cached.map_or("stopped (no progress)".to_string(), |n| n.to_string())),
     ];
-    println!("| service | case | decisions/s | p50 | p99 | Redis calls per decision |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| service | case | decisions/s | decisions per CPU second of the service | p50 | p99 | Redis calls per \
+         decision | Redis CPU per decision |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         if let Some(why) = &r.stopped {
-            println!("| {} | {} | {why} | – | – | – |", r.who, r.case);
+            println!("| {} | {} | {why} | – | – | – | – | – |", r.who, r.case);
             continue;
         }
         println!(
-            "| {} | {} | {:.0} | {:.3} ms | {:.3} ms | {:.4} |",
+            "| {} | {} | {:.0} | {:.0} | {:.3} ms | {:.3} ms | {:.4} | {:.1} µs |",
             r.who,
             r.case,
             r.per_second,
+            r.per_cpu_second,
             r.p50.as_secs_f64() * 1e3,
             r.p99.as_secs_f64() * 1e3,
-            r.calls_per_decision
+            r.calls_per_decision,
+            r.redis_cpu.as_secs_f64() * 1e6
         );
     }
     println!();
