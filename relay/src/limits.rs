@@ -2,6 +2,8 @@
 //! far below Redis's (a command here is a module call of a few hundred
 //! bytes; Redis allows 512 MB an argument and 1 GB a connection).
 
+use std::time::Duration;
+
 /// Ceilings on a client's requests and on the clients themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -15,11 +17,20 @@ pub struct Limits {
     /// Connections at once; past it a new one is answered
     /// "-ERR max number of clients reached" and closed.
     pub max_clients: usize,
+    /// With credentials, how long after its accept a connection may stay
+    /// unauthenticated before it is closed (it holds a `max_clients` slot).
+    pub auth_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_request_bytes: 64 << 10, max_arguments: 1024, max_pending_bytes: 1 << 20, max_clients: 10_000 }
+        Limits {
+            max_request_bytes: 64 << 10,
+            max_arguments: 1024,
+            max_pending_bytes: 1 << 20,
+            max_clients: 10_000,
+            auth_timeout: Duration::from_secs(10),
+        }
     }
 }
 

@@ -57,6 +57,10 @@ struct Args {
     /// clients are served unauthenticated.
     #[arg(long)]
     auth_file: Option<PathBuf>,
+    /// With credentials: a connection not authenticated this long after it
+    /// was accepted is closed (it holds a --max-clients slot).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    auth_timeout_ms: u64,
     /// Most client connections at once (lowered to fit the open-file limit).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_clients: u64,
@@ -134,6 +138,7 @@ async fn run(args: Args) -> Result<(), String> {
         max_arguments: args.max_arguments as usize,
         max_pending_bytes: args.max_pending_bytes as usize,
         max_clients: fit_max_clients(args.max_clients, 1 + u64::from(args.rls.rls_listen.is_some())) as usize,
+        auth_timeout: Duration::from_millis(args.auth_timeout_ms),
     };
     let settings = Settings {
         window_ms: args.lease_window_ms,

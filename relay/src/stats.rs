@@ -43,6 +43,8 @@ pub struct Counters {
     pub protocol_errors: AtomicU64,
     /// AUTH or HELLO AUTH with a wrong user or password.
     pub auth_failures: AtomicU64,
+    /// Connections closed for not authenticating within --auth-timeout-ms.
+    pub auth_timeouts: AtomicU64,
     /// Connections refused at --max-clients.
     pub rejected_clients: AtomicU64,
     /// Connections now (a gauge).
@@ -192,6 +194,7 @@ pub fn info(view: &View) -> String {
         "ready:{}\r\nrelays:{}\r\nlease_window_ms:{}\r\nlease_ttl_ms:{}\r\nrequests:{requests}\r\n\
          from_memory:{from_memory}\r\nhit_ratio:{:.4}\r\nupstream_leases:{}\r\nforwarded:{}\r\n\
          upstream_failures:{}\r\nrefused_commands:{}\r\nprotocol_errors:{}\r\nauth_failures:{}\r\n\
+         auth_timeouts:{}\r\n\
          connected_clients:{}\r\nmax_clients:{}\r\nrejected_clients:{}\r\nsubjects:{}\r\nmax_subjects:{}\r\n\
          evicted_subjects:{}\r\nmax_refusal_hold_ms:{}\r\n",
         u8::from(view.ready),
@@ -205,6 +208,7 @@ pub fn info(view: &View) -> String {
         c.refused_commands.load(Relaxed),
         c.protocol_errors.load(Relaxed),
         c.auth_failures.load(Relaxed),
+        c.auth_timeouts.load(Relaxed),
         c.connected_clients.load(Relaxed),
         view.max_clients,
         c.rejected_clients.load(Relaxed),
@@ -252,6 +256,7 @@ pub fn metrics(view: &View) -> String {
         ("rl_relay_refused_commands_total", "commands refused by name (not on the allow-list)", &c.refused_commands),
         ("rl_relay_protocol_errors_total", "connections closed on a protocol error", &c.protocol_errors),
         ("rl_relay_auth_failures_total", "AUTH attempts with a wrong user or password", &c.auth_failures),
+        ("rl_relay_auth_timeouts_total", "connections closed unauthenticated at --auth-timeout-ms", &c.auth_timeouts),
         ("rl_relay_rejected_clients_total", "connections refused at --max-clients", &c.rejected_clients),
     ] {
         family(&mut out, name, "counter", help, [(String::new(), value.load(Relaxed).to_string())]);

@@ -4,9 +4,9 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{call, Relay, Resp, Start};
+use common::{call, closed, read, Relay, Resp, Start};
 use rl_client::{Config, Limiter, Policy, Rule, Source};
 use testkit::Server;
 
@@ -48,6 +48,54 @@ fn nothing_is_served_before_auth() {
     assert!(hello.contains(&(Resp::Bulk(b"proto".to_vec()), Resp::Int(3))), "{hello:?}");
     assert_eq!(call(&mut c, "PING"), Resp::Simple("PONG".into()));
     assert_eq!(relay.info_field("auth_failures"), 4);
+}
+
+/// Any client that reaches the port could otherwise hold every
+/// `--max-clients` slot with connections that never authenticate.
+#[test]
+fn a_connection_that_does_not_authenticate_in_time_is_closed() {
+    let s = Server::start(&[]);
+    let mut start = Start::args(&["--redis", &s.url(), "--auth-timeout-ms", "600"]);
+    start.env.push(("RL_RELAY_AUTH", "s3cret".to_string()));
+    let mut relay = Relay::spawn(start);
+    relay.auth = Some(":s3cret".into());
+    let started = Instant::now();
+    let mut silent = relay.raw();
+    let mut busy = relay.raw();
+    let mut authenticated = relay.raw();
+    assert_eq!(call(&mut authenticated, "AUTH s3cret"), Resp::Simple("OK".into()));
+    // Commands and wrong passwords do not move the deadline: it runs from the accept.
+    while started.elapsed() < Duration::from_millis(300) {
+        assert_eq!(call(&mut busy, "PING").error(), "NOAUTH Authentication required.");
+        assert!(call(&mut busy, "AUTH nope").error().starts_with("WRONGPASS"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let closing = "ERR relay: not authenticated within 600 ms, closing the connection";
+    for c in [&mut silent, &mut busy] {
+        assert_eq!(read(c).expect("the relay says why it closes").error(), closing);
+        assert!(closed(c), "closed after the error");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(600), "not before the deadline");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(call(&mut authenticated, "PING"), Resp::Simple("PONG".into()), "an authenticated one stays");
+    // A RESET that logs it out starts a new wait: it is not closed at once.
+    assert_eq!(call(&mut authenticated, "RESET"), Resp::Simple("RESET".into()));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(call(&mut authenticated, "AUTH s3cret"), Resp::Simple("OK".into()));
+    assert_eq!(call(&mut authenticated, "PING"), Resp::Simple("PONG".into()));
+    assert_eq!(relay.info_field("auth_timeouts"), 2);
+    // Without credentials there is nothing to wait for.
+    let open = Relay::start(&s.url(), &["--auth-timeout-ms", "200"]);
+    let mut c = open.raw();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(call(&mut c, "PING"), Resp::Simple("PONG".into()));
+    assert_eq!(open.info_field("auth_timeouts"), 0);
+    // A bad value is refused at start, naming the flag.
+    let mut start = Start::args(&["--redis", &s.url(), "--auth-timeout-ms", "0"]);
+    start.no_wait = true;
+    let mut refused = Relay::spawn(start);
+    assert_ne!(refused.exit_code(), Some(0));
+    assert!(refused.log().contains("--auth-timeout-ms"), "{}", refused.log());
 }
 
 #[test]

@@ -51,7 +51,7 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
     let limits = relay.limits;
     let mut requests = FramedRead::with_capacity(read, Reader::new(limits), 8 << 10);
     let (answers, mut queue) = mpsc::channel::<Answer>(QUEUED);
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         let mut out = FramedWrite::new(write, Writer);
         // Answers are written together while the next one is ready, and
         // flushed before waiting for one that is not.
@@ -90,8 +90,38 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
     let budget = Arc::new(Semaphore::new(limits.max_pending_bytes));
     let mut session = Session::new(id, &relay.credentials);
     let mut protocol_error = false;
+    // Unauthenticated, a connection has until then (from its accept, or
+    // from the RESET that logged it out), whatever it sends meanwhile.
+    let mut auth_deadline = tokio::time::Instant::now() + limits.auth_timeout;
     loop {
-        let request = match requests.next().await {
+        let next = if session.authenticated() {
+            requests.next().await
+        } else {
+            match tokio::time::timeout_at(auth_deadline, requests.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    relay.counters.auth_timeouts.fetch_add(1, Relaxed);
+                    let error = format!(
+                        "ERR relay: not authenticated within {} ms, closing the connection",
+                        limits.auth_timeout.as_millis()
+                    );
+                    // A client that reads nothing gets no more of its slot than a moment.
+                    if let Ok(permit) = budget.clone().try_acquire_owned() {
+                        let _ = answers.try_send(Answer {
+                            protocol: session.protocol,
+                            reply: Pending::Ready(Reply::error(error)),
+                            _budget: permit,
+                        });
+                    }
+                    drop(answers);
+                    if tokio::time::timeout(DRAIN_FOR, &mut writer).await.is_err() {
+                        writer.abort();
+                    }
+                    return;
+                }
+            }
+        };
+        let request = match next {
             Some(Ok(request)) => request,
             Some(Err(ReadError::Protocol(e))) => {
                 relay.counters.protocol_errors.fetch_add(1, Relaxed);
@@ -107,7 +137,12 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
         let charge = limits.charge(request.bytes, request.args.len());
         let Ok(permit) = budget.clone().acquire_many_owned(charge).await else { break };
         let mut close = false;
-        let reply = match session.step(&request.args, &relay.credentials) {
+        let was_authenticated = session.authenticated();
+        let step = session.step(&request.args, &relay.credentials);
+        if was_authenticated && !session.authenticated() {
+            auth_deadline = tokio::time::Instant::now() + limits.auth_timeout;
+        }
+        let reply = match step {
             Step::Relay => {
                 let relay = relay.clone();
                 Pending::Later(tokio::spawn(async move { relay.call(request.args).await }))

@@ -290,8 +290,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const LIMITS: Limits =
-        Limits { max_request_bytes: 4096, max_arguments: 16, max_pending_bytes: 1 << 20, max_clients: 10 };
+    const LIMITS: Limits = Limits {
+        max_request_bytes: 4096,
+        max_arguments: 16,
+        max_pending_bytes: 1 << 20,
+        max_clients: 10,
+        auth_timeout: std::time::Duration::from_secs(10),
+    };
 
     /// Everything `bytes` holds, fed in pieces of `chunk` bytes: the
     /// requests, then the error if one came.

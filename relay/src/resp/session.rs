@@ -51,6 +51,10 @@ impl Session {
         Session { protocol: Protocol::Resp2, authenticated: !credentials.required(), name: None, id }
     }
 
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
     /// What `args` asks of this connection.
     pub fn step(&mut self, args: &[Bytes], credentials: &Credentials) -> Step {
         let kind = allow::classify(args);
