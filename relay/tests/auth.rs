@@ -98,6 +98,32 @@ fn a_connection_that_does_not_authenticate_in_time_is_closed() {
     assert!(refused.log().contains("--auth-timeout-ms"), "{}", refused.log());
 }
 
+/// A client that sends and never reads fills its answers' queue and then
+/// the relay's budget for it: the deadline holds there too.
+#[test]
+fn a_connection_that_never_reads_is_closed_at_the_deadline_too() {
+    let s = Server::start(&[]);
+    let mut start = Start::args(&["--redis", &s.url(), "--auth-timeout-ms", "500"]);
+    start.env.push(("RL_RELAY_AUTH", "s3cret".to_string()));
+    let mut relay = Relay::spawn(start);
+    relay.auth = Some(":s3cret".into());
+    let mut flood = relay.raw();
+    flood.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    let chunk = "PING\r\n".repeat(10_000).into_bytes();
+    let started = Instant::now();
+    // Until the relay closes it (a reset or a broken pipe), for at most 10 s.
+    let closed_after = loop {
+        match std::io::Write::write(&mut flood, &chunk) {
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break started.elapsed(),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "still open 10 s after a deadline of 500 ms");
+    };
+    assert!(closed_after >= Duration::from_millis(500), "closed before the deadline: {closed_after:?}");
+    assert_eq!(relay.info_field("auth_timeouts"), 1);
+}
+
 #[test]
 fn credentials_come_from_a_file_with_users_and_rotation() {
     let s = Server::start(&[]);

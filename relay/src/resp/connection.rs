@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::encode::{Protocol, Writer};
@@ -31,6 +32,10 @@ const QUEUED: usize = 1024;
 /// dropped before closing, so the error is not lost to a reset.
 const DRAIN_BYTES: usize = 1 << 20;
 const DRAIN_FOR: Duration = Duration::from_millis(500);
+
+/// How long the last answers of a connection the relay closes may take to
+/// go out before it is dropped.
+const CLOSE_WITHIN: Duration = Duration::from_secs(2);
 
 enum Pending {
     Ready(Reply),
@@ -51,7 +56,7 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
     let limits = relay.limits;
     let mut requests = FramedRead::with_capacity(read, Reader::new(limits), 8 << 10);
     let (answers, mut queue) = mpsc::channel::<Answer>(QUEUED);
-    let mut writer = tokio::spawn(async move {
+    let writer = tokio::spawn(async move {
         let mut out = FramedWrite::new(write, Writer);
         // Answers are written together while the next one is ready, and
         // flushed before waiting for one that is not.
@@ -89,58 +94,38 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
     });
     let budget = Arc::new(Semaphore::new(limits.max_pending_bytes));
     let mut session = Session::new(id, &relay.credentials);
-    let mut protocol_error = false;
     // Unauthenticated, a connection has until then (from its accept, or
-    // from the RESET that logged it out), whatever it sends meanwhile.
-    let mut auth_deadline = tokio::time::Instant::now() + limits.auth_timeout;
-    loop {
-        let next = if session.authenticated() {
-            requests.next().await
-        } else {
-            match tokio::time::timeout_at(auth_deadline, requests.next()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    relay.counters.auth_timeouts.fetch_add(1, Relaxed);
-                    let error = format!(
-                        "ERR relay: not authenticated within {} ms, closing the connection",
-                        limits.auth_timeout.as_millis()
-                    );
-                    // A client that reads nothing gets no more of its slot than a moment.
-                    if let Ok(permit) = budget.clone().try_acquire_owned() {
-                        let _ = answers.try_send(Answer {
-                            protocol: session.protocol,
-                            reply: Pending::Ready(Reply::error(error)),
-                            _budget: permit,
-                        });
-                    }
-                    drop(answers);
-                    if tokio::time::timeout(DRAIN_FOR, &mut writer).await.is_err() {
-                        writer.abort();
-                    }
-                    return;
-                }
-            }
-        };
+    // from the RESET that logged it out), whatever it sends meanwhile, and
+    // every wait of the loop ends there: a client that never reads fills
+    // its queue and budget, and must not hold its slot by it.
+    let mut auth_deadline = Instant::now() + limits.auth_timeout;
+    let end = loop {
+        let deadline = (!session.authenticated()).then_some(auth_deadline);
+        let Some(next) = before(deadline, requests.next()).await else { break End::AuthTimeout };
         let request = match next {
             Some(Ok(request)) => request,
             Some(Err(ReadError::Protocol(e))) => {
                 relay.counters.protocol_errors.fetch_add(1, Relaxed);
-                let Ok(permit) = budget.clone().acquire_owned().await else { break };
-                let error =
-                    Answer { protocol: session.protocol, reply: Pending::Ready(Reply::error(e)), _budget: permit };
-                let _ = answers.send(error).await;
-                protocol_error = true;
-                break;
+                if let Some(Ok(permit)) = before(deadline, budget.clone().acquire_owned()).await {
+                    let error =
+                        Answer { protocol: session.protocol, reply: Pending::Ready(Reply::error(e)), _budget: permit };
+                    let _ = before(deadline, answers.send(error)).await;
+                }
+                break End::ProtocolError;
             }
-            Some(Err(ReadError::Io(_))) | None => break,
+            Some(Err(ReadError::Io(_))) | None => break End::Closed,
         };
         let charge = limits.charge(request.bytes, request.args.len());
-        let Ok(permit) = budget.clone().acquire_many_owned(charge).await else { break };
+        let permit = match before(deadline, budget.clone().acquire_many_owned(charge)).await {
+            None => break End::AuthTimeout,
+            Some(Err(_)) => break End::Closed,
+            Some(Ok(permit)) => permit,
+        };
         let mut close = false;
         let was_authenticated = session.authenticated();
         let step = session.step(&request.args, &relay.credentials);
         if was_authenticated && !session.authenticated() {
-            auth_deadline = tokio::time::Instant::now() + limits.auth_timeout;
+            auth_deadline = Instant::now() + limits.auth_timeout;
         }
         let reply = match step {
             Step::Relay => {
@@ -163,16 +148,64 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             }
         };
         // A HELLO's own answer is in the protocol it chose.
-        if answers.send(Answer { protocol: session.protocol, reply, _budget: permit }).await.is_err() || close {
-            break;
+        let answer = Answer { protocol: session.protocol, reply, _budget: permit };
+        let deadline = (!session.authenticated()).then_some(auth_deadline);
+        match before(deadline, answers.send(answer)).await {
+            None => break End::AuthTimeout,
+            Some(Err(_)) => break End::Closed,
+            Some(Ok(())) if close => break End::Closed,
+            Some(Ok(())) => {}
+        }
+    };
+    match end {
+        End::Closed => {
+            drop(answers);
+            let _ = writer.await;
+        }
+        End::ProtocolError => {
+            drop(answers);
+            let read = requests.into_inner();
+            tokio::join!(drain(read), finish(writer));
+        }
+        End::AuthTimeout => {
+            relay.counters.auth_timeouts.fetch_add(1, Relaxed);
+            let error = format!(
+                "ERR relay: not authenticated within {} ms, closing the connection",
+                limits.auth_timeout.as_millis()
+            );
+            if let Ok(permit) = budget.clone().try_acquire_owned() {
+                let reply = Pending::Ready(Reply::error(error));
+                let _ = answers.try_send(Answer { protocol: session.protocol, reply, _budget: permit });
+            }
+            drop(answers);
+            finish(writer).await;
         }
     }
-    drop(answers);
-    if protocol_error {
-        let read = requests.into_inner();
-        let _ = tokio::join!(drain(read), writer);
-    } else {
-        let _ = writer.await;
+}
+
+/// Why a connection's read loop ended.
+enum End {
+    /// The client closed it, or asked to (QUIT).
+    Closed,
+    /// A protocol error, answered: the rest is drained, then closed.
+    ProtocolError,
+    /// Not authenticated by the deadline.
+    AuthTimeout,
+}
+
+/// `f`'s output, or `None` once `deadline` (if any) has passed.
+async fn before<F: std::future::Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, f).await.ok(),
+        None => Some(f.await),
+    }
+}
+
+/// The writer's last answers, for a moment: a connection the relay closes
+/// is not held open by a client that does not read them.
+async fn finish(mut writer: JoinHandle<()>) {
+    if tokio::time::timeout(CLOSE_WITHIN, &mut writer).await.is_err() {
+        writer.abort();
     }
 }
 
