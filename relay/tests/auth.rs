@@ -10,8 +10,10 @@ use common::{call, closed, read, Relay, Resp, Start};
 use rl_client::{Config, Limiter, Policy, Rule, Source};
 use testkit::Server;
 
-fn with_env(s: &Server, auth: &str) -> Relay {
-    let mut start = Start::args(&["--redis", &s.url()]);
+/// A relay on `s` whose credentials come from the environment, with `extra` flags.
+fn with_env(s: &Server, auth: &str, extra: &[&str]) -> Relay {
+    let url = s.url();
+    let mut start = Start::args(&[&["--redis", url.as_str()], extra].concat());
     start.env.push(("RL_RELAY_AUTH", auth.to_string()));
     Relay::spawn(start)
 }
@@ -19,7 +21,7 @@ fn with_env(s: &Server, auth: &str) -> Relay {
 #[test]
 fn nothing_is_served_before_auth() {
     let s = Server::start(&[]);
-    let mut relay = with_env(&s, "s3cret");
+    let mut relay = with_env(&s, "s3cret", &[]);
     relay.auth = Some(":s3cret".into());
     let mut c = relay.raw();
     for line in ["PING", "RL.TAKE 1 rl:{a}:s 10 1 1000", "INFO relay", "CLIENT SETINFO LIB-NAME x", "SELECT 0"] {
@@ -55,9 +57,7 @@ fn nothing_is_served_before_auth() {
 #[test]
 fn a_connection_that_does_not_authenticate_in_time_is_closed() {
     let s = Server::start(&[]);
-    let mut start = Start::args(&["--redis", &s.url(), "--auth-timeout-ms", "600"]);
-    start.env.push(("RL_RELAY_AUTH", "s3cret".to_string()));
-    let mut relay = Relay::spawn(start);
+    let mut relay = with_env(&s, "s3cret", &["--auth-timeout-ms", "600"]);
     relay.auth = Some(":s3cret".into());
     let started = Instant::now();
     let mut silent = relay.raw();
@@ -103,9 +103,7 @@ fn a_connection_that_does_not_authenticate_in_time_is_closed() {
 #[test]
 fn a_connection_that_never_reads_is_closed_at_the_deadline_too() {
     let s = Server::start(&[]);
-    let mut start = Start::args(&["--redis", &s.url(), "--auth-timeout-ms", "500"]);
-    start.env.push(("RL_RELAY_AUTH", "s3cret".to_string()));
-    let mut relay = Relay::spawn(start);
+    let mut relay = with_env(&s, "s3cret", &["--auth-timeout-ms", "500"]);
     relay.auth = Some(":s3cret".into());
     let mut flood = relay.raw();
     flood.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
@@ -185,7 +183,7 @@ fn without_credentials_auth_answers_as_redis_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_authenticate_with_the_url() {
     let s = Server::start(&[]);
-    let mut relay = with_env(&s, "gw s3cret");
+    let mut relay = with_env(&s, "gw s3cret", &[]);
     relay.auth = Some("gw:s3cret".into());
     let policy = Arc::new(Policy::builder("api").rule(Rule::per_minute("m", 100)).build().unwrap());
     for url in [
