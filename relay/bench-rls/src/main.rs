@@ -166,18 +166,11 @@ impl Commands {
     }
 }
 
-/// What the server and a service's process have spent so far: commands by
-/// name, and CPU time (Redis's from INFO, in µs; the process's from /proc,
-/// in ticks of 10 ms).
+/// What the server and a service's process have spent so far (or, from
+/// [`Reading::since`], in a run): commands by name, and CPU seconds
+/// (Redis's from INFO, to the µs; the process's from /proc, to 10 ms).
 struct Reading {
     commands: Commands,
-    redis_cpu: f64,
-    service_cpu: f64,
-}
-
-/// What a run spent: [`Reading`]s apart.
-struct Spent {
-    calls: Commands,
     redis_cpu: f64,
     service_cpu: f64,
 }
@@ -204,9 +197,9 @@ impl Reading {
         Reading { commands, redis_cpu, service_cpu: process_cpu(service) }
     }
 
-    fn since(&self, before: &Reading) -> Spent {
-        Spent {
-            calls: self.commands.since(&before.commands),
+    fn since(&self, before: &Reading) -> Reading {
+        Reading {
+            commands: self.commands.since(&before.commands),
             redis_cpu: self.redis_cpu - before.redis_cpu,
             service_cpu: self.service_cpu - before.service_cpu,
         }
@@ -657,10 +650,10 @@ fn run_envoyproxy(url: &str, case: Case, total: usize, limit: u64) -> (Vec<Durat
     (lat, admitted, started.elapsed())
 }
 
-fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Duration, spent: Spent) -> Row {
+fn row(who: &'static str, case: &'static str, mut lat: Vec<Duration>, wall: Duration, spent: Reading) -> Row {
     lat.sort();
     let n = lat.len() as f64;
-    let calls = &spent.calls;
+    let calls = &spent.commands;
     let mut mix: Vec<_> = calls.0.iter().map(|(k, &c)| (k.clone(), c as f64 / n)).collect();
     mix.sort_by(|a, b| b.1.total_cmp(&a.1));
     Row {
