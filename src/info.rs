@@ -24,15 +24,17 @@ pub fn missing_api() -> Result<(), String> {
             ("GetContextFlags", raw::RedisModule_GetContextFlags.is_some_and(|_| true)),
             ("GetRandomHexChars", raw::RedisModule_GetRandomHexChars.is_some_and(|_| true)),
             ("ReplyWithStringBuffer", raw::RedisModule_ReplyWithStringBuffer.is_some_and(|_| true)),
-            // The type callbacks run outside the panic boundary: what they
-            // call must be there.
+            // The type callbacks and the INFO callback run outside the
+            // panic boundary: what they call must be there.
             ("EmitAOF", raw::RedisModule_EmitAOF.is_some_and(|_| true)),
             ("DigestAddStringBuffer", raw::RedisModule_DigestAddStringBuffer.is_some_and(|_| true)),
             ("DigestEndSequence", raw::RedisModule_DigestEndSequence.is_some_and(|_| true)),
             ("SaveStringBuffer", raw::RedisModule_SaveStringBuffer.is_some_and(|_| true)),
             ("LoadStringBuffer", raw::RedisModule_LoadStringBuffer.is_some_and(|_| true)),
             ("RegisterInfoFunc", raw::RedisModule_RegisterInfoFunc.is_some_and(|_| true)),
+            ("InfoAddSection", raw::RedisModule_InfoAddSection.is_some_and(|_| true)),
             ("InfoAddFieldCString", raw::RedisModule_InfoAddFieldCString.is_some_and(|_| true)),
+            ("InfoAddFieldULongLong", raw::RedisModule_InfoAddFieldULongLong.is_some_and(|_| true)),
         ]
     };
     match present.iter().find(|(_, ok)| !ok) {
