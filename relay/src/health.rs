@@ -1,5 +1,8 @@
 //! Readiness, apart from liveness: the relay is ready while Redis answers
-//! its probe (a PING every second, to every primary of a cluster). A relay
+//! its probe (a PING every second, to every primary of a cluster), on a
+//! connection of the probe's own, within the probe's own second: a stall
+//! shorter than that (a fork, a slow command, a busy host) is not an
+//! outage, however short the relay's `--timeout-ms` for its calls. A relay
 //! that is alive but not ready still answers PING and serves what it holds;
 //! an orchestrator or load balancer takes it out of rotation by `/ready`
 //! (and `rl_relay_ready`), never by `/live`. Upstream failures are logged,

@@ -127,6 +127,7 @@ async fn run(args: Args) -> Result<(), String> {
     let urls: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
     let timeout = Duration::from_millis(args.timeout_ms);
     let upstream = Upstream::open(&args.redis, args.cluster, timeout).map_err(|e| format!("--redis {urls:?}: {e}"))?;
+    let probe = Upstream::probe(&args.redis, args.cluster).map_err(|e| format!("--redis {urls:?}: {e}"))?;
     if args.max_request_bytes > args.max_pending_bytes {
         return Err(format!(
             "--max-request-bytes {} is above --max-pending-bytes {}: a command could never be read",
@@ -163,7 +164,7 @@ async fn run(args: Args) -> Result<(), String> {
             }
         });
     }
-    tokio::spawn(relay.clone().probe_forever());
+    tokio::spawn(relay.clone().probe_forever(probe));
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
     line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));

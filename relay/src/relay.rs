@@ -104,11 +104,12 @@ impl Relay {
         }
     }
 
-    /// Probes Redis every second until the process ends: readiness.
-    pub async fn probe_forever(self: Arc<Self>) {
+    /// Probes Redis every second until the process ends, on the probe's
+    /// own connection ([`Upstream::probe`]): readiness.
+    pub async fn probe_forever(self: Arc<Self>, probe: Upstream) {
         let ping = [Bytes::from_static(b"PING")];
         loop {
-            let outcome = match tokio::time::timeout(PROBE_TIMEOUT, self.upstream.call(&ping, None)).await {
+            let outcome = match tokio::time::timeout(PROBE_TIMEOUT, probe.call(&ping, None)).await {
                 Ok(Ok(Value::ServerError(e))) => Err(e.to_string()),
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(e.to_string()),

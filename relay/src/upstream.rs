@@ -9,6 +9,7 @@ use bytes::Bytes;
 use redis::{Cmd, RedisResult, Value};
 use rl_client::{Connection, ConnectionStatus, Target};
 
+use crate::health::PROBE_TIMEOUT;
 use crate::log::line;
 
 #[derive(Clone)]
@@ -20,17 +21,17 @@ impl Upstream {
     /// is set. Lazy: the relay starts while Redis is down. Call it inside a
     /// tokio runtime.
     pub fn open(urls: &[String], cluster: bool, timeout: Duration) -> rl_client::Result<Upstream> {
-        let target = if cluster {
-            if urls.iter().any(|u| u.starts_with(rl_client::SENTINEL_SCHEME)) {
-                return Err(rl_client::Error::invalid("a cluster is not reached through Sentinel: drop --cluster"));
-            }
-            Target::Cluster(urls.to_vec())
-        } else {
-            Target::from_url(urls.first().map_or("redis://127.0.0.1:6379/", String::as_str))?
-        };
-        let connection = Connection::open(&target, timeout, timeout)?;
+        let connection = Connection::open(&target(urls, cluster)?, timeout, timeout)?;
         connection.on_switch(log_switch);
         Ok(Upstream(connection))
+    }
+
+    /// The readiness probe's own connection to the same servers, with the
+    /// probe's own timeouts: the calls' connection may be dropped and
+    /// made again within `--timeout-ms` (three calls timed out in a row
+    /// during a stall), which must not make a stall look like an outage.
+    pub fn probe(urls: &[String], cluster: bool) -> rl_client::Result<Upstream> {
+        Ok(Upstream(Connection::open(&target(urls, cluster)?, PROBE_TIMEOUT, PROBE_TIMEOUT)?))
     }
 
     /// Sends `args`; in a cluster, to the primary of `key`'s slot (RL.*
@@ -48,6 +49,17 @@ impl Upstream {
     pub fn status(&self) -> ConnectionStatus {
         self.0.status()
     }
+}
+
+/// What `urls` name: one server (or a Sentinel master), or a cluster.
+fn target(urls: &[String], cluster: bool) -> rl_client::Result<Target> {
+    if !cluster {
+        return Target::from_url(urls.first().map_or("redis://127.0.0.1:6379/", String::as_str));
+    }
+    if urls.iter().any(|u| u.starts_with(rl_client::SENTINEL_SCHEME)) {
+        return Err(rl_client::Error::invalid("a cluster is not reached through Sentinel: drop --cluster"));
+    }
+    Ok(Target::Cluster(urls.to_vec()))
 }
 
 fn log_switch(status: &ConnectionStatus) {
