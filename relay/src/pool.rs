@@ -88,6 +88,16 @@ pub enum Plan {
     Forward,
 }
 
+/// What a pool knows of Redis: the room it last said its buckets had, at
+/// `at_ms` (the pools' clock), and the tokens a lease call on its way may
+/// take (about: a top-up's want).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub room: u64,
+    pub at_ms: u64,
+    pub leasing: u64,
+}
+
 /// One subject's pool and its counters.
 #[derive(Clone, Debug, Default)]
 pub struct Pool {
@@ -379,6 +389,15 @@ impl Pools {
             pool.refused += 1;
             pool.deny(need.min, upstream, settings, now_ms);
         }
+    }
+
+    /// Redis's last word on `keys`' buckets (a lease, a top-up or a
+    /// refusal), and the lease call on its way, if any.
+    pub fn last_reading(&self, keys: &[Bytes]) -> Option<Reading> {
+        let pool = self.pools.get(keys)?;
+        let (reply, at_ms) = pool.last?;
+        let leasing = if pool.lease.leasing() { pool.lease.want(pool.batch) } else { 0 };
+        Some(Reading { room: reply.remaining, at_ms, leasing })
     }
 
     /// Tokens a request took and did not use, back in `keys`' pool (unless

@@ -21,9 +21,17 @@
 //!    ended). Redis down: each limit follows its failure mode (the local
 //!    fallback, or refused).
 //!
+//! A stall is not an outage: a decision goes to its failure mode only when
+//! its own call failed, or its deadline passed (the front's), or the probe
+//! found Redis gone (`Health::unreachable`: an error, or no answer within
+//! the probe's own second). Every answer Redis gives is also a reading for
+//! the fallback, which starts from it (`fallback.rs`). A decision answered
+//! past its deadline is finished in the background and not undone: Redis
+//! counts what the fallback admitted.
+//!
 //! Shadow limits are decided each on its own, beside, and never undone.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -168,6 +176,17 @@ fn refused(limit: u64, retry_ms: i64, reset_ms: u64) -> Reply {
     Reply { granted: 0, remaining: 0, retry_after_ms: retry_ms, reset_after_ms: reset_ms, limit, binding: 0 }
 }
 
+/// What the fallback keeps for a counter (a closed one needs nothing).
+fn fallback_kind(counter: Counter) -> Option<fallback::Kind> {
+    match counter {
+        Counter::Window { window, .. } => {
+            Some(fallback::Kind::Window { limit: window.limit, window_ms: window.window_ms })
+        }
+        Counter::Bucket(p) => Some(fallback::Kind::Bucket(p)),
+        Counter::Closed { .. } => None,
+    }
+}
+
 /// Until the epoch-aligned window holding `now_ms` ends.
 fn window_end_in(window_ms: u64, now_ms: u64) -> u64 {
     window_ms - now_ms % window_ms
@@ -282,8 +301,10 @@ impl Engine {
         lock(&self.windows)
     }
 
-    /// Each limit's answer, in `items`' order.
-    pub async fn decide(self: &Arc<Self>, items: &[Item]) -> Vec<Outcome> {
+    /// Each limit's answer, in `items`' order. `late` is set once the front
+    /// answered without it (its deadline passed): then what Redis counted
+    /// stands, for the failure modes' answers to be counted.
+    pub async fn decide(self: &Arc<Self>, items: &[Item], late: &AtomicBool) -> Vec<Outcome> {
         let now = now_ms();
         let mut steps = Vec::with_capacity(items.len());
         let mut leases = Vec::new();
@@ -338,7 +359,7 @@ impl Engine {
         }
         let outcomes: Vec<(Outcome, Took)> = outcomes.into_iter().map(|o| o.expect("every limit answered")).collect();
         let refused = outcomes.iter().zip(items).any(|((o, _), i)| o.over && !i.shadow);
-        if refused {
+        if refused && !late.load(Relaxed) {
             let mut counted = Vec::new();
             for ((_, took), item) in outcomes.iter().zip(items).filter(|(_, i)| !i.shadow) {
                 match *took {
@@ -453,6 +474,9 @@ impl Engine {
                 _ => group.iter().map(|item| window_args("RL.WINDOWPEEK", &[item], *cost, *mode)).collect(),
             };
             self.counters.redis_calls.fetch_add(1 + peeks.len() as u64, Relaxed);
+            for item in &group {
+                self.in_flight(item, *cost, true);
+            }
             async move {
                 let key = Some(group[0].key.as_bytes());
                 let mut reply = self.relay.send(&take, key).await;
@@ -470,11 +494,17 @@ impl Engine {
             let Counter::Bucket(params) = item.counter else { unreachable!("a bucket") };
             let keys = vec![Bytes::copy_from_slice(item.key.as_bytes())];
             let args = bucket_args("RL.TAKE", &item.key, &params, "COST", item.cost);
-            if !matches!(plan, Plan::Answer { .. }) {
+            let sent = match plan {
+                Plan::Answer { .. } => 0,
+                Plan::Lease { want, .. } => want,
+                Plan::Forward => item.cost,
+            };
+            if sent > 0 {
                 self.counters.redis_calls.fetch_add(1, Relaxed);
+                self.in_flight(item, sent, true);
             }
             let need = Need { want: item.cost, min: item.cost };
-            async move { (i, self.relay.answer(plan, false, keys, vec![params], need, &args).await) }
+            async move { (i, sent, self.relay.answer(plan, false, keys, vec![params], need, &args).await) }
         });
         let peek_calls = peeks.iter().map(|&i| {
             let item = &items[i];
@@ -490,6 +520,9 @@ impl Engine {
             futures_util::future::join3(join_all(window_calls), join_all(bucket_calls), join_all(peek_calls)).await;
         let done = now_ms();
         for (((mode, cost, _), members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
+            for &i in &members {
+                self.in_flight(&items[i], cost, false);
+            }
             let Some(r) = reply.module_reply() else {
                 self.relay.health.failed("RL.WINDOW", &format!("{reply:?}"));
                 for i in members {
@@ -498,6 +531,7 @@ impl Engine {
                 continue;
             };
             let at_ms = reply.module_time();
+            let mut readings = Vec::with_capacity(members.len());
             let mut windows = self.windows();
             for (n, &i) in members.iter().enumerate() {
                 let Counter::Window { window, .. } = items[i].counter else { continue };
@@ -511,6 +545,7 @@ impl Engine {
                     WindowMode::Fixed => window_end_in(window.window_ms, done),
                     _ => own.reset_after_ms,
                 };
+                readings.push((i, own.remaining, reset));
                 let held = windows.held(&items[i].key, done);
                 if r.granted > 0 {
                     let reply =
@@ -535,8 +570,13 @@ impl Engine {
                     out.push((i, Outcome { over, reply, source: Source::Redis }, Took::Nothing));
                 }
             }
+            drop(windows);
+            for (i, room, reset) in readings {
+                self.read(&items[i], room, reset);
+            }
         }
-        for (i, (reply, origin)) in bucket_replies {
+        for (i, sent, (reply, origin)) in bucket_replies {
+            self.in_flight(&items[i], sent, false);
             match (reply.module_reply(), origin) {
                 (Some(r), origin) if origin != Origin::Failed => {
                     let took = match (r.granted > 0, origin) {
@@ -545,6 +585,9 @@ impl Engine {
                         (true, _) => Took::Redis,
                     };
                     let source = if origin == Origin::Pool { Source::Memory } else { Source::Redis };
+                    if origin == Origin::Redis {
+                        self.read(&items[i], r.remaining, r.reset_after_ms);
+                    }
                     if origin == Origin::Pool {
                         self.counters.from_memory.fetch_add(1, Relaxed);
                     }
@@ -558,6 +601,7 @@ impl Engine {
                 // Asked with a cost of 0: the room as it is, never over (as
                 // envoyproxy/ratelimit's INCRBY 0 of a full window).
                 Some(r) => {
+                    self.read(&items[i], room(&r, 1), r.reset_after_ms);
                     let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
                     out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Nothing))
                 }
@@ -575,17 +619,48 @@ impl Engine {
             return Outcome { over: true, reply: refused(limit, 1000, 0), source: Source::FailureDenied };
         }
         self.counters.fallback.fetch_add(1, Relaxed);
-        let kind = match item.counter {
-            Counter::Window { window, .. } => {
-                fallback::Kind::Window { limit: window.limit, window_ms: window.window_ms }
-            }
-            Counter::Bucket(p) => fallback::Kind::Bucket(p),
-            Counter::Closed { .. } => return Outcome { over: true, reply: refused(0, 1000, 0), source: Source::Limit },
+        let Some(kind) = fallback_kind(item.counter) else {
+            return Outcome { over: true, reply: refused(0, 1000, 0), source: Source::Limit };
         };
-        let r = lock(&self.fallback).take(&item.key, kind, item.cost, self.mono_ms());
+        let mono = self.mono_ms();
+        // A bucket's pool holds Redis's last word on it (its lease and
+        // top-up calls, which this engine does not see).
+        let pooled = match kind {
+            fallback::Kind::Bucket(_) => {
+                self.relay.pools().last_reading(&[Bytes::copy_from_slice(item.key.as_bytes())])
+            }
+            fallback::Kind::Window { .. } => None,
+        };
+        let mut fallback = lock(&self.fallback);
+        let mut leasing = 0;
+        if let Some(pooled) = pooled {
+            let age = now_ms().saturating_sub(pooled.at_ms);
+            fallback.reading(&item.key, kind, pooled.room, 0, mono.saturating_sub(age));
+            leasing = pooled.leasing;
+        }
+        let r = fallback.take(&item.key, kind, item.cost, leasing, mono);
         // Never announce the stand-in's scaled numbers as the limit's.
         let reply = Reply { remaining: r.remaining.min(limit), limit, ..r };
         Outcome { over: r.granted == 0 && item.cost > 0, reply, source: Source::Fallback }
+    }
+
+    /// A call that may take `cost` of `item`'s limit is on its way to Redis
+    /// (`sent`), or came back: the fallback keeps its cost aside meanwhile.
+    fn in_flight(&self, item: &Item, cost: u64, sent: bool) {
+        let Some(kind) = fallback_kind(item.counter) else { return };
+        let mut fallback = lock(&self.fallback);
+        if sent {
+            fallback.sent(&item.key, kind, cost);
+        } else {
+            fallback.returned(&item.key, cost);
+        }
+    }
+
+    /// Redis said `item`'s limit had `room` left: the fallback's reading.
+    fn read(&self, item: &Item, room: u64, reset_after_ms: u64) {
+        if let Some(kind) = fallback_kind(item.counter) {
+            lock(&self.fallback).reading(&item.key, kind, room, reset_after_ms, self.mono_ms());
+        }
     }
 
     /// Gives back what a limit of a refused request took, where it can.
@@ -694,10 +769,16 @@ impl Engine {
             };
             let args = window_args("RL.WINDOW", &[&item], want, WindowMode::Fixed);
             let sent = now_ms();
+            engine.in_flight(&item, want, true);
             let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
+            engine.in_flight(&item, want, false);
             let mut windows = engine.windows();
             match reply.module_reply() {
-                Some(r) => windows.leased(&key, want, r, sent, now_ms()),
+                Some(r) => {
+                    windows.leased(&key, want, r, sent, now_ms());
+                    drop(windows);
+                    engine.read(&item, r.remaining, r.reset_after_ms);
+                }
                 None => windows.lease_failed(&key),
             }
         });

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -225,9 +225,10 @@ impl Rls {
         }
         let engine = self.engine.clone();
         let shared = Arc::new(items);
+        let late = Arc::new(AtomicBool::new(false));
         let mut decision = {
-            let shared = shared.clone();
-            Box::pin(async move { engine.decide(&shared).await })
+            let (shared, late) = (shared.clone(), late.clone());
+            Box::pin(async move { engine.decide(&shared, &late).await })
         };
         // A decision memory makes (a lease, the deny cache) is ready at its
         // first poll: answered here, without a task and its wake-up on
@@ -247,6 +248,7 @@ impl Rls {
                 outcomes
             }
             _ => {
+                late.store(true, Relaxed);
                 self.stats.timeouts.fetch_add(1, Relaxed);
                 self.stats.redis_error.fetch_add(1, Relaxed);
                 shared
