@@ -22,6 +22,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use super::encode::{Protocol, Writer};
 use super::reader::{ReadError, Reader};
 use super::session::{Session, Step};
+use super::Front;
 use crate::reply::Reply;
 use crate::Relay;
 
@@ -50,7 +51,7 @@ struct Answer {
     _budget: OwnedSemaphorePermit,
 }
 
-pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
+pub(super) async fn run(relay: Arc<Relay>, front: Arc<Front>, socket: TcpStream, id: u64) {
     let _ = socket.set_nodelay(true);
     let (read, write) = socket.into_split();
     let limits = relay.limits;
@@ -128,10 +129,13 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             auth_deadline = Instant::now() + limits.auth_timeout;
         }
         let reply = match step {
-            Step::Relay => {
-                let relay = relay.clone();
-                Pending::Later(tokio::spawn(async move { relay.call(request.args).await }))
-            }
+            Step::Relay => match front.fence.refusal(&request.args, &relay.counters) {
+                Some(error) => Pending::Ready(Reply::error(error)),
+                None => {
+                    let relay = relay.clone();
+                    Pending::Later(tokio::spawn(async move { relay.call(request.args).await }))
+                }
+            },
             Step::Answer(reply) => Pending::Ready(reply),
             Step::Info => Pending::Ready(info(&relay, &request.args)),
             Step::Close(reply) => {
