@@ -1,10 +1,12 @@
 //! The RESP front: gateways connect to the relay as to Redis. Its reader
 //! (`reader`), allow-list (`allow`), fence around the RLS front's keys
-//! (`fence`), per-connection state and authentication (`session`) and
-//! reply writer (`encode`) are its own; the pools, limits, credentials and
-//! readiness are the relay's, for every front.
+//! (`fence`), per-connection state and authentication (`session`), bounds
+//! on failed authentications (`auth_guard`) and reply writer (`encode`) are
+//! its own; the pools, limits, credentials and readiness are the relay's,
+//! for every front.
 
 pub mod allow;
+pub mod auth_guard;
 mod connection;
 pub mod encode;
 pub mod fence;
@@ -28,12 +30,13 @@ const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration
 #[derive(Debug)]
 pub struct Front {
     pub fence: fence::Fence,
+    pub auth_guard: auth_guard::AuthGuard,
 }
 
 /// Accepts clients on `listener` until the process ends, keeping them off
 /// the keys `fence` guards.
 pub async fn serve(relay: Arc<Relay>, listener: TcpListener, fence: fence::Fence) {
-    let front = Arc::new(Front { fence });
+    let front = Arc::new(Front { fence, auth_guard: auth_guard::AuthGuard::default() });
     let accept_errors = Throttled::new(Duration::from_secs(10));
     let mut backoff = ACCEPT_BACKOFF.0;
     let mut next_id = 0u64;
