@@ -245,14 +245,19 @@ fn failed_auths_are_slowed_and_bounded_per_connection() {
     assert_eq!(relay.info_field("auth_failures"), 10);
     assert_eq!(relay.info_field("auth_closed"), 1);
     assert_eq!(relay.info_field("auth_delayed"), 7);
-    // One at a time, HELLO AUTH and AUTH alike, and on a connection
-    // already authenticated (a guess at another user's password).
+    // One at a time, HELLO AUTH and AUTH alike, on a connection already
+    // authenticated (a guess at another user's password); neither a RESET
+    // nor a correct AUTH starts the count again.
     let mut c = relay.raw();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(call(&mut c, "AUTH gw s3cret"), Resp::Simple("OK".into()));
     for i in 1..10 {
         let line = if i % 2 == 0 { "HELLO 3 AUTH other guess" } else { "AUTH other guess" };
         assert_eq!(call(&mut c, line).error(), WRONG, "failure {i}");
+        if i % 3 == 0 {
+            assert_eq!(call(&mut c, "RESET"), Resp::Simple("RESET".into()));
+            assert_eq!(call(&mut c, "AUTH gw s3cret"), Resp::Simple("OK".into()));
+        }
     }
     assert_eq!(call(&mut c, "AUTH other guess").error(), TOO_MANY);
     assert!(closed(&mut c), "still open after ten failures");
