@@ -17,11 +17,11 @@ descriptors:
   - key: bucket
     rate_limit: { unit: hour, requests_per_unit: 2, algorithm: token_bucket, burst: 2 }
   - key: fixed
-    rate_limit: { unit: hour, requests_per_unit: 2 }
+    rate_limit: { unit: day, requests_per_unit: 2 }
 ";
 
 const BUCKET: &str = "rl:rls:{api|bucket=a}:bucket:hour";
-const FIXED: &str = "rl:rls:{api|fixed=a}:fixed:hour";
+const FIXED: &str = "rl:rls:{api|fixed=a}:fixed:day";
 
 /// The refusal of a command naming `key` under the default prefix.
 fn fenced(key: &str) -> String {
@@ -29,6 +29,15 @@ fn fenced(key: &str) -> String {
         "ERR relay: key '{key}' is under 'rl:rls:', the RLS front's counters (--rls-prefix): not served to RESP \
          clients"
     )
+}
+
+/// Waits past UTC midnight if it is less than a minute away: the day's
+/// window must not end between a test's exhausting it and its last check.
+fn away_from_midnight() {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if secs % 86_400 > 86_400 - 60 {
+        std::thread::sleep(std::time::Duration::from_secs(86_400 - secs % 86_400 + 1));
+    }
 }
 
 /// Asks for `entry` until the Envoy front answers OVER_LIMIT (at most 10 times).
@@ -49,7 +58,7 @@ async fn code(relay: &RlsRelay, entry: (&str, &str)) -> i32 {
 /// Every command a RESP client could change a bucket or a window with,
 /// on the Envoy front's keys, whatever the case of its name.
 fn attacks(now_ms: u64) -> Vec<(String, String)> {
-    let lift = format!("RL.WINDOW 1 {FIXED} 2 3600000 FIXED COST 2 REFUND {now_ms}");
+    let lift = format!("RL.WINDOW 1 {FIXED} 2 86400000 FIXED COST 2 REFUND {now_ms}");
     vec![
         (format!("RL.REFUND 1 {BUCKET} 100 100 3600000 TOKENS 100"), BUCKET.into()),
         (format!("rl.refund 1 {BUCKET} 100 100 3600000 TOKENS 100"), BUCKET.into()),
@@ -61,7 +70,7 @@ fn attacks(now_ms: u64) -> Vec<(String, String)> {
         (format!("cl.throttle {FIXED} 100 100 3600"), FIXED.into()),
         (lift.clone(), FIXED.into()),
         (lift.to_lowercase(), FIXED.into()),
-        (format!("RL.WINDOWPEEK 1 {FIXED} 2 3600000 FIXED"), FIXED.into()),
+        (format!("RL.WINDOWPEEK 1 {FIXED} 2 86400000 FIXED"), FIXED.into()),
         (format!("RL.ACQUIRE 1 {FIXED} 10 60000 ID x"), FIXED.into()),
         (format!("RL.RELEASE 1 {FIXED} ID x"), FIXED.into()),
         (format!("RL.INFLIGHT 1 {FIXED} 10"), FIXED.into()),
@@ -72,6 +81,7 @@ fn attacks(now_ms: u64) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resp_client_cannot_lift_the_envoy_fronts_limits() {
+    away_from_midnight();
     let server = Server::start(&[]);
     let (_dir, config) = config_file(CONFIG);
     // A refusal is remembered 1 ms: the next call asks Redis.
@@ -113,6 +123,7 @@ async fn a_resp_client_cannot_lift_the_envoy_fronts_limits() {
 /// key, wherever its slot is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_too() {
+    away_from_midnight();
     let cluster = Cluster::start(3);
     let (_dir, config) = config_file(CONFIG);
     let relay = RlsRelay::start(&cluster.urls(), true, &config, &["--max-refusal-hold-ms", "1"]);
