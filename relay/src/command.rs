@@ -31,6 +31,26 @@ pub fn is_forwarded(name: &[u8]) -> bool {
     FORWARDED.iter().any(|f| f.as_bytes().eq_ignore_ascii_case(name))
 }
 
+/// The keys a forwarded command names, where the module reads them: the
+/// `numkeys` keys after it for the RL. commands, the first argument of
+/// CL.THROTTLE; none for any other command. A numkeys the relay cannot
+/// read makes every argument after it a key (the module refuses such a
+/// call anyway, but a fence on keys must not depend on that).
+pub fn keys(args: &[Bytes]) -> &[Bytes] {
+    let Some(name) = args.first() else { return &[] };
+    if !is_forwarded(name) {
+        return &[];
+    }
+    if name.eq_ignore_ascii_case(b"CL.THROTTLE") {
+        return args.get(1..2).unwrap_or_default();
+    }
+    let rest = args.get(2..).unwrap_or_default();
+    match args.get(1).and_then(int) {
+        Some(n) => &rest[..rest.len().min(usize::try_from(n).unwrap_or(usize::MAX))],
+        None => rest,
+    }
+}
+
 /// A command as the relay sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
@@ -150,6 +170,27 @@ mod tests {
         assert_eq!(Call::parse(&args("RL.REFUND 1 k 10 1 1000 TOKENS 3")), Call::Forward { key: Some("k".into()) });
         assert_eq!(Call::parse(&args("GET g")), Call::Forward { key: Some("g".into()) });
         assert_eq!(Call::parse(&args("PING")), Call::Forward { key: None });
+    }
+
+    #[test]
+    fn keys_are_read_where_the_module_reads_them() {
+        let keys = |line: &str| -> Vec<String> {
+            let args = args(line);
+            super::keys(&args).iter().map(|k| String::from_utf8_lossy(k).into_owned()).collect()
+        };
+        assert_eq!(keys("RL.TAKE 2 a b 1 1 1 1 1 1 COST 2"), ["a", "b"]);
+        assert_eq!(keys("rl.refund 1 k 1 1 1 TOKENS 1"), ["k"]);
+        assert_eq!(keys("RL.ACQUIRE 1 k 10 60000 ID x"), ["k"]);
+        assert_eq!(keys("Cl.Throttle k 1 1 1"), ["k"]);
+        assert_eq!(keys("CL.THROTTLE"), Vec::<String>::new());
+        // More keys than arguments: the ones there are.
+        assert_eq!(keys("RL.PEEK 5 a b"), ["a", "b"]);
+        // A numkeys the relay cannot read: every argument after it.
+        assert_eq!(keys("RL.WINDOW x a 1 1"), ["a", "1", "1"]);
+        assert_eq!(keys("RL.WINDOW"), Vec::<String>::new());
+        // Not the module's: none (the allow-list refuses them by name).
+        assert_eq!(keys("GET k"), Vec::<String>::new());
+        assert_eq!(keys("RL.INSPECT k"), Vec::<String>::new());
     }
 
     #[test]

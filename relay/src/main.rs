@@ -95,7 +95,8 @@ struct RlsArgs {
     /// Files naming the same domain are merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); else refused.
     #[arg(long)]
     rls_merge_domains: bool,
-    /// Before every counter key the RLS front makes (under the relay ACL recipe's `~rl:*`).
+    /// Before every counter key the RLS front makes (under the relay ACL recipe's `~rl:*`); RESP clients
+    /// are refused every key under it, on every relay.
     #[arg(long, default_value = "rl:rls:")]
     rls_prefix: String,
     /// Longest a decision waits for Redis before the failure modes answer.
@@ -151,6 +152,7 @@ async fn run(args: Args) -> Result<(), String> {
     let options = Options { timeout, limits, credentials, show_subjects: args.show_subjects };
     let relay = Arc::new(Relay::new(Pools::new(settings), upstream, options));
     let listener = TcpListener::bind(&args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let fence = rl_relay::resp::fence::Fence::new(&args.rls.rls_prefix)?;
     let rls = rls_front(&args, &relay).await?;
     if let Some(address) = &args.metrics {
         let metrics = TcpListener::bind(address).await.map_err(|e| format!("--metrics {address}: {e}"))?;
@@ -168,7 +170,7 @@ async fn run(args: Args) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
     line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
-    rl_relay::resp::serve(relay, listener).await;
+    rl_relay::resp::serve(relay, listener, fence).await;
     Ok(())
 }
 

@@ -39,12 +39,18 @@ pub struct Counters {
     pub upstream_failures: AtomicU64,
     /// Commands refused by name: not on the allow-list.
     pub refused_commands: AtomicU64,
+    /// RESP commands refused for naming a key under --rls-prefix.
+    pub refused_keys: AtomicU64,
     /// Connections closed on a protocol error.
     pub protocol_errors: AtomicU64,
     /// AUTH or HELLO AUTH with a wrong user or password.
     pub auth_failures: AtomicU64,
     /// Connections closed for not authenticating within --auth-timeout-ms.
     pub auth_timeouts: AtomicU64,
+    /// Failed authentications answered late (slowed, or waiting their turn).
+    pub auth_delayed: AtomicU64,
+    /// Connections closed after too many failed authentications.
+    pub auth_closed: AtomicU64,
     /// Connections refused at --max-clients.
     pub rejected_clients: AtomicU64,
     /// Connections now (a gauge).
@@ -193,8 +199,8 @@ pub fn info(view: &View) -> String {
         out,
         "ready:{}\r\nrelays:{}\r\nlease_window_ms:{}\r\nlease_ttl_ms:{}\r\nrequests:{requests}\r\n\
          from_memory:{from_memory}\r\nhit_ratio:{:.4}\r\nupstream_leases:{}\r\nforwarded:{}\r\n\
-         upstream_failures:{}\r\nrefused_commands:{}\r\nprotocol_errors:{}\r\nauth_failures:{}\r\n\
-         auth_timeouts:{}\r\n\
+         upstream_failures:{}\r\nrefused_commands:{}\r\nrefused_keys:{}\r\nprotocol_errors:{}\r\n\
+         auth_failures:{}\r\nauth_timeouts:{}\r\nauth_delayed:{}\r\nauth_closed:{}\r\n\
          connected_clients:{}\r\nmax_clients:{}\r\nrejected_clients:{}\r\nsubjects:{}\r\nmax_subjects:{}\r\n\
          evicted_subjects:{}\r\nmax_refusal_hold_ms:{}\r\n",
         u8::from(view.ready),
@@ -206,9 +212,12 @@ pub fn info(view: &View) -> String {
         c.forwarded.load(Relaxed),
         c.upstream_failures.load(Relaxed),
         c.refused_commands.load(Relaxed),
+        c.refused_keys.load(Relaxed),
         c.protocol_errors.load(Relaxed),
         c.auth_failures.load(Relaxed),
         c.auth_timeouts.load(Relaxed),
+        c.auth_delayed.load(Relaxed),
+        c.auth_closed.load(Relaxed),
         c.connected_clients.load(Relaxed),
         view.max_clients,
         c.rejected_clients.load(Relaxed),
@@ -254,9 +263,12 @@ pub fn metrics(view: &View) -> String {
         ("rl_relay_forwarded_total", "commands forwarded to Redis as they came", &c.forwarded),
         ("rl_relay_upstream_failures_total", "calls to Redis that failed", &c.upstream_failures),
         ("rl_relay_refused_commands_total", "commands refused by name (not on the allow-list)", &c.refused_commands),
+        ("rl_relay_refused_keys_total", "RESP commands refused for naming a key under --rls-prefix", &c.refused_keys),
         ("rl_relay_protocol_errors_total", "connections closed on a protocol error", &c.protocol_errors),
         ("rl_relay_auth_failures_total", "AUTH attempts with a wrong user or password", &c.auth_failures),
         ("rl_relay_auth_timeouts_total", "connections closed unauthenticated at --auth-timeout-ms", &c.auth_timeouts),
+        ("rl_relay_auth_delayed_total", "failed AUTH attempts answered late (slowed)", &c.auth_delayed),
+        ("rl_relay_auth_closed_total", "connections closed after too many failed AUTH attempts", &c.auth_closed),
         ("rl_relay_rejected_clients_total", "connections refused at --max-clients", &c.rejected_clients),
     ] {
         family(&mut out, name, "counter", help, [(String::new(), value.load(Relaxed).to_string())]);

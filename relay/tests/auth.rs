@@ -212,3 +212,85 @@ async fn gateways_authenticate_with_the_url() {
     denied.check(&policy, "k").await.unwrap();
     assert_eq!(relay.info_field("requests"), requests, "a wrong password reached the pools");
 }
+
+const WRONG: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+const TOO_MANY: &str = "ERR relay: 10 failed authentication attempts on this connection, closing it";
+
+/// What the first ten failed AUTHs of a connection wait at least, added
+/// up: the first three nothing, then 50 ms doubling to 1 s
+/// (`resp/auth_guard.rs`). Only a lower bound is asserted: time on a busy
+/// machine runs late, never early.
+const LEAST_FOR_TEN: Duration = Duration::from_millis(50 + 100 + 200 + 400 + 800 + 1000 + 1000);
+
+/// 20,000 wrong AUTHs on one connection took 0.09 s (issue 34): failures
+/// are slowed, and the tenth closes the connection; a correct AUTH on a
+/// fresh one is served at once.
+#[test]
+fn failed_auths_are_slowed_and_bounded_per_connection() {
+    let s = Server::start(&[]);
+    let mut relay = with_env(&s, "gw s3cret", &[]);
+    relay.auth = Some("gw:s3cret".into());
+    // Pipelined, as the attack sent them.
+    let mut flood = relay.raw();
+    flood.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    let guesses = "AUTH gw guess\r\n".repeat(20_000);
+    std::io::Write::write_all(&mut flood, guesses.as_bytes()).unwrap();
+    for i in 1..10 {
+        assert_eq!(read(&mut flood).expect("an answer").error(), WRONG, "failure {i}");
+    }
+    assert_eq!(read(&mut flood).expect("the reason it closes").error(), TOO_MANY);
+    assert!(closed(&mut flood), "still open after ten failures");
+    assert!(started.elapsed() >= LEAST_FOR_TEN, "ten failures in {:?}", started.elapsed());
+    assert_eq!(relay.info_field("auth_failures"), 10);
+    assert_eq!(relay.info_field("auth_closed"), 1);
+    assert_eq!(relay.info_field("auth_delayed"), 7);
+    // One at a time, HELLO AUTH and AUTH alike, on a connection already
+    // authenticated (a guess at another user's password); neither a RESET
+    // nor a correct AUTH starts the count again.
+    let mut c = relay.raw();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(call(&mut c, "AUTH gw s3cret"), Resp::Simple("OK".into()));
+    for i in 1..10 {
+        let line = if i % 2 == 0 { "HELLO 3 AUTH other guess" } else { "AUTH other guess" };
+        assert_eq!(call(&mut c, line).error(), WRONG, "failure {i}");
+        if i % 3 == 0 {
+            assert_eq!(call(&mut c, "RESET"), Resp::Simple("RESET".into()));
+            assert_eq!(call(&mut c, "AUTH gw s3cret"), Resp::Simple("OK".into()));
+        }
+    }
+    assert_eq!(call(&mut c, "AUTH other guess").error(), TOO_MANY);
+    assert!(closed(&mut c), "still open after ten failures");
+    // Meanwhile, and after, the right password is served at once.
+    let mut fresh = relay.raw();
+    let before = Instant::now();
+    assert_eq!(call(&mut fresh, "AUTH gw s3cret"), Resp::Simple("OK".into()));
+    assert_eq!(call(&mut fresh, "PING"), Resp::Simple("PONG".into()));
+    assert!(before.elapsed() < Duration::from_secs(5), "a correct AUTH waited {:?}", before.elapsed());
+    assert_eq!(relay.info_field("auth_closed"), 2);
+    assert!(relay.log().contains("failed authentication attempts"), "{}", relay.log());
+    assert!(!relay.log().contains("guess"), "{}", relay.log());
+}
+
+/// Across connections, failures beyond 100 a second (a burst of 100) wait
+/// their turn: 300 failures, three on each of 100 connections (none of
+/// them slowed by its own connection's count), take at least 2 s.
+#[test]
+fn failed_auths_are_bounded_across_connections() {
+    let s = Server::start(&[]);
+    let mut relay = with_env(&s, "gw s3cret", &["--max-clients", "200"]);
+    relay.auth = Some("gw:s3cret".into());
+    let started = Instant::now();
+    let mut connections: Vec<_> = (0..100).map(|_| relay.raw()).collect();
+    for c in &mut connections {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        std::io::Write::write_all(c, "AUTH gw guess\r\n".repeat(3).as_bytes()).unwrap();
+    }
+    for c in &mut connections {
+        for _ in 0..3 {
+            assert_eq!(read(c).expect("an answer").error(), WRONG);
+        }
+    }
+    assert!(started.elapsed() >= Duration::from_secs(2), "300 failures in {:?}", started.elapsed());
+    assert_eq!(relay.info_field("auth_failures"), 300);
+}

@@ -103,7 +103,8 @@ pub fn refusal(args: &[Bytes]) -> String {
     format!("ERR command '{name}' is not served by rl-relay")
 }
 
-fn shown(word: &[u8]) -> String {
+/// `word` as a reply may carry it: bytes it cannot as `?`, at most 64.
+pub(super) fn shown(word: &[u8]) -> String {
     word.iter().take(64).map(|&b| if b.is_ascii_graphic() { char::from(b) } else { '?' }).collect()
 }
 

@@ -19,9 +19,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, FramedWrite};
 
+use super::auth_guard::CLOSE_AFTER;
 use super::encode::{Protocol, Writer};
 use super::reader::{ReadError, Reader};
 use super::session::{Session, Step};
+use super::Front;
 use crate::reply::Reply;
 use crate::Relay;
 
@@ -50,8 +52,9 @@ struct Answer {
     _budget: OwnedSemaphorePermit,
 }
 
-pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
+pub(super) async fn run(relay: Arc<Relay>, front: Arc<Front>, socket: TcpStream, id: u64) {
     let _ = socket.set_nodelay(true);
+    let peer = socket.peer_addr().map_or_else(|_| "?".to_string(), |a| a.ip().to_string());
     let (read, write) = socket.into_split();
     let limits = relay.limits;
     let mut requests = FramedRead::with_capacity(read, Reader::new(limits), 8 << 10);
@@ -99,6 +102,7 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
     // every wait of the loop ends there: a client that never reads fills
     // its queue and budget, and must not hold its slot by it.
     let mut auth_deadline = Instant::now() + limits.auth_timeout;
+    let mut auth_failures = 0u32;
     let end = loop {
         let deadline = (!session.authenticated()).then_some(auth_deadline);
         let Some(next) = before(deadline, requests.next()).await else { break End::AuthTimeout };
@@ -111,7 +115,7 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
                         Answer { protocol: session.protocol, reply: Pending::Ready(Reply::error(e)), _budget: permit };
                     let _ = before(deadline, answers.send(error)).await;
                 }
-                break End::ProtocolError;
+                break End::Refused;
             }
             Some(Err(ReadError::Io(_))) | None => break End::Closed,
         };
@@ -121,17 +125,20 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             Some(Err(_)) => break End::Closed,
             Some(Ok(permit)) => permit,
         };
-        let mut close = false;
+        let (mut close, mut refuse) = (false, false);
         let was_authenticated = session.authenticated();
         let step = session.step(&request.args, &relay.credentials);
         if was_authenticated && !session.authenticated() {
             auth_deadline = Instant::now() + limits.auth_timeout;
         }
         let reply = match step {
-            Step::Relay => {
-                let relay = relay.clone();
-                Pending::Later(tokio::spawn(async move { relay.call(request.args).await }))
-            }
+            Step::Relay => match front.fence.refusal(&request.args, &relay.counters) {
+                Some(error) => Pending::Ready(Reply::error(error)),
+                None => {
+                    let relay = relay.clone();
+                    Pending::Later(tokio::spawn(async move { relay.call(request.args).await }))
+                }
+            },
             Step::Answer(reply) => Pending::Ready(reply),
             Step::Info => Pending::Ready(info(&relay, &request.args)),
             Step::Close(reply) => {
@@ -140,7 +147,28 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             }
             Step::AuthFailed(reply) => {
                 relay.counters.auth_failures.fetch_add(1, Relaxed);
-                Pending::Ready(reply)
+                auth_failures += 1;
+                // Slowed here, before reading on: pipelined guesses wait too.
+                let wait = front.auth_guard.wait(auth_failures, std::time::Instant::now());
+                if !wait.is_zero() {
+                    relay.counters.auth_delayed.fetch_add(1, Relaxed);
+                    let deadline = (!session.authenticated()).then_some(auth_deadline);
+                    if before(deadline, tokio::time::sleep(wait)).await.is_none() {
+                        break End::AuthTimeout;
+                    }
+                }
+                if auth_failures >= CLOSE_AFTER {
+                    relay.counters.auth_closed.fetch_add(1, Relaxed);
+                    front.auth_guard.log.log(|| {
+                        format!("closed a connection from {peer} after {CLOSE_AFTER} failed authentication attempts")
+                    });
+                    refuse = true;
+                    Pending::Ready(Reply::error(format!(
+                        "ERR relay: {CLOSE_AFTER} failed authentication attempts on this connection, closing it"
+                    )))
+                } else {
+                    Pending::Ready(reply)
+                }
             }
             Step::Refused(reply) => {
                 relay.counters.refused_commands.fetch_add(1, Relaxed);
@@ -154,6 +182,7 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             None => break End::AuthTimeout,
             Some(Err(_)) => break End::Closed,
             Some(Ok(())) if close => break End::Closed,
+            Some(Ok(())) if refuse => break End::Refused,
             Some(Ok(())) => {}
         }
     };
@@ -162,7 +191,7 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
             drop(answers);
             let _ = writer.await;
         }
-        End::ProtocolError => {
+        End::Refused => {
             drop(answers);
             let read = requests.into_inner();
             tokio::join!(drain(read), finish(writer));
@@ -187,8 +216,10 @@ pub(super) async fn run(relay: Arc<Relay>, socket: TcpStream, id: u64) {
 enum End {
     /// The client closed it, or asked to (QUIT).
     Closed,
-    /// A protocol error, answered: the rest is drained, then closed.
-    ProtocolError,
+    /// The relay goes no further (a protocol error, too many failed
+    /// authentications), and said why: what the client still sends is
+    /// drained, so the answer is not lost to a reset, then closed.
+    Refused,
     /// Not authenticated by the deadline.
     AuthTimeout,
 }

@@ -1,12 +1,15 @@
 //! The RESP front: gateways connect to the relay as to Redis. Its reader
-//! (`reader`), allow-list (`allow`), per-connection state and
-//! authentication (`session`) and reply writer (`encode`) are its own; the
-//! pools, limits, credentials and readiness are the relay's, for every
-//! front.
+//! (`reader`), allow-list (`allow`), fence around the RLS front's keys
+//! (`fence`), per-connection state and authentication (`session`), bounds
+//! on failed authentications (`auth_guard`) and reply writer (`encode`) are
+//! its own; the pools, limits, credentials and readiness are the relay's,
+//! for every front.
 
 pub mod allow;
+pub mod auth_guard;
 mod connection;
 pub mod encode;
+pub mod fence;
 pub mod reader;
 pub mod session;
 
@@ -23,8 +26,17 @@ use crate::Relay;
 /// Waits between failed accepts (out of descriptors: EMFILE), doubling.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
-/// Accepts clients on `listener` until the process ends.
-pub async fn serve(relay: Arc<Relay>, listener: TcpListener) {
+/// What the RESP front's connections share, besides the relay.
+#[derive(Debug)]
+pub struct Front {
+    pub fence: fence::Fence,
+    pub auth_guard: auth_guard::AuthGuard,
+}
+
+/// Accepts clients on `listener` until the process ends, keeping them off
+/// the keys `fence` guards.
+pub async fn serve(relay: Arc<Relay>, listener: TcpListener, fence: fence::Fence) {
+    let front = Arc::new(Front { fence, auth_guard: auth_guard::AuthGuard::default() });
     let accept_errors = Throttled::new(Duration::from_secs(10));
     let mut backoff = ACCEPT_BACKOFF.0;
     let mut next_id = 0u64;
@@ -51,9 +63,10 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener) {
         next_id += 1;
         let client = Client(relay.clone());
         let id = next_id;
+        let front = front.clone();
         tokio::spawn(async move {
             let client = client;
-            connection::run(client.0.clone(), socket, id).await;
+            connection::run(client.0.clone(), front, socket, id).await;
         });
     }
 }
