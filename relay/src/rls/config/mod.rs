@@ -23,6 +23,15 @@ use schema::{DescriptorDef, FileDef, RateLimitDef};
 /// Longest text of a file's value quoted in a message.
 const QUOTED: usize = 64;
 
+/// The largest config file: checked before it is read (a ConfigMap holds
+/// at most 1 MiB in all).
+pub const MAX_FILE_BYTES: usize = 4 << 20;
+/// The largest config folder, its files together.
+pub const MAX_TOTAL_BYTES: usize = 16 << 20;
+/// The most `.yaml` and `.yml` files a config folder holds, and the most
+/// directories it is walked through (a link loop ends there too).
+pub const MAX_FILES: usize = 1000;
+
 /// `text` cut for a message.
 pub fn cut(text: &str) -> String {
     match text.char_indices().nth(QUOTED) {
@@ -268,16 +277,24 @@ impl Config {
     /// Reads `path`: one file, or every `.yaml` and `.yml` file under a
     /// directory (its subdirectories too; names starting with a dot are
     /// skipped, as the `..data` links of a Kubernetes ConfigMap), in name
-    /// order. Files are named relative to the directory in messages.
+    /// order. Files are named relative to the directory in messages. Each
+    /// file is read up to [`MAX_FILE_BYTES`], the folder up to
+    /// [`MAX_TOTAL_BYTES`]: past either, refused before it is parsed.
     pub fn load(path: &Path, merge: bool) -> Result<Config, ConfigError> {
         let files = config_files(path)?;
         let mut texts = Vec::with_capacity(files.len());
+        let mut total = 0;
         for (name, file) in &files {
-            let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
-                file: name.clone(),
-                problem: None,
-                reason: format!("cannot be read: {e}"),
-            })?;
+            let error = |reason: String| ConfigError { file: name.clone(), problem: None, reason };
+            let text = crate::files::read_bounded(file, MAX_FILE_BYTES, "a config file (4 MiB)").map_err(error)?;
+            total += text.len();
+            if total > MAX_TOTAL_BYTES {
+                return Err(error(format!(
+                    "the config folder {} is {total} bytes up to this file, above the bound of {MAX_TOTAL_BYTES} \
+                     (16 MiB) on its files together",
+                    path.display()
+                )));
+            }
             texts.push((name.clone(), text));
         }
         Config::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), merge)
@@ -443,17 +460,29 @@ pub fn config_files(path: &Path) -> Result<Vec<(String, PathBuf)>, ConfigError> 
         return Ok(vec![(shown, path.to_path_buf())]);
     }
     let mut found = Vec::new();
-    walk(path, path, &mut found)?;
+    let mut dirs = 0;
+    walk(path, path, &mut found, &mut dirs)?;
     found.sort();
     Ok(found)
 }
 
-fn walk(root: &Path, dir: &Path, found: &mut Vec<(String, PathBuf)>) -> Result<(), ConfigError> {
+/// Collects the config files under `dir`, refusing a folder of more than
+/// [`MAX_FILES`] files or directories.
+fn walk(root: &Path, dir: &Path, found: &mut Vec<(String, PathBuf)>, dirs: &mut usize) -> Result<(), ConfigError> {
     let unreadable = |e: std::io::Error| ConfigError {
         file: dir.display().to_string(),
         problem: None,
         reason: format!("cannot be read: {e}"),
     };
+    let too_many = |what: &str| ConfigError {
+        file: root.display().to_string(),
+        problem: None,
+        reason: format!("holds more than {MAX_FILES} {what}, the bound on a config folder"),
+    };
+    *dirs += 1;
+    if *dirs > MAX_FILES {
+        return Err(too_many("directories (a link loop?)"));
+    }
     for entry in std::fs::read_dir(dir).map_err(unreadable)? {
         let entry = entry.map_err(unreadable)?;
         let name = entry.file_name();
@@ -465,8 +494,11 @@ fn walk(root: &Path, dir: &Path, found: &mut Vec<(String, PathBuf)>) -> Result<(
         // Followed, as a ConfigMap's files are links.
         let Ok(meta) = std::fs::metadata(&path) else { continue };
         if meta.is_dir() {
-            walk(root, &path, found)?;
+            walk(root, &path, found, dirs)?;
         } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+            if found.len() == MAX_FILES {
+                return Err(too_many(".yaml and .yml files"));
+            }
             let shown = path.strip_prefix(root).unwrap_or(&path).display().to_string();
             found.push((shown, path));
         }
