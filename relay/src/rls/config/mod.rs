@@ -203,13 +203,24 @@ impl Limit {
 #[derive(Clone, Debug, Default)]
 pub struct Descriptor {
     pub limit: Option<Arc<Limit>>,
-    /// Children by composite key (`key` or `key_value`).
-    pub children: HashMap<String, Descriptor>,
-    /// The children whose composite key holds a `*`, in file order, each
-    /// split on `*`.
-    pub wildcards: Vec<(String, Vec<String>)>,
+    /// Children by key.
+    pub children: HashMap<String, Children>,
     pub value_to_metric: bool,
     pub share_threshold: bool,
+}
+
+/// The children of one key. A request's entry is matched on its key, then
+/// its value: never on the two joined as envoyproxy/ratelimit joins them
+/// (`key_value`), where the entry (`a`, `b`) found the descriptor of key
+/// `a_b` before the one of key `a`.
+#[derive(Clone, Debug, Default)]
+pub struct Children {
+    /// By value (a wildcard pattern under its text).
+    pub values: HashMap<String, Descriptor>,
+    /// The values holding a `*`, in file order, each split on `*`.
+    pub wildcards: Vec<(String, Vec<String>)>,
+    /// The descriptor of the key without a value: for any other value.
+    pub default: Option<Descriptor>,
 }
 
 /// The whole configuration: a descriptor tree per domain.
@@ -346,10 +357,26 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
         if def.key.is_empty() {
             return Err(at("descriptor has empty key".into()));
         }
+        if def.key.contains('*') {
+            return Err(at(format!(
+                "a key cannot hold '*', got '{}' (a wildcard is for values: value: 'foo*')",
+                cut(&def.key)
+            )));
+        }
+        // The composite key names the limit's statistics: two descriptors
+        // of one name are refused, as envoyproxy/ratelimit refuses them,
+        // also when they are (`a`, `b`) and (`a_b`).
         let composite = if def.value.is_empty() { def.key.clone() } else { format!("{}_{}", def.key, def.value) };
         let full_key = format!("{parent_key}{composite}");
-        if node.children.contains_key(&composite) {
-            return Err(at(format!("duplicate descriptor composite key '{}'", cut(&full_key))));
+        if let Some((key, value)) = joined_to(node, &composite) {
+            let also = if (key.as_str(), value.as_str()) == (def.key.as_str(), def.value.as_str()) {
+                String::new()
+            } else if value.is_empty() {
+                format!(" (as key '{}')", cut(&key))
+            } else {
+                format!(" (as key '{}' with value '{}')", cut(&key), cut(&value))
+            };
+            return Err(at(format!("duplicate descriptor composite key '{}'{also}", cut(&full_key))));
         }
         let limit = match &def.rate_limit {
             Some(r) => Some(Arc::new(limit(def, r, &full_key)?)),
@@ -377,13 +404,31 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
             ..Descriptor::default()
         };
         load_descriptors(&mut child, &format!("{full_key}."), &def.descriptors)?;
-        if composite.contains('*') {
-            let parts = composite.split('*').map(str::to_string).collect();
-            node.wildcards.push((composite.clone(), parts));
+        let children = node.children.entry(def.key.clone()).or_default();
+        if def.value.is_empty() {
+            children.default = Some(child);
+        } else {
+            if def.value.contains('*') {
+                let parts = def.value.split('*').map(str::to_string).collect();
+                children.wildcards.push((def.value.clone(), parts));
+            }
+            children.values.insert(def.value.clone(), child);
         }
-        node.children.insert(composite, child);
     }
     Ok(())
+}
+
+/// The (key, value) of a child of `node` whose composite key (`key`, or
+/// `key_value`) is `composite`, if any: the key alone, or split at one of
+/// its `_`.
+fn joined_to(node: &Descriptor, composite: &str) -> Option<(String, String)> {
+    if node.children.get(composite).is_some_and(|c| c.default.is_some()) {
+        return Some((composite.to_string(), String::new()));
+    }
+    composite.match_indices('_').find_map(|(at, _)| {
+        let (key, value) = (&composite[..at], &composite[at + 1..]);
+        node.children.get(key)?.values.get(value).map(|_| (key.to_string(), value.to_string()))
+    })
 }
 
 /// A descriptor's `rate_limit`, checked in envoyproxy/ratelimit's order
