@@ -49,7 +49,7 @@ fn hostile() -> Vec<(&'static str, String, Vec<String>)> {
     let size = format!("is {} bytes, above the bound of 4194304", big.len());
     let s = |t: &str| t.to_string();
     vec![
-        ("bomb.yaml", alias_bomb(9), vec![s("bomb.yaml:"), s("more than 1000000 nodes with its aliases expanded")]),
+        ("bomb.yaml", alias_bomb(9), vec![s("bomb.yaml:"), s("more than 1000000 nodes with aliases expanded")]),
         ("deep.yaml", too_deep(100_000), vec![s("deep.yaml:"), s("nested deeper than 64 levels")]),
         ("big.yaml", big, vec![s("big.yaml:"), size]),
     ]
@@ -175,6 +175,15 @@ fn aliases_within_the_bounds_load() {
     assert!(Config::from_texts([("b.yaml", alias_bomb(4).as_str())], false).is_ok());
     let e = Config::from_texts([("b.yaml", alias_bomb(5).as_str())], false).unwrap_err().to_string();
     assert!(e.starts_with("b.yaml:") && e.contains("more than 1000000 nodes"), "{e}");
+    // The bounds hold for the files together: four such bombs (about 247,000
+    // nodes each, with their anchors' copies) load, the fifth is refused.
+    let bombs: Vec<(String, String)> = (0..5)
+        .map(|i| (format!("b{i}.yaml"), alias_bomb(4).replace("domain: bomb", &format!("domain: b{i}"))))
+        .collect();
+    let texts = |n: usize| bombs[..n].iter().map(|(name, text)| (name.as_str(), text.as_str())).collect::<Vec<_>>();
+    assert_eq!(Config::from_texts(texts(4), false).unwrap().files.len(), 4);
+    let e = Config::from_texts(texts(5), false).unwrap_err().to_string();
+    assert!(e.starts_with("b4.yaml:") && e.contains("more than 1000000 nodes"), "{e}");
     // A big scalar copied by aliases is bounded by its bytes.
     let text = format!(
         "domain: d\ndescriptors:\n  - key: k\n    metadata:\n      a: &a {}\n      b: [{}]\n",

@@ -277,8 +277,9 @@ impl Config {
         merge: bool,
     ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
+        let mut spent = yaml::Spent::default();
         for (name, text) in files {
-            let def = read(text).map_err(|p| refused(name, p))?;
+            let def = read(text, &mut spent).map_err(|p| refused(name, p))?;
             config.add(name, def, merge).map_err(|p| refused(name, p))?;
             config.files.push(name.to_string());
         }
@@ -337,9 +338,10 @@ impl Config {
     }
 }
 
-/// A file's text, read and typed.
-fn read(text: &str) -> Result<FileDef, Problem> {
-    let root = yaml::parse(text).map_err(|e| {
+/// A file's text, read and typed, within what the config's other files
+/// left of the bounds.
+fn read(text: &str, spent: &mut yaml::Spent) -> Result<FileDef, Problem> {
+    let root = yaml::parse_within(text, spent).map_err(|e| {
         let line = e.strip_prefix("line ").and_then(|r| r.split(':').next()).and_then(|n| n.parse().ok()).unwrap_or(1);
         let reason = e.split_once(": ").map_or(e.as_str(), |(_, r)| r);
         Problem { line, path: String::new(), reason: format!("error loading config file: {reason}") }

@@ -5,11 +5,13 @@
 //! as booleans. Parsed with yaml-rust2's event parser; the scalars are
 //! resolved here, as yaml.v2 resolves them.
 //!
-//! A file is bounded as its events arrive, before anything past a bound is
-//! built: aliases copy what their anchor names, so ten levels of ten
+//! A config is bounded as its events arrive, before anything past a bound
+//! is built: aliases copy what their anchor names, so ten levels of ten
 //! aliases would expand to 10^10 nodes (yaml.v2 refuses such "excessive
 //! aliasing" too), and a deep nesting would overflow the stack of every
-//! step that walks the tree.
+//! step that walks the tree. The bounds on what is built hold for all the
+//! files of a config together ([`Spent`]): a thousand files, each within
+//! them, would otherwise build a thousand times as much.
 
 use std::collections::HashMap;
 
@@ -18,12 +20,20 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// Collections nested in one another (a config file needs under ten).
 pub const MAX_DEPTH: usize = 64;
-/// Aliases (`*name`) in a file.
+/// Aliases (`*name`) of a config.
 pub const MAX_ALIASES: usize = 100_000;
-/// Nodes built, each copy an anchor or an alias makes counted.
+/// Nodes built for a config, each copy an anchor or an alias makes counted.
 pub const MAX_NODES: usize = 1_000_000;
-/// Bytes of scalar text built, copies counted.
+/// Bytes of scalar text built for a config, copies counted.
 pub const MAX_TEXT_BYTES: usize = 16 << 20;
+
+/// What the files of a config read so far have built, copies included.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spent {
+    nodes: usize,
+    text: usize,
+    aliases: usize,
+}
 
 /// A node and the line it starts on (1-based).
 #[derive(Clone, Debug, PartialEq)]
@@ -81,12 +91,18 @@ impl Node {
     }
 }
 
-/// Parses `text`: one document (an empty file is an empty map). The error
-/// names the line, and the bound a hostile file crossed. Events are
-/// pulled one at a time (yaml-rust2's `load` recurses once a level), and
-/// the first refusal stops the parse.
+/// Parses `text` alone: see [`parse_within`].
 pub fn parse(text: &str) -> Result<Node, String> {
-    let mut builder = Builder::default();
+    parse_within(text, &mut Spent::default())
+}
+
+/// Parses `text`: one document (an empty file is an empty map), within
+/// what the config's other files left of the bounds (`spent`, updated).
+/// The error names the line, and the bound a hostile file crossed. Events
+/// are pulled one at a time (yaml-rust2's `load` recurses once a level),
+/// and the first refusal stops the parse.
+pub fn parse_within(text: &str, spent: &mut Spent) -> Result<Node, String> {
+    let mut builder = Builder { built: *spent, ..Builder::default() };
     let mut parser = Parser::new_from_str(text);
     loop {
         let (event, mark) = parser.next_token().map_err(|e| format!("line {}: {}", e.marker().line(), e.info()))?;
@@ -98,6 +114,7 @@ pub fn parse(text: &str) -> Result<Node, String> {
             return Err(e);
         }
     }
+    *spent = builder.built;
     match builder.documents.len() {
         0 => Ok(Node { value: Value::Map(Vec::new()), line: 1 }),
         1 => Ok(builder.documents.remove(0)),
@@ -120,14 +137,13 @@ struct Builder {
     documents: Vec<Node>,
     /// Open collections: the node, for a map a key waiting for its value,
     /// and what had been built when it opened.
-    stack: Vec<(Node, Option<Node>, Size)>,
+    stack: Vec<(Node, Option<Node>, Spent)>,
     /// Each anchor's node and its size.
     anchors: HashMap<usize, (Node, Size)>,
     /// Anchors of the open collections.
     anchor_stack: Vec<usize>,
-    /// Built so far, copies included.
-    built: Size,
-    aliases: usize,
+    /// Built so far for the config, this file's copies included.
+    built: Spent,
     error: Option<String>,
 }
 
@@ -144,7 +160,8 @@ impl Builder {
             return true;
         };
         self.error = Some(format!(
-            "line {line}: {crossed} with its aliases expanded, the bound on a config file (excessive aliasing?)"
+            "line {line}: {crossed} with aliases expanded, the bound on a config (its files together; excessive \
+             aliasing?)"
         ));
         false
     }
@@ -215,10 +232,11 @@ impl MarkedEventReceiver for Builder {
                 }
             }
             Event::Alias(id) => {
-                self.aliases += 1;
-                if self.aliases > MAX_ALIASES {
-                    self.error =
-                        Some(format!("line {line}: more than {MAX_ALIASES} aliases, the bound on a config file"));
+                self.built.aliases += 1;
+                if self.built.aliases > MAX_ALIASES {
+                    self.error = Some(format!(
+                        "line {line}: more than {MAX_ALIASES} aliases, the bound on a config (its files together)"
+                    ));
                     return;
                 }
                 let Some(size) = self.anchors.get(&id).map(|(_, size)| *size) else {
