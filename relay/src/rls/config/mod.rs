@@ -23,8 +23,8 @@ use schema::{DescriptorDef, FileDef, RateLimitDef};
 /// Longest text of a file's value quoted in a message.
 const QUOTED: usize = 64;
 
-/// The largest config file: checked before it is read (a ConfigMap holds
-/// at most 1 MiB in all).
+/// The largest config file, never read past (a ConfigMap holds at most 1
+/// MiB in all).
 pub const MAX_FILE_BYTES: usize = 4 << 20;
 /// The largest config folder, its files together.
 pub const MAX_TOTAL_BYTES: usize = 16 << 20;
@@ -506,49 +506,53 @@ pub fn config_files(path: &Path) -> Result<Vec<(String, PathBuf)>, ConfigError> 
     if !meta.is_dir() {
         return Ok(vec![(shown, path.to_path_buf())]);
     }
-    let mut found = Vec::new();
-    let mut dirs = 0;
-    walk(path, path, &mut found, &mut dirs)?;
+    let mut found = walk(path)?;
     found.sort();
     Ok(found)
 }
 
-/// Collects the config files under `dir`, refusing a folder of more than
+/// The config files under `root`, walked without recursion (a chain of
+/// directories is no deeper on the stack), refusing a folder of more than
 /// [`MAX_FILES`] files or directories.
-fn walk(root: &Path, dir: &Path, found: &mut Vec<(String, PathBuf)>, dirs: &mut usize) -> Result<(), ConfigError> {
-    let unreadable = |e: std::io::Error| ConfigError {
-        file: dir.display().to_string(),
-        problem: None,
-        reason: format!("cannot be read: {e}"),
-    };
+fn walk(root: &Path) -> Result<Vec<(String, PathBuf)>, ConfigError> {
     let too_many = |what: &str| ConfigError {
         file: root.display().to_string(),
         problem: None,
         reason: format!("holds more than {MAX_FILES} {what}, the bound on a config folder"),
     };
-    *dirs += 1;
-    if *dirs > MAX_FILES {
-        return Err(too_many("directories (a link loop?)"));
-    }
-    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-        let entry = entry.map_err(unreadable)?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') {
-            continue;
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    let mut walked = 0;
+    while let Some(dir) = dirs.pop() {
+        walked += 1;
+        if walked > MAX_FILES {
+            return Err(too_many("directories (a link loop?)"));
         }
-        let path = entry.path();
-        // Followed, as a ConfigMap's files are links.
-        let Ok(meta) = std::fs::metadata(&path) else { continue };
-        if meta.is_dir() {
-            walk(root, &path, found, dirs)?;
-        } else if name.ends_with(".yaml") || name.ends_with(".yml") {
-            if found.len() == MAX_FILES {
-                return Err(too_many(".yaml and .yml files"));
+        let unreadable = |e: std::io::Error| ConfigError {
+            file: dir.display().to_string(),
+            problem: None,
+            reason: format!("cannot be read: {e}"),
+        };
+        for entry in std::fs::read_dir(&dir).map_err(unreadable)? {
+            let entry = entry.map_err(unreadable)?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') {
+                continue;
             }
-            let shown = path.strip_prefix(root).unwrap_or(&path).display().to_string();
-            found.push((shown, path));
+            let path = entry.path();
+            // Followed, as a ConfigMap's files are links.
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if meta.is_dir() {
+                dirs.push(path);
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                if found.len() == MAX_FILES {
+                    return Err(too_many(".yaml and .yml files"));
+                }
+                let shown = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+                found.push((shown, path));
+            }
         }
     }
-    Ok(())
+    Ok(found)
 }
