@@ -2,8 +2,8 @@
 //! expanded (aliases, nesting, its size, the folder's size and files) and
 //! refused with the file and the bound named: at start the relay does not
 //! start; at reload the config in force is kept and the refusal counted.
-//! Every relay here runs with its address space limited, so that one that
-//! would expand a bomb fails its test instead of eating the machine.
+//! Every relay here runs with its memory limited (`ulimit -d`), so that one
+//! that would expand a bomb fails its test instead of eating the machine.
 
 mod common;
 
@@ -15,7 +15,7 @@ use common::{Relay, Start};
 use rl_relay::rls::config::Config;
 use testkit::Server;
 
-/// The relay's address space in these tests: far above what it needs,
+/// The relay's memory in these tests: far above what it needs,
 /// far below what an expanded bomb takes.
 const MEMORY_MIB: u64 = 1024;
 

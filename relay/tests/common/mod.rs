@@ -29,7 +29,8 @@ pub struct Start<'a> {
     pub env: Vec<(&'a str, String)>,
     /// Open-file limit of the process (`ulimit -n`).
     pub max_files: Option<u32>,
-    /// Address-space limit of the process in MiB (`ulimit -v`): a relay
+    /// Data limit of the process in MiB (`ulimit -d`: heap and private
+    /// writable mappings, not reservations nor the code): a relay
     /// that allocates without bound fails its test, not the machine.
     pub max_memory_mib: Option<u64>,
     /// Wait until it listens (false: for a relay that must refuse to start).
@@ -63,7 +64,7 @@ impl Relay {
             ulimits.push(format!("ulimit -n {n}"));
         }
         if let Some(mib) = start.max_memory_mib {
-            ulimits.push(format!("ulimit -v {}", mib * 1024));
+            ulimits.push(format!("ulimit -d {}", mib * 1024));
         }
         let mut cmd = if ulimits.is_empty() {
             Command::new(&bin)

@@ -33,7 +33,7 @@ impl RlsRelay {
         RlsRelay::start_limited(redis, cluster, config, extra, None)
     }
 
-    /// The same, its address space limited to `max_memory_mib` (`ulimit -v`).
+    /// The same, its memory limited to `max_memory_mib` (`ulimit -d`).
     pub fn start_limited(
         redis: &[String],
         cluster: bool,
