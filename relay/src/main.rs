@@ -174,14 +174,17 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The largest `--rls-token-file`: a token is a line, never megabytes.
+const MAX_TOKEN_BYTES: usize = 64 << 10;
+
 /// The RLS front and its listener, when asked for: a config that cannot be
 /// read refuses to start.
 async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, TcpListener)>, String> {
     let (Some(address), Some(path)) = (&args.rls.rls_listen, &args.rls.rls_config) else { return Ok(None) };
     let token = match &args.rls.rls_token_file {
         Some(file) => {
-            let text =
-                std::fs::read_to_string(file).map_err(|e| format!("--rls-token-file {}: {e}", file.display()))?;
+            let text = rl_relay::files::read_bounded(file, MAX_TOKEN_BYTES, "a token file")
+                .map_err(|e| format!("--rls-token-file {}: {e}", file.display()))?;
             let token = text.trim().to_string();
             if token.is_empty() {
                 return Err(format!("--rls-token-file {}: empty", file.display()));

@@ -517,12 +517,56 @@ fn the_first_matching_wildcard_in_file_order_wins() {
     .unwrap();
     let rpu = |v: &str| find(&config, "d", &[("p", v)]).unwrap().limit.requests_per_unit;
     assert_eq!((rpu("abc"), rpu("abd"), rpu("ax")), (3, 1, 1), "exact first, then the first pattern, not the longest");
-    // Matched on the composite string key_value, as envoyproxy/ratelimit does.
+}
+
+#[test]
+fn an_entry_is_matched_on_its_key_and_value_never_on_the_two_joined() {
+    // envoyproxy/ratelimit looks up "a_b" for the entry (a, b), and finds
+    // the rule of key a_b: the entry got 1,000 a minute where a allows 10.
     let config = inline(
-        "domain: d\ndescriptors:\n  - key: a_b\n    value: c\n    rate_limit: { unit: second, requests_per_unit: 7 }\n",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n  - key: a_b\n    \
+         rate_limit: { unit: minute, requests_per_unit: 1000 }\n  - key: p\n    value: q*\n    rate_limit: { unit: \
+         minute, requests_per_unit: 3 }\n  - key: x_y\n    value: z\n    rate_limit: { unit: minute, requests_per_unit: 7 \
+         }\n",
     )
     .unwrap();
-    assert_eq!(find(&config, "d", &[("a", "b_c")]).unwrap().limit.requests_per_unit, 7);
+    let rpu = |entries: &[(&str, &str)]| find(&config, "d", entries).map(|f| f.limit.requests_per_unit);
+    assert_eq!(rpu(&[("a", "b")]), Some(10));
+    assert_eq!(rpu(&[("a", "c")]), Some(10));
+    assert_eq!(rpu(&[("a_b", "anything")]), Some(1000));
+    assert_eq!(rpu(&[("a_b", "")]), Some(1000));
+    assert_eq!(find(&config, "d", &[("a", "b")]).unwrap().stats_key, "d.a");
+    // A pattern matches values of its own key only ("p_q*" took (p_q, x)).
+    assert_eq!(rpu(&[("p", "q1")]), Some(3));
+    assert_eq!(rpu(&[("p_q", "x")]), None);
+    assert_eq!(rpu(&[("x_y", "z")]), Some(7));
+    assert_eq!(rpu(&[("x", "y_z")]), None);
+    // Two descriptors whose joined names collide are still refused, as
+    // envoyproxy/ratelimit refuses them (their statistics are one name);
+    // the message names the other.
+    let both = |first: &str, second: &str| {
+        inline_refusal(&format!(
+            "domain: d\ndescriptors:\n  - {first}\n    rate_limit: {{ unit: minute, requests_per_unit: 1 }}\n  - \
+             {second}\n    rate_limit: {{ unit: minute, requests_per_unit: 2 }}\n"
+        ))
+    };
+    assert_eq!(
+        both("key: a\n    value: b", "key: a_b"),
+        "inline.yaml:6: descriptors[1]: duplicate descriptor composite key 'd.a_b' (as key 'a' with value 'b')"
+    );
+    assert_eq!(
+        both("key: a_b", "key: a\n    value: b"),
+        "inline.yaml:5: descriptors[1]: duplicate descriptor composite key 'd.a_b' (as key 'a_b')"
+    );
+    assert_eq!(
+        both("key: a_b\n    value: c", "key: a\n    value: b_c"),
+        "inline.yaml:6: descriptors[1]: duplicate descriptor composite key 'd.a_b_c' (as key 'a_b' with value 'c')"
+    );
+    // A '*' in a key is refused: a wildcard is for values.
+    assert_eq!(
+        both("key: a*", "key: b"),
+        "inline.yaml:3: descriptors[0]: a key cannot hold '*', got 'a*' (a wildcard is for values: value: 'foo*')"
+    );
 }
 
 #[test]

@@ -4,7 +4,10 @@
 //! force (logged, `ratelimit_service_config_load_success`); a bad one, or
 //! a directory left with no file, is refused and the one in force kept
 //! (logged with the file, line, path and reason,
-//! `ratelimit_service_config_load_error`).
+//! `ratelimit_service_config_load_error`). A hostile one (an alias bomb,
+//! a huge file, a folder of too many files) is refused the same way,
+//! within the bounds of `config`; it is read and parsed off the runtime's
+//! workers, which keep answering meanwhile.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -52,7 +55,16 @@ pub async fn watch(rls: Arc<Rls>) {
             continue;
         }
         seen = now;
-        match load(&rls.options) {
+        let reading = rls.clone();
+        let loaded = match tokio::task::spawn_blocking(move || load(&reading.options)).await {
+            Ok(loaded) => loaded,
+            Err(e) => Err(ConfigError {
+                file: rls.options.config_path.display().to_string(),
+                problem: None,
+                reason: format!("reading it failed: {e}"),
+            }),
+        };
+        match loaded {
             Ok(config) => {
                 let (files, domains) = (config.files.len(), config.domains.len());
                 rls.set_config(config);

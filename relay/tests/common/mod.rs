@@ -29,6 +29,10 @@ pub struct Start<'a> {
     pub env: Vec<(&'a str, String)>,
     /// Open-file limit of the process (`ulimit -n`).
     pub max_files: Option<u32>,
+    /// Data limit of the process in MiB (`ulimit -d`: heap and private
+    /// writable mappings, not reservations nor the code): a relay
+    /// that allocates without bound fails its test, not the machine.
+    pub max_memory_mib: Option<u64>,
     /// Wait until it listens (false: for a relay that must refuse to start).
     pub no_wait: bool,
 }
@@ -55,13 +59,19 @@ impl Relay {
         // RL_RELAY_BIN runs the tests against another build (an older one,
         // to see a regression test fail).
         let bin = std::env::var("RL_RELAY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_rl-relay").into());
-        let mut cmd = match start.max_files {
-            Some(n) => {
-                let mut c = Command::new("sh");
-                c.arg("-c").arg(format!("ulimit -n {n} && exec \"$0\" \"$@\"")).arg(&bin);
-                c
-            }
-            None => Command::new(&bin),
+        let mut ulimits = Vec::new();
+        if let Some(n) = start.max_files {
+            ulimits.push(format!("ulimit -n {n}"));
+        }
+        if let Some(mib) = start.max_memory_mib {
+            ulimits.push(format!("ulimit -d {}", mib * 1024));
+        }
+        let mut cmd = if ulimits.is_empty() {
+            Command::new(&bin)
+        } else {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(format!("{} && exec \"$0\" \"$@\"", ulimits.join(" && "))).arg(&bin);
+            c
         };
         cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).args(&start.args);
         cmd.env_remove("RL_RELAY_AUTH");

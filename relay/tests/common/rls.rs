@@ -30,6 +30,17 @@ impl RlsRelay {
     /// A relay in front of `redis` (a cluster's nodes with `cluster`)
     /// serving RLS on `config`, with `extra` options.
     pub fn start(redis: &[String], cluster: bool, config: &Path, extra: &[&str]) -> RlsRelay {
+        RlsRelay::start_limited(redis, cluster, config, extra, None)
+    }
+
+    /// The same, its memory limited to `max_memory_mib` (`ulimit -d`).
+    pub fn start_limited(
+        redis: &[String],
+        cluster: bool,
+        config: &Path,
+        extra: &[&str],
+        max_memory_mib: Option<u64>,
+    ) -> RlsRelay {
         let (rls_port, metrics_port) = (free_port(), free_port());
         let mut args: Vec<String> = Vec::new();
         for url in redis {
@@ -53,7 +64,7 @@ impl RlsRelay {
             args.extend(["--rls-timeout-ms".into(), "2000".into()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut relay = Relay::spawn(Start { args, ..Start::default() });
+        let mut relay = Relay::spawn(Start { args, max_memory_mib, ..Start::default() });
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", rls_port)).is_err() {
             assert!(Instant::now() < deadline, "the RLS front did not listen: {}", relay.log());

@@ -1,11 +1,18 @@
 //! Which limit a request's descriptor gets, as envoyproxy/ratelimit's
 //! `GetLimit` decides it, and the name its statistics go under.
 //!
-//! At each level, on the composite string `key_value`: the exact key and
-//! value, else the first wildcard pattern that matches in file order (not
-//! the longest), else the key alone. A limit applies only on the node the
-//! last entry reaches: a request deeper or shallower than the tree gets
-//! none. A node reached with no limit answers no limit (a whitelist).
+//! At each level, among the descriptors of the entry's key: its exact
+//! value, else the first wildcard pattern that matches the value in file
+//! order (not the longest), else the key's descriptor without a value. A
+//! limit applies only on the node the last entry reaches: a request deeper
+//! or shallower than the tree gets none. A node reached with no limit
+//! answers no limit (a whitelist).
+//!
+//! Unlike envoyproxy/ratelimit, which looks the string `key_value` up, the
+//! key and the value are matched apart: there, the entry (`a`, `b`) finds
+//! the descriptor of key `a_b` (and a pattern `a_b*` the entry
+//! (`a_bc`, `x`)) before the one of key `a`. Descriptors whose joined names
+//! collide are refused at load, as there: the name is their statistics'.
 
 use std::sync::Arc;
 
@@ -85,26 +92,27 @@ impl Config {
         let mut metric_key = domain.to_string();
         let mut shared: Vec<Option<String>> = Vec::new();
         for (i, (key, value)) in entries.iter().enumerate() {
-            let exact = format!("{key}_{value}");
             detailed_key.push('.');
-            detailed_key.push_str(&exact);
-            let mut next = level.children.get(&exact);
+            detailed_key.push_str(key);
+            detailed_key.push('_');
+            detailed_key.push_str(value);
+            let children = level.children.get(*key);
+            let mut next = children.and_then(|c| c.values.get(*value));
             let mut wildcard: Option<&str> = None;
-            if next.is_none() {
-                if let Some((pattern, _)) = level.wildcards.iter().find(|(_, parts)| wildcard_match(parts, &exact)) {
-                    next = level.children.get(pattern);
+            if let (None, Some(c)) = (next, children) {
+                if let Some((pattern, _)) = c.wildcards.iter().find(|(_, parts)| wildcard_match(parts, value)) {
+                    next = c.values.get(pattern);
                     wildcard = Some(pattern);
                 }
             }
             let by_value = next.is_some();
             if next.is_none() {
-                next = level.children.get(*key);
+                next = children.and_then(|c| c.default.as_ref());
             }
-            let prefix = format!("{key}_");
             if let (Some(pattern), Some(node)) = (wildcard, next) {
                 if node.share_threshold {
                     shared.resize(entries.len(), None);
-                    shared[i] = Some(pattern.strip_prefix(&prefix).unwrap_or(pattern).to_string());
+                    shared[i] = Some(pattern.to_string());
                 }
             }
             metric_key.push('.');
@@ -114,7 +122,7 @@ impl Config {
                     Some(pattern) => match &shared.get(i) {
                         Some(Some(p)) => p.clone(),
                         _ if node.value_to_metric => value.to_string(),
-                        _ => pattern.strip_prefix(&prefix).unwrap_or(pattern).to_string(),
+                        _ => pattern.to_string(),
                     },
                     None if by_value => value.to_string(),
                     None if node.value_to_metric => value.to_string(),

@@ -23,6 +23,15 @@ use schema::{DescriptorDef, FileDef, RateLimitDef};
 /// Longest text of a file's value quoted in a message.
 const QUOTED: usize = 64;
 
+/// The largest config file, never read past (a ConfigMap holds at most 1
+/// MiB in all).
+pub const MAX_FILE_BYTES: usize = 4 << 20;
+/// The largest config folder, its files together.
+pub const MAX_TOTAL_BYTES: usize = 16 << 20;
+/// The most `.yaml` and `.yml` files a config folder holds, and the most
+/// directories it is walked through (a link loop ends there too).
+pub const MAX_FILES: usize = 1000;
+
 /// `text` cut for a message.
 pub fn cut(text: &str) -> String {
     match text.char_indices().nth(QUOTED) {
@@ -194,13 +203,24 @@ impl Limit {
 #[derive(Clone, Debug, Default)]
 pub struct Descriptor {
     pub limit: Option<Arc<Limit>>,
-    /// Children by composite key (`key` or `key_value`).
-    pub children: HashMap<String, Descriptor>,
-    /// The children whose composite key holds a `*`, in file order, each
-    /// split on `*`.
-    pub wildcards: Vec<(String, Vec<String>)>,
+    /// Children by key.
+    pub children: HashMap<String, Children>,
     pub value_to_metric: bool,
     pub share_threshold: bool,
+}
+
+/// The children of one key. A request's entry is matched on its key, then
+/// its value: never on the two joined as envoyproxy/ratelimit joins them
+/// (`key_value`), where the entry (`a`, `b`) found the descriptor of key
+/// `a_b` before the one of key `a`.
+#[derive(Clone, Debug, Default)]
+pub struct Children {
+    /// By value (a wildcard pattern under its text).
+    pub values: HashMap<String, Descriptor>,
+    /// The values holding a `*`, in file order, each split on `*`.
+    pub wildcards: Vec<(String, Vec<String>)>,
+    /// The descriptor of the key without a value: for any other value.
+    pub default: Option<Descriptor>,
 }
 
 /// The whole configuration: a descriptor tree per domain.
@@ -257,8 +277,9 @@ impl Config {
         merge: bool,
     ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
+        let mut spent = yaml::Spent::default();
         for (name, text) in files {
-            let def = read(text).map_err(|p| refused(name, p))?;
+            let def = read(text, &mut spent).map_err(|p| refused(name, p))?;
             config.add(name, def, merge).map_err(|p| refused(name, p))?;
             config.files.push(name.to_string());
         }
@@ -268,16 +289,24 @@ impl Config {
     /// Reads `path`: one file, or every `.yaml` and `.yml` file under a
     /// directory (its subdirectories too; names starting with a dot are
     /// skipped, as the `..data` links of a Kubernetes ConfigMap), in name
-    /// order. Files are named relative to the directory in messages.
+    /// order. Files are named relative to the directory in messages. Each
+    /// file is read up to [`MAX_FILE_BYTES`], the folder up to
+    /// [`MAX_TOTAL_BYTES`]: past either, refused before it is parsed.
     pub fn load(path: &Path, merge: bool) -> Result<Config, ConfigError> {
         let files = config_files(path)?;
         let mut texts = Vec::with_capacity(files.len());
+        let mut total = 0;
         for (name, file) in &files {
-            let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
-                file: name.clone(),
-                problem: None,
-                reason: format!("cannot be read: {e}"),
-            })?;
+            let error = |reason: String| ConfigError { file: name.clone(), problem: None, reason };
+            let text = crate::files::read_bounded(file, MAX_FILE_BYTES, "a config file (4 MiB)").map_err(error)?;
+            total += text.len();
+            if total > MAX_TOTAL_BYTES {
+                return Err(error(format!(
+                    "the config folder {} is {total} bytes up to this file, above the bound of {MAX_TOTAL_BYTES} \
+                     (16 MiB) on its files together",
+                    path.display()
+                )));
+            }
             texts.push((name.clone(), text));
         }
         Config::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), merge)
@@ -309,9 +338,10 @@ impl Config {
     }
 }
 
-/// A file's text, read and typed.
-fn read(text: &str) -> Result<FileDef, Problem> {
-    let root = yaml::parse(text).map_err(|e| {
+/// A file's text, read and typed, within what the config's other files
+/// left of the bounds.
+fn read(text: &str, spent: &mut yaml::Spent) -> Result<FileDef, Problem> {
+    let root = yaml::parse_within(text, spent).map_err(|e| {
         let line = e.strip_prefix("line ").and_then(|r| r.split(':').next()).and_then(|n| n.parse().ok()).unwrap_or(1);
         let reason = e.split_once(": ").map_or(e.as_str(), |(_, r)| r);
         Problem { line, path: String::new(), reason: format!("error loading config file: {reason}") }
@@ -329,10 +359,26 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
         if def.key.is_empty() {
             return Err(at("descriptor has empty key".into()));
         }
+        if def.key.contains('*') {
+            return Err(at(format!(
+                "a key cannot hold '*', got '{}' (a wildcard is for values: value: 'foo*')",
+                cut(&def.key)
+            )));
+        }
+        // The composite key names the limit's statistics: two descriptors
+        // of one name are refused, as envoyproxy/ratelimit refuses them,
+        // also when they are (`a`, `b`) and (`a_b`).
         let composite = if def.value.is_empty() { def.key.clone() } else { format!("{}_{}", def.key, def.value) };
         let full_key = format!("{parent_key}{composite}");
-        if node.children.contains_key(&composite) {
-            return Err(at(format!("duplicate descriptor composite key '{}'", cut(&full_key))));
+        if let Some((key, value)) = joined_to(node, &composite) {
+            let also = if (key.as_str(), value.as_str()) == (def.key.as_str(), def.value.as_str()) {
+                String::new()
+            } else if value.is_empty() {
+                format!(" (as key '{}')", cut(&key))
+            } else {
+                format!(" (as key '{}' with value '{}')", cut(&key), cut(&value))
+            };
+            return Err(at(format!("duplicate descriptor composite key '{}'{also}", cut(&full_key))));
         }
         let limit = match &def.rate_limit {
             Some(r) => Some(Arc::new(limit(def, r, &full_key)?)),
@@ -360,13 +406,31 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
             ..Descriptor::default()
         };
         load_descriptors(&mut child, &format!("{full_key}."), &def.descriptors)?;
-        if composite.contains('*') {
-            let parts = composite.split('*').map(str::to_string).collect();
-            node.wildcards.push((composite.clone(), parts));
+        let children = node.children.entry(def.key.clone()).or_default();
+        if def.value.is_empty() {
+            children.default = Some(child);
+        } else {
+            if def.value.contains('*') {
+                let parts = def.value.split('*').map(str::to_string).collect();
+                children.wildcards.push((def.value.clone(), parts));
+            }
+            children.values.insert(def.value.clone(), child);
         }
-        node.children.insert(composite, child);
     }
     Ok(())
+}
+
+/// The (key, value) of a child of `node` whose composite key (`key`, or
+/// `key_value`) is `composite`, if any: the key alone, or split at one of
+/// its `_`.
+fn joined_to(node: &Descriptor, composite: &str) -> Option<(String, String)> {
+    if node.children.get(composite).is_some_and(|c| c.default.is_some()) {
+        return Some((composite.to_string(), String::new()));
+    }
+    composite.match_indices('_').find_map(|(at, _)| {
+        let (key, value) = (&composite[..at], &composite[at + 1..]);
+        node.children.get(key)?.values.get(value).map(|_| (key.to_string(), value.to_string()))
+    })
 }
 
 /// A descriptor's `rate_limit`, checked in envoyproxy/ratelimit's order
@@ -442,34 +506,53 @@ pub fn config_files(path: &Path) -> Result<Vec<(String, PathBuf)>, ConfigError> 
     if !meta.is_dir() {
         return Ok(vec![(shown, path.to_path_buf())]);
     }
-    let mut found = Vec::new();
-    walk(path, path, &mut found)?;
+    let mut found = walk(path)?;
     found.sort();
     Ok(found)
 }
 
-fn walk(root: &Path, dir: &Path, found: &mut Vec<(String, PathBuf)>) -> Result<(), ConfigError> {
-    let unreadable = |e: std::io::Error| ConfigError {
-        file: dir.display().to_string(),
+/// The config files under `root`, walked without recursion (a chain of
+/// directories is no deeper on the stack), refusing a folder of more than
+/// [`MAX_FILES`] files or directories.
+fn walk(root: &Path) -> Result<Vec<(String, PathBuf)>, ConfigError> {
+    let too_many = |what: &str| ConfigError {
+        file: root.display().to_string(),
         problem: None,
-        reason: format!("cannot be read: {e}"),
+        reason: format!("holds more than {MAX_FILES} {what}, the bound on a config folder"),
     };
-    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
-        let entry = entry.map_err(unreadable)?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') {
-            continue;
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    let mut walked = 0;
+    while let Some(dir) = dirs.pop() {
+        walked += 1;
+        if walked > MAX_FILES {
+            return Err(too_many("directories (a link loop?)"));
         }
-        let path = entry.path();
-        // Followed, as a ConfigMap's files are links.
-        let Ok(meta) = std::fs::metadata(&path) else { continue };
-        if meta.is_dir() {
-            walk(root, &path, found)?;
-        } else if name.ends_with(".yaml") || name.ends_with(".yml") {
-            let shown = path.strip_prefix(root).unwrap_or(&path).display().to_string();
-            found.push((shown, path));
+        let unreadable = |e: std::io::Error| ConfigError {
+            file: dir.display().to_string(),
+            problem: None,
+            reason: format!("cannot be read: {e}"),
+        };
+        for entry in std::fs::read_dir(&dir).map_err(unreadable)? {
+            let entry = entry.map_err(unreadable)?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            // Followed, as a ConfigMap's files are links.
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            if meta.is_dir() {
+                dirs.push(path);
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                if found.len() == MAX_FILES {
+                    return Err(too_many(".yaml and .yml files"));
+                }
+                let shown = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+                found.push((shown, path));
+            }
         }
     }
-    Ok(())
+    Ok(found)
 }

@@ -4,11 +4,36 @@
 //! it resolves to (`value: 0123` is "0123") and reads `yes`/`no`/`on`/`off`
 //! as booleans. Parsed with yaml-rust2's event parser; the scalars are
 //! resolved here, as yaml.v2 resolves them.
+//!
+//! A config is bounded as its events arrive, before anything past a bound
+//! is built: aliases copy what their anchor names, so ten levels of ten
+//! aliases would expand to 10^10 nodes (yaml.v2 refuses such "excessive
+//! aliasing" too), and a deep nesting would overflow the stack of every
+//! step that walks the tree. The bounds on what is built hold for all the
+//! files of a config together ([`Spent`]): a thousand files, each within
+//! them, would otherwise build a thousand times as much.
 
 use std::collections::HashMap;
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// Collections nested in one another (a config file needs under ten).
+pub const MAX_DEPTH: usize = 64;
+/// Aliases (`*name`) of a config.
+pub const MAX_ALIASES: usize = 100_000;
+/// Nodes built for a config, each copy an anchor or an alias makes counted.
+pub const MAX_NODES: usize = 1_000_000;
+/// Bytes of scalar text built for a config, copies counted.
+pub const MAX_TEXT_BYTES: usize = 16 << 20;
+
+/// What the files of a config read so far have built, copies included.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spent {
+    nodes: usize,
+    text: usize,
+    aliases: usize,
+}
 
 /// A node and the line it starts on (1-based).
 #[derive(Clone, Debug, PartialEq)]
@@ -66,15 +91,30 @@ impl Node {
     }
 }
 
-/// Parses `text`: one document (an empty file is an empty map). The error
-/// names the line.
+/// Parses `text` alone: see [`parse_within`].
 pub fn parse(text: &str) -> Result<Node, String> {
-    let mut builder = Builder::default();
+    parse_within(text, &mut Spent::default())
+}
+
+/// Parses `text`: one document (an empty file is an empty map), within
+/// what the config's other files left of the bounds (`spent`, updated).
+/// The error names the line, and the bound a hostile file crossed. Events
+/// are pulled one at a time (yaml-rust2's `load` recurses once a level),
+/// and the first refusal stops the parse.
+pub fn parse_within(text: &str, spent: &mut Spent) -> Result<Node, String> {
+    let mut builder = Builder { built: *spent, ..Builder::default() };
     let mut parser = Parser::new_from_str(text);
-    parser.load(&mut builder, true).map_err(|e| format!("line {}: {}", e.marker().line(), e.info()))?;
-    if let Some(e) = builder.error {
-        return Err(e);
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| format!("line {}: {}", e.marker().line(), e.info()))?;
+        if event == Event::StreamEnd {
+            break;
+        }
+        builder.on_event(event, mark);
+        if let Some(e) = builder.error.take() {
+            return Err(e);
+        }
     }
+    *spent = builder.built;
     match builder.documents.len() {
         0 => Ok(Node { value: Value::Map(Vec::new()), line: 1 }),
         1 => Ok(builder.documents.remove(0)),
@@ -84,24 +124,58 @@ pub fn parse(text: &str) -> Result<Node, String> {
     }
 }
 
-/// Builds nodes from the parser's events.
+/// What a node costs: the nodes and the bytes of text in it.
+#[derive(Clone, Copy, Default)]
+struct Size {
+    nodes: usize,
+    text: usize,
+}
+
+/// Builds nodes from the parser's events, within the bounds.
 #[derive(Default)]
 struct Builder {
     documents: Vec<Node>,
-    /// Open collections: the node and, for a map, a key waiting for its value.
-    stack: Vec<(Node, Option<Node>)>,
-    anchors: HashMap<usize, Node>,
+    /// Open collections: the node, for a map a key waiting for its value,
+    /// and what had been built when it opened.
+    stack: Vec<(Node, Option<Node>, Spent)>,
+    /// Each anchor's node and its size.
+    anchors: HashMap<usize, (Node, Size)>,
     /// Anchors of the open collections.
     anchor_stack: Vec<usize>,
+    /// Built so far for the config, this file's copies included.
+    built: Spent,
     error: Option<String>,
 }
 
 impl Builder {
-    fn push(&mut self, node: Node, anchor: usize) {
+    /// Counts `size` more built; false (and the error set) past a bound.
+    fn grow(&mut self, size: Size, line: usize) -> bool {
+        self.built.nodes += size.nodes;
+        self.built.text += size.text;
+        let crossed = if self.built.nodes > MAX_NODES {
+            format!("more than {MAX_NODES} nodes")
+        } else if self.built.text > MAX_TEXT_BYTES {
+            format!("more than {MAX_TEXT_BYTES} bytes of text")
+        } else {
+            return true;
+        };
+        self.error = Some(format!(
+            "line {line}: {crossed} with aliases expanded, the bound on a config (its files together; excessive \
+             aliasing?)"
+        ));
+        false
+    }
+
+    /// Places a finished node; an anchored one is also kept, a copy that
+    /// counts as much again.
+    fn push(&mut self, node: Node, anchor: usize, size: Size) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            if !self.grow(size, node.line) {
+                return;
+            }
+            self.anchors.insert(anchor, (node.clone(), size));
         }
-        let Some((parent, pending)) = self.stack.last_mut() else {
+        let Some((parent, pending, _)) = self.stack.last_mut() else {
             self.documents.push(node);
             return;
         };
@@ -119,31 +193,62 @@ impl Builder {
 impl MarkedEventReceiver for Builder {
     fn on_event(&mut self, event: Event, mark: Marker) {
         let line = mark.line();
+        if self.error.is_some() {
+            return;
+        }
         match event {
             Event::Scalar(text, style, anchor, tag) => {
+                let size = Size { nodes: 1, text: text.len() };
+                if !self.grow(size, line) {
+                    return;
+                }
                 let plain = style == TScalarStyle::Plain;
                 let string_tag = tag.as_ref().is_some_and(|t| t.handle == "!!" && t.suffix == "str")
                     || tag.as_ref().is_some_and(|t| t.handle == "tag:yaml.org,2002:" && t.suffix == "str");
                 let scalar = if plain && !string_tag { resolve(&text) } else { Scalar::Str };
-                self.push(Node { value: Value::Scalar(text, scalar), line }, anchor);
+                self.push(Node { value: Value::Scalar(text, scalar), line }, anchor, size);
             }
-            Event::SequenceStart(anchor, _) => {
-                self.stack.push((Node { value: Value::Seq(Vec::new()), line }, None));
-                self.anchor_stack.push(anchor);
-            }
-            Event::MappingStart(anchor, _) => {
-                self.stack.push((Node { value: Value::Map(Vec::new()), line }, None));
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                if self.stack.len() == MAX_DEPTH {
+                    self.error =
+                        Some(format!("line {line}: nested deeper than {MAX_DEPTH} levels, the bound on a config file"));
+                    return;
+                }
+                let opened = self.built;
+                if !self.grow(Size { nodes: 1, text: 0 }, line) {
+                    return;
+                }
+                let value = match event {
+                    Event::SequenceStart(..) => Value::Seq(Vec::new()),
+                    _ => Value::Map(Vec::new()),
+                };
+                self.stack.push((Node { value, line }, None, opened));
                 self.anchor_stack.push(anchor);
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                if let (Some((node, _)), Some(anchor)) = (self.stack.pop(), self.anchor_stack.pop()) {
-                    self.push(node, anchor);
+                if let (Some((node, _, opened)), Some(anchor)) = (self.stack.pop(), self.anchor_stack.pop()) {
+                    let size = Size { nodes: self.built.nodes - opened.nodes, text: self.built.text - opened.text };
+                    self.push(node, anchor, size);
                 }
             }
-            Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(node) => self.push(node, 0),
-                None => self.error = Some(format!("line {line}: an alias names no anchor")),
-            },
+            Event::Alias(id) => {
+                self.built.aliases += 1;
+                if self.built.aliases > MAX_ALIASES {
+                    self.error = Some(format!(
+                        "line {line}: more than {MAX_ALIASES} aliases, the bound on a config (its files together)"
+                    ));
+                    return;
+                }
+                let Some(size) = self.anchors.get(&id).map(|(_, size)| *size) else {
+                    self.error = Some(format!("line {line}: an alias names no anchor"));
+                    return;
+                };
+                // Counted before it is copied.
+                if self.grow(size, line) {
+                    let node = self.anchors[&id].0.clone();
+                    self.push(node, 0, size);
+                }
+            }
             Event::Nothing | Event::StreamStart | Event::StreamEnd | Event::DocumentStart | Event::DocumentEnd => {}
         }
     }
@@ -263,5 +368,21 @@ mod tests {
         assert_eq!(entries[0].1.value, entries[1].1.value);
         assert!(parse("'''\n").unwrap_err().starts_with("line "), "{:?}", parse("'''\n"));
         assert!(parse("a: 1\n---\nb: 2\n").unwrap_err().contains("second YAML document"));
+    }
+
+    #[test]
+    fn bounds_are_exact() {
+        let nested = |depth: usize| format!("{}x{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(parse(&nested(MAX_DEPTH)).is_ok());
+        assert_eq!(
+            parse(&nested(MAX_DEPTH + 1)).unwrap_err(),
+            "line 1: nested deeper than 64 levels, the bound on a config file"
+        );
+        // A list of n aliases of an anchored list of 9 scalars: the anchor's
+        // 10 nodes, their copy, the outer list, then 10 an alias.
+        let aliased = |n: usize| format!("[&a [{}], {}]", ["x"; 9].join(","), vec!["*a"; n].join(","));
+        let fits = (MAX_NODES - 21) / 10;
+        assert!(parse(&aliased(fits)).is_ok());
+        assert!(parse(&aliased(fits + 1)).unwrap_err().contains("more than 1000000 nodes"));
     }
 }
