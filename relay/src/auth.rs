@@ -11,6 +11,9 @@
 /// The environment variable that may hold one entry.
 pub const ENV: &str = "RL_RELAY_AUTH";
 
+/// The largest `--auth-file`, never read past.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+
 /// Users and passwords a client may authenticate with; none: no
 /// authentication asked.
 #[derive(Clone, Default)]
@@ -70,7 +73,8 @@ impl Credentials {
         match (file, env) {
             (Some(_), Some(_)) => Err(format!("--auth-file and {ENV} are both set: give the credentials once")),
             (Some(path), None) => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("--auth-file {}: {e}", path.display()))?;
+                let text = crate::files::read_bounded(path, MAX_FILE_BYTES, "an auth file (1 MiB)")
+                    .map_err(|e| format!("--auth-file {}: {e}", path.display()))?;
                 Credentials::parse(&text, &format!("--auth-file {}", path.display()))
             }
             (None, Some(text)) => Credentials::parse(&text, ENV),

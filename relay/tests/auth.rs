@@ -293,4 +293,14 @@ fn failed_auths_are_bounded_across_connections() {
     }
     assert!(started.elapsed() >= Duration::from_secs(2), "300 failures in {:?}", started.elapsed());
     assert_eq!(relay.info_field("auth_failures"), 300);
+#[test]
+fn a_huge_auth_file_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("auth");
+    std::fs::write(&file, "p".repeat(2 << 20)).unwrap();
+    let args = ["--redis", "redis://127.0.0.1:1/", "--auth-file", file.to_str().unwrap()];
+    let mut refused = Relay::spawn(Start { no_wait: true, max_memory_mib: Some(1024), ..Start::args(&args) });
+    assert_eq!(refused.exit_code(), Some(2), "{}", refused.log());
+    let log = refused.log();
+    assert!(log.contains("--auth-file") && log.contains("is 2097152 bytes, above the bound of 1048576"), "{log}");
 }
