@@ -293,6 +293,8 @@ fn failed_auths_are_bounded_across_connections() {
     }
     assert!(started.elapsed() >= Duration::from_secs(2), "300 failures in {:?}", started.elapsed());
     assert_eq!(relay.info_field("auth_failures"), 300);
+}
+
 #[test]
 fn a_huge_auth_file_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
