@@ -100,7 +100,7 @@ impl Rls {
 
     /// Whether an `authorization` value carries the token (when one is
     /// set): `Bearer TOKEN`, the scheme in any case (RFC 7235).
-    fn authorized_by(&self, authorization: Option<&str>) -> bool {
+    pub fn authorized_by(&self, authorization: Option<&str>) -> bool {
         let Some(token) = &self.options.token else { return true };
         constant_time_eq(bearer(authorization.unwrap_or_default()).as_bytes(), token.as_bytes())
     }
@@ -115,6 +115,12 @@ impl Rls {
                 "rl_relay_rls_connections",
                 "connections open on the RLS front; past rl_relay_rls_max_connections new ones wait",
                 self.stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            (
+                "rl_relay_rls_health_connections",
+                "token-less connections kept past --auth-timeout-ms for health checks only, apart from \
+                 rl_relay_rls_max_connections",
+                self.stats.health_connections.load(std::sync::atomic::Ordering::Relaxed),
             ),
             (
                 "rl_relay_rls_max_connections",
