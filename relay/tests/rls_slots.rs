@@ -29,6 +29,9 @@ const CHECK: &str = "/grpc.health.v1.Health/Check";
 const TOKEN: &str = "s3cret";
 /// serve.rs's HEALTH_CONNECTIONS: token-less health-only connections kept.
 const HEALTH_CONNECTIONS: usize = 8;
+/// `--auth-timeout-ms` of these tests: short, and long enough for a call
+/// on loopback to land on a busy machine.
+const DEADLINE_MS: u64 = 1500;
 
 /// One gRPC message frame of `payload`.
 fn frame(payload: &[u8]) -> Bytes {
@@ -122,8 +125,8 @@ struct Front {
     relay: RlsRelay,
 }
 
-/// A relay whose RLS front has `--auth-timeout-ms 500` (and the token when
-/// `token`), at most 20 clients.
+/// A relay whose RLS front has `--auth-timeout-ms` [`DEADLINE_MS`] (and the
+/// token when `token`), at most 20 clients.
 fn front(token: bool) -> Front {
     let server = Server::start(&[]);
     let (config_dir, config) = config_file(CONFIG);
@@ -131,7 +134,8 @@ fn front(token: bool) -> Front {
     let token_file = token_dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let token_file = token_file.display().to_string();
-    let mut extra = vec!["--max-clients", "20", "--auth-timeout-ms", "500"];
+    let deadline = DEADLINE_MS.to_string();
+    let mut extra = vec!["--max-clients", "20", "--auth-timeout-ms", deadline.as_str()];
     if token {
         extra.extend(["--rls-token-file", token_file.as_str()]);
     }
@@ -169,7 +173,7 @@ async fn tokenless_connections_lose_their_slots_to_a_caller_with_the_token() {
         assert_eq!(conn.call(DECIDE, None, decide_body()).await.as_deref(), Some("16"), "UNAUTHENTICATED");
         holders.push(conn);
     }
-    // A caller with the token is served once their deadline (500 ms) has
+    // A caller with the token is served once their deadline (1.5 s) has
     // closed them: within a few seconds, not never.
     let caller = async {
         let mut client = front.relay.client().await;
@@ -193,7 +197,8 @@ async fn a_connection_with_the_token_keeps_its_slot_past_the_deadline() {
     let mut conn = Conn::open(front.relay.rls_port).await;
     assert_eq!(conn.call(DECIDE, Some(TOKEN), decide_body()).await.as_deref(), Some("0"));
     // Well past the deadline: still open, still served.
-    assert!(!conn.closed_within(Duration::from_secs(2)).await, "closed with the token");
+    let past = Duration::from_millis(DEADLINE_MS * 2);
+    assert!(!conn.closed_within(past).await, "closed with the token");
     assert_eq!(conn.call(DECIDE, Some(TOKEN), decide_body()).await.as_deref(), Some("0"));
     assert_eq!(
         conn.call(DECIDE, None, decide_body()).await.as_deref(),
@@ -222,13 +227,18 @@ async fn a_preface_alone_is_closed_at_the_deadline_token_or_not() {
         })
         .await;
         assert!(closed.is_ok(), "token {token}: a preface alone still open after 10 s");
-        assert!(started.elapsed() >= Duration::from_millis(400), "token {token}: closed before its deadline");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(DEADLINE_MS),
+            "token {token}: closed after {took:?}, before its deadline"
+        );
         wait_metric(&front.relay, "rl_relay_rls_auth_timeouts_total", 1.0).await;
         // Another connection that completes a call in time stays.
         let mut conn = Conn::open(front.relay.rls_port).await;
         let token_sent = token.then_some(TOKEN);
         assert_eq!(conn.call(DECIDE, token_sent, decide_body()).await.as_deref(), Some("0"));
-        assert!(!conn.closed_within(Duration::from_secs(2)).await, "token {token}: a caller's connection closed");
+        let past = Duration::from_millis(DEADLINE_MS * 2);
+        assert!(!conn.closed_within(past).await, "token {token}: a caller's connection closed");
     }
 }
 
