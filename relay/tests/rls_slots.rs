@@ -299,3 +299,35 @@ async fn health_checks_without_the_token_are_answered_a_few_connections_kept() {
     let answer = client.check(HealthCheckRequest { service: String::new() }).await.unwrap();
     assert_eq!(answer.into_inner().status, serving);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_reads_nothing_is_closed_at_the_deadline_too() {
+    let front = front(true);
+    // A small receive buffer, PINGs until the relay's answers back up and
+    // it stops reading; nothing read from then on.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut tcp = socket.connect(([127, 0, 0, 1], front.relay.rls_port).into()).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").await.unwrap();
+    let ping = [0u8, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+    let batch: Vec<u8> = ping.iter().copied().cycle().take(ping.len() * 1000).collect();
+    let mut blocked = false;
+    for _ in 0..4000 {
+        match tokio::time::timeout(Duration::from_millis(500), tcp.write_all(&batch)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                blocked = true;
+                break;
+            }
+        }
+    }
+    assert!(blocked, "the relay read 68 MB of PINGs without answering them");
+    wait_metric(&front.relay, "rl_relay_rls_auth_timeouts_total", 1.0).await;
+    // Closed: writing fails (reset) within a few tries.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Ok(())) | Err(_) = tokio::time::timeout(Duration::from_millis(100), tcp.write_all(&ping)).await {}
+    })
+    .await;
+    assert!(closed.is_ok(), "still open after it was counted");
+}

@@ -151,31 +151,43 @@ impl Connected for Bounded {
     }
 }
 
-impl AsyncRead for Bounded {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.deadline.is_some() && this.conduct.trusted.load(Relaxed) {
-            this.deadline = None;
+impl Bounded {
+    /// Judges the connection once its deadline has passed: an error once it
+    /// is to go. Every read and write asks (a peer that reads nothing
+    /// stalls hyper's reads behind its writes), so the deadline's timer
+    /// wakes whichever waits.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.deadline.is_some() && self.conduct.trusted.load(Relaxed) {
+            self.deadline = None;
         }
-        if let Some(deadline) = &mut this.deadline {
+        if let Some(deadline) = &mut self.deadline {
             if deadline.as_mut().poll(cx).is_ready() {
-                this.deadline = None;
-                this.closed = !this.judge();
+                self.deadline = None;
+                self.closed = !self.judge();
             }
         }
-        if this.closed {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "closed at --auth-timeout-ms")));
+        match self.closed {
+            true => Err(io::Error::new(io::ErrorKind::TimedOut, "closed at --auth-timeout-ms")),
+            false => Ok(()),
         }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncRead for Bounded {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.poll_deadline(cx)?;
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Bounded {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_deadline(cx)?;
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_deadline(cx)?;
         Pin::new(&mut self.stream).poll_flush(cx)
     }
 
@@ -188,6 +200,7 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.poll_deadline(cx)?;
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
