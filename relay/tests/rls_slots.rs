@@ -311,18 +311,16 @@ async fn a_peer_that_reads_nothing_is_closed_at_the_deadline_too() {
     tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").await.unwrap();
     let ping = [0u8, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
     let batch: Vec<u8> = ping.iter().copied().cycle().take(ping.len() * 1000).collect();
-    let mut blocked = false;
+    // Blocked (typically), or closed already if the deadline came first
+    // (a busy machine): counted either way.
+    let mut ended = false;
     for _ in 0..4000 {
-        match tokio::time::timeout(Duration::from_millis(500), tcp.write_all(&batch)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => break,
-            Err(_) => {
-                blocked = true;
-                break;
-            }
+        if !matches!(tokio::time::timeout(Duration::from_millis(500), tcp.write_all(&batch)).await, Ok(Ok(()))) {
+            ended = true;
+            break;
         }
     }
-    assert!(blocked, "the relay read 68 MB of PINGs without answering them");
+    assert!(ended, "the relay read 68 MB of PINGs without answering them");
     wait_metric(&front.relay, "rl_relay_rls_auth_timeouts_total", 1.0).await;
     // Closed: writing fails (reset) within a few tries.
     let closed = tokio::time::timeout(Duration::from_secs(10), async {

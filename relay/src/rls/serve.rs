@@ -33,7 +33,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
+use tokio::time::{sleep_until, Instant, Sleep};
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
@@ -345,8 +345,8 @@ where
             call.complete();
             body
         } else {
-            let deadline = Box::pin(tokio::time::sleep(self.front.deadline));
-            Body::new(Deadlined { body, deadline, call: Some(call), front: self.front.clone() })
+            let due = Instant::now() + self.front.deadline;
+            Body::new(Deadlined { body, due, timer: None, call: Some(call), front: self.front.clone() })
         };
         Box::pin(self.inner.call(http::Request::from_parts(parts, body)))
     }
@@ -374,7 +374,10 @@ impl Call {
 /// its headers; past it, the call fails DEADLINE_EXCEEDED, counted.
 struct Deadlined {
     body: Body,
-    deadline: Pin<Box<Sleep>>,
+    due: Instant,
+    /// Set the first time the body is not all there (most calls' whole
+    /// body comes with their headers: no timer for them).
+    timer: Option<Pin<Box<Sleep>>>,
     /// Until the body is whole or has failed.
     call: Option<Call>,
     front: Arc<Front>,
@@ -401,7 +404,12 @@ impl http_body::Body for Deadlined {
                 this.call = None;
                 Poll::Ready(Some(Err(e)))
             }
-            Poll::Pending if this.deadline.as_mut().poll(cx).is_ready() => {
+            Poll::Pending => {
+                let due = this.due;
+                let timer = this.timer.get_or_insert_with(|| Box::pin(sleep_until(due)));
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
                 this.call = None;
                 let front = &this.front;
                 front.rls.stats.body_timeouts.fetch_add(1, Relaxed);
