@@ -1,9 +1,10 @@
 //! The RLS front's slots belong to callers who complete calls (with the
 //! token, when one is set): over raw HTTP/2, connections that hold a slot
-//! without the token, with a preface alone, or with a call's headers and no
-//! body are closed at `--auth-timeout-ms` and counted, and a caller with the
-//! token is then served; token-less health checks are still answered, a
-//! few of their connections kept.
+//! without the token, with a preface alone, with a call's headers and no
+//! body, or reading nothing are closed at `--auth-timeout-ms` and counted,
+//! and a caller with the token is then served; a call's body is due within
+//! the same deadline; token-less health checks are still answered, a few of
+//! their connections kept.
 
 mod common;
 
