@@ -29,6 +29,11 @@ pub enum Event {
     Fallback,
     /// A call to Redis failed (timeout, connection, or an error reply).
     Error,
+    /// The server answered a call with an error about the call itself, not
+    /// an outage (a limit above its `max-log-limit` or
+    /// `max-inflight-limit`, a key of another type): the rule was decided
+    /// by its failure mode. Counted with [`Event::Error`].
+    ServerRefused,
     /// A shard's circuit breaker opened.
     BreakerOpened,
     /// Calls to Redis moved to another server (a Sentinel switch, a
@@ -41,7 +46,7 @@ pub enum Event {
 
 impl Event {
     /// Every event, in counter order.
-    pub const ALL: [Event; 10] = [
+    pub const ALL: [Event; 11] = [
         Event::Allowed,
         Event::Refused,
         Event::ShadowRefused,
@@ -50,6 +55,7 @@ impl Event {
         Event::PacingRefusal,
         Event::Fallback,
         Event::Error,
+        Event::ServerRefused,
         Event::BreakerOpened,
         Event::ServerSwitch,
     ];
@@ -65,6 +71,7 @@ impl Event {
             Event::PacingRefusal => "pacing_refusals",
             Event::Fallback => "fallbacks",
             Event::Error => "errors",
+            Event::ServerRefused => "server_refusals",
             Event::BreakerOpened => "breaker_opened",
             Event::ServerSwitch => "server_switches",
         }

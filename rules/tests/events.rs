@@ -76,3 +76,33 @@ async fn installed_and_refused_rule_sets_are_tracing_events() {
     assert!(fields.contains("in_force=2") && fields.contains("version 3 from test-bad"), "{fields}");
     assert!(fields.contains("rate must be from 1"), "the reason is in the event: {fields}");
 }
+
+/// A limit the server refuses at run time (an EXACT window above its
+/// max-log-limit, installed without asking it) is the server's refusal,
+/// counted as such (`server_refusals`) and said so by the HTTP layer, never
+/// "Redis cannot answer" while Redis answers every call (issue 34).
+#[tokio::test]
+async fn a_limit_the_server_refuses_is_not_called_an_outage() {
+    use http::Request;
+    use tower::{service_fn, Layer, ServiceExt};
+
+    let s = Server::start(&[]);
+    let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    let text = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
+                limits = [{ name = \"e\", kind = \"exact\", limit = 20000, per = \"1m\" }]\n";
+    let rules = LiveRules::new(limiter.clone(), &RuleSetSpec::from_toml(text).unwrap()).unwrap();
+    let hello = service_fn(|_req: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new("hello".to_string()))
+    });
+    let svc = rl_http::RateLimitLayer::new(rl_rules::LiveDecide::new(rules)).key_header("x-api-key").layer(hello);
+    let captured = Captured::default();
+    let _guard = tracing::subscriber::set_default(captured.clone());
+    let request = Request::builder().uri("/").header("x-api-key", "k1").body(String::new()).unwrap();
+    let _ = svc.oneshot(request).await.unwrap();
+    drop(_guard);
+    assert_eq!(limiter.counters().get(rl_client::Event::ServerRefused), 1, "{:?}", limiter.counters().snapshot());
+    let events = captured.0.lock().unwrap().clone();
+    let said: Vec<_> = events.iter().filter(|(_, target, _)| target == "rl_http").collect();
+    assert!(said.iter().all(|(_, _, f)| !f.contains("Redis cannot answer")), "{said:?}");
+    assert!(said.iter().any(|(l, _, f)| *l == Level::ERROR && f.contains("refuses")), "{said:?}");
+}

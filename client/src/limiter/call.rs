@@ -46,7 +46,9 @@ impl Limiter {
             Some(e) => {
                 i.record(Event::Error, policy, None);
                 if !e.is_shard_failure() {
-                    breaker.success(ticket, i.now_ms()); // the shard answered; the call was at fault
+                    // The shard answered; the call was at fault.
+                    i.record(Event::ServerRefused, policy, None);
+                    breaker.success(ticket, i.now_ms());
                 } else if breaker.failure(ticket, i.now_ms()) {
                     i.record(Event::BreakerOpened, policy, None);
                 }

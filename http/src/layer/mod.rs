@@ -35,7 +35,9 @@ use tower::{Layer, Service};
 pub use body::HeldBody;
 pub use refusal::Refused;
 
-use rl_client::{ip_subject, key_subject, Check, Decision, Error, Limiter, NoPermit, Permit, Policy, Result, Source};
+use rl_client::{
+    ip_subject, key_subject, Check, Decision, Error, Event, Limiter, NoPermit, Permit, Policy, Result, Source,
+};
 
 use crate::client_ip::ClientIp;
 use crate::headers::{self, InflightHeaders, PolicyHeaders, Slots, View};
@@ -588,12 +590,15 @@ fn answer<B: From<String>>(response: Response<String>) -> Response<HeldBody<B>> 
 /// Says through `tracing` when decisions go to the local fallback and when
 /// Redis answers again: once per change, and at most one message every
 /// 10 s (a flapping shard does not flood the log; the count of changes
-/// left unsaid is in the next message).
+/// left unsaid is in the next message). Decisions degraded because the
+/// server refused the calls themselves (the limiter's `server_refusals`
+/// grew) are said to be that, never an outage.
 #[derive(Default)]
 struct Outage {
     degraded: AtomicBool,
     last_said_ms: AtomicU64,
     unsaid: AtomicU64,
+    server_refusals: AtomicU64,
 }
 
 const OUTAGE_QUIET: Duration = Duration::from_secs(10);
@@ -614,7 +619,18 @@ impl Outage {
         }
         self.last_said_ms.store(now.max(1), Ordering::Relaxed);
         let unsaid = self.unsaid.swap(0, Ordering::Relaxed);
-        if degraded {
+        let refusals = limiter.counters().get(Event::ServerRefused);
+        let refused_by_server = refusals > self.server_refusals.swap(refusals, Ordering::Relaxed);
+        if degraded && refused_by_server {
+            tracing::error!(
+                target: "rl_http",
+                unsaid,
+                refusals,
+                "the limiter's server refuses calls of a rule (an error about the call, not an outage: a limit above \
+                 its max-log-limit or max-inflight-limit?): those rate limits are decided by each rule's failure \
+                 mode; the limiter's server_refusals counts them"
+            );
+        } else if degraded {
             tracing::warn!(target: "rl_http", unsaid, "Redis cannot answer: rate limits decided by the local fallback");
         } else {
             tracing::info!(target: "rl_http", unsaid, "Redis answers again: rate limits exact");
