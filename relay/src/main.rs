@@ -58,7 +58,10 @@ struct Args {
     #[arg(long)]
     auth_file: Option<PathBuf>,
     /// With credentials: a connection not authenticated this long after it
-    /// was accepted is closed (it holds a --max-clients slot).
+    /// was accepted is closed (it holds a --max-clients slot). On the RLS
+    /// front: a connection that completed no call (with the token, when
+    /// --rls-token-file is set) this long after its accept is closed, and a
+    /// call whose body has not all arrived this long after its headers fails.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     auth_timeout_ms: u64,
     /// Most client connections at once (lowered to fit the open-file limit).

@@ -55,6 +55,11 @@ pub struct Counters {
     pub rejected_clients: AtomicU64,
     /// Connections now (a gauge).
     pub connected_clients: AtomicU64,
+    /// --metrics connections dropped while still sending their request,
+    /// for a newer one.
+    pub http_dropped: AtomicU64,
+    /// --metrics connections closed for a request (or an answer) too slow.
+    pub http_timeouts: AtomicU64,
 }
 
 /// How subjects are named in reports.
@@ -270,6 +275,17 @@ pub fn metrics(view: &View) -> String {
         ("rl_relay_auth_delayed_total", "failed AUTH attempts answered late (slowed)", &c.auth_delayed),
         ("rl_relay_auth_closed_total", "connections closed after too many failed AUTH attempts", &c.auth_closed),
         ("rl_relay_rejected_clients_total", "connections refused at --max-clients", &c.rejected_clients),
+        (
+            "rl_relay_http_dropped_total",
+            "--metrics connections dropped still sending their request, for a newer one (all 16 taken, or 4 from one \
+             address)",
+            &c.http_dropped,
+        ),
+        (
+            "rl_relay_http_timeouts_total",
+            "--metrics connections closed: no whole request within 2 s of the accept, or the answer not taken within 2 s",
+            &c.http_timeouts,
+        ),
     ] {
         family(&mut out, name, "counter", help, [(String::new(), value.load(Relaxed).to_string())]);
     }

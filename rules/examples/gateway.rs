@@ -104,6 +104,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => RuleSetSpec::from_toml(BOOTSTRAP)?,
     };
     let rules = LiveRules::new(limiter.clone(), &bootstrap)?;
+    // A limit the server refuses (an EXACT window above its max-log-limit)
+    // would error at Redis on every request: refused here, before serving.
+    rules.verify_server().await?;
     let watcher = rules.watch_redis(RedisSource::new(redis_url))?;
 
     let proxies = env("TRUSTED_PROXIES", "");

@@ -20,6 +20,7 @@ use rl_http::headers::{self, PolicyHeaders};
 
 use crate::fleet::Origin;
 use crate::regional::{Regional, RegionalShares};
+use crate::server_limits::server_refusals;
 use crate::snapshot::{CompiledRule, Request, Snapshot};
 use crate::spec::{RuleSetSpec, RuleSpec};
 
@@ -230,6 +231,27 @@ impl LiveRules {
                 regional: Regional::default(),
             }),
         })
+    }
+
+    /// Whether the limiter's server accepts every limit of the rules in
+    /// force: an EXACT window above its `max-log-limit`, or an in-flight
+    /// limit above its `max-inflight-limit`, passes every check of the rule
+    /// format and then errors at Redis on every request. A gateway asks
+    /// before it serves, and does not start on an error, which names each
+    /// rule, limit and the module option to raise (as `rlctl publish`
+    /// refuses such a set). A server that cannot be asked now (down) is no
+    /// refusal: the gateway starts, and says so.
+    pub async fn verify_server(&self) -> Result<()> {
+        match server_refusals(self.limiter().client(), &self.snapshot()).await {
+            Ok(faults) if faults.is_empty() => Ok(()),
+            Ok(faults) => {
+                Err(Error::Rules(format!("rule set rejected: the limiter's server refuses {}", faults.join("; "))))
+            }
+            Err(e) => {
+                tracing::warn!(target: "rl_rules", error = %e, "cannot ask the limiter's server about the rules' limits: starting on them unchecked");
+                Ok(())
+            }
+        }
     }
 
     /// The snapshot in force: what a request starting now uses.

@@ -207,3 +207,50 @@ async fn the_example_gateway_follows_a_sentinel_failover() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A rules file whose EXACT limit the server refuses (100,000 per 15
+/// minutes, above the module's default max-log-limit of 10,000): the
+/// gateway does not start, and says which rule, which limit and which
+/// module option, as `rlctl publish` refuses such a set. Before (issue 34),
+/// it started, every request of that rule errored at Redis, fail-closed
+/// logins answered 503 forever, and the log blamed an outage.
+#[test]
+fn a_rules_file_the_server_refuses_stops_the_gateway_at_start() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.toml");
+    let rules = "[[rules]]\nid = \"default\"\nreason = \"every key\"\n\
+                 limits = [{ name = \"s\", rate = 100, per = \"1s\" }]\n\
+                 [[rules]]\nid = \"login\"\nmatch = { endpoint = \"POST /login\" }\nfail = \"closed\"\n\
+                 reason = \"credential stuffing\"\n\
+                 limits = [{ name = \"per_15m\", kind = \"exact\", limit = 100000, per = \"15m\" }]\n";
+    std::fs::write(&file, rules).unwrap();
+    let mut child = Command::new(example())
+        .env("REDIS_URL", server.url())
+        .env_remove("REDIS_SENTINELS")
+        .env("RULES_FILE", &file)
+        .env("GATEWAY_PORT", free_port().to_string())
+        .env("BACKEND_PORT", free_port().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the gateway started on a rules file its server refuses");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("rule 'login' limit 'per_15m'") && err.contains("max-log-limit") && err.contains("refuses"),
+        "names the rule, the limit and the option: {err}"
+    );
+}

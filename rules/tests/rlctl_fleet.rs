@@ -408,6 +408,59 @@ async fn a_gateway_starting_from_a_set_its_server_refuses_starts_from_its_file()
     );
 }
 
+/// A fleet whose gateways run a rules file and that has published nothing:
+/// `rlctl unlock --rules FILE` finds the subject's keys in that file; without
+/// it, the error says so. Before (issue 34), unlock failed there with
+/// "nothing is published yet: there are no keys to find", and the runbook
+/// "A subject is locked out" did not work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_works_on_a_fleet_that_runs_a_rules_file() {
+    let s = Server::start(&[]);
+    let url = s.url();
+    let dir = tempfile::tempdir().unwrap();
+    let daily = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
+                 limits = [{ name = \"daily\", rate = 3, per = \"1d\", burst = 3 }]\n\
+                 [[rules]]\nid = \"login\"\nmatch = { endpoint = \"POST /login\" }\nreason = \"logins\"\n\
+                 limits = [{ name = \"m\", rate = 5, per = \"1m\" }]\n";
+    let file = write(dir.path(), "gateway.toml", daily);
+    let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    let gateway = LiveRules::new(limiter, &RuleSetSpec::from_file(&file).unwrap()).unwrap();
+    let source = RedisSource { poll_every: Duration::from_millis(200), ..RedisSource::new(s.url()) };
+    let _watcher = gateway.watch_redis(source).unwrap();
+    let req = Request::new().subject("key_locked");
+    for _ in 0..3 {
+        assert!(gateway.check(&req).await.unwrap().decision.allowed);
+    }
+    assert!(!gateway.check(&req).await.unwrap().decision.allowed, "locked out for the day");
+
+    let run = rlctl(&["unlock", "key_locked", "--redis", &url]).await;
+    assert_ne!(run.code, 0, "{}", run.out);
+    assert!(run.err.contains("nothing is published") && run.err.contains("--rules FILE"), "{}", run.err);
+    let out = ok(&url, &["unlock", "key_locked", "--rules", &file]).await;
+    assert!(out.starts_with("unlocked \"key_locked\": 1 of its 2 keys held counts and were deleted"), "{out}");
+    let mut con = s.con();
+    let left: i64 = redis::cmd("EXISTS").arg("rl:default:{key_locked}:daily").query(&mut con).unwrap();
+    assert_eq!(left, 0);
+    // The gateway forgets its refusal once its watcher heard (run again
+    // while it had not subscribed yet, as the runbook says).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut heard = out.contains("1 gateway watcher(s) told");
+    while !heard {
+        assert!(Instant::now() < deadline, "no watcher heard the unlock");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        heard = ok(&url, &["unlock", "key_locked", "--rules", &file]).await.contains("1 gateway watcher(s) told");
+    }
+    loop {
+        let v = gateway.check(&req).await.unwrap();
+        if v.decision.allowed {
+            assert_eq!(v.decision.source, Source::Redis, "{v:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused after unlock: {v:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// docs/security.md's `ACL SETUSER rl-unlock ...` recipe, password replaced.
 fn unlock_recipe(password: &str) -> Vec<String> {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/security.md")).unwrap();

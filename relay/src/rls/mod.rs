@@ -95,10 +95,14 @@ impl Rls {
 
     /// Whether a call's metadata carries the token (when one is set).
     fn authorized(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        self.authorized_by(metadata.get("authorization").and_then(|v| v.to_str().ok()))
+    }
+
+    /// Whether an `authorization` value carries the token (when one is
+    /// set): `Bearer TOKEN`, the scheme in any case (RFC 7235).
+    pub fn authorized_by(&self, authorization: Option<&str>) -> bool {
         let Some(token) = &self.options.token else { return true };
-        let sent = metadata.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let sent = sent.strip_prefix("Bearer ").unwrap_or_default();
-        constant_time_eq(sent.as_bytes(), token.as_bytes())
+        constant_time_eq(bearer(authorization.unwrap_or_default()).as_bytes(), token.as_bytes())
     }
 
     /// The RLS front's part of /metrics.
@@ -111,6 +115,12 @@ impl Rls {
                 "rl_relay_rls_connections",
                 "connections open on the RLS front; past rl_relay_rls_max_connections new ones wait",
                 self.stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            (
+                "rl_relay_rls_health_connections",
+                "token-less connections kept past --auth-timeout-ms for health checks only, apart from \
+                 rl_relay_rls_max_connections",
+                self.stats.health_connections.load(std::sync::atomic::Ordering::Relaxed),
             ),
             (
                 "rl_relay_rls_max_connections",
@@ -130,5 +140,30 @@ impl Rls {
         ];
         drop(windows);
         self.stats.metrics(&self.engine.counters, &gauges)
+    }
+}
+
+/// The credentials of a `Bearer` authorization (empty for another scheme).
+fn bearer(authorization: &str) -> &str {
+    match authorization.split_once(' ') {
+        Some((scheme, credentials)) if scheme.eq_ignore_ascii_case("bearer") => credentials.trim_start_matches(' '),
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for sent in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR  s3cret"] {
+            assert_eq!(bearer(sent), "s3cret", "{sent}");
+        }
+        for sent in ["Basic s3cret", "Bearers3cret", "s3cret", "", "Bearer", "Token s3cret"] {
+            assert_eq!(bearer(sent), "", "{sent}");
+        }
+        // The token's own case is kept.
+        assert_eq!(bearer("bearer S3CRET"), "S3CRET");
     }
 }

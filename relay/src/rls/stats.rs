@@ -60,6 +60,13 @@ pub struct Stats {
     pub connections: AtomicU64,
     /// Connections closed for sending no HTTP/2 preface in time.
     pub handshake_timeouts: AtomicU64,
+    /// Connections closed at --auth-timeout-ms without a complete call
+    /// (carrying the token, when one is set).
+    pub auth_timeouts: AtomicU64,
+    /// Calls ended for a body not whole within --auth-timeout-ms.
+    pub body_timeouts: AtomicU64,
+    /// Token-less connections kept for health checks only.
+    pub health_connections: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
 }
@@ -298,8 +305,20 @@ impl Stats {
             ),
             (
                 "rl_relay_rls_handshake_timeouts_total",
-                "connections closed for sending no HTTP/2 preface within 10 s (their slot freed)",
+                "connections closed for sending no HTTP/2 preface within 10 s or --auth-timeout-ms if shorter (their \
+                 slot freed)",
                 self.handshake_timeouts.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_auth_timeouts_total",
+                "connections closed at --auth-timeout-ms of their accept without a complete call carrying the token \
+                 (any complete call, without --rls-token-file; their slot freed)",
+                self.auth_timeouts.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_body_timeouts_total",
+                "calls answered DEADLINE_EXCEEDED: their body not whole within --auth-timeout-ms of their headers",
+                self.body_timeouts.load(Relaxed),
             ),
             (
                 "rl_relay_rls_timeouts_total",

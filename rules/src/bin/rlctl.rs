@@ -3,6 +3,7 @@
 //! a subject, and go back to a past rule set. What an on-call engineer types at
 //! 3 a.m.; every failure says what is wrong and exits non-zero.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -68,6 +69,11 @@ enum Command {
     Unlock {
         /// The subject as the gateway keys it: an API key, `ip:203.0.113.7/32`.
         subject: String,
+        /// The rules file the gateways run, for a fleet that publishes
+        /// nothing (its keys are found there; with a published set too,
+        /// the keys of both).
+        #[arg(long, value_name = "FILE")]
+        rules: Option<PathBuf>,
         #[command(flatten)]
         store: Store,
     },
@@ -267,7 +273,7 @@ async fn run(command: Command) -> Result<Output, Error> {
         }
         Command::Active { store } => active(&open(&store)?.read().await?),
         Command::Status { store } => status(&open(&store)?).await,
-        Command::Unlock { subject, store } => unlock(&open(&store)?, &subject).await,
+        Command::Unlock { subject, rules, store } => unlock(&open(&store)?, &subject, rules.as_deref()).await,
         Command::History { store } => history(&open(&store)?).await,
         Command::Diff { file, from, to, store } => {
             let store = open(&store)?;
@@ -626,25 +632,34 @@ async fn status(store: &RulesStore) -> Result<Output, Error> {
 }
 
 /// Every key the rules in force keep for `subject` (each rate limit of
-/// every rule and override); in-flight slots belong to running requests
-/// and are left.
-async fn unlock(store: &RulesStore, subject: &str) -> Result<Output, Error> {
+/// every rule and override), those of the published set and of `file`
+/// (the rules file a fleet runs without publishing); in-flight slots
+/// belong to running requests and are left.
+async fn unlock(store: &RulesStore, subject: &str, file: Option<&Path>) -> Result<Output, Error> {
     let stored = store.read().await?;
-    let Some(rules) = &stored.rules else {
-        return Err(Error::Rules("nothing is published yet: there are no keys to find".to_owned()));
-    };
-    // Overrides that do not compile still name their keys' prefix: each
-    // is taken with the set alone, and the ones that fail left out.
-    let good: Vec<RuleSpec> = stored
-        .overrides
-        .iter()
-        .filter(|o| Snapshot::compile(rules, std::slice::from_ref(*o), stored.version).is_ok())
-        .cloned()
-        .collect();
-    let snapshot = Snapshot::compile(rules, &good, stored.version)?;
+    let from_file = file.map(RuleSetSpec::from_file).transpose()?;
+    let sets: Vec<&RuleSetSpec> = stored.rules.iter().chain(&from_file).collect();
+    if sets.is_empty() {
+        return Err(Error::Rules(
+            "nothing is published yet: give the rules file the gateways run with --rules FILE, and its keys are \
+             found there"
+                .to_owned(),
+        ));
+    }
     let mut keys = Vec::new();
-    for rule in snapshot.rules() {
-        keys.extend(rule.policy().keys(subject)?);
+    for rules in sets {
+        // Overrides that do not compile still name their keys' prefix:
+        // each is taken with the set alone, and the ones that fail left out.
+        let good: Vec<RuleSpec> = stored
+            .overrides
+            .iter()
+            .filter(|o| Snapshot::compile(rules, std::slice::from_ref(*o), stored.version).is_ok())
+            .cloned()
+            .collect();
+        let snapshot = Snapshot::compile(rules, &good, stored.version)?;
+        for rule in snapshot.rules() {
+            keys.extend(rule.policy().keys(subject)?);
+        }
     }
     keys.sort();
     keys.dedup();
