@@ -48,8 +48,8 @@ bench: deps servers build
 # The relay's RLS front (Envoy's rate limit service) beside
 # envoyproxy/ratelimit's Redis work, replayed, and Limitador in-process
 # (librocksdb-dev installed for its crate), on one server: decisions/s,
-# p50/p99, Redis calls per decision, exactness (relay/README.md "Behind
-# Envoy"). relay/bench-rls is its own workspace: make test never builds it.
+# p50/p99, Redis calls per decision, exactness (docs/benchmarks.md).
+# relay/bench-rls is its own workspace: make test never builds it.
 bench-rls: deps servers build
 	@[ -e /usr/include/rocksdb/c.h ] || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -72,14 +72,14 @@ bench-sizing: deps servers build
 sim: deps build
 	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
 
-# Global limits across regions (balancer/README.md): three servers with the
+# Global limits across regions (docs/global-limits.md): three servers with the
 # module, 3 x 100 gateways, the balancer with 70-150 ms injected between
 # regions, five scenarios in compressed time, about 3 minutes; the report
 # and its charts go to balancer/SIMULATION.md and balancer/sim-regions-*.svg.
 sim-regions: deps build
 	RL_MODULE=$(MODULE) cargo run --release -q -p rl-balancer --example sim_regions -- --out balancer/SIMULATION.md
 
-# The scale model (relay/README.md): 300 to 30,000 gateways on up to 200
+# The scale model (docs/relay.md): 300 to 30,000 gateways on up to 200
 # shards in virtual time, with and without lease relays, validated against
 # make sim's numbers; the report goes to relay/SIMULATION.md.
 sim-scale:

@@ -1,7 +1,7 @@
 //! CL.THROTTLE against redis-cell itself: one server with this module, one
 //! with redis-cell, the same calls on both, and the replies and what each
 //! leaves in the keyspace compared. Every difference that remains is one the
-//! README's CL.THROTTLE section names, and is asserted here as such.
+//! CL.THROTTLE section of docs/commands.md names, and is asserted here as such.
 //!
 //! Runs when redis-cell is at hand: `REDIS_CELL_SO=path`, or the build that
 //! `make bench` caches at `.deps/redis-cell/libredis_cell.so` when it is of the
@@ -169,7 +169,7 @@ fn words(line: &str) -> Vec<Vec<u8>> {
 }
 
 /// Replies that agree: both errors (redis-cell's texts are `Cell error: ...`,
-/// ours name the argument: README), or the same integers with the two times
+/// ours name the argument: docs/commands.md), or the same integers with the two times
 /// within a second.
 fn agree(ours: &Reply, cell: &Reply) -> bool {
     match (ours, cell) {
@@ -203,7 +203,7 @@ fn same_keyspace(ours: &Held, cell: &Held) -> bool {
 /// A key that expires within the millisecond on one side and is gone on the
 /// other: redis-cell's peek at a missing key writes it with a TTL of 0 ms
 /// (ours writes nothing), and redis-cell rounds expiries down where ours
-/// rounds them up (README), which shows with a TAT under a millisecond ahead.
+/// rounds them up (docs/commands.md), which shows with a TAT under a millisecond ahead.
 fn expiring_now(ours: &Held, cell: &Held) -> bool {
     let expiring = |h: &Held| h.kind == "string" && (0..=1).contains(&h.pttl);
     (ours.kind == "none" && expiring(cell)) || (cell.kind == "none" && expiring(ours))
@@ -217,7 +217,7 @@ enum Want {
     /// The same reply to a peek (quantity 0) at a missing key; ours writes
     /// nothing, redis-cell a key that expires within the millisecond.
     PeekWrites,
-    /// A difference the README names: ours answers this, redis-cell does
+    /// A difference docs/commands.md names: ours answers this, redis-cell does
     /// `cell`; ours leaves the key as it was when it refuses.
     Differs(Ours, Cell),
 }

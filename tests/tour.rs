@@ -1,11 +1,11 @@
-//! The README's tour, replayed: every command of its redis-cli block runs
+//! The tour of docs/commands.md, replayed: every command of its redis-cli block runs
 //! on a fresh server, in order, and every reply it shows is checked. A value
 //! whose comment says "about" may differ by 5% (it depends on the time the
 //! reader takes), "varies" is not compared, and "..." skips the rest.
 
 use testkit::Server;
 
-/// One reply item as the README shows it.
+/// One reply item as the tour shows it.
 enum Want {
     Int(i64, Match),
     Text(String),
@@ -20,7 +20,7 @@ enum Match {
 
 /// The commands of the tour and the reply items shown after each.
 fn tour() -> Vec<(usize, Vec<String>, Vec<Want>)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/commands.md")).unwrap();
     let start = readme.find("## A tour with redis-cli").expect("the tour section");
     let block = &readme[start..];
     let block = &block[block.find("```text").unwrap() + 7..];

@@ -1,7 +1,7 @@
 //! What an operator relies on: readiness apart from liveness, upstream
 //! failures in the log without secrets and rate limited, Prometheus text a
 //! real parser reads, subject labels that do not expose API keys, and the
-//! README's ACL recipe for the relay's Redis user, end to end.
+//! ACL recipe of docs/security.md for the relay's Redis user, end to end.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{call, Relay, Resp};
+use common::{call, relay_acl_recipe, Relay, Resp};
 use testkit::{free_port, Server};
 
 /// `GET path` on `port`: the status code and the body.
@@ -190,22 +190,13 @@ fn the_most_refused_subjects_are_listed() {
     assert!(!body.contains("rl_relay_subject_refused_total{subject=\"rl:{calm}:m\"}"), "{body}");
 }
 
-/// The README's recipe for the relay's Redis user: the module's public
+/// docs/security.md's recipe for the relay's Redis user: the module's public
 /// commands and what the relay sends itself, nothing else.
 #[test]
 fn the_readmes_acl_recipe_runs_the_relay() {
     let s = Server::start(&[]);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let recipe = readme
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER rl-relay "))
-        .expect("the README has the relay's ACL recipe")
-        .replace(">CHANGE-ME", ">relay-pass");
-    let mut cmd = redis::Cmd::new();
-    for word in recipe.split_whitespace() {
-        cmd.arg(word);
-    }
-    let _: () = cmd.query(&mut s.con()).unwrap();
+    let mut admin = s.con();
+    let _: () = relay_acl_recipe(&mut admin, "relay-pass").query(&mut admin).unwrap();
     let metrics = free_port();
     let url = format!("redis://rl-relay:relay-pass@127.0.0.1:{}/", s.port);
     let relay = Relay::start(&url, &["--metrics", &format!("127.0.0.1:{metrics}")]);

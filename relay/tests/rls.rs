@@ -641,22 +641,13 @@ async fn a_hot_window_is_leased_never_over_with_few_redis_calls() {
     assert!(from_memory >= 150.0, "{from_memory}");
 }
 
-/// The relay's Redis user of its README's ACL recipe is all the RLS
+/// The relay's Redis user of docs/security.md's ACL recipe is all the RLS
 /// front needs: its keys are under `rl:`, its commands the module's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_recipe_user_serves_the_rls_front() {
     let server = Server::start(&[]);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let recipe = readme
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER rl-relay "))
-        .expect("the recipe")
-        .replace(">CHANGE-ME", ">pw");
-    let mut cmd = redis::Cmd::new();
-    for word in recipe.split_whitespace() {
-        cmd.arg(word);
-    }
-    let _: () = cmd.query(&mut server.con()).unwrap();
+    let mut admin = server.con();
+    let _: () = common::relay_acl_recipe(&mut admin, "pw").query(&mut admin).unwrap();
     let url = format!("redis://rl-relay:pw@127.0.0.1:{}/", server.port);
     let (_dir, config) = config_file(API);
     let relay = RlsRelay::start(&[url], false, &config, &[]);

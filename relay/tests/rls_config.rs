@@ -274,7 +274,7 @@ fn a_replaces_that_names_no_limit_loads() {
         .unwrap();
 }
 
-// ---- refusals of ours (envoyproxy/ratelimit reads on without a word; README "Behind Envoy")
+// ---- refusals of ours (envoyproxy/ratelimit reads on without a word; docs/envoy.md)
 
 #[test]
 fn a_valid_key_in_the_wrong_place_is_refused() {

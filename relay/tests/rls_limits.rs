@@ -1,4 +1,4 @@
-//! The RLS front's bounds on what a caller may send (relay/README.md,
+//! The RLS front's bounds on what a caller may send (docs/envoy.md,
 //! "What a caller may send") and its local fallback's share while Redis is
 //! down ("Redis down"), against the relay as a child process and real
 //! servers with the module, through envoy-types' generated client and, where

@@ -1,6 +1,6 @@
 //! The RLS front's statistics read by Prometheus' own Python parser, its
 //! windows over real time (fixed, sliding, exact, token bucket), and what
-//! relay/README.md's "Behind Envoy" claims beside them: a real relay, real
+//! docs/envoy.md claims beside them: a real relay, real
 //! servers with the module, envoy-types' generated gRPC client.
 
 mod common;
@@ -567,7 +567,7 @@ async fn health(relay: &RlsRelay, service: &str) -> Result<i32, tonic::Code> {
         .map_err(|e| e.code())
 }
 
-/// relay/README.md, "Behind Envoy", beside what rls.rs tests: gRPC health
+/// docs/envoy.md, beside what rls.rs tests: gRPC health
 /// under the service's full name, `/healthcheck` answering `OK`,
 /// `--rls-prefix` and escaped counter keys, windows aligned to their unit
 /// (a day ends at UTC midnight), a bad config exiting with status 2.

@@ -1,5 +1,5 @@
-//! The README's ACL recipes, one per component, end to end: each user is
-//! created on a real server from the README's own line, the component's
+//! The ACL recipes of docs/security.md, one per component, end to end: each
+//! user is created on a real server from the page's own line, the component's
 //! real calls run as it, and `ACL LOG` must show no refusal.
 
 mod support;
@@ -15,10 +15,10 @@ use testkit::{Cluster, Server};
 
 const PASSWORD: &str = "acl-test-pw";
 
-/// The README's `ACL SETUSER` lines, by user: the arguments after the name,
+/// docs/security.md's `ACL SETUSER` lines, by user: the arguments after the name,
 /// a `(selector)` kept as one argument.
 fn recipes() -> HashMap<String, Vec<String>> {
-    let readme = repo_file("README.md");
+    let readme = repo_file("docs/security.md");
     let mut out = HashMap::new();
     for line in readme.lines().filter_map(|l| l.strip_prefix("ACL SETUSER ")) {
         let mut args = Vec::new();
@@ -39,11 +39,11 @@ fn recipes() -> HashMap<String, Vec<String>> {
 }
 
 fn recipe(user: &str) -> Vec<String> {
-    recipes().remove(user).unwrap_or_else(|| panic!("no ACL SETUSER {user} line in the README"))
+    recipes().remove(user).unwrap_or_else(|| panic!("no ACL SETUSER {user} line in docs/security.md"))
 }
 
 /// `user`'s recipe for `con`'s server: on Redis 7.0 without
-/// `+client|setinfo`, as the README says.
+/// `+client|setinfo`, as docs/security.md says.
 fn recipe_on(con: &mut redis::Connection, user: &str) -> Vec<String> {
     let info: String = redis::cmd("INFO").arg("server").query(con).unwrap();
     let seven_oh = info.lines().any(|l| l.starts_with("redis_version:7.0."));

@@ -1,6 +1,6 @@
 //! The alert rules: valid for promtool, unit-tested by promtool against
 //! their own test file (each alert fires where expected, per instance), on
-//! metrics the exporters serve, and each explained in the README.
+//! metrics the exporters serve, and each explained in docs/operations.md.
 
 mod support;
 
@@ -25,7 +25,7 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() {
 fn every_alert_is_tested_explained_and_on_served_metrics() {
     let rules = YamlLoader::load_from_str(&repo_file("prometheus-alerts.yml")).expect("valid YAML");
     let tests = YamlLoader::load_from_str(&repo_file("prometheus-alerts.test.yml")).expect("valid YAML");
-    let readme = repo_file("README.md");
+    let readme = repo_file("docs/operations.md");
     let sections = expected_metrics();
     let tested: Vec<String> = tests[0]["tests"]
         .as_vec()
@@ -48,7 +48,7 @@ fn every_alert_is_tested_explained_and_on_served_metrics() {
             assert!(rule["annotations"]["summary"].as_str().is_some_and(|s| !s.is_empty()), "{name}: summary");
             assert!(rule["annotations"]["runbook"].as_str().is_some_and(|s| !s.is_empty()), "{name}: runbook");
             assert!(tested.iter().any(|t| t == name), "{name} never fires in prometheus-alerts.test.yml");
-            assert!(readme.contains(&format!("`{name}`")), "{name} is not in the README's alert list");
+            assert!(readme.contains(&format!("`{name}`")), "{name} is not in docs/operations.md's alert list");
             let metrics = promql_metrics(expr);
             assert!(!metrics.is_empty(), "{name}: no metric in {expr}");
             for m in metrics {

@@ -461,9 +461,9 @@ async fn unlock_works_on_a_fleet_that_runs_a_rules_file() {
     }
 }
 
-/// The root README's `ACL SETUSER rl-unlock ...` recipe, password replaced.
+/// docs/security.md's `ACL SETUSER rl-unlock ...` recipe, password replaced.
 fn unlock_recipe(password: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/security.md")).unwrap();
     let line = readme.lines().find(|l| l.starts_with("ACL SETUSER rl-unlock ")).expect("the rl-unlock recipe");
     let args = line.split_whitespace().skip(3);
     args.map(|a| if a.starts_with('>') { format!(">{password}") } else { a.to_owned() }).collect()
@@ -476,7 +476,7 @@ async fn unlock_runs_as_the_readmes_rl_unlock_user() {
     ok(&s.url(), &["publish", &write(dir.path(), "a.toml", &bucket(10))]).await;
     let mut admin = s.con();
     let _: () = redis::cmd("SET").arg("rl:default:{k1}:s").arg("x").query(&mut admin).unwrap();
-    // Redis 7.0 has no CLIENT SETINFO (the README says to leave it out there).
+    // Redis 7.0 has no CLIENT SETINFO (docs/security.md says to leave it out there).
     let info: String = redis::cmd("INFO").arg("server").query(&mut admin).unwrap();
     let seven_oh = info.lines().any(|l| l.starts_with("redis_version:7.0."));
     let recipe: Vec<String> =

@@ -294,7 +294,7 @@ const ACL_CATEGORY: &CStr = c"ratelimit";
 
 pub fn register(ctx: *mut RedisModuleCtx) -> Result<(), String> {
     // SAFETY: function pointers the server filled before OnLoad.
-    // Redis 7.0 has neither (the README gives an ACL recipe for it); 7.2
+    // Redis 7.0 has neither (docs/security.md gives an ACL recipe for it); 7.2
     // can set categories but not add one.
     let (add_category, set_categories) =
         unsafe { (raw::RedisModule_AddACLCategory, raw::RedisModule_SetCommandACLCategories) };

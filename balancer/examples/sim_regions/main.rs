@@ -83,7 +83,7 @@ async fn main() {
             let svg = dir.join(format!("sim-regions-{}.svg", o.name));
             charts::draw(&svg, o.title, &o.recording).unwrap_or_else(|e| panic!("chart {}: {e}", svg.display()));
         }
-        let doc = format!("# Three-region simulation results\n\nWritten by `make sim-regions` (`balancer/examples/sim_regions/`); see the [balancer README](README.md#simulation).\n\n{text}");
+        let doc = format!("# Three-region simulation results\n\nWritten by `make sim-regions` (`balancer/examples/sim_regions/`); see [docs/global-limits.md](../docs/global-limits.md#simulation).\n\n{text}");
         std::fs::write(path, doc).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         eprintln!("written to {}", path.display());
     }

@@ -26,7 +26,7 @@
 //! decision's deadline passed while its call waits at Redis, which counts
 //! it when the stall ends) the fallback so admits no more than Redis had
 //! left. Through an outage, at most that room plus what the stand-ins
-//! refill (relay/README.md, "Error bounds").
+//! refill (docs/error-bounds.md).
 //!
 //! Bounded: at most `max_entries` limits; a new one takes the place of one
 //! drawn at random (which starts from its stand-in if it comes back: one

@@ -2,7 +2,7 @@
 //! ratelimit.v3.RateLimitService/ShouldRateLimit`) on envoyproxy/
 //! ratelimit's configuration, decided by the relay against the module,
 //! beside the RESP front and sharing its pools, its connection to Redis,
-//! its bounds and its readiness (relay/README.md, "Behind Envoy").
+//! its bounds and its readiness (docs/envoy.md).
 //!
 //! config/      the YAML files: read, refused, matched
 //! keys.rs      a descriptor's counter key

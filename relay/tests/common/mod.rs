@@ -389,3 +389,22 @@ pub fn closed(s: &mut TcpStream) -> bool {
     }
     false
 }
+
+/// The relay's Redis user as docs/security.md creates it (`ACL SETUSER
+/// rl-relay ...`, its password replaced by `password`), for `con`'s server:
+/// on Redis 7.0, which has no `CLIENT SETINFO`, without `+client|setinfo`,
+/// as the page says.
+pub fn relay_acl_recipe(con: &mut redis::Connection, password: &str) -> redis::Cmd {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md")).unwrap();
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER rl-relay "))
+        .expect("docs/security.md has the relay's ACL recipe");
+    let info: String = redis::cmd("INFO").arg("server").query(con).unwrap();
+    let seven_oh = info.lines().any(|l| l.starts_with("redis_version:7.0."));
+    let mut cmd = redis::Cmd::new();
+    for word in line.split_whitespace().filter(|w| !(seven_oh && *w == "+client|setinfo")) {
+        cmd.arg(if word == ">CHANGE-ME" { format!(">{password}") } else { word.to_owned() });
+    }
+    cmd
+}
