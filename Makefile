@@ -67,10 +67,10 @@ bench-rls: deps servers build
 bench-sizing: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench -- sizing
 
-# The client's fleet simulation (client/README.md): 300 gateways against one
-# server with the module, about 40 s once built; the report goes to client/SIMULATION.md.
+# The gateway's fleet simulation (gateway/README.md): 300 gateways against one
+# server with the module, about 40 s once built; the report goes to gateway/SIMULATION.md.
 sim: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-gateway --example fleet_sim -- --out gateway/SIMULATION.md
 
 # Global limits across regions (balancer/README.md): three servers with the
 # module, 3 x 100 gateways, the balancer with 70-150 ms injected between

@@ -1,4 +1,4 @@
-//! Settings of a [`Client`](crate::Client) and a [`Limiter`](crate::Limiter),
+//! Settings of a [`Client`](crate::Client) and an rl-gateway `Limiter`,
 //! with the defaults of the design notes.
 
 use std::time::Duration;
@@ -242,7 +242,7 @@ pub struct Config {
     /// Longest wait to (re)connect, in the background. Default 250 ms.
     pub connect_timeout: Duration,
     /// Gateways sharing the limits (the fleet size, from service discovery;
-    /// change it live with [`Limiter::set_gateways`](crate::Limiter::set_gateways)).
+    /// change it live with rl-gateway's `Limiter::set_gateways`).
     /// Sizes leases and the outage fallback. Default 1.
     pub gateways: u32,
     /// A lease is this much of this gateway's share of the rate. Default 1 s:

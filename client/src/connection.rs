@@ -22,7 +22,7 @@
 //! answers it), and the next call resolves the endpoint again
 //! ([`crate::endpoint`]). So do three timeouts in a row (a server gone
 //! without closing its connections). Each such re-resolution is logged,
-//! counted ([`Event::Reresolved`](crate::Event::Reresolved)) and shown in
+//! counted (rl-gateway's `Event::ServerSwitch`) and shown in
 //! [`Connection::status`].
 //!
 //! Through a lease relay (`Config::relay`), calls go to the relay while its

@@ -27,7 +27,7 @@ use std::hint::black_box;
 use std::time::{Duration, SystemTime};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_client::{Config, Event, Limiter, Policy, Rule};
+use rl_gateway::{Config, Event, Limiter, Policy, Rule};
 use rl_http::headers::{self, PolicyHeaders};
 use rl_http::{By, PeerAddr, Policies, RateLimitLayer};
 use testkit::{thread_cpu_time, Server};

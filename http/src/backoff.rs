@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use rl_client::Decision;
+use rl_gateway::Decision;
 
 /// Full-jitter exponential backoff: see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rl_client::Source;
+    use rl_gateway::Source;
 
     #[test]
     fn delays_stay_under_a_doubling_ceiling_and_the_cap() {

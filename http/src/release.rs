@@ -9,9 +9,9 @@ use std::time::Duration;
 #[cfg(feature = "tower")]
 use std::time::Instant;
 
-use rl_client::NoPermit;
+use rl_gateway::NoPermit;
 #[cfg(feature = "tower")]
-use rl_client::Permit;
+use rl_gateway::Permit;
 
 #[cfg(feature = "tower")]
 use crate::headers::InflightHeaders;
@@ -91,7 +91,7 @@ impl Drop for Holding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rl_client::Source;
+    use rl_gateway::Source;
 
     fn refused(in_flight: u64, retry: Option<Duration>) -> NoPermit {
         NoPermit { rule: 0, in_flight, limit: in_flight, retry_after: retry, source: Source::Redis }

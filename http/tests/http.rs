@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::config;
 use http::{Request, Response, StatusCode};
-use rl_client::{Backend, Limiter, Policy, Rule};
+use rl_gateway::{Backend, Limiter, Policy, Rule};
 use rl_http::{headers, By, MissingKey, PeerAddr, Policies, RateLimitLayer, Refused};
 use testkit::Server;
 use tower::{service_fn, Layer, ServiceExt};
@@ -115,7 +115,7 @@ async fn a_configuration_fault_is_a_500_that_says_nothing_of_the_request() {
     let lua = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
     let day = Duration::from_secs(86_400);
     let quota =
-        Policy::builder("api").rule(Rule::window("daily", 10, day, rl_client::WindowMode::Fixed)).build().unwrap();
+        Policy::builder("api").rule(Rule::window("daily", 10, day, rl_gateway::WindowMode::Fixed)).build().unwrap();
     let r = by_key(lua, quota).layer(hello()).oneshot(request(Some("secret-key"), "192.0.2.1")).await.unwrap();
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(!r.body().get_ref().contains("secret-key"));

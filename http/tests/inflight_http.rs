@@ -20,7 +20,7 @@ use hyper::server::conn::http1;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use rl_client::{Backend, InflightPolicy, InflightRule, Limiter};
+use rl_gateway::{Backend, InflightPolicy, InflightRule, Limiter};
 use rl_http::InflightLayer;
 use testkit::Server;
 use tokio::net::TcpListener;

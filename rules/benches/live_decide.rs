@@ -18,7 +18,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_client::{Config, Event, Limiter, Policy, Rule};
+use rl_gateway::{Config, Event, Limiter, Policy, Rule};
 use rl_http::{By, Decide, Facts, Policies};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use testkit::{thread_cpu_time, Server};

@@ -39,7 +39,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Response, StatusCode};
 use axum::routing::{any, get, post};
 use axum::Router;
-use rl_client::{Backend, Config, Limiter, Target};
+use rl_gateway::{Backend, Config, Limiter, Target};
 use rl_http::{ClientIp, MissingKey, RateLimitLayer, Trust};
 use rl_rules::{LiveDecide, LiveRules, RedisSource, RuleSetSpec};
 use tokio::net::TcpListener;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rl_client::{Check, Error, Limiter, Result};
+use rl_gateway::{Check, Error, Limiter, Result};
 use rl_http::headers::View;
 use rl_http::{BoxFuture, Checked, Decide, Decided, Facts, InflightChecked};
 use tokio::runtime::Handle;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use common::config;
 use http::{Request, Response, StatusCode};
-use rl_client::{Backend, Limiter};
+use rl_gateway::{Backend, Limiter};
 use rl_http::{MissingKey, PeerAddr, RateLimitLayer};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use testkit::Server;
@@ -74,7 +74,7 @@ async fn the_policy_field_is_the_same_whoever_refuses() {
     }
     assert_eq!(statuses[..3], [StatusCode::OK; 3]);
     assert_eq!(statuses[3..], [StatusCode::TOO_MANY_REQUESTS; 3]);
-    let deny = rules.limiter().counters().get(rl_client::Event::DenyCacheHit);
+    let deny = rules.limiter().counters().get(rl_gateway::Event::DenyCacheHit);
     assert!(deny > 0, "the later refusals came from the deny cache");
     let first = &policies[0];
     assert_eq!(first.matches(";q=").count(), 4, "two views of two limits: {first}");

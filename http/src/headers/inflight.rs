@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
-use rl_client::{InflightPolicy, NoPermit, Permit};
+use rl_gateway::{InflightPolicy, NoPermit, Permit};
 
 use super::{
     append_member, ceil_secs, header_u64, insert_legacy, number, raise_retry_after, Fields, View, RATELIMIT_POLICY,
@@ -191,7 +191,7 @@ pub fn insert_inflight(
 mod tests {
     use super::*;
     use crate::headers::{RATELIMIT, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-    use rl_client::{InflightRule, Source};
+    use rl_gateway::{InflightRule, Source};
 
     fn reports() -> InflightHeaders {
         let policy = InflightPolicy::builder("rl:reports")

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http_body::{Body, Frame, SizeHint};
-use rl_client::Permit;
+use rl_gateway::Permit;
 
 use crate::headers::InflightHeaders;
 use crate::release::Holding;

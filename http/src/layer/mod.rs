@@ -35,7 +35,7 @@ use tower::{Layer, Service};
 pub use body::HeldBody;
 pub use refusal::Refused;
 
-use rl_client::{ip_subject, key_subject, Check, Decision, Error, Limiter, NoPermit, Permit, Policy, Result, Source};
+use rl_gateway::{ip_subject, key_subject, Check, Decision, Error, Limiter, NoPermit, Permit, Policy, Result, Source};
 
 use crate::client_ip::ClientIp;
 use crate::headers::{self, InflightHeaders, PolicyHeaders, Slots, View};
@@ -137,10 +137,10 @@ pub enum By {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use rl_client::{Config, Limiter, Policy, Rule};
+/// use rl_gateway::{Config, Limiter, Policy, Rule};
 /// use rl_http::{By, Policies, RateLimitLayer};
 ///
-/// # async fn run() -> Result<(), rl_client::Error> {
+/// # async fn run() -> Result<(), rl_gateway::Error> {
 /// let limiter = Limiter::new(Config::standalone("redis://127.0.0.1:6379/"))?;
 /// let per_ip = Policy::builder("ip").label("ip").rule(Rule::per_second("per_second", 20)).build()?;
 /// let per_key = Policy::builder("key").label("key").rule(Rule::per_minute("per_minute", 600)).build()?;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rl_client::{Backend, Config};
+use rl_gateway::{Backend, Config};
 
 /// A configuration for tests: timeouts generous enough for a busy machine.
 pub fn config(url: String, backend: Backend) -> Config {

@@ -15,11 +15,11 @@
 
 use std::collections::HashMap;
 
-use rl_client::sim::{Breaker, Ticket};
 use rl_core::deny::Denial;
 use rl_core::fallback::share;
 use rl_core::lease::{batch, pace_ms, share_ms, Lease, Spend};
 use rl_core::{acquire_in_place, BucketParams, BucketState, Reply};
+use rl_gateway::sim::{Breaker, Ticket};
 
 /// A call a gateway sends.
 #[derive(Clone, Copy, Debug)]

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use rl_client::{Backend, Error, FailMode};
+use rl_gateway::{Backend, Error, FailMode};
 use rl_rules::{
     diff, escaped, fleet_status, override_id, parse_network, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec,
     RuleSpec, RulesStore, Snapshot, Stored, DEFAULT_KEY, MAX_OVERRIDE,
@@ -347,8 +347,8 @@ async fn run(command: Command) -> Result<Output, Error> {
 /// server cannot be asked, `validate` (`strict`) fails and `publish` goes
 /// on (its gateways ask their own servers before installing).
 async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<(), Error> {
-    let config = rl_client::Config { backend, ..rl_client::Config::standalone(url) };
-    let client = rl_client::Client::new(&config)?;
+    let config = rl_gateway::Config { backend, ..rl_gateway::Config::standalone(url) };
+    let client = rl_gateway::Client::new(&config)?;
     match rl_rules::server_refusals(&client, snapshot).await {
         Ok(faults) if faults.is_empty() => Ok(()),
         Ok(faults) => Err(Error::Rules(format!(

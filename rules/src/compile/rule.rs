@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use rl_client::{validate_name, InflightPolicy, InflightRule, Policy, Rule};
+use rl_gateway::{validate_name, InflightPolicy, InflightRule, Policy, Rule};
 use rl_http::{InflightHeaders, PolicyHeaders};
 
 use super::global::check_global;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::snapshot::Scope;
 use crate::spec::{LimitSpec, MatchSpec};
-use rl_client::FailMode;
+use rl_gateway::FailMode;
 
 fn set(toml: &str) -> RuleSetSpec {
     RuleSetSpec::from_toml(toml).unwrap()
