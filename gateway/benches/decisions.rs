@@ -13,7 +13,7 @@
 //! (from the limiter's counters) and how many calls reached Redis meanwhile.
 //!
 //! One more row, `Redis decision`, puts a check Redis answers (in wall
-//! time) next to them. The HTTP side of the same decisions is rl-http's
+//! time) next to them. The HTTP side of the same decisions is rl-gateway's http
 //! bench; the deciders of its layer (fixed policies, live rules) are
 //! rl-rules'.
 //!

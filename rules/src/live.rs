@@ -15,8 +15,8 @@ use arc_swap::ArcSwap;
 use http::HeaderMap;
 use quick_cache::sync::Cache;
 
+use rl_gateway::http::headers::{self, PolicyHeaders};
 use rl_gateway::{Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
-use rl_http::headers::{self, PolicyHeaders};
 
 use crate::fleet::Origin;
 use crate::regional::{Regional, RegionalShares};

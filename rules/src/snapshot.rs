@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
+use rl_gateway::http::{InflightHeaders, PolicyHeaders};
 use rl_gateway::{Error, FailMode, InflightPolicy, Policy, Result, Rule};
-use rl_http::{InflightHeaders, PolicyHeaders};
 
 use crate::regional::Scaling;
 use crate::spec::{GlobalSpec, IpTier, Mode};
@@ -154,7 +154,7 @@ impl CompiledRule {
     }
 
     /// Its policy with the headers' fixed parts, built once when the rule
-    /// was compiled: for [`headers`](rl_http::headers).
+    /// was compiled: for [`headers`](rl_gateway::http::headers).
     pub fn headers(&self) -> &Arc<PolicyHeaders> {
         self.rates.as_ref().unwrap_or_else(|| no_rates())
     }

@@ -1,4 +1,4 @@
-//! Live rules behind rl-http's tower layer, against a real server: which
+//! Live rules behind rl-gateway's http tower layer, against a real server: which
 //! views of a request are limited (its key, its address), the headers a
 //! refusal carries whoever answers it, routes by template, and in-flight
 //! limits held for the life of a response.
@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 
 use common::config;
 use http::{Request, Response, StatusCode};
+use rl_gateway::http::{MissingKey, PeerAddr, RateLimitLayer};
 use rl_gateway::{Backend, Limiter};
-use rl_http::{MissingKey, PeerAddr, RateLimitLayer};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use testkit::Server;
 use tower::{service_fn, Layer, Service, ServiceExt};

@@ -764,7 +764,7 @@ async fn a_global_rule_is_enforced_at_the_regions_share() {
 #[cfg(feature = "tower")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
-    use rl_http::{Decide, Facts};
+    use rl_gateway::http::{Decide, Facts};
     let s = Server::start(&[]);
     let rules = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
     let share = Arc::new(FixedShare { ppm: 700_000, checked: Default::default() });
@@ -797,7 +797,7 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
 #[cfg(feature = "tower")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
-    use rl_http::{Decide, Facts};
+    use rl_gateway::http::{Decide, Facts};
     let s = Server::start(&[]);
     // Everyone at `rate`, and a shadow rule of one an hour on the search.
     let shadowed = |rate: &str| {

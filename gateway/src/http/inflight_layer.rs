@@ -5,7 +5,7 @@
 //! response body has been sent (or dropped, the client gone), not merely
 //! until the handler returned. NoPermit requests are answered with the
 //! rule's status (`429 Too Many Requests`, or `503 Service Unavailable`
-//! for a rule made [`unavailable`](rl_gateway::InflightRule::unavailable)), the
+//! for a rule made [`unavailable`](crate::InflightRule::unavailable)), the
 //! headers and `Retry-After` when a slot's deadline is known. Requests the
 //! key extractor returns `None` for pass unlimited; a bad subject is `400`.
 //! Redis being down never fails a request: fail-open rules limit locally.
@@ -19,7 +19,7 @@
 //! use std::time::Duration;
 //! use http::{Request, Response};
 //! use rl_gateway::{Config, InflightPolicy, InflightRule, Limiter};
-//! use rl_http::InflightLayer;
+//! use rl_gateway::http::InflightLayer;
 //! use tower::{service_fn, ServiceBuilder};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -49,10 +49,10 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tower::{Layer, Service};
 
-use rl_gateway::{subject_fault, InflightPolicy, InflightRule, Limiter, NoPermit, Permit};
+use crate::{subject_fault, InflightPolicy, InflightRule, Limiter, NoPermit, Permit};
 
-use crate::headers::{InflightHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
-use crate::release::Holding;
+use crate::http::headers::{InflightHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
+use crate::http::release::Holding;
 
 /// Wraps services with [`InflightLimit`]. `K` names a request's subject:
 /// `Fn(&Request<B>) -> Option<String>`.
@@ -193,7 +193,7 @@ where
 }
 
 /// The status a refusal by `rule` answers: 429, or 503 for a rule made
-/// [`unavailable`](rl_gateway::InflightRule::unavailable).
+/// [`unavailable`](crate::InflightRule::unavailable).
 fn status(rule: Option<&InflightRule>) -> StatusCode {
     match rule {
         Some(rule) if rule.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,

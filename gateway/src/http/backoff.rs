@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use rl_http::Backoff;
+//! use rl_gateway::http::Backoff;
 //!
 //! let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
 //! for attempt in 0..5 {
@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use rl_gateway::Decision;
+use crate::Decision;
 
 /// Full-jitter exponential backoff: see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rl_gateway::Source;
+    use crate::Source;
 
     #[test]
     fn delays_stay_under_a_doubling_ceiling_and_the_cap() {

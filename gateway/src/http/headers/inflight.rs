@@ -8,13 +8,13 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use crate::{InflightPolicy, NoPermit, Permit};
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
-use rl_gateway::{InflightPolicy, NoPermit, Permit};
 
 use super::{
     append_member, ceil_secs, header_u64, insert_legacy, number, raise_retry_after, Fields, View, RATELIMIT_POLICY,
 };
-use crate::release::ReleaseRate;
+use crate::http::release::ReleaseRate;
 
 /// An in-flight policy with its headers' fixed parts and the rate its
 /// slots were seen to free: made once where the policy is registered (a
@@ -190,8 +190,8 @@ pub fn insert_inflight(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::{RATELIMIT, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-    use rl_gateway::{InflightRule, Source};
+    use crate::http::headers::{RATELIMIT, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
+    use crate::{InflightRule, Source};
 
     fn reports() -> InflightHeaders {
         let policy = InflightPolicy::builder("rl:reports")

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use crate::Permit;
 use http_body::{Body, Frame, SizeHint};
-use rl_gateway::Permit;
 
-use crate::headers::InflightHeaders;
-use crate::release::Holding;
+use crate::http::headers::InflightHeaders;
+use crate::http::release::Holding;
 
 pin_project_lite::pin_project! {
     /// A response body of [`RateLimit`](super::RateLimit): the service's

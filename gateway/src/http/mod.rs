@@ -1,5 +1,4 @@
-#![doc = include_str!("../README.md")]
-#![warn(missing_docs)]
+#![doc = include_str!("../../HTTP.md")]
 
 mod backoff;
 mod client_ip;

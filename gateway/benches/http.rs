@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo build --release -p redis-rl        # the module the server loads
-//! cargo bench -p rl-http --bench http
+//! cargo bench -p rl-gateway --bench http
 //! ```
 //!
 //! The rows: `lease spend`, the decision alone, for scale; `headers`, the
@@ -27,9 +27,9 @@ use std::hint::black_box;
 use std::time::{Duration, SystemTime};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use rl_gateway::http::headers::{self, PolicyHeaders};
+use rl_gateway::http::{By, PeerAddr, Policies, RateLimitLayer};
 use rl_gateway::{Config, Event, Limiter, Policy, Rule};
-use rl_http::headers::{self, PolicyHeaders};
-use rl_http::{By, PeerAddr, Policies, RateLimitLayer};
 use testkit::{thread_cpu_time, Server};
 use tower::{Layer, ServiceExt};
 

@@ -38,7 +38,7 @@ pub enum ForwardHeader {
 /// the left-most value, which the client writes.
 ///
 /// ```
-/// use rl_http::{ClientIp, Trust};
+/// use rl_gateway::http::{ClientIp, Trust};
 /// use http::HeaderMap;
 ///
 /// let ip = ClientIp::new(Trust::Networks(vec!["10.0.0.0/8".parse().unwrap()]));

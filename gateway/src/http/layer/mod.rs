@@ -35,10 +35,10 @@ use tower::{Layer, Service};
 pub use body::HeldBody;
 pub use refusal::Refused;
 
-use rl_gateway::{ip_subject, key_subject, Check, Decision, Error, Limiter, NoPermit, Permit, Policy, Result, Source};
+use crate::{ip_subject, key_subject, Check, Decision, Error, Limiter, NoPermit, Permit, Policy, Result, Source};
 
-use crate::client_ip::ClientIp;
-use crate::headers::{self, InflightHeaders, PolicyHeaders, Slots, View};
+use crate::http::client_ip::ClientIp;
+use crate::http::headers::{self, InflightHeaders, PolicyHeaders, Slots, View};
 use refusal::Refusal;
 
 /// What the layer knows of a request when it decides.
@@ -138,7 +138,7 @@ pub enum By {
 /// ```no_run
 /// use std::sync::Arc;
 /// use rl_gateway::{Config, Limiter, Policy, Rule};
-/// use rl_http::{By, Policies, RateLimitLayer};
+/// use rl_gateway::http::{By, Policies, RateLimitLayer};
 ///
 /// # async fn run() -> Result<(), rl_gateway::Error> {
 /// let limiter = Limiter::new(Config::standalone("redis://127.0.0.1:6379/"))?;
@@ -244,7 +244,7 @@ type TemplateFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 type RefusalFn = Arc<dyn Fn(&Refused) -> Response<String> + Send + Sync>;
 
-const NO_PEER: &str = "the request has no peer address: serve with axum's into_make_service_with_connect_info::<SocketAddr>() and set RateLimitLayer::peer, or insert rl_http::PeerAddr";
+const NO_PEER: &str = "the request has no peer address: serve with axum's into_make_service_with_connect_info::<SocketAddr>() and set RateLimitLayer::peer, or insert rl_gateway::http::PeerAddr";
 
 /// Wraps services with [`RateLimit`]: per request, the facts extracted, one
 /// [`Decide`] pass over every policy that applies, and the headers merged

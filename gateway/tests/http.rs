@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::config;
 use http::{Request, Response, StatusCode};
+use rl_gateway::http::{headers, By, MissingKey, PeerAddr, Policies, RateLimitLayer, Refused};
 use rl_gateway::{Backend, Limiter, Policy, Rule};
-use rl_http::{headers, By, MissingKey, PeerAddr, Policies, RateLimitLayer, Refused};
 use testkit::Server;
 use tower::{service_fn, Layer, ServiceExt};
 

@@ -4,7 +4,7 @@
 //!
 //! - `RateLimit-Policy: "per_minute";q=5000;w=60` for every enforced rule:
 //!   `q` its capacity, `w` the seconds it takes to refill from empty, `qu`
-//!   the quota unit when it is not requests ([`QuotaUnit`](rl_gateway::QuotaUnit)).
+//!   the quota unit when it is not requests ([`QuotaUnit`](crate::QuotaUnit)).
 //!   Built once per [`PolicyHeaders`] (where the policy is registered); the
 //!   same on every response of the policy.
 //! - `RateLimit: "per_minute";r=42;t=1` for the policy's binding rule: `r`
@@ -19,7 +19,7 @@
 //! - Several policies on one response (a layer with several, or stacked
 //!   layers): each adds its list members, nothing is overwritten. Rule
 //!   names repeat across policies: give each a
-//!   [`label`](rl_gateway::PolicyBuilder::label) and its members read `label.rule`.
+//!   [`label`](crate::PolicyBuilder::label) and its members read `label.rule`.
 //!   One policy reached through two views of a request (live rules: by key
 //!   and by address) names them apart, `key.label.rule` and
 //!   `ip.label.rule` ([`insert_view`]).
@@ -37,7 +37,7 @@
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
-//! use rl_http::headers::{self, PolicyHeaders};
+//! use rl_gateway::http::headers::{self, PolicyHeaders};
 //! use rl_gateway::{Decision, Policy, Rule, Source};
 //!
 //! let policy = Policy::builder("api").rule(Rule::per_minute("per_minute", 5000)).build()?;
@@ -71,7 +71,7 @@ use bytes::Bytes;
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use rl_core::codec::decimal;
 
-use rl_gateway::{Decision, Policy, Rule};
+use crate::{Decision, Policy, Rule};
 
 pub use inflight::{announce_inflight, insert_inflight, InflightHeaders, Slots};
 
@@ -510,8 +510,8 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{QuotaUnit, Source};
     use rl_core::WindowMode;
-    use rl_gateway::{QuotaUnit, Source};
 
     fn decision(allowed: bool, retry_ms: Option<u64>) -> Decision {
         Decision {
@@ -535,7 +535,7 @@ mod tests {
         )
     }
 
-    fn headed(policy: rl_gateway::PolicyBuilder) -> PolicyHeaders {
+    fn headed(policy: crate::PolicyBuilder) -> PolicyHeaders {
         PolicyHeaders::new(policy.build().unwrap())
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 
-use rl_gateway::Source;
+use crate::Source;
 
 /// One refusing rule of a request, rate or in flight.
 pub(crate) struct Refusal {
@@ -24,7 +24,7 @@ pub(crate) struct Refusal {
 pub struct Refused {
     /// 429, or 503 when every refusing rule refused only because Redis
     /// cannot answer (fail-closed) or is an in-flight rule made
-    /// [`unavailable`](rl_gateway::InflightRule::unavailable): the draft's
+    /// [`unavailable`](crate::InflightRule::unavailable): the draft's
     /// temporary reduced capacity.
     pub status: StatusCode,
     /// The refusing rules, as the headers name them (`label.rule`).

@@ -9,12 +9,12 @@ use std::time::Duration;
 #[cfg(feature = "tower")]
 use std::time::Instant;
 
-use rl_gateway::NoPermit;
+use crate::NoPermit;
 #[cfg(feature = "tower")]
-use rl_gateway::Permit;
+use crate::Permit;
 
 #[cfg(feature = "tower")]
-use crate::headers::InflightHeaders;
+use crate::http::headers::InflightHeaders;
 
 /// The mean time this gateway's requests held a slot of one in-flight
 /// policy, a moving average (each new hold weighs 1/8).
@@ -91,7 +91,7 @@ impl Drop for Holding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rl_gateway::Source;
+    use crate::Source;
 
     fn refused(in_flight: u64, retry: Option<Duration>) -> NoPermit {
         NoPermit { rule: 0, in_flight, limit: in_flight, retry_after: retry, source: Source::Redis }
