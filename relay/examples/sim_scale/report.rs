@@ -173,7 +173,7 @@ pub fn write(i: &Inputs) -> String {
     let _ = writeln!(w, "## Validation: 300 gateways, one shard, against make sim\n");
     let _ = writeln!(
         w,
-        "make sim's numbers are its leases phase on a real server with 300 real `Limiter`s (client/SIMULATION.md); \
+        "make sim's numbers are its leases phase on a real server with 300 real `Limiter`s (gateway/SIMULATION.md); \
          its class rows count the calls requests waited for, the model's class rows include the background top-ups \
          (make sim counts those apart: 0.004 calls per request).\n"
     );
