@@ -30,12 +30,14 @@ test: deps servers build lint test-make
 build:
 	cargo build --release -p redis-rl
 
-# Formatting and lints are gates: make test fails on either.
+# Formatting, lints and the docs (every intra-doc link resolves) are gates:
+# make test fails on any.
 lint:
 	@cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt || { echo "rustfmt is missing: add it to your Rust toolchain"; exit 1; }
 	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy || { echo "clippy is missing: add it to your Rust toolchain"; exit 1; }
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout

@@ -22,10 +22,15 @@ struct Cli {
 
 #[derive(Args)]
 struct Store {
-    /// The Redis server holding the rules: redis://[user:password@]host:port/,
-    /// or the master Sentinel names:
-    /// redis+sentinel://[user:password@]host:port[,host:port...]/MASTER.
-    #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
+    // The help as an attribute: its URL templates' brackets would read as
+    // links in a doc comment (rustdoc).
+    #[arg(
+        long,
+        env = "RL_REDIS_URL",
+        value_name = "URL",
+        help = "The Redis server holding the rules: redis://[user:password@]host:port/, or the master Sentinel names: \
+                redis+sentinel://[user:password@]host:port[,host:port...]/MASTER"
+    )]
     redis: String,
     /// The rules hash (also the channel new versions are announced on).
     #[arg(long, default_value = DEFAULT_KEY)]
