@@ -18,10 +18,9 @@ mod slot;
 
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
-pub use config::{Backend, Config, NodeAuth, Target, SENTINEL_SCHEME};
+pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME};
 pub use connection::Connection;
 pub use decision::{Decision, Grant, Source};
-pub use endpoint::{redacted, SENTINEL_PORT};
 pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
 pub use params::period_ms;

@@ -370,7 +370,7 @@ mod tests {
             reset_after: Duration::from_millis(1000),
             limit: 100,
             rule: 0,
-            source: crate::Source::DenyCache,
+            source: rl_client::Source::DenyCache,
             shadow_refused: None,
         };
         let reads = std::cell::Cell::new(0);

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use quick_cache::sync::Cache;
 use rl_client::internal::lock;
-use rl_client::{Decision, Source};
+use rl_client::{Clock, Decision, Source};
 use rl_core::lease::Spend as CoreSpend;
 
 use crate::subject::{Subject, SubjectKey};
@@ -93,11 +93,11 @@ impl Drop for LeaseCall {
 pub(crate) struct Reserved<'a> {
     entry: &'a Arc<Mutex<Lease>>,
     tokens: u64,
-    clock: &'a crate::Clock,
+    clock: &'a Clock,
 }
 
 impl<'a> Reserved<'a> {
-    pub(crate) fn new(entry: &'a Arc<Mutex<Lease>>, tokens: u64, clock: &'a crate::Clock) -> Reserved<'a> {
+    pub(crate) fn new(entry: &'a Arc<Mutex<Lease>>, tokens: u64, clock: &'a Clock) -> Reserved<'a> {
         Reserved { entry, tokens, clock }
     }
 
@@ -369,7 +369,7 @@ mod tests {
     #[test]
     fn reserved_tokens_come_back_when_the_request_is_dropped() {
         let l = new_lease();
-        let clock = crate::Clock::Manual(crate::ManualClock::new());
+        let clock = rl_client::Clock::Manual(rl_client::ManualClock::new());
         let now = clock.now_ms();
         add(&l, 2, 0, now);
         let reserved = short(spend(&l, 3, 10, now)).0;
