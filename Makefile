@@ -30,12 +30,14 @@ test: deps servers build lint test-make
 build:
 	cargo build --release -p redis-rl
 
-# Formatting and lints are gates: make test fails on either.
+# Formatting, lints and the docs (every intra-doc link resolves) are gates:
+# make test fails on any.
 lint:
 	@cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt || { echo "rustfmt is missing: add it to your Rust toolchain"; exit 1; }
 	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy || { echo "clippy is missing: add it to your Rust toolchain"; exit 1; }
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout
@@ -67,10 +69,10 @@ bench-rls: deps servers build
 bench-sizing: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench -- sizing
 
-# The client's fleet simulation (client/README.md): 300 gateways against one
-# server with the module, about 40 s once built; the report goes to client/SIMULATION.md.
+# The gateway's fleet simulation (gateway/README.md): 300 gateways against one
+# server with the module, about 40 s once built; the report goes to gateway/SIMULATION.md.
 sim: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p rl-client --example fleet_sim -- --out client/SIMULATION.md
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-gateway --example fleet_sim -- --out gateway/SIMULATION.md
 
 # Global limits across regions (docs/global-limits.md): three servers with the
 # module, 3 x 100 gateways, the balancer with 70-150 ms injected between

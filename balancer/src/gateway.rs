@@ -7,7 +7,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use rl_balancer::gateway::{GatewayConfig, RegionShares};
-//! use rl_client::{Config, Limiter};
+//! use rl_gateway::{Config, Limiter};
 //! use rl_rules::{LiveRules, RuleSetSpec};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use rl_client::{Clock, Connection, Target};
+use rl_gateway::{Clock, Connection, Target};
 use rl_rules::{GlobalLimit, GlobalSpec, RegionalShares};
 
 use crate::split::SplitParams;
@@ -69,7 +69,7 @@ impl std::fmt::Debug for GatewayConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GatewayConfig")
             .field("region", &self.region)
-            .field("redis_url", &rl_client::redacted(&self.redis_url))
+            .field("redis_url", &rl_gateway::redacted(&self.redis_url))
             .field("key", &self.key)
             .field("refresh", &self.refresh)
             .field("timeout", &self.timeout)
@@ -163,7 +163,7 @@ impl RegionShares {
     /// every interval. `config.redis_url` is `redis://` or
     /// `redis+sentinel://`. Must run inside a tokio runtime.
     pub fn new(config: GatewayConfig) -> Result<RegionShares, redis::RedisError> {
-        let bad = |e: rl_client::Error| {
+        let bad = |e: rl_gateway::Error| {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad Redis URL", e.to_string()))
         };
         let target = Target::from_url(&config.redis_url).map_err(bad)?;

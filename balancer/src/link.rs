@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use rl_client::{Connection, Target};
+use rl_gateway::{Connection, Target};
 
 use crate::store::{self, Corrupt, Read, StoreError};
 use crate::table::ShareTable;
@@ -68,7 +68,7 @@ impl Link {
         delay: Option<(Duration, Duration)>,
     ) -> Result<Link, String> {
         // The URL may carry a password: the message names the region only.
-        let bad = |e: rl_client::Error| format!("region {name}: bad Redis URL: {e}");
+        let bad = |e: rl_gateway::Error| format!("region {name}: bad Redis URL: {e}");
         let con = Connection::open(&Target::from_url(url).map_err(bad)?, timeout, timeout).map_err(bad)?;
         Ok(Link { name: name.to_string(), con, key: key.to_string(), timeout, delay })
     }

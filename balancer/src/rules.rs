@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rl_client::Policy;
+use rl_gateway::Policy;
 use rl_rules::{global_rules, RuleSetSpec, Snapshot};
 
 use crate::round::GlobalRule;

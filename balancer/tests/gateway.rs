@@ -13,7 +13,7 @@ use common::calls;
 use rl_balancer::gateway::{GatewayConfig, RegionShares};
 use rl_balancer::store::{self, DEFAULT_KEY};
 use rl_balancer::{feed_fixed_windows, RuleShares, Share, ShareTable};
-use rl_client::{Backend, Clock, Config, Limiter, ManualClock, Source};
+use rl_gateway::{Backend, Clock, Config, Limiter, ManualClock, Source};
 use rl_rules::{GlobalLimit, LiveRules, RegionalShares, Request, RuleSetSpec};
 use testkit::Server;
 

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::lock;
+use crate::lock::lock;
 
 /// The failure rate is counted over windows of this length.
 pub(crate) const RATE_WINDOW_MS: u64 = 1000;

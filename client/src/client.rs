@@ -1,7 +1,7 @@
 //! Typed calls for every module command, on either backend.
 //!
 //! These are exact and unguarded: a Redis failure is an `Err`. The
-//! [`Limiter`](crate::Limiter) adds leases, the deny cache, the breaker and
+//! rl-gateway's `Limiter` adds leases, the deny cache, the breaker and
 //! the fallback on top of them.
 
 use std::sync::{Arc, LazyLock};
@@ -17,7 +17,7 @@ use crate::connection::Connection;
 use crate::decision::{Decision, Grant};
 use crate::error::{Error, Result};
 use crate::inflight::{new_id, validate_cost, validate_id, Acquired, Inflight};
-use crate::policy::{bucket_params, period_ms, LUA_MAX_UNITS};
+use crate::params::{bucket_params, period_ms, LUA_MAX_UNITS};
 use crate::slot::slot_of;
 
 /// The Lua backend's script (its SHA1 names it in EVALSHA), with the
@@ -284,7 +284,8 @@ impl Client {
     }
 
     /// RL.ACQUIRE (`write`) or RL.INFLIGHT on keys and limits checked when made.
-    pub(crate) async fn inflight_call(
+    #[doc(hidden)]
+    pub async fn inflight_call(
         &self,
         write: bool,
         keys: &[String],
@@ -350,7 +351,8 @@ impl Client {
 
     /// RL.WINDOW for a policy's window rules, each given as its bucket
     /// stand-in (`limit` per `window_ms`, checked when the policy was built).
-    pub(crate) async fn run_windows(
+    #[doc(hidden)]
+    pub async fn run_windows(
         &self,
         mode: WindowMode,
         keys: &[String],
@@ -395,7 +397,8 @@ impl Client {
     /// RL.TAKE for buckets, RL.WINDOW for windows (`window`), checked as
     /// the single calls check. Module only: the Lua backend's EVALSHA
     /// cannot be reloaded inside a pipeline.
-    pub(crate) fn take_command(
+    #[doc(hidden)]
+    pub fn take_command(
         &self,
         window: Option<WindowMode>,
         keys: &[String],
@@ -423,7 +426,8 @@ impl Client {
     /// Sends `cmds` (each on `keys` keys) to the primary serving `slot` in
     /// one round trip, within one timeout: each command's decision, or its
     /// own error. `Err` when the round trip itself failed.
-    pub(crate) async fn pipeline(&self, cmds: Vec<(Cmd, usize)>, slot: u16) -> Result<Vec<Result<Decision>>> {
+    #[doc(hidden)]
+    pub async fn pipeline(&self, cmds: Vec<(Cmd, usize)>, slot: u16) -> Result<Vec<Result<Decision>>> {
         let mut pipe = redis::pipe();
         let mut keys = Vec::with_capacity(cmds.len());
         for (cmd, n) in cmds {
@@ -438,13 +442,15 @@ impl Client {
     }
 
     /// Runs a bucket operation on the backend: its decision.
-    pub(crate) async fn run(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Decision> {
+    #[doc(hidden)]
+    pub async fn run(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Decision> {
         let reply = self.bucket_call(op, keys, params).await?;
         Decision::from_reply(&reply, keys.len())
     }
 
     /// A lease, which answers a grant.
-    pub(crate) async fn grant(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Grant> {
+    #[doc(hidden)]
+    pub async fn grant(&self, op: BucketOp, keys: &[String], params: &[BucketParams]) -> Result<Grant> {
         let reply = self.bucket_call(op, keys, params).await?;
         Grant::from_reply(&reply, keys.len())
     }
@@ -503,7 +509,8 @@ impl Client {
     }
 
     /// The cluster's slot ranges and their primaries (empty when standalone).
-    pub(crate) async fn slot_map(&self, timeout: Duration) -> Result<Vec<(u16, u16, String)>> {
+    #[doc(hidden)]
+    pub async fn slot_map(&self, timeout: Duration) -> Result<Vec<(u16, u16, String)>> {
         tokio::time::timeout(timeout, self.conn.slot_map()).await.unwrap_or(Err(Error::Timeout))
     }
 }

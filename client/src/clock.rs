@@ -1,6 +1,6 @@
-//! The clock a [`Limiter`](crate::Limiter) decides from memory by (leases,
+//! The clock an rl-gateway `Limiter` decides from memory by (leases,
 //! deny cache, breakers, fallback: whole milliseconds on a monotonic count)
-//! and rl-http's headers read (wall time). Calls to Redis keep their
+//! and rl-gateway's http headers read (wall time). Calls to Redis keep their
 //! real timeouts, and Redis its own clock. A [`ManualClock`] moves only when
 //! told: tests wait for expiry without sleeping, and a simulation hands
 //! every `Limiter` of a fleet one virtual clock.
@@ -95,7 +95,7 @@ impl ManualClock {
 }
 
 /// Whole milliseconds of `d`, saturating (a `Duration` can hold more).
-pub(crate) fn millis(d: Duration) -> u64 {
+pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

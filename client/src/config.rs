@@ -1,10 +1,10 @@
-//! Settings of a [`Client`](crate::Client) and a [`Limiter`](crate::Limiter),
-//! with the defaults of the design notes.
+//! Settings of a [`Client`](crate::Client) and an rl-gateway `Limiter`,
+//! with the defaults of the design notes, and where Redis is: a target's
+//! URLs, read and shown without their passwords.
 
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::endpoint::redacted;
 use crate::error::{Error, Result};
 
 /// Where Redis is.
@@ -90,6 +90,9 @@ impl std::fmt::Display for Target {
 /// The scheme of a Sentinel target written as one URL.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel";
 
+/// The sentinels' port when a sentinel address names none.
+pub const SENTINEL_PORT: u16 = 26379;
+
 impl Target {
     /// A Sentinel target for `master`, found through `sentinels`
     /// (`host:port` each), with the master's default user and database 0.
@@ -158,7 +161,7 @@ impl Target {
                         let port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
                             String::new()
                         } else {
-                            format!(":{}", crate::endpoint::SENTINEL_PORT)
+                            format!(":{SENTINEL_PORT}")
                         };
                         format!("redis://{user}:{password}@{host}{port}/")
                     }
@@ -195,6 +198,45 @@ fn encoded(text: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// `url` fit for a log line: a password in its userinfo or in a `password`
+/// or `pass` query parameter (redis-rs reads both) becomes `***`, and so
+/// does a Sentinel URL's `sentinel_password`.
+pub fn redacted(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let host = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            // redis://secret@host: a lone userinfo may be the password.
+            None => format!("***@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    if scheme.is_empty() {
+        format!("{host}{tail}")
+    } else {
+        format!("{scheme}://{host}{tail}")
+    }
+}
+
+fn is_secret_param(name: &str) -> bool {
+    ["password", "pass", "sentinel_password"].iter().any(|p| name.eq_ignore_ascii_case(p))
 }
 
 /// How the bucket commands run on the server.
@@ -242,7 +284,7 @@ pub struct Config {
     /// Longest wait to (re)connect, in the background. Default 250 ms.
     pub connect_timeout: Duration,
     /// Gateways sharing the limits (the fleet size, from service discovery;
-    /// change it live with [`Limiter::set_gateways`](crate::Limiter::set_gateways)).
+    /// change it live with rl-gateway's `Limiter::set_gateways`).
     /// Sizes leases and the outage fallback. Default 1.
     pub gateways: u32,
     /// A lease is this much of this gateway's share of the rate. Default 1 s:
@@ -383,6 +425,27 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_lines_never_show_a_password() {
+        for (url, shown) in [
+            ("redis://rl-exporter:s3cret@10.0.0.5:6379/0", "redis://rl-exporter:***@10.0.0.5:6379/0"),
+            ("rediss://:s3cret@cache.example:6380", "rediss://:***@cache.example:6380"),
+            ("redis://s3cret@10.0.0.5/", "redis://***@10.0.0.5/"),
+            ("redis://10.0.0.5:6379/", "redis://10.0.0.5:6379/"),
+            ("redis+unix:///run/redis.sock?db=1&pass=s3cret", "redis+unix:///run/redis.sock?db=1&pass=***"),
+            ("unix:///run/redis.sock?user=u&password=s3cret", "unix:///run/redis.sock?user=u&password=***"),
+            ("redis://u:p@ss@host/", "redis://u:***@host/"),
+            ("not a url s3cret@x", "***@x"),
+            (
+                "redis+sentinel://gw:s3cret@10.0.0.5:26379,10.0.0.6/mymaster?sentinel_password=s3cret",
+                "redis+sentinel://gw:***@10.0.0.5:26379,10.0.0.6/mymaster?sentinel_password=***",
+            ),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+            assert!(!redacted(url).contains("s3cret"));
+        }
+    }
 
     #[test]
     fn defaults_are_the_design_notes() {

@@ -22,7 +22,7 @@
 //! answers it), and the next call resolves the endpoint again
 //! ([`crate::endpoint`]). So do three timeouts in a row (a server gone
 //! without closing its connections). Each such re-resolution is logged,
-//! counted ([`Event::Reresolved`](crate::Event::Reresolved)) and shown in
+//! counted (rl-gateway's `Event::ServerSwitch`) and shown in
 //! [`Connection::status`].
 //!
 //! Through a lease relay (`Config::relay`), calls go to the relay while its
@@ -46,7 +46,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
-use crate::config::{Config, Target};
+use crate::config::{redacted, Config, Target};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::primary::{ConnectionStatus, Primary};
@@ -88,7 +88,7 @@ impl Connection {
         // A relay answers in well under a millisecond: half the timeout
         // leaves the call's own timeout to see a hung relay counted.
         let relay = Plain::as_given(relay, config.timeout / 2, config.connect_timeout)
-            .map_err(|e| Error::invalid(format!("config relay {:?}: {e}", crate::redacted(relay))))?;
+            .map_err(|e| Error::invalid(format!("config relay {:?}: {e}", redacted(relay))))?;
         Ok(Connection(Kind::Relayed(Arc::new(Relayed {
             relay,
             direct,

@@ -47,13 +47,13 @@ pub struct Decision {
     /// The capacity of the binding bucket.
     pub limit: u64,
     /// Index of the binding rule: the one that refused (or, when allowed,
-    /// the one with the fewest tokens left). For a [`Policy`](crate::Policy)
-    /// call it indexes [`Policy::rules`](crate::Policy::rules); for a raw
+    /// the one with the fewest tokens left). For an rl-gateway `Policy`
+    /// call it indexes `Policy::rules`; for a raw
     /// call, the buckets or windows passed in.
     pub rule: usize,
     /// Which path decided.
     pub source: Source,
-    /// Index of a shadow rule (in [`Policy::rules`](crate::Policy::rules))
+    /// Index of a shadow rule (in `Policy::rules`)
     /// that refused this request without being enforced.
     pub shadow_refused: Option<usize>,
 }
@@ -92,7 +92,8 @@ impl Decision {
     }
 
     /// An rl-core decision (the local fallback's), as a `Decision`.
-    pub(crate) fn from_core(d: &rl_core::Reply, source: Source) -> Decision {
+    #[doc(hidden)]
+    pub fn from_core(d: &rl_core::Reply, source: Source) -> Decision {
         Decision {
             allowed: d.allowed(),
             remaining: d.remaining,

@@ -25,11 +25,8 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, Role};
 
-use crate::config::{NodeAuth, Target};
+use crate::config::{redacted, NodeAuth, Target, SENTINEL_PORT};
 use crate::error::{Error, Result};
-
-/// The sentinels' port when a sentinel address names none.
-pub const SENTINEL_PORT: u16 = 26379;
 
 /// Where the primary is.
 pub(crate) enum Endpoint {
@@ -314,69 +311,9 @@ async fn named_master(info: &ConnectionInfo, master: &str) -> redis::RedisResult
     Ok(named.map(|(host, port)| format!("{host}:{port}")))
 }
 
-/// `url` fit for a log line: a password in its userinfo or in a `password`
-/// or `pass` query parameter (redis-rs reads both) becomes `***`, and so
-/// does a Sentinel URL's `sentinel_password`.
-pub fn redacted(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let host = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            // redis://secret@host: a lone userinfo may be the password.
-            None => format!("***@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", params.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    if scheme.is_empty() {
-        format!("{host}{tail}")
-    } else {
-        format!("{scheme}://{host}{tail}")
-    }
-}
-
-fn is_secret_param(name: &str) -> bool {
-    ["password", "pass", "sentinel_password"].iter().any(|p| name.eq_ignore_ascii_case(p))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn log_lines_never_show_a_password() {
-        for (url, shown) in [
-            ("redis://rl-exporter:s3cret@10.0.0.5:6379/0", "redis://rl-exporter:***@10.0.0.5:6379/0"),
-            ("rediss://:s3cret@cache.example:6380", "rediss://:***@cache.example:6380"),
-            ("redis://s3cret@10.0.0.5/", "redis://***@10.0.0.5/"),
-            ("redis://10.0.0.5:6379/", "redis://10.0.0.5:6379/"),
-            ("redis+unix:///run/redis.sock?db=1&pass=s3cret", "redis+unix:///run/redis.sock?db=1&pass=***"),
-            ("unix:///run/redis.sock?user=u&password=s3cret", "unix:///run/redis.sock?user=u&password=***"),
-            ("redis://u:p@ss@host/", "redis://u:***@host/"),
-            ("not a url s3cret@x", "***@x"),
-            (
-                "redis+sentinel://gw:s3cret@10.0.0.5:26379,10.0.0.6/mymaster?sentinel_password=s3cret",
-                "redis+sentinel://gw:***@10.0.0.5:26379,10.0.0.6/mymaster?sentinel_password=***",
-            ),
-        ] {
-            assert_eq!(redacted(url), shown, "{url}");
-            assert!(!redacted(url).contains("s3cret"));
-        }
-    }
 
     #[test]
     fn sentinel_addresses_take_a_default_port_or_a_url() {

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Why a call failed.
 ///
-/// [`Limiter`](crate::Limiter) never returns the Redis-side variants: it
+/// rl-gateway's `Limiter` never returns the Redis-side variants: it
 /// answers those from its fallback. Only [`Error::Invalid`] reaches its
 /// callers, for bad input.
 #[derive(Debug)]

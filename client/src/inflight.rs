@@ -8,7 +8,7 @@ use rl_core::inflight::{valid_id, InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT
 use rl_core::limits::in_range;
 
 use crate::error::{Error, Result};
-use crate::policy::period_ms;
+use crate::params::period_ms;
 
 /// One in-flight limit for a raw call: at most `limit` requests hold a slot
 /// of `key` at once, each slot for at most `timeout` (then it heals by
@@ -49,13 +49,13 @@ fn bad(key: &str, why: String) -> Error {
 }
 
 /// Checks a limit and timeout against the module's hard limits.
-pub(crate) fn inflight_params(limit: u64, timeout: Duration) -> std::result::Result<InflightParams, String> {
+pub fn inflight_params(limit: u64, timeout: Duration) -> std::result::Result<InflightParams, String> {
     let ms = period_ms(timeout).map_err(|why| why.replacen("period", "timeout", 1))?;
     InflightParams::new(limit, ms, MAX_INFLIGHT_LIMIT).map_err(|e| e.to_string())
 }
 
 /// A cost (slots taken in every key) in range.
-pub(crate) fn validate_cost(cost: u64) -> Result<()> {
+pub fn validate_cost(cost: u64) -> Result<()> {
     in_range("cost", cost, 1, MAX_INFLIGHT_LIMIT)?;
     Ok(())
 }
@@ -75,7 +75,7 @@ pub(crate) fn validate_id(id: &str) -> Result<()> {
 /// guess it (or it could release this slot): the bits come from SipHash
 /// keyed by std's `RandomState` (seeded from the OS's randomness) over a
 /// counter, not from a predictable generator.
-pub(crate) fn new_id() -> String {
+pub fn new_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);

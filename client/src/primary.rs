@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisResult, Value};
 
 use crate::endpoint::{watch_switches, Endpoint, Found};
-use crate::lock;
+use crate::lock::lock;
 
 /// Error replies that say the connection points at the wrong server.
 pub(crate) const WRONG_SERVER: [&str; 3] = ["READONLY", "MASTERDOWN", "LOADING"];
@@ -46,7 +46,7 @@ pub struct ConnectionStatus {
     pub redirected: bool,
     /// Times calls moved to another server than the one before (a Sentinel
     /// switch, a demoted primary left, a DNS name that moved), the first
-    /// connection's redirection included: [`Event::ServerSwitch`](crate::Event::ServerSwitch).
+    /// connection's redirection included: rl-gateway's `Event::ServerSwitch`.
     pub switches: u64,
     /// Times the connection was dropped for pointing at the wrong server
     /// (a `READONLY`, `MASTERDOWN` or `LOADING` reply, a Sentinel's

@@ -4,7 +4,8 @@
 //! route an unknown command by its first argument, `numkeys`) and keys its
 //! per-shard circuit breakers on the slot.
 
-pub(crate) const SLOTS: usize = 16_384;
+/// Slots of a Redis Cluster.
+pub const SLOTS: usize = 16_384;
 
 /// The part of a key that is hashed: the text between the first `{` and the
 /// next `}`, when that is not empty; else the whole key.
@@ -30,7 +31,8 @@ fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
-pub(crate) fn slot_of(key: &str) -> u16 {
+/// The slot of `key`.
+pub fn slot_of(key: &str) -> u16 {
     crc16(hash_tag(key.as_bytes())) % SLOTS as u16
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{call, closed, read, Relay, Resp, Start};
-use rl_client::{Config, Limiter, Policy, Rule, Source};
+use rl_gateway::{Config, Limiter, Policy, Rule, Source};
 use testkit::Server;
 
 /// A relay on `s` whose credentials come from the environment, with `extra` flags.

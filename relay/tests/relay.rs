@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rl_client::{Config, Limiter, Policy, Rule, Source};
 use rl_core::BucketParams;
+use rl_gateway::{Config, Limiter, Policy, Rule, Source};
 use rl_relay::pool::batch;
 use testkit::{free_port, Server};
 
@@ -354,8 +354,8 @@ async fn a_batch_of_policies_goes_through_the_relay_all_or_nothing() {
     let mut allowed = 0;
     for _ in 0..12 {
         let checks = [
-            rl_client::Check { policy: &per_key, subject: "k1", cost: 1 },
-            rl_client::Check { policy: &per_ip, subject: "10.0.0.1", cost: 1 },
+            rl_gateway::Check { policy: &per_key, subject: "k1", cost: 1 },
+            rl_gateway::Check { policy: &per_ip, subject: "10.0.0.1", cost: 1 },
         ];
         let decisions = limiter.check_batch(&checks).await.unwrap();
         let decided: Vec<bool> = decisions.iter().flatten().map(|d| d.allowed).collect();

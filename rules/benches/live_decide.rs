@@ -1,4 +1,4 @@
-//! The decision as rl-http's layer makes it, by its two deciders: fixed
+//! The decision as rl-gateway's http layer makes it, by its two deciders: fixed
 //! policies (`Policies::decide`, one policy by API key) and live rules
 //! (`LiveDecide`: the request seen by its key and by its address, both on
 //! the default rule, two lease spends in one batch).
@@ -18,8 +18,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_client::{Config, Event, Limiter, Policy, Rule};
-use rl_http::{By, Decide, Facts, Policies};
+use rl_gateway::http::{By, Decide, Facts, Policies};
+use rl_gateway::{Config, Event, Limiter, Policy, Rule};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;

@@ -1,6 +1,6 @@
 //! An API gateway on axum in front of a small HTTP service, rate-limited by
 //! live rules: bootstrapped from a rules file, then whatever `rlctl
-//! publish` puts in Redis, behind rl-http's tower layer.
+//! publish` puts in Redis, behind rl-gateway's http tower layer.
 //!
 //! ```text
 //! make run                                      # redis-server with the module on :6379
@@ -39,8 +39,8 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Response, StatusCode};
 use axum::routing::{any, get, post};
 use axum::Router;
-use rl_client::{Backend, Config, Limiter, Target};
-use rl_http::{ClientIp, MissingKey, RateLimitLayer, Trust};
+use rl_gateway::http::{ClientIp, MissingKey, RateLimitLayer, Trust};
+use rl_gateway::{Backend, Config, Limiter, Target};
 use rl_rules::{LiveDecide, LiveRules, RedisSource, RuleSetSpec};
 use tokio::net::TcpListener;
 

@@ -22,7 +22,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use redis::aio::ConnectionLike;
-use rl_client::{prometheus_label as label, Connection, Target};
+use rl_gateway::{prometheus_label as label, Connection, Target};
 use tokio::net::TcpListener;
 
 /// What one scrape asks the server for: an ACL user for the exporter needs
@@ -213,7 +213,7 @@ pub async fn scrape(con: &mut impl ConnectionLike) -> Result<String, String> {
 }
 
 /// `url` fit for a log line (rl-client's): no password.
-pub use rl_client::redacted;
+pub use rl_gateway::redacted;
 
 /// Longest wait for each call of a scrape, and to connect.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,4 +1,4 @@
-//! Live rules behind rl-http's tower layer (feature `tower`): a request
+//! Live rules behind rl-gateway's http tower layer (feature `tower`): a request
 //! with an API key is checked by the rule its key matches, a request
 //! without one by the rule its address matches; a rule with
 //! `ip_tier = "all"` limits keyed requests by their address too. The
@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rl_client::{Check, Error, Limiter, Result};
-use rl_http::headers::View;
-use rl_http::{BoxFuture, Checked, Decide, Decided, Facts, InflightChecked};
+use rl_gateway::http::headers::View;
+use rl_gateway::http::{BoxFuture, Checked, Decide, Decided, Facts, InflightChecked};
+use rl_gateway::{Check, Error, Limiter, Result};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 

@@ -15,8 +15,8 @@ use arc_swap::ArcSwap;
 use http::HeaderMap;
 use quick_cache::sync::Cache;
 
-use rl_client::{Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
-use rl_http::headers::{self, PolicyHeaders};
+use rl_gateway::http::headers::{self, PolicyHeaders};
+use rl_gateway::{Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
 
 use crate::fleet::Origin;
 use crate::regional::{Regional, RegionalShares};
@@ -70,7 +70,7 @@ fn no_rate() -> Decision {
         reset_after: Duration::ZERO,
         limit: u64::MAX,
         rule: 0,
-        source: rl_client::Source::Redis,
+        source: rl_gateway::Source::Redis,
         shadow_refused: None,
     }
 }
@@ -146,9 +146,9 @@ pub enum Installed {
 /// ```no_run
 /// use std::net::IpAddr;
 /// use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
-/// use rl_client::{Config, Limiter};
+/// use rl_gateway::{Config, Limiter};
 ///
-/// # async fn run() -> Result<(), rl_client::Error> {
+/// # async fn run() -> Result<(), rl_gateway::Error> {
 /// let limiter = Limiter::new(Config::standalone("redis://10.0.0.5:6379/"))?;
 /// // The rules shipped with the gateway: in force until Redis has newer ones.
 /// let rules = LiveRules::new(limiter, &RuleSetSpec::from_file("rules.toml")?)?;

@@ -18,8 +18,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
-use rl_client::{Decision, Error, FailMode, Limiter, Policy, Result, Rule, Source};
-use rl_http::PolicyHeaders;
+use rl_gateway::http::PolicyHeaders;
+use rl_gateway::{Decision, Error, FailMode, Limiter, Policy, Result, Rule, Source};
 
 use crate::snapshot::CompiledRule;
 use crate::spec::GlobalSpec;

@@ -6,7 +6,7 @@
 //! probe subject's keys, so no CONFIG permission is needed and the answer
 //! is the server's own, whatever its options.
 
-use rl_client::{Backend, Client, Error, Inflight, Result, Window, WindowMode};
+use rl_gateway::{Backend, Client, Error, Inflight, Result, Window, WindowMode};
 
 use crate::snapshot::Snapshot;
 

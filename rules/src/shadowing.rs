@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use rl_client::FailMode;
+use rl_gateway::FailMode;
 
 use crate::snapshot::{CompiledRule, Scope};
 use crate::spec::Mode;

@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use ipnet::IpNet;
-use rl_client::{Error, FailMode, InflightPolicy, Policy, Result, Rule};
-use rl_http::{InflightHeaders, PolicyHeaders};
+use rl_gateway::http::{InflightHeaders, PolicyHeaders};
+use rl_gateway::{Error, FailMode, InflightPolicy, Policy, Result, Rule};
 
 use crate::regional::Scaling;
 use crate::spec::{GlobalSpec, IpTier, Mode};
@@ -144,7 +144,7 @@ impl CompiledRule {
         self.rates.is_some()
     }
 
-    /// Its rate limits as a policy: for [`Limiter`](rl_client::Limiter)
+    /// Its rate limits as a policy: for [`Limiter`](rl_gateway::Limiter)
     /// calls. Its prefix is `key_prefix:id`. A rule of in-flight limits
     /// only has none ([`has_rates`](Self::has_rates) is false): this is
     /// then a policy that enforces nothing and announces nothing, which
@@ -154,13 +154,13 @@ impl CompiledRule {
     }
 
     /// Its policy with the headers' fixed parts, built once when the rule
-    /// was compiled: for [`headers`](rl_http::headers).
+    /// was compiled: for [`headers`](rl_gateway::http::headers).
     pub fn headers(&self) -> &Arc<PolicyHeaders> {
         self.rates.as_ref().unwrap_or_else(|| no_rates())
     }
 
     /// Its in-flight limits, if it has any: for
-    /// [`Limiter::acquire`](rl_client::Limiter::acquire) (as
+    /// [`Limiter::acquire`](rl_gateway::Limiter::acquire) (as
     /// [`LiveRules::acquire`](crate::LiveRules::acquire) does). Same
     /// prefix as [`policy`](Self::policy): a subject's keys of both share
     /// one hash tag.
@@ -408,7 +408,7 @@ impl Snapshot {
         }
         match request.ip {
             // One grouping for rules and the client's extractors.
-            Some(ip) => rl_client::ip_subject(ip, self.ipv4_prefix, self.ipv6_prefix),
+            Some(ip) => rl_gateway::ip_subject(ip, self.ipv4_prefix, self.ipv6_prefix),
             None => Err(Error::invalid(format!(
                 "rule '{}' limits each subject: the request needs a subject or an IP address",
                 rule.id

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use rl_client::{Backend, Error, FailMode, Result};
 use rl_core::WindowMode;
+use rl_gateway::{Backend, Error, FailMode, Result};
 
 /// The largest version: 2^53 - 1. Versions are compared in the rules
 /// store's Lua script, whose numbers are doubles, exact only up to there.

@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use rl_client::{Connection, ConnectionStatus, Error, Result, Target};
+use rl_gateway::{Connection, ConnectionStatus, Error, Result, Target};
 
 use crate::compile::{parse_network, refused};
 use crate::fleet::{new_lineage, GatewayReport, Origin};
@@ -427,7 +427,7 @@ impl RulesStore {
             };
         }
         match call.invoke_async(&mut self.con.clone()).await {
-            Err(e) if rl_client::is_wrong_server(&e) => Ok(call.invoke_async(&mut self.con.clone()).await?),
+            Err(e) if rl_gateway::is_wrong_server(&e) => Ok(call.invoke_async(&mut self.con.clone()).await?),
             answer => Ok(answer?),
         }
     }

@@ -18,7 +18,7 @@ use redis::aio::PubSubStream;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
-use rl_client::{Error, Result};
+use rl_gateway::{Error, Result};
 
 use crate::fleet::{default_gateway_name, GatewayReport, Origin};
 use crate::live::{Installed, LiveRules};
@@ -32,7 +32,7 @@ use crate::store::{unix_ms, RulesStore, Stored, DEFAULT_KEY, UNLOCK};
 pub struct RedisSource {
     /// A standalone server, `redis://host:port/`, or a Sentinel master,
     /// `redis+sentinel://host:port,host:port/NAME` (see
-    /// [`Target::from_url`](rl_client::Target::from_url)): the rules are
+    /// [`Target::from_url`](rl_gateway::Target::from_url)): the rules are
     /// read from the primary, followed across a failover.
     pub url: String,
     /// The rules hash, also the channel. Default `rl:rules`.
@@ -50,7 +50,7 @@ pub struct RedisSource {
 impl std::fmt::Debug for RedisSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSource")
-            .field("url", &rl_client::redacted(&self.url))
+            .field("url", &rl_gateway::redacted(&self.url))
             .field("key", &self.key)
             .field("poll_every", &self.poll_every)
             .field("timeout", &self.timeout)
@@ -132,7 +132,7 @@ impl LiveRules {
     /// (and is `last_error` until the store confirms the set), and logged.
     /// Errors when neither gives a set. Call it inside a tokio runtime.
     pub async fn start(
-        limiter: rl_client::Limiter,
+        limiter: rl_gateway::Limiter,
         bootstrap: impl AsRef<Path>,
         source: RedisSource,
     ) -> Result<(LiveRules, Watcher)> {
@@ -327,7 +327,7 @@ async fn next_message(messages: &mut Option<PubSubStream>) -> Option<String> {
 /// (its age grows) and says why.
 async fn refresh(rules: &LiveRules, store: &RulesStore) {
     // Named in log lines and the status: never with its password.
-    let source = &rl_client::redacted(store.url());
+    let source = &rl_gateway::redacted(store.url());
     let (version, theirs) = match store.head().await {
         Ok(head) => head,
         Err(e) => return rules.refresh_failed(source, &e),
@@ -385,7 +385,7 @@ async fn refresh(rules: &LiveRules, store: &RulesStore) {
 /// would error at Redis. `None` when it accepts them, when the set does
 /// not compile (installing it names why), or when the server cannot be
 /// asked now (the set is installed: its requests fail over as any).
-async fn server_refusal(client: &rl_client::Client, set: &RuleSetSpec, stored: &Stored) -> Option<Error> {
+async fn server_refusal(client: &rl_gateway::Client, set: &RuleSetSpec, stored: &Stored) -> Option<Error> {
     let snapshot = Snapshot::compile(set, &stored.overrides, stored.version).ok()?;
     match server_refusals(client, &snapshot).await {
         Ok(faults) if faults.is_empty() => None,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rl_client::{Config, InflightPolicy, InflightRule, Limiter, Policy, Rule, Source, WindowMode};
+use rl_gateway::{Config, InflightPolicy, InflightRule, Limiter, Policy, Rule, Source, WindowMode};
 use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec, DEFAULT_KEY, SHARES_KEY};
 use support::{repo_file, Exporter};
 use testkit::{Cluster, Server};

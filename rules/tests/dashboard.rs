@@ -29,7 +29,7 @@ fn the_list_is_what_each_component_serves() {
     let seen = rl_rules::exporter::SharesSeen { age_seconds: 1.0, version: 1 };
     let module = families(&rl_rules::exporter::render("", "", Some(seen)));
     assert_eq!(sorted(module), sorted(section(&sections, "module").to_vec()), "rlctl metrics' families");
-    let gateway: Vec<String> = rl_client::Event::ALL.iter().map(|e| format!("ratelimit_{}_total", e.name())).collect();
+    let gateway: Vec<String> = rl_gateway::Event::ALL.iter().map(|e| format!("ratelimit_{}_total", e.name())).collect();
     assert_eq!(sorted(gateway), sorted(section(&sections, "gateway").to_vec()), "rl-client's events");
     let relay = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
         let timeout = Duration::from_millis(50);

@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::config;
-use rl_client::{Backend, Limiter};
+use rl_gateway::{Backend, Limiter};
 use rl_rules::{LiveRules, RuleSetSpec};
 use testkit::Server;
 use tracing::field::{Field, Visit};

@@ -9,7 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use rl_client::{Config, Limiter};
+use rl_gateway::{Config, Limiter};
 use rl_rules::{LiveRules, RedisSource, RuleSetSpec, RulesStore, DEFAULT_KEY};
 use support::Exporter;
 use testkit::{call, role, SentinelSet, Server, MASTER};

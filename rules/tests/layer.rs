@@ -1,4 +1,4 @@
-//! Live rules behind rl-http's tower layer, against a real server: which
+//! Live rules behind rl-gateway's http tower layer, against a real server: which
 //! views of a request are limited (its key, its address), the headers a
 //! refusal carries whoever answers it, routes by template, and in-flight
 //! limits held for the life of a response.
@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 
 use common::config;
 use http::{Request, Response, StatusCode};
-use rl_client::{Backend, Limiter};
-use rl_http::{MissingKey, PeerAddr, RateLimitLayer};
+use rl_gateway::http::{MissingKey, PeerAddr, RateLimitLayer};
+use rl_gateway::{Backend, Limiter};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use testkit::Server;
 use tower::{service_fn, Layer, Service, ServiceExt};
@@ -74,7 +74,7 @@ async fn the_policy_field_is_the_same_whoever_refuses() {
     }
     assert_eq!(statuses[..3], [StatusCode::OK; 3]);
     assert_eq!(statuses[3..], [StatusCode::TOO_MANY_REQUESTS; 3]);
-    let deny = rules.limiter().counters().get(rl_client::Event::DenyCacheHit);
+    let deny = rules.limiter().counters().get(rl_gateway::Event::DenyCacheHit);
     assert!(deny > 0, "the later refusals came from the deny cache");
     let first = &policies[0];
     assert_eq!(first.matches(";q=").count(), 4, "two views of two limits: {first}");

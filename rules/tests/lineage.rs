@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_client::{Backend, Limiter};
+use rl_gateway::{Backend, Limiter};
 use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec, RulesStore, DEFAULT_KEY};
 use testkit::Server;
 

@@ -12,8 +12,8 @@ use std::process::Command;
 
 use common::config;
 use http::{Request, StatusCode};
-use rl_client::{Backend, Limiter};
-use rl_http::{MissingKey, PeerAddr, RateLimitLayer};
+use rl_gateway::http::{MissingKey, PeerAddr, RateLimitLayer};
+use rl_gateway::{Backend, Limiter};
 use rl_rules::{LiveDecide, LiveRules, RuleSetSpec};
 use testkit::Server;
 use tower::{service_fn, Layer, ServiceExt};

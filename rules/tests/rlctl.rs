@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_client::{Backend, Limiter};
+use rl_gateway::{Backend, Limiter};
 use rl_rules::{override_id, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec};
 use support::{rlctl, Run};
 use testkit::Server;

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_client::{Backend, Limiter, Source};
+use rl_gateway::{Backend, Limiter, Source};
 use rl_rules::{LiveRules, RedisSource, Request, RuleSetSpec};
 use support::rlctl;
 use testkit::Server;

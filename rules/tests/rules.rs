@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::config;
-use rl_client::{Backend, Event, Limiter, Source};
+use rl_gateway::{Backend, Event, Limiter, Source};
 use rl_rules::{
     Installed, LiveRules, MatchSpec, RedisSource, Request, RuleSetSpec, RuleSpec, RulesStore, DEFAULT_KEY,
     MAX_WRITTEN_VERSION,
@@ -665,7 +665,7 @@ async fn an_unchanged_rule_keeps_its_fallback_slots_across_versions() {
     // Nothing listens: every acquire falls back to this gateway's share,
     // limit x slack (2) / gateways (2) = the limit.
     let url = format!("redis://127.0.0.1:{}/", testkit::free_port());
-    let limiter = Limiter::new(rl_client::Config { gateways: 2, ..config(url, Backend::Module) }).unwrap();
+    let limiter = Limiter::new(rl_gateway::Config { gateways: 2, ..config(url, Backend::Module) }).unwrap();
     let rules = LiveRules::new(limiter, &spec(INFLIGHT)).unwrap();
     let report = Request::new().subject("acme").endpoint("POST /reports");
     let mut held = Vec::new();
@@ -764,7 +764,7 @@ async fn a_global_rule_is_enforced_at_the_regions_share() {
 #[cfg(feature = "tower")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
-    use rl_http::{Decide, Facts};
+    use rl_gateway::http::{Decide, Facts};
     let s = Server::start(&[]);
     let rules = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
     let share = Arc::new(FixedShare { ppm: 700_000, checked: Default::default() });
@@ -782,7 +782,7 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
     assert_eq!(allowed, 70, "the region's 70% of 100 an hour");
     assert_eq!(share.checked.lock().unwrap().len(), 100, "checked requests are counted for the balancer");
     let last = last.unwrap();
-    let policy: &rl_client::Policy = last.policy.policy();
+    let policy: &rl_gateway::Policy = last.policy.policy();
     assert_eq!(policy.rules()[0].capacity(), 70, "headers announce what this region enforces");
     // A share worth less than a token refuses without charging anything.
     let tiny = LiveRules::new(limiter(&s), &spec(GLOBAL)).unwrap();
@@ -797,7 +797,7 @@ async fn the_layers_decider_enforces_a_global_rule_at_the_regions_share() {
 #[cfg(feature = "tower")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
-    use rl_http::{Decide, Facts};
+    use rl_gateway::http::{Decide, Facts};
     let s = Server::start(&[]);
     // Everyone at `rate`, and a shadow rule of one an hour on the search.
     let shadowed = |rate: &str| {
@@ -849,7 +849,7 @@ async fn the_layers_decider_reports_shadow_refusals_without_refusing() {
     for i in 0..3 {
         let started = Instant::now();
         let checked = busy.decide(hot.clone()).await.unwrap().checked;
-        assert_eq!(checked[0].decision.unwrap().source, rl_client::Source::Lease, "request {i}");
+        assert_eq!(checked[0].decision.unwrap().source, rl_gateway::Source::Lease, "request {i}");
         // The old code waited out the 1 s timeout here.
         assert!(started.elapsed() < Duration::from_millis(900), "request {i} waited {:?}", started.elapsed());
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_balancer::gateway::{GatewayConfig, RegionShares};
-use rl_client::{Config, Limiter, Source};
+use rl_gateway::{Config, Limiter, Source};
 use rl_rules::{LiveRules, Request, RuleSetSpec};
 use tokio::task::JoinHandle;
 

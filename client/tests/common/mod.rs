@@ -1,4 +1,4 @@
-//! Helpers shared by the limiter's integration tests.
+//! Helpers shared by the client's and the limiter's (rl-gateway) integration tests.
 #![allow(dead_code)]
 
 use std::sync::Arc;

@@ -1,13 +1,13 @@
 //! A gateway's decisions as rl-client's `Limiter` makes them for a subject
 //! of one bucket rule, with cost 1: rl-core's lease (`rl_core::lease`, the
-//! state client/src/lease.rs keeps under its lock) and rl-core's refusal
-//! (`rl_core::deny`, what client/src/deny_cache.rs keeps), driven in the
-//! order the limiter drives them (client/src/limiter.rs `evaluate_groups`,
-//! `evaluate`, `degraded`, `admit`, `report`; client/src/lease.rs
+//! state gateway/src/lease.rs keeps under its lock) and rl-core's refusal
+//! (`rl_core::deny`, what gateway/src/deny_cache.rs keeps), driven in the
+//! order the limiter drives them (gateway/src/limiter/ `evaluate_groups`,
+//! `evaluate`, `degraded`, `admit`, `report`; gateway/src/lease.rs
 //! `leased`, `refill`). Each shard it calls has its own circuit breaker,
 //! rl-client's `Breaker` (made when the gateway first calls the shard);
 //! while it refuses, or when a call fails, the request is decided as
-//! client/src/fallback.rs decides it: a local bucket at rl-core's share of
+//! gateway/src/fallback.rs decides it: a local bucket at rl-core's share of
 //! the rule (`rl_core::fallback::share`), `slack - 1` times the share while
 //! the breaker is closed and `slack` times once it opens (the difference
 //! added once), after the subject's refusal. Its locks, its async calls
@@ -15,11 +15,11 @@
 
 use std::collections::HashMap;
 
-use rl_client::sim::{Breaker, Ticket};
 use rl_core::deny::Denial;
 use rl_core::fallback::share;
 use rl_core::lease::{batch, pace_ms, share_ms, Lease, Spend};
 use rl_core::{acquire_in_place, BucketParams, BucketState, Reply};
+use rl_gateway::sim::{Breaker, Ticket};
 
 /// A call a gateway sends.
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +68,7 @@ pub struct Rule<'a> {
     pub fail_closed: bool,
 }
 
-/// A subject's fallback bucket (client/src/fallback.rs `Local`, one rule).
+/// A subject's fallback bucket (gateway/src/fallback.rs `Local`, one rule).
 struct Local {
     slack: f64,
     /// The full slack's capacity was given (see `Gateway::degraded`).

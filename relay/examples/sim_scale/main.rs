@@ -24,7 +24,7 @@ struct Args {
     #[arg(long, default_value_t = 8.0)]
     seconds: f64,
     /// make sim's report, to validate against.
-    #[arg(long, default_value = "client/SIMULATION.md")]
+    #[arg(long, default_value = "gateway/SIMULATION.md")]
     validate_against: String,
     /// make bench's report: a shard's server time per call.
     #[arg(long, default_value = "BENCHMARKS.md")]

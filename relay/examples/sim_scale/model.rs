@@ -14,8 +14,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use bytes::Bytes;
-use rl_client::sim::Ticket;
 use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
+use rl_gateway::sim::Ticket;
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 
 use crate::gateway::{Check, Gateway, Op, Purpose, Rule, OPEN_FOR_MS};

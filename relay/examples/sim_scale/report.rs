@@ -153,7 +153,7 @@ pub fn write(i: &Inputs) -> String {
         thousands(capacity),
         breakers_direct = breakers(false),
         breakers_made = breakers(true),
-        breaker_bytes = std::mem::size_of::<rl_client::sim::Breaker>()
+        breaker_bytes = std::mem::size_of::<rl_gateway::sim::Breaker>()
     );
     let _ = writeln!(
         w,
@@ -173,7 +173,7 @@ pub fn write(i: &Inputs) -> String {
     let _ = writeln!(w, "## Validation: 300 gateways, one shard, against make sim\n");
     let _ = writeln!(
         w,
-        "make sim's numbers are its leases phase on a real server with 300 real `Limiter`s (client/SIMULATION.md); \
+        "make sim's numbers are its leases phase on a real server with 300 real `Limiter`s (gateway/SIMULATION.md); \
          its class rows count the calls requests waited for, the model's class rows include the background top-ups \
          (make sim counts those apart: 0.004 calls per request).\n"
     );
@@ -369,7 +369,7 @@ fn failover(w: &mut String, f: &Failover, seconds: f64) {
         .collect();
     let _ = writeln!(
         w,
-        "- **The outage bound** (client/README.md: fleet-wide at most `max(slack x capacity, gateways) + slack x \
+        "- **The outage bound** (gateway/README.md: fleet-wide at most `max(slack x capacity, gateways) + slack x \
          refill x elapsed / period`, about {SLACK}x the limit when a gateway's share is a token or more): the \
          pressing subjects on the failed shard were admitted, by every path, from {:.1} s to {:.1} s (until the last \
          breaker can have closed): {}, against a rate of {} and a bound of {}. {}",

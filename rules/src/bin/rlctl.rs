@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use rl_client::{Backend, Error, FailMode};
+use rl_gateway::{Backend, Error, FailMode};
 use rl_rules::{
     diff, escaped, fleet_status, override_id, parse_network, remaining, LimitSpec, MatchSpec, Mode, RuleSetSpec,
     RuleSpec, RulesStore, Snapshot, Stored, DEFAULT_KEY, MAX_OVERRIDE,
@@ -23,10 +23,15 @@ struct Cli {
 
 #[derive(Args)]
 struct Store {
-    /// The Redis server holding the rules: redis://[user:password@]host:port/,
-    /// or the master Sentinel names:
-    /// redis+sentinel://[user:password@]host:port[,host:port...]/MASTER.
-    #[arg(long, env = "RL_REDIS_URL", value_name = "URL")]
+    // The help as an attribute: its URL templates' brackets would read as
+    // links in a doc comment (rustdoc).
+    #[arg(
+        long,
+        env = "RL_REDIS_URL",
+        value_name = "URL",
+        help = "The Redis server holding the rules: redis://[user:password@]host:port/, or the master Sentinel names: \
+                redis+sentinel://[user:password@]host:port[,host:port...]/MASTER"
+    )]
     redis: String,
     /// The rules hash (also the channel new versions are announced on).
     #[arg(long, default_value = DEFAULT_KEY)]
@@ -353,8 +358,8 @@ async fn run(command: Command) -> Result<Output, Error> {
 /// server cannot be asked, `validate` (`strict`) fails and `publish` goes
 /// on (its gateways ask their own servers before installing).
 async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<(), Error> {
-    let config = rl_client::Config { backend, ..rl_client::Config::standalone(url) };
-    let client = rl_client::Client::new(&config)?;
+    let config = rl_gateway::Config { backend, ..rl_gateway::Config::standalone(url) };
+    let client = rl_gateway::Client::new(&config)?;
     match rl_rules::server_refusals(&client, snapshot).await {
         Ok(faults) if faults.is_empty() => Ok(()),
         Ok(faults) => Err(Error::Rules(format!(

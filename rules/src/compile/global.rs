@@ -1,6 +1,6 @@
 //! A global rule's split between regions, checked field by field.
 
-use rl_client::validate_name;
+use rl_gateway::validate_name;
 
 use crate::spec::{GlobalSpec, LimitKind, RuleSpec};
 

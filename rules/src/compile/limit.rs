@@ -1,10 +1,10 @@
 //! A rule's limits compiled: each a bucket, a window (sliding, exact, a
 //! quota) or an in-flight limit, checked in the module's words.
 
-use rl_client::{period_ms, validate_name, FailMode, InflightRule, Rule};
 use rl_core::inflight::{InflightParams, MAX_INFLIGHT_LIMIT};
 use rl_core::limits::{in_range, MAX_KEYS, MAX_LOG_LIMIT, MAX_PERIOD_MS, MAX_TOKENS};
 use rl_core::ParamError;
+use rl_gateway::{period_ms, validate_name, FailMode, InflightRule, Rule};
 
 use super::out_of_range;
 use crate::spec::{LimitKind, LimitSpec, Mode, RuleSpec};

@@ -1,5 +1,5 @@
 //! Compiling a rule set: every rule and limit checked, with every fault
-//! named, and every rule's limits made a [`Policy`](rl_client::Policy).
+//! named, and every rule's limits made a [`Policy`](rl_gateway::Policy).
 //! What comes out is a [`Snapshot`], indexed for matching (`snapshot.rs`).
 //! Here the set-wide settings; by what they compile, `rule.rs` (a rule),
 //! `scope.rs` (what it matches), `limit.rs` (its limits) and `global.rs`
@@ -16,9 +16,9 @@ use crate::shadowing::shadowing_warnings;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use rl_client::{Backend, Error, Result};
 use rl_core::limits::in_range;
 use rl_core::ParamError;
+use rl_gateway::{Backend, Error, Result};
 
 pub use scope::parse_network;
 

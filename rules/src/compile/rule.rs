@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use rl_client::{validate_name, InflightPolicy, InflightRule, Policy, Rule};
-use rl_http::{InflightHeaders, PolicyHeaders};
+use rl_gateway::http::{InflightHeaders, PolicyHeaders};
+use rl_gateway::{validate_name, InflightPolicy, InflightRule, Policy, Rule};
 
 use super::global::check_global;
 use super::limit::compile_limits;

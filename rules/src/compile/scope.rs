@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net};
-use rl_client::subject_fault;
+use rl_gateway::subject_fault;
 
 use super::SetContext;
 use crate::snapshot::Scope;

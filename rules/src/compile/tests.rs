@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::snapshot::Scope;
 use crate::spec::{LimitSpec, MatchSpec};
-use rl_client::FailMode;
+use rl_gateway::FailMode;
 
 fn set(toml: &str) -> RuleSetSpec {
     RuleSetSpec::from_toml(toml).unwrap()
@@ -116,7 +116,7 @@ fn bad_in_flight_limits_are_named_in_the_module_words() {
     let only = only.rule("pro").unwrap();
     assert!(!only.has_rates() && only.inflight().is_some());
     let mut announced = http::HeaderMap::new();
-    rl_http::headers::announce(&mut announced, only.headers(), None);
+    rl_gateway::http::headers::announce(&mut announced, only.headers(), None);
     assert!(announced.is_empty(), "it announces no rate: {announced:?}");
     let text = e(&format!("{rate}{{ name = \"s\", kind = \"inflight\", limit = 2, timeout = \"3s\" }}"));
     assert!(text.contains("rule 'pro' limit 's': the name is used twice in the rule"), "{text}");

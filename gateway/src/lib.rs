@@ -1,0 +1,31 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod deny_cache;
+mod fallback;
+#[cfg(feature = "http")]
+pub mod http;
+mod inflight_policy;
+mod lease;
+mod limiter;
+mod local_inflight;
+mod metrics;
+mod names;
+mod policy;
+mod shards;
+pub mod sim;
+mod subject;
+
+pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
+pub use limiter::{Check, Limiter, NoPermit, Permit};
+pub use metrics::{Counters, Event, Metrics};
+pub use names::validate_name;
+pub use policy::{FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
+pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};
+
+// The client's names a gateway uses with the limiter: one crate to add.
+pub use rl_client::{
+    is_wrong_server, period_ms, prometheus_label, redacted, Acquired, Backend, Bucket, Client, Clock, Config,
+    Connection, ConnectionStatus, Decision, Error, Grant, Inflight, ManualClock, NodeAuth, Result, Source, Target,
+    Window, WindowMode, SENTINEL_PORT, SENTINEL_SCHEME,
+};
