@@ -94,13 +94,14 @@ async fn a_limit_the_server_refuses_is_not_called_an_outage() {
     let hello = service_fn(|_req: Request<String>| async {
         Ok::<_, std::convert::Infallible>(http::Response::new("hello".to_string()))
     });
-    let svc = rl_http::RateLimitLayer::new(rl_rules::LiveDecide::new(rules)).key_header("x-api-key").layer(hello);
+    let svc =
+        rl_gateway::http::RateLimitLayer::new(rl_rules::LiveDecide::new(rules)).key_header("x-api-key").layer(hello);
     let captured = Captured::default();
     let _guard = tracing::subscriber::set_default(captured.clone());
     let request = Request::builder().uri("/").header("x-api-key", "k1").body(String::new()).unwrap();
     let _ = svc.oneshot(request).await.unwrap();
     drop(_guard);
-    assert_eq!(limiter.counters().get(rl_client::Event::ServerRefused), 1, "{:?}", limiter.counters().snapshot());
+    assert_eq!(limiter.counters().get(rl_gateway::Event::ServerRefused), 1, "{:?}", limiter.counters().snapshot());
     let events = captured.0.lock().unwrap().clone();
     let said: Vec<_> = events.iter().filter(|(_, target, _)| target == "rl_http").collect();
     assert!(said.iter().all(|(_, _, f)| !f.contains("Redis cannot answer")), "{said:?}");

@@ -35,7 +35,9 @@ use tower::{Layer, Service};
 pub use body::HeldBody;
 pub use refusal::Refused;
 
-use crate::{ip_subject, key_subject, Check, Decision, Error, Event, Limiter, NoPermit, Permit, Policy, Result, Source};
+use crate::{
+    ip_subject, key_subject, Check, Decision, Error, Event, Limiter, NoPermit, Permit, Policy, Result, Source,
+};
 
 use crate::http::client_ip::ClientIp;
 use crate::http::headers::{self, InflightHeaders, PolicyHeaders, Slots, View};
