@@ -107,17 +107,19 @@ async fn status_shows_the_fleets_spread_and_warns_on_a_gateway_behind() {
     assert_eq!(lua.snapshot().version(), 1);
 }
 
+/// 3 a day, as the SRE's check found: past the three, the next token is
+/// 8 h away; and a login rule, so that a subject has two keys.
+const DAILY: &str = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
+                     limits = [{ name = \"daily\", rate = 3, per = \"1d\", burst = 3 }]\n\
+                     [[rules]]\nid = \"login\"\nmatch = { endpoint = \"POST /login\" }\nreason = \"logins\"\n\
+                     limits = [{ name = \"m\", rate = 5, per = \"1m\" }]\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_frees_a_locked_out_subject_on_every_gateway() {
     let s = Server::start(&[]);
     let url = s.url();
     let dir = tempfile::tempdir().unwrap();
-    // 3 a day, as the SRE's check found: past the three, the next token is 8 h away.
-    let daily = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
-                 limits = [{ name = \"daily\", rate = 3, per = \"1d\", burst = 3 }]\n\
-                 [[rules]]\nid = \"login\"\nmatch = { endpoint = \"POST /login\" }\nreason = \"logins\"\n\
-                 limits = [{ name = \"m\", rate = 5, per = \"1m\" }]\n";
-    ok(&url, &["publish", &write(dir.path(), "daily.toml", daily)]).await;
+    ok(&url, &["publish", &write(dir.path(), "daily.toml", DAILY)]).await;
     let gateways: Vec<_> = ["gw-1", "gw-2"].iter().map(|n| gateway(&s, Backend::Module, n)).collect();
     for (g, _) in &gateways {
         reached(g, 1).await;
@@ -418,11 +420,7 @@ async fn unlock_works_on_a_fleet_that_runs_a_rules_file() {
     let s = Server::start(&[]);
     let url = s.url();
     let dir = tempfile::tempdir().unwrap();
-    let daily = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
-                 limits = [{ name = \"daily\", rate = 3, per = \"1d\", burst = 3 }]\n\
-                 [[rules]]\nid = \"login\"\nmatch = { endpoint = \"POST /login\" }\nreason = \"logins\"\n\
-                 limits = [{ name = \"m\", rate = 5, per = \"1m\" }]\n";
-    let file = write(dir.path(), "gateway.toml", daily);
+    let file = write(dir.path(), "gateway.toml", DAILY);
     let limiter = Limiter::new(config(s.url(), Backend::Module)).unwrap();
     let gateway = LiveRules::new(limiter, &RuleSetSpec::from_file(&file).unwrap()).unwrap();
     let source = RedisSource { poll_every: Duration::from_millis(200), ..RedisSource::new(s.url()) };
