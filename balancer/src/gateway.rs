@@ -148,6 +148,11 @@ pub struct RegionShares {
     last: ArcSwapOption<Loaded>,
     usage: UsageCounts,
     stats: Mutex<Stats>,
+    /// Names this gateway's confirmation of the version it enforces.
+    id: String,
+    /// One sync at a time: a slow read answered after a newer one would
+    /// put back an older table than the one confirmed.
+    syncing: tokio::sync::Mutex<()>,
 }
 
 /// How many steps a ramping capacity takes at most: each step is a policy
@@ -169,6 +174,8 @@ impl RegionShares {
         let target = Target::from_url(&config.redis_url).map_err(bad)?;
         Ok(RegionShares {
             con: Connection::open(&target, config.timeout, config.timeout).map_err(bad)?,
+            id: format!("{}-{:016x}", config.region, fastrand::u64(..)),
+            syncing: tokio::sync::Mutex::new(()),
             config,
             last: ArcSwapOption::empty(),
             usage: UsageCounts::default(),
@@ -201,6 +208,21 @@ impl RegionShares {
         &self.config
     }
 
+    /// The name its confirmations carry in the region's Redis (the
+    /// region and a random part).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Withdraws this gateway's confirmation, for a clean stop: the
+    /// balancer's raises no longer wait for it (a gateway killed without
+    /// it is forgotten `stale_after + settle` after its last sync).
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        let mut con = self.con.clone();
+        let left = tokio::time::timeout(self.config.timeout, store::leave(&mut con, &self.config.key, &self.id)).await;
+        left.map_err(|_| timed_out())?.map_err(StoreError::Redis)
+    }
+
     /// The usage counted since the last sync (what the next one writes).
     pub fn usage(&self) -> &UsageCounts {
         &self.usage
@@ -213,15 +235,28 @@ impl RegionShares {
     /// (a share above the whole, a field no balancer writes) is never
     /// enforced: it is logged, with what is enforced instead.
     pub async fn refresh_now(&self) -> Result<u64, StoreError> {
+        let _one_at_a_time = self.syncing.lock().await;
         let batch = self.usage.take_busiest(self.config.busiest);
         let increments: Vec<(&str, &str, u64)> = batch.iter().map(|(r, s, n)| (r.as_str(), s.as_str(), *n)).collect();
-        let result = self.sync(&increments).await;
+        // The version enforced while this read is under way: the one it
+        // confirms (0, nothing, before the first read: the fixed split).
+        let applied = self.last.load().as_ref().map_or(0, |l| l.read.version);
+        let result = self.sync(&increments, applied).await;
         let now = self.now_ms();
         let outcome = match result {
             Ok(read) => {
                 let version = read.version;
                 self.last.store(Some(Arc::new(Loaded { read, read_at_ms: now })));
                 self.stats().last_error = None;
+                if version != applied {
+                    // A new table is in force from now on: confirmed at
+                    // once (one call per change), so a raise elsewhere
+                    // waits a refresh, not two. A failure leaves it to the
+                    // next sync.
+                    let mut con = self.con.clone();
+                    let report = store::report_applied(&mut con, &self.config.key, &self.id, version);
+                    let _ = tokio::time::timeout(self.config.timeout, report).await;
+                }
                 Ok(version)
             }
             Err(e) => {
@@ -253,13 +288,10 @@ impl RegionShares {
         }
     }
 
-    async fn sync(&self, increments: &[(&str, &str, u64)]) -> Result<Read, StoreError> {
-        let timed_out =
-            || StoreError::Redis(redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out")));
+    async fn sync(&self, increments: &[(&str, &str, u64)], applied: u64) -> Result<Read, StoreError> {
         let mut con = self.con.clone();
-        tokio::time::timeout(self.config.timeout, store::sync(&mut con, &self.config.key, increments))
-            .await
-            .map_err(|_| timed_out())?
+        let sync = store::sync_confirming(&mut con, &self.config.key, increments, (&self.id, applied));
+        tokio::time::timeout(self.config.timeout, sync).await.map_err(|_| timed_out())?
     }
 
     /// Where the table stands.
@@ -375,6 +407,10 @@ impl RegionalShares for RegionShares {
     fn demanded(&self, rule: &str, subject: &str, cost: u64) {
         self.usage.add(rule, subject, cost);
     }
+}
+
+fn timed_out() -> StoreError {
+    StoreError::Redis(redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out")))
 }
 
 /// A ramping capacity rounded down to one of `RAMP_STEPS` steps of the

@@ -238,10 +238,23 @@ pub async fn sync(
     key: &str,
     increments: &[(&str, &str, u64)],
 ) -> Result<Read, StoreError> {
+    sync_with(con, key, increments, None).await
+}
+
+async fn sync_with(
+    con: &mut impl ConnectionLike,
+    key: &str,
+    increments: &[(&str, &str, u64)],
+    applied: Option<(&str, u64)>,
+) -> Result<Read, StoreError> {
     let usage = usage_key(key);
     let mut pipe = redis::pipe();
     for (rule, subject, n) in increments {
         pipe.hincr(&usage, usage_field(rule, subject), *n).ignore();
+    }
+    if let Some((gateway, version)) = applied {
+        // Before the read: it says what was enforced while the read was under way.
+        pipe.cmd("EVAL").arg(REPORT).arg(2).arg(applied_key(key)).arg(key).arg(gateway).arg(version).ignore();
     }
     pipe.cmd("HMGET").arg(key).arg(&["version", "epoch", "table", "written_at", "changed_at"]).cmd("TIME");
     let (fields, time): (Vec<Option<Vec<u8>>>, (u64, u64)) = pipe.query_async(con).await?;
@@ -288,5 +301,98 @@ pub async fn take_usage(con: &mut impl ConnectionLike, key: &str) -> RedisResult
     Ok(flat
         .into_iter()
         .filter_map(|(field, n)| field.split_once('|').map(|(r, s)| (r.to_string(), s.to_string(), n)))
+        .collect())
+}
+
+/// The hash where a region's gateways confirm the table version they
+/// enforce (one field per gateway: `"<version> <server ms>"`).
+pub fn applied_key(key: &str) -> String {
+    format!("{key}:applied")
+}
+
+/// A gateway's confirmation: the version it enforces, stamped with the
+/// server's clock (so its age is on the region's clock too). A version
+/// above the table's (a Redis restarted empty, or a replica promoted
+/// without the last writes) is of another table: confirmed as 0, nothing.
+const REPORT: &str = r"
+local t = redis.call('TIME')
+local version = ARGV[2]
+local current = redis.call('HGET', KEYS[2], 'version') or '0'
+if #version > 18 or #current > 18 or tonumber(version) > tonumber(current) then version = '0' end
+redis.call('HSET', KEYS[1], ARGV[1], version .. ' ' .. t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
+return 1
+";
+
+/// Every gateway's confirmation with its age; a confirmation older than
+/// ARGV[1] ms, or one no gateway writes, is deleted (the hash stays as
+/// small as the fleet). Answers `{now, id, version, age, ...}`.
+const CONFIRMATIONS: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(ARGV[1])
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local version, at = string.match(all[i + 1], '^(%d+) (%d+)$')
+  local age = at and (now - tonumber(at)) or nil
+  if age == nil or #version > 18 or age > expiry then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    table.insert(out, all[i])
+    table.insert(out, version)
+    table.insert(out, tostring(math.max(age, 0)))
+  end
+end
+return out
+";
+
+/// A gateway confirms that it enforces the table of `version` (0: none
+/// read yet, the fixed split).
+pub async fn report_applied(con: &mut impl ConnectionLike, key: &str, gateway: &str, version: u64) -> RedisResult<()> {
+    Script::new(REPORT)
+        .key(applied_key(key))
+        .key(key)
+        .arg(gateway)
+        .arg(version)
+        .invoke_async::<i64>(con)
+        .await
+        .map(|_| ())
+}
+
+/// A gateway stopping cleanly withdraws its confirmation: raises no
+/// longer wait for it (a killed one's is forgotten after the expiry).
+pub async fn leave(con: &mut impl ConnectionLike, key: &str, gateway: &str) -> RedisResult<()> {
+    redis::cmd("HDEL").arg(applied_key(key)).arg(gateway).query_async(con).await
+}
+
+/// [`sync`], also confirming in the same round trip (one pipeline) that
+/// the gateway `applied.0` enforces the table of version `applied.1`.
+pub async fn sync_confirming(
+    con: &mut impl ConnectionLike,
+    key: &str,
+    increments: &[(&str, &str, u64)],
+    applied: (&str, u64),
+) -> Result<Read, StoreError> {
+    sync_with(con, key, increments, Some(applied)).await
+}
+
+/// The gateways' confirmations in a region: (gateway, version it
+/// enforces, age on the region's clock), those older than `expiry`
+/// deleted and left out.
+pub async fn confirmations(
+    con: &mut impl ConnectionLike,
+    key: &str,
+    expiry: Duration,
+) -> RedisResult<Vec<crate::confirm::Applied>> {
+    let expiry_ms = u64::try_from(expiry.as_millis()).unwrap_or(u64::MAX / 2).min(1 << 50);
+    let flat: Vec<(String, u64, u64)> =
+        Script::new(CONFIRMATIONS).key(applied_key(key)).arg(expiry_ms).invoke_async(con).await?;
+    Ok(flat
+        .into_iter()
+        .map(|(gateway, version, age_ms)| crate::confirm::Applied {
+            gateway,
+            version,
+            age: Duration::from_millis(age_ms),
+        })
         .collect())
 }
