@@ -4,11 +4,13 @@
 //! delay a gateway's read (or the task that installs it) by any amount,
 //! so "every gateway has read by now" is never a matter of time alone.
 //! Each gateway confirms, in its region's Redis, the table version it
-//! enforces (`store::sync_confirming`, with the read it already makes, and
-//! at once when it takes a new version). After writing the lowered tables
-//! the balancer raises only once every gateway of every region it lowered
-//! confirms at least the lowered version; until then the raise waits
-//! (logged, counted, and retried by the next round).
+//! enforces (`store::report_applied`, beside every read it makes, and at
+//! once when it takes a new version). After writing the lowered tables
+//! the balancer raises only once every gateway of every region it wrote
+//! confirms the version written there, and the barrier has passed (a
+//! gateway too old to confirm is still covered by the time it had);
+//! until then the raise waits (logged, counted, and retried by the next
+//! round).
 //!
 //! A gateway that stopped confirming for longer than `expiry`
 //! (`stale_after + settle`: by then, if it still runs without reading its
@@ -29,10 +31,13 @@ pub struct Applied {
     pub age: Duration,
 }
 
-/// The gateways that have not confirmed `version` yet (those whose last
-/// confirmation is older than `expiry` left out): the raise waits for them.
+/// The gateways that have not confirmed `version`, the version just
+/// written, yet (those whose last confirmation is older than `expiry` left
+/// out): the raise waits for them. A version above it is of another table
+/// (a Redis restarted empty, a replica promoted without the last writes,
+/// another balancer's write since): not a confirmation either.
 pub fn unconfirmed(reports: &[Applied], version: u64, expiry: Duration) -> Vec<&Applied> {
-    reports.iter().filter(|a| a.age <= expiry && a.version < version).collect()
+    reports.iter().filter(|a| a.age <= expiry && a.version != version).collect()
 }
 
 /// What a held raise waits for in one region, for the log and the report:
@@ -62,7 +67,7 @@ mod tests {
         let expiry = Duration::from_secs(32);
         let waiting = unconfirmed(&reports, 7, expiry);
         assert_eq!(waiting, vec![&reports[1]], "eu-3 stopped confirming 40 s ago: forgotten");
-        assert!(unconfirmed(&reports, 6, expiry).is_empty());
+        assert_eq!(unconfirmed(&reports, 6, expiry), vec![&reports[0]], "7 is of another table than the 6 written");
         assert!(unconfirmed(&[], 9, expiry).is_empty(), "no gateway: nobody enforces an old share");
         assert_eq!(describe("eu", 7, &waiting), "region eu: 1 gateway(s) have not confirmed version 7 (eu-2 at 6)");
     }

@@ -124,6 +124,10 @@ pub struct SharesStatus {
     /// Age warnings logged since start (at most one a minute while the
     /// table is older than `warn_after`).
     pub age_warnings: u64,
+    /// Confirmations of the version in force that failed since start
+    /// (refused by an ACL, or no answer): the balancer does not see this
+    /// gateway's version, and its raises rest on the barrier for it.
+    pub confirm_failures: u64,
 }
 
 #[derive(Default)]
@@ -135,6 +139,8 @@ struct Stats {
     age_warnings: u64,
     /// Whether a global rule not spanning this region was logged.
     warned_region: bool,
+    confirm_failures: u64,
+    last_confirm_error: Option<String>,
 }
 
 /// A gateway's region's shares of global rules, and its usage report.
@@ -251,11 +257,8 @@ impl RegionShares {
                 if version != applied {
                     // A new table is in force from now on: confirmed at
                     // once (one call per change), so a raise elsewhere
-                    // waits a refresh, not two. A failure leaves it to the
-                    // next sync.
-                    let mut con = self.con.clone();
-                    let report = store::report_applied(&mut con, &self.config.key, &self.id, version);
-                    let _ = tokio::time::timeout(self.config.timeout, report).await;
+                    // waits a refresh, not two.
+                    self.confirm(&mut self.con.clone(), version).await;
                 }
                 Ok(version)
             }
@@ -288,10 +291,37 @@ impl RegionShares {
         }
     }
 
+    /// The read, and beside it (on the same connection, no extra round
+    /// trip) the confirmation of `applied`; a confirmation refused (an
+    /// ACL without it) never fails the read.
     async fn sync(&self, increments: &[(&str, &str, u64)], applied: u64) -> Result<Read, StoreError> {
-        let mut con = self.con.clone();
-        let sync = store::sync_confirming(&mut con, &self.config.key, increments, (&self.id, applied));
-        tokio::time::timeout(self.config.timeout, sync).await.map_err(|_| timed_out())?
+        let (mut read_con, mut report_con) = (self.con.clone(), self.con.clone());
+        let sync = store::sync(&mut read_con, &self.config.key, increments);
+        let report = self.confirm(&mut report_con, applied);
+        let (read, ()) = tokio::join!(tokio::time::timeout(self.config.timeout, sync), report);
+        read.map_err(|_| timed_out())?
+    }
+
+    /// Confirms `version` in the region's Redis; a failure is counted and
+    /// logged once per new error (the balancer then sees no confirmation
+    /// from this gateway, and its raises rest on the barrier alone).
+    async fn confirm(&self, con: &mut Connection, version: u64) {
+        let report = store::report_applied(con, &self.config.key, &self.id, version);
+        let error = match tokio::time::timeout(self.config.timeout, report).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        let mut stats = self.stats();
+        stats.confirm_failures += 1;
+        if stats.last_confirm_error.as_deref() != Some(error.as_str()) {
+            tracing::warn!(
+                region = %self.config.region,
+                key = %store::applied_key(&self.config.key),
+                "cannot confirm the share table version this gateway enforces: {error}; the balancer's raises elsewhere then wait only its barrier for this gateway (an ACL user needs HSET on that key)"
+            );
+            stats.last_confirm_error = Some(error);
+        }
     }
 
     /// Where the table stands.
@@ -305,6 +335,7 @@ impl RegionShares {
             refresh_failures: stats.refresh_failures,
             last_error: stats.last_error.clone(),
             age_warnings: stats.age_warnings,
+            confirm_failures: stats.confirm_failures,
         }
     }
 

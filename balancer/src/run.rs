@@ -9,9 +9,11 @@
 //! confirmed by their gateways: a gateway still on the old, higher share
 //! (not read yet, a read sent before the lowering landed, or a host too
 //! busy to run its refresh) cannot coexist with a raised one, however late
-//! it is. Confirmation is awaited at most the barrier (the gateways'
-//! refresh plus their read timeout) after the last acknowledgement; a raise
-//! not confirmed by then waits for the next round (logged and counted).
+//! it is. The raise comes the barrier (the gateways' refresh plus their
+//! read timeout) after the last acknowledgement, as before confirmations
+//! existed (a gateway too old to confirm is covered by that time), and
+//! only if confirmed by then; else it waits for the next round (logged
+//! and counted).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -475,9 +477,9 @@ impl Balancer {
         Ok(self.finish(report, start))
     }
 
-    /// Waits until every gateway of each region in `written` confirms the
-    /// version written there (`versions`), at most the barrier: `Err` names
-    /// what still waits (and how many gateways) when it ends. A poll is
+    /// Waits the barrier, and answers whether every gateway of each region
+    /// in `written` confirmed the version written there (`versions`)
+    /// within it: `Err` names what still waits (and how many gateways). A poll is
     /// sent every quarter of the gateways' refresh without waiting for the
     /// last one's answer (each carries the call's latency), so a
     /// confirmation is seen a quarter refresh after it lands; a region
@@ -498,6 +500,9 @@ impl Balancer {
         let mut next_poll = tokio::time::Instant::now() + pace;
         loop {
             if waiting.iter().all(Option::is_none) {
+                // Never before the barrier: a gateway too old to confirm
+                // (or whose ACL refuses it) is covered by the time it had.
+                tokio::time::sleep_until(deadline).await;
                 return Ok(());
             }
             tokio::select! {

@@ -238,23 +238,10 @@ pub async fn sync(
     key: &str,
     increments: &[(&str, &str, u64)],
 ) -> Result<Read, StoreError> {
-    sync_with(con, key, increments, None).await
-}
-
-async fn sync_with(
-    con: &mut impl ConnectionLike,
-    key: &str,
-    increments: &[(&str, &str, u64)],
-    applied: Option<(&str, u64)>,
-) -> Result<Read, StoreError> {
     let usage = usage_key(key);
     let mut pipe = redis::pipe();
     for (rule, subject, n) in increments {
         pipe.hincr(&usage, usage_field(rule, subject), *n).ignore();
-    }
-    if let Some((gateway, version)) = applied {
-        // Before the read: it says what was enforced while the read was under way.
-        pipe.cmd("EVAL").arg(REPORT).arg(2).arg(applied_key(key)).arg(key).arg(gateway).arg(version).ignore();
     }
     pipe.cmd("HMGET").arg(key).arg(&["version", "epoch", "table", "written_at", "changed_at"]).cmd("TIME");
     let (fields, time): (Vec<Option<Vec<u8>>>, (u64, u64)) = pipe.query_async(con).await?;
@@ -305,27 +292,18 @@ pub async fn take_usage(con: &mut impl ConnectionLike, key: &str) -> RedisResult
 }
 
 /// The hash where a region's gateways confirm the table version they
-/// enforce (one field per gateway: `"<version> <server ms>"`).
+/// enforce: one field per gateway, its value the version (as the gateway
+/// writes it, a plain `HSET`) or `"<version> <server ms>"` once the
+/// balancer has seen it (stamped when first seen: ages are on the
+/// region's clock and never older than the write).
 pub fn applied_key(key: &str) -> String {
     format!("{key}:applied")
 }
 
-/// A gateway's confirmation: the version it enforces, stamped with the
-/// server's clock (so its age is on the region's clock too). A version
-/// above the table's (a Redis restarted empty, or a replica promoted
-/// without the last writes) is of another table: confirmed as 0, nothing.
-const REPORT: &str = r"
-local t = redis.call('TIME')
-local version = ARGV[2]
-local current = redis.call('HGET', KEYS[2], 'version') or '0'
-if #version > 18 or #current > 18 or tonumber(version) > tonumber(current) then version = '0' end
-redis.call('HSET', KEYS[1], ARGV[1], version .. ' ' .. t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
-return 1
-";
-
-/// Every gateway's confirmation with its age; a confirmation older than
-/// ARGV[1] ms, or one no gateway writes, is deleted (the hash stays as
-/// small as the fleet). Answers `{now, id, version, age, ...}`.
+/// Every gateway's confirmation with its age: a value written since the
+/// last read is stamped now (age 0); a stamped one older than ARGV[1] ms,
+/// or one no gateway writes, is deleted (the hash stays as small as the
+/// fleet). Answers `{id, version, age, ...}`.
 const CONFIRMATIONS: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -333,47 +311,40 @@ local expiry = tonumber(ARGV[1])
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
-  local version, at = string.match(all[i + 1], '^(%d+) (%d+)$')
-  local age = at and (now - tonumber(at)) or nil
-  if age == nil or #version > 18 or age > expiry then
-    redis.call('HDEL', KEYS[1], all[i])
+  local id, value = all[i], all[i + 1]
+  local version, at = string.match(value, '^(%d+) (%d+)$')
+  local age = nil
+  if version then
+    age = math.max(now - tonumber(at), 0)
   else
-    table.insert(out, all[i])
+    version = string.match(value, '^(%d+)$')
+    if version then
+      age = 0
+      redis.call('HSET', KEYS[1], id, version .. ' ' .. now)
+    end
+  end
+  if age == nil or #version > 18 or age > expiry then
+    redis.call('HDEL', KEYS[1], id)
+  else
+    table.insert(out, id)
     table.insert(out, version)
-    table.insert(out, tostring(math.max(age, 0)))
+    table.insert(out, tostring(age))
   end
 end
 return out
 ";
 
 /// A gateway confirms that it enforces the table of `version` (0: none
-/// read yet, the fixed split).
+/// read yet, the fixed split): a plain `HSET`, which a gateway's ACL user
+/// may run on this one key.
 pub async fn report_applied(con: &mut impl ConnectionLike, key: &str, gateway: &str, version: u64) -> RedisResult<()> {
-    Script::new(REPORT)
-        .key(applied_key(key))
-        .key(key)
-        .arg(gateway)
-        .arg(version)
-        .invoke_async::<i64>(con)
-        .await
-        .map(|_| ())
+    redis::cmd("HSET").arg(applied_key(key)).arg(gateway).arg(version).query_async(con).await
 }
 
 /// A gateway stopping cleanly withdraws its confirmation: raises no
 /// longer wait for it (a killed one's is forgotten after the expiry).
 pub async fn leave(con: &mut impl ConnectionLike, key: &str, gateway: &str) -> RedisResult<()> {
     redis::cmd("HDEL").arg(applied_key(key)).arg(gateway).query_async(con).await
-}
-
-/// [`sync`], also confirming in the same round trip (one pipeline) that
-/// the gateway `applied.0` enforces the table of version `applied.1`.
-pub async fn sync_confirming(
-    con: &mut impl ConnectionLike,
-    key: &str,
-    increments: &[(&str, &str, u64)],
-    applied: (&str, u64),
-) -> Result<Read, StoreError> {
-    sync_with(con, key, increments, Some(applied)).await
 }
 
 /// The gateways' confirmations in a region: (gateway, version it
