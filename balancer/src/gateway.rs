@@ -124,6 +124,10 @@ pub struct SharesStatus {
     /// Age warnings logged since start (at most one a minute while the
     /// table is older than `warn_after`).
     pub age_warnings: u64,
+    /// Confirmations of the version in force that failed since start
+    /// (refused by an ACL, or no answer): the balancer does not see this
+    /// gateway's version, and its raises rest on the barrier for it.
+    pub confirm_failures: u64,
 }
 
 #[derive(Default)]
@@ -135,6 +139,8 @@ struct Stats {
     age_warnings: u64,
     /// Whether a global rule not spanning this region was logged.
     warned_region: bool,
+    confirm_failures: u64,
+    last_confirm_error: Option<String>,
 }
 
 /// A gateway's region's shares of global rules, and its usage report.
@@ -148,6 +154,11 @@ pub struct RegionShares {
     last: ArcSwapOption<Loaded>,
     usage: UsageCounts,
     stats: Mutex<Stats>,
+    /// Names this gateway's confirmation of the version it enforces.
+    id: String,
+    /// One sync at a time: a slow read answered after a newer one would
+    /// put back an older table than the one confirmed.
+    syncing: tokio::sync::Mutex<()>,
 }
 
 /// How many steps a ramping capacity takes at most: each step is a policy
@@ -169,6 +180,8 @@ impl RegionShares {
         let target = Target::from_url(&config.redis_url).map_err(bad)?;
         Ok(RegionShares {
             con: Connection::open(&target, config.timeout, config.timeout).map_err(bad)?,
+            id: format!("{}-{:016x}", config.region, fastrand::u64(..)),
+            syncing: tokio::sync::Mutex::new(()),
             config,
             last: ArcSwapOption::empty(),
             usage: UsageCounts::default(),
@@ -201,6 +214,21 @@ impl RegionShares {
         &self.config
     }
 
+    /// The name its confirmations carry in the region's Redis (the
+    /// region and a random part).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Withdraws this gateway's confirmation, for a clean stop: the
+    /// balancer's raises no longer wait for it (a gateway killed without
+    /// it is forgotten `stale_after + settle` after its last sync).
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        let mut con = self.con.clone();
+        let left = tokio::time::timeout(self.config.timeout, store::leave(&mut con, &self.config.key, &self.id)).await;
+        left.map_err(|_| timed_out())?.map_err(StoreError::Redis)
+    }
+
     /// The usage counted since the last sync (what the next one writes).
     pub fn usage(&self) -> &UsageCounts {
         &self.usage
@@ -213,15 +241,25 @@ impl RegionShares {
     /// (a share above the whole, a field no balancer writes) is never
     /// enforced: it is logged, with what is enforced instead.
     pub async fn refresh_now(&self) -> Result<u64, StoreError> {
+        let _one_at_a_time = self.syncing.lock().await;
         let batch = self.usage.take_busiest(self.config.busiest);
         let increments: Vec<(&str, &str, u64)> = batch.iter().map(|(r, s, n)| (r.as_str(), s.as_str(), *n)).collect();
-        let result = self.sync(&increments).await;
+        // The version enforced while this read is under way: the one it
+        // confirms (0, nothing, before the first read: the fixed split).
+        let applied = self.last.load().as_ref().map_or(0, |l| l.read.version);
+        let result = self.sync(&increments, applied).await;
         let now = self.now_ms();
         let outcome = match result {
             Ok(read) => {
                 let version = read.version;
                 self.last.store(Some(Arc::new(Loaded { read, read_at_ms: now })));
                 self.stats().last_error = None;
+                if version != applied {
+                    // A new table is in force from now on: confirmed at
+                    // once (one call per change), so a raise elsewhere
+                    // waits a refresh, not two.
+                    self.confirm(&mut self.con.clone(), version).await;
+                }
                 Ok(version)
             }
             Err(e) => {
@@ -253,13 +291,37 @@ impl RegionShares {
         }
     }
 
-    async fn sync(&self, increments: &[(&str, &str, u64)]) -> Result<Read, StoreError> {
-        let timed_out =
-            || StoreError::Redis(redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out")));
-        let mut con = self.con.clone();
-        tokio::time::timeout(self.config.timeout, store::sync(&mut con, &self.config.key, increments))
-            .await
-            .map_err(|_| timed_out())?
+    /// The read, and beside it (on the same connection, no extra round
+    /// trip) the confirmation of `applied`; a confirmation refused (an
+    /// ACL without it) never fails the read.
+    async fn sync(&self, increments: &[(&str, &str, u64)], applied: u64) -> Result<Read, StoreError> {
+        let (mut read_con, mut report_con) = (self.con.clone(), self.con.clone());
+        let sync = store::sync(&mut read_con, &self.config.key, increments);
+        let report = self.confirm(&mut report_con, applied);
+        let (read, ()) = tokio::join!(tokio::time::timeout(self.config.timeout, sync), report);
+        read.map_err(|_| timed_out())?
+    }
+
+    /// Confirms `version` in the region's Redis; a failure is counted and
+    /// logged once per new error (the balancer then sees no confirmation
+    /// from this gateway, and its raises rest on the barrier alone).
+    async fn confirm(&self, con: &mut Connection, version: u64) {
+        let report = store::report_applied(con, &self.config.key, &self.id, version);
+        let error = match tokio::time::timeout(self.config.timeout, report).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        let mut stats = self.stats();
+        stats.confirm_failures += 1;
+        if stats.last_confirm_error.as_deref() != Some(error.as_str()) {
+            tracing::warn!(
+                region = %self.config.region,
+                key = %store::applied_key(&self.config.key),
+                "cannot confirm the share table version this gateway enforces: {error}; the balancer's raises elsewhere then wait only its barrier for this gateway (an ACL user needs HSET on that key)"
+            );
+            stats.last_confirm_error = Some(error);
+        }
     }
 
     /// Where the table stands.
@@ -273,6 +335,7 @@ impl RegionShares {
             refresh_failures: stats.refresh_failures,
             last_error: stats.last_error.clone(),
             age_warnings: stats.age_warnings,
+            confirm_failures: stats.confirm_failures,
         }
     }
 
@@ -375,6 +438,10 @@ impl RegionalShares for RegionShares {
     fn demanded(&self, rule: &str, subject: &str, cost: u64) {
         self.usage.add(rule, subject, cost);
     }
+}
+
+fn timed_out() -> StoreError {
+    StoreError::Redis(redis::RedisError::from((redis::ErrorKind::Io, "share table read timed out")))
 }
 
 /// A ramping capacity rounded down to one of `RAMP_STEPS` steps of the

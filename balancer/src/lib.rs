@@ -3,6 +3,7 @@
 //! where each subject's traffic is. See the README.
 #![warn(missing_docs)]
 
+pub mod confirm;
 pub mod epoch;
 pub mod gateway;
 pub mod link;

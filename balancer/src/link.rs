@@ -144,6 +144,15 @@ impl Link {
         self.call(|mut con, key| async move { Ok(store::sync(&mut con, &key, &[]).await?) }).await
     }
 
+    /// The region's gateways' confirmations of the version they enforce
+    /// (those older than `expiry` deleted and left out).
+    pub async fn confirmations(&self, expiry: Duration) -> Result<Vec<crate::confirm::Applied>, CallError> {
+        self.call(|mut con, key| async move {
+            store::confirmations(&mut con, &key, expiry).await.map_err(|e| CallError::Unreachable(e.to_string()))
+        })
+        .await
+    }
+
     /// Writes the region's table as the balancer of `epoch`; answers its version.
     pub async fn write(&self, epoch: u64, table: ShareTable) -> Result<u64, CallError> {
         self.call(|mut con, key| async move { Ok(store::write(&mut con, &key, epoch, &table).await?) }).await

@@ -3,12 +3,17 @@
 //! A round: claim the epoch in every region (fencing: a newer balancer's
 //! claim makes this one stop), read and clear each region's usage, read its
 //! table, plan (`plan_round`), write the lowered tables, wait until every
-//! gateway has had the time to pick them up (the barrier), then write the
-//! raised tables. A raise is only ever written after the lowers it pairs
-//! with were acknowledged by every live region and the gateways' refresh
-//! interval plus their read timeout has passed since the last
-//! acknowledgement: a gateway still on the old, higher share (not read yet,
-//! or a read sent before the lowering landed) cannot coexist with a raised one.
+//! gateway of every region written confirms the lowered version (`confirm`),
+//! then write the raised tables. A raise is only ever written after the
+//! lowers it pairs with were acknowledged by every live region and
+//! confirmed by their gateways: a gateway still on the old, higher share
+//! (not read yet, a read sent before the lowering landed, or a host too
+//! busy to run its refresh) cannot coexist with a raised one, however late
+//! it is. The raise comes the barrier (the gateways' refresh plus their
+//! read timeout) after the last acknowledgement, as before confirmations
+//! existed (a gateway too old to confirm is covered by that time), and
+//! only if confirmed by then; else it waits for the next round (logged
+//! and counted).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -105,6 +110,11 @@ pub struct RoundReport {
     pub held: Option<String>,
     /// Whether the raise phase was written.
     pub raised: bool,
+    /// Why a planned raise was not written: the gateways that had not
+    /// confirmed the lowering within the barrier (`None`: nothing waited).
+    pub unconfirmed: Option<String>,
+    /// How many gateways had not confirmed it.
+    pub unconfirmed_gateways: usize,
     /// The tables in effect after the round, by region (`None`: unknown).
     pub tables: Vec<Option<ShareTable>>,
 }
@@ -296,6 +306,7 @@ impl Balancer {
                 of = self.regions.len(),
                 versions = %versions.join(","),
                 raised = report.raised,
+                unconfirmed = report.unconfirmed_gateways,
                 held = report.held.as_deref().unwrap_or("-"),
                 "round"
             );
@@ -452,11 +463,76 @@ impl Balancer {
         }
         let raises = (0..n).any(|r| live[r] && raise[r] != lower[r]);
         if raises && (0..n).all(|r| !live[r] || acked[r]) {
-            tokio::time::sleep(self.spans.barrier).await;
-            self.write_all(&raise, &live, &mut report).await?;
-            report.raised = true;
+            match self.confirm(&report.versions, &acked).await {
+                Ok(()) => {
+                    self.write_all(&raise, &live, &mut report).await?;
+                    report.raised = true;
+                }
+                Err((why, gateways)) => {
+                    tracing::warn!(gateways, "raise waits for the next round: {why}");
+                    (report.unconfirmed, report.unconfirmed_gateways) = (Some(why), gateways);
+                }
+            }
         }
         Ok(self.finish(report, start))
+    }
+
+    /// Waits the barrier, and answers whether every gateway of each region
+    /// in `written` confirmed the version written there (`versions`)
+    /// within it: `Err` names what still waits (and how many gateways). A poll is
+    /// sent every quarter of the gateways' refresh without waiting for the
+    /// last one's answer (each carries the call's latency), so a
+    /// confirmation is seen a quarter refresh after it lands; a region
+    /// seen confirmed once stays confirmed (versions only grow).
+    async fn confirm(&self, versions: &[Option<u64>], written: &[bool]) -> Result<(), (String, usize)> {
+        let deadline = tokio::time::Instant::now() + self.spans.barrier;
+        let expiry = self.config.stale_after.saturating_add(self.config.settle);
+        let pace = (self.config.gateway_refresh / 4).max(Duration::from_millis(5));
+        let mut waiting: Vec<Option<(String, usize)>> = (0..versions.len())
+            .map(|r| {
+                let name = &self.regions[r].link.name;
+                versions[r]
+                    .filter(|_| written[r])
+                    .map(|v| (format!("region {name}: no confirmation of version {v} read yet"), 0))
+            })
+            .collect();
+        let mut polls = JoinSet::new();
+        let mut next_poll = tokio::time::Instant::now() + pace;
+        loop {
+            if waiting.iter().all(Option::is_none) {
+                // Never before the barrier: a gateway too old to confirm
+                // (or whose ACL refuses it) is covered by the time it had.
+                tokio::time::sleep_until(deadline).await;
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = tokio::time::sleep_until(next_poll) => {
+                    next_poll += pace;
+                    for (r, region) in self.regions.iter().enumerate() {
+                        if waiting[r].is_some() {
+                            let link = region.link.clone();
+                            polls.spawn(async move { (r, link.confirmations(expiry).await) });
+                        }
+                    }
+                }
+                Some(Ok((r, answer))) = polls.join_next(), if !polls.is_empty() => {
+                    let (Some(version), name) = (versions[r], &self.regions[r].link.name) else { continue };
+                    if waiting[r].is_none() {
+                        continue;
+                    }
+                    waiting[r] = match answer {
+                        Ok(reports) => {
+                            let late = crate::confirm::unconfirmed(&reports, version, expiry);
+                            (!late.is_empty()).then(|| (crate::confirm::describe(name, version, &late), late.len()))
+                        }
+                        Err(e) => Some((format!("region {name}: its gateways' confirmations not read: {e}"), 0)),
+                    };
+                }
+            }
+        }
+        let still: Vec<&(String, usize)> = waiting.iter().flatten().collect();
+        Err((still.iter().map(|w| w.0.as_str()).collect::<Vec<_>>().join("; "), still.iter().map(|w| w.1).sum()))
     }
 
     fn finish(&self, mut report: RoundReport, start: Instant) -> RoundReport {

@@ -35,9 +35,10 @@ pub enum Finding {
 pub struct Spans {
     /// One call to a region at most: `--timeout` plus the injected delay.
     pub call: Duration,
-    /// Between the last acknowledged lowering and the raise: every gateway
-    /// has read since (a refresh) and a read sent before the lowering
-    /// landed has been answered or dropped (its timeout).
+    /// The longest a raise waits after the last acknowledged lowering for
+    /// every gateway to confirm it (a refresh to read it, and a read sent
+    /// before the lowering landed answered or dropped: its timeout); not
+    /// confirmed by then, the raise waits for the next round.
     pub barrier: Duration,
     /// The longest round: five calls and the barrier.
     pub round: Duration,
@@ -238,7 +239,7 @@ fn barrier(c: &Config, _: &Spans) -> Vec<Finding> {
     let mut out = Vec::new();
     if c.gateway_refresh.is_zero() {
         out.push(Finding::Refused(
-            "--gateway-refresh (0s) must be above 0: it is at least the gateways' refresh, and the balancer waits it between lowering and raising so that every gateway has read the lowering; without it a raise lands while gateways elsewhere still enforce the old, higher share".into(),
+            "--gateway-refresh (0s) must be above 0: it is at least the gateways' refresh, and the balancer waits up to it (and --gateway-timeout) between lowering and raising for every gateway to confirm the lowering; without it no raise is ever confirmed in time".into(),
         ));
     }
     if c.gateway_timeout.is_zero() {

@@ -31,6 +31,8 @@ struct Counters {
     reached: usize,
     reloads: u64,
     failed_reloads: u64,
+    unconfirmed_raises: u64,
+    unconfirmed_gateways: usize,
 }
 
 impl Status {
@@ -49,6 +51,8 @@ impl Status {
                 reached: 0,
                 reloads: 0,
                 failed_reloads: 0,
+                unconfirmed_raises: 0,
+                unconfirmed_gateways: 0,
             }),
         }
     }
@@ -66,6 +70,10 @@ impl Status {
         c.epoch = report.epoch;
         c.last_duration = report.duration;
         c.reached = report.reached.len();
+        c.unconfirmed_gateways = report.unconfirmed_gateways;
+        if report.unconfirmed.is_some() {
+            c.unconfirmed_raises += 1;
+        }
         if report.held.is_some() {
             c.held_rounds += 1;
         } else {
@@ -86,6 +94,16 @@ impl Status {
         }
     }
 
+    /// Rounds run.
+    pub fn rounds(&self) -> u64 {
+        self.counters().rounds
+    }
+
+    /// Rounds whose raise waited for the gateways' confirmations.
+    pub fn unconfirmed_raises(&self) -> u64 {
+        self.counters().unconfirmed_raises
+    }
+
     /// Seconds since the last good round (since the start before the first).
     pub fn last_good_round_age(&self) -> Duration {
         let c = self.counters();
@@ -96,7 +114,7 @@ impl Status {
     pub fn render(&self) -> String {
         let age = self.last_good_round_age().as_secs_f64();
         let c = self.counters();
-        let families: [(&str, &str, &str, String); 10] = [
+        let families: [(&str, &str, &str, String); 12] = [
             ("rl_balancer_rounds_total", "counter", "Rounds run", c.rounds.to_string()),
             (
                 "rl_balancer_held_rounds_total",
@@ -131,6 +149,18 @@ impl Status {
                 "counter",
                 "Rule reloads refused (the rules in force stay)",
                 c.failed_reloads.to_string(),
+            ),
+            (
+                "rl_balancer_unconfirmed_raises_total",
+                "counter",
+                "Rounds whose raise waited for the next round: gateways of a lowered region had not confirmed the lowering within the barrier",
+                c.unconfirmed_raises.to_string(),
+            ),
+            (
+                "rl_balancer_unconfirmed_gateways",
+                "gauge",
+                "Gateways that had not confirmed the lowering when the last round's raise waited (0: it did not wait)",
+                c.unconfirmed_gateways.to_string(),
             ),
         ];
         let mut text = String::new();

@@ -290,3 +290,80 @@ pub async fn take_usage(con: &mut impl ConnectionLike, key: &str) -> RedisResult
         .filter_map(|(field, n)| field.split_once('|').map(|(r, s)| (r.to_string(), s.to_string(), n)))
         .collect())
 }
+
+/// The hash where a region's gateways confirm the table version they
+/// enforce: one field per gateway, its value the version (as the gateway
+/// writes it, a plain `HSET`) or `"<version> <server ms>"` once the
+/// balancer has seen it (stamped when first seen: ages are on the
+/// region's clock and never older than the write).
+pub fn applied_key(key: &str) -> String {
+    format!("{key}:applied")
+}
+
+/// Every gateway's confirmation with its age: a value written since the
+/// last read is stamped now (age 0); a stamped one older than ARGV[1] ms,
+/// or one no gateway writes, is deleted (the hash stays as small as the
+/// fleet). Answers `{id, version, age, ...}`.
+const CONFIRMATIONS: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(ARGV[1])
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local id, value = all[i], all[i + 1]
+  local version, at = string.match(value, '^(%d+) (%d+)$')
+  local age = nil
+  if version then
+    age = math.max(now - tonumber(at), 0)
+  else
+    version = string.match(value, '^(%d+)$')
+    if version then
+      age = 0
+      redis.call('HSET', KEYS[1], id, version .. ' ' .. now)
+    end
+  end
+  if age == nil or #version > 18 or age > expiry then
+    redis.call('HDEL', KEYS[1], id)
+  else
+    table.insert(out, id)
+    table.insert(out, version)
+    table.insert(out, tostring(age))
+  end
+end
+return out
+";
+
+/// A gateway confirms that it enforces the table of `version` (0: none
+/// read yet, the fixed split): a plain `HSET`, which a gateway's ACL user
+/// may run on this one key.
+pub async fn report_applied(con: &mut impl ConnectionLike, key: &str, gateway: &str, version: u64) -> RedisResult<()> {
+    redis::cmd("HSET").arg(applied_key(key)).arg(gateway).arg(version).query_async(con).await
+}
+
+/// A gateway stopping cleanly withdraws its confirmation: raises no
+/// longer wait for it (a killed one's is forgotten after the expiry).
+pub async fn leave(con: &mut impl ConnectionLike, key: &str, gateway: &str) -> RedisResult<()> {
+    redis::cmd("HDEL").arg(applied_key(key)).arg(gateway).query_async(con).await
+}
+
+/// The gateways' confirmations in a region: (gateway, version it
+/// enforces, age on the region's clock), those older than `expiry`
+/// deleted and left out.
+pub async fn confirmations(
+    con: &mut impl ConnectionLike,
+    key: &str,
+    expiry: Duration,
+) -> RedisResult<Vec<crate::confirm::Applied>> {
+    let expiry_ms = u64::try_from(expiry.as_millis()).unwrap_or(u64::MAX / 2).min(1 << 50);
+    let flat: Vec<(String, u64, u64)> =
+        Script::new(CONFIRMATIONS).key(applied_key(key)).arg(expiry_ms).invoke_async(con).await?;
+    Ok(flat
+        .into_iter()
+        .map(|(gateway, version, age_ms)| crate::confirm::Applied {
+            gateway,
+            version,
+            age: Duration::from_millis(age_ms),
+        })
+        .collect())
+}

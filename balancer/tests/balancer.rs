@@ -357,3 +357,62 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
     let total: u64 = counts.iter().sum();
     assert!(total as f64 > 0.5 * RATE as f64 * LENGTH.as_secs_f64(), "the limit was pressed: {total} admitted");
 }
+
+/// A gateway of eu that does not read again (its host is busy) while the
+/// traffic moves from eu to ap: the balancer lowers eu, but raises ap only
+/// once that gateway enforces the lowering. The old rule (raise a gateway
+/// refresh and read timeout after the lowering) raised ap while the
+/// gateway still enforced eu's old share: 1.3 times the whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_waits_until_the_lowered_regions_gateways_confirm() {
+    use rl_balancer::gateway::{GatewayConfig, RegionShares};
+    use rl_rules::RuleSetSpec;
+
+    let servers = servers();
+    let spec = RuleSetSpec::from_toml(&rules_toml(100, 20)).unwrap();
+    let global = rl_rules::global_rules(&spec).remove(0).1;
+    let mut c = config(&servers);
+    c.rules = rl_balancer::rules::from_spec(&spec, &["eu", "us", "ap"].map(String::from)).unwrap();
+    let mut b = Balancer::new(c).unwrap();
+    // A gateway of eu, refreshed only when the test says (no task).
+    let mut gc = GatewayConfig::new("eu", servers[0].url());
+    (gc.stale_after, gc.settle) = (STALE_AFTER, SETTLE);
+    let eu = RegionShares::new(gc).unwrap();
+    rounds(&mut b, &servers, [70, 20, 10], 6).await;
+    eu.refresh_now().await.unwrap();
+    let before = eu.share("api", &global, "acme").0.share;
+    assert!(before > 500_000, "eu holds most of the limit: {before}");
+    // The gateway confirms what it enforces (a refresh that took a new
+    // version confirms it at once).
+    eu.refresh_now().await.unwrap();
+    for round in 0..4 {
+        traffic(&servers, "acme", [10, 20, 70]).await;
+        let report = b.round().await.expect("not fenced");
+        let held = eu.share("api", &global, "acme").0.share;
+        let others = in_force(&servers[1..], "acme").await;
+        assert_eq!(held, before, "the gateway did not read again");
+        assert!(
+            held + sum(&others) <= WHOLE,
+            "round {round}: ap raised to {others:?} while a gateway of eu enforces {held} ({report:?})"
+        );
+        assert!(!report.raised, "round {round}: raised before eu's gateway confirmed");
+    }
+    // It reads (and confirms) the lowering: the next rounds raise ap.
+    eu.refresh_now().await.unwrap();
+    let lowered = eu.share("api", &global, "acme").0.share;
+    assert!(lowered < before, "eu lowered: {lowered}");
+    let mut raised = false;
+    for _ in 0..10 {
+        traffic(&servers, "acme", [10, 20, 70]).await;
+        raised |= b.round().await.expect("not fenced").raised;
+        eu.refresh_now().await.unwrap();
+        let shares = in_force(&servers[1..], "acme").await;
+        assert!(eu.share("api", &global, "acme").0.share + sum(&shares) <= WHOLE);
+        if shares[1].is_some_and(|s| s > 500_000) {
+            break;
+        }
+    }
+    assert!(raised, "ap raised once eu's gateway confirmed");
+    let ap = in_force(&servers[2..], "acme").await[0];
+    assert!(ap.is_some_and(|s| s > 500_000), "ap holds most of the limit: {ap:?}");
+}

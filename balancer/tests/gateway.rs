@@ -316,3 +316,35 @@ async fn a_daily_quota_is_fed_in_batches() {
     assert!(!fed[0].counted && fed[0].remaining == 400 && fed[0].spent(), "{fed:?}");
     assert!(feed_fixed_windows(&mut con, 1000, day, &[]).await.unwrap().is_empty());
 }
+
+/// A gateway confirms the version it enforces beside each read (and at
+/// once on a new one); one whose ACL user may not write the confirmations
+/// still reads its table: the refusal is counted, never a failed read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_confirms_its_version_and_a_refused_confirmation_never_fails_the_read() {
+    let server = Server::start(&[]);
+    publish(&server, &table(150_000, 700_000, 700_000)).await;
+    let shares = shares(&server, "eu", Clock::System);
+    assert_eq!(shares.refresh_now().await.unwrap(), 1);
+    let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let seen = store::confirmations(&mut con, DEFAULT_KEY, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!((seen[0].gateway.as_str(), seen[0].version), (shares.id(), 1), "version 1 confirmed once read");
+    shares.leave().await.unwrap();
+    assert!(store::confirmations(&mut con, DEFAULT_KEY, Duration::from_secs(60)).await.unwrap().is_empty());
+    // A user with the old recipe: reads the table, cannot confirm.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "old-gw", "on", ">pw", "resetkeys", "-@all", "+time", "+ping", "+role"])
+        .arg("(%R~rl:shares +hmget)")
+        .arg("(~rl:shares:usage +hincrby)")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://old-gw:pw@");
+    let old = Arc::new(RegionShares::new(GatewayConfig::new("eu", url)).unwrap());
+    assert_eq!(old.refresh_now().await.unwrap(), 1, "the read goes on");
+    assert_eq!(old.refresh_now().await.unwrap(), 1);
+    let status = old.status();
+    assert!(status.confirm_failures >= 2 && status.refresh_failures == 0, "{status:?}");
+    assert!(store::confirmations(&mut con, DEFAULT_KEY, Duration::from_secs(60)).await.unwrap().is_empty());
+}

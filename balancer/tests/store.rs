@@ -73,3 +73,37 @@ async fn a_corrupt_table_is_an_error_not_a_panic() {
     assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("field table of rl:shares = \"{oops\" is not JSON"), "{e}");
 }
+
+/// Gateways confirm the version they enforce with a plain HSET; the
+/// balancer reads each with its age (stamped on the region's clock when
+/// first seen); only the version written confirms it (a higher one is of
+/// another table); a confirmation older than the expiry, or one no
+/// gateway writes, is deleted; a gateway that leaves is gone at once.
+#[tokio::test]
+async fn gateways_confirm_the_version_they_enforce() {
+    let server = PlainServer::start();
+    let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    store::report_applied(&mut con, DEFAULT_KEY, "eu-a", 1).await.unwrap();
+    store::report_applied(&mut con, DEFAULT_KEY, "eu-b", 2).await.unwrap();
+    store::report_applied(&mut con, DEFAULT_KEY, "eu-c", 9).await.unwrap();
+    let expiry = Duration::from_secs(60);
+    let mut seen = store::confirmations(&mut con, DEFAULT_KEY, expiry).await.unwrap();
+    seen.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+    let versions: Vec<(&str, u64)> = seen.iter().map(|a| (a.gateway.as_str(), a.version)).collect();
+    assert_eq!(versions, [("eu-a", 1), ("eu-b", 2), ("eu-c", 9)]);
+    assert!(seen.iter().all(|a| a.age < Duration::from_secs(5)), "{seen:?}");
+    let waiting = rl_balancer::confirm::unconfirmed(&seen, 2, expiry);
+    assert_eq!(waiting.iter().map(|a| a.gateway.as_str()).collect::<Vec<_>>(), ["eu-a", "eu-c"]);
+    // Stamped on the server's clock when first seen; rewritten plain by the next sync.
+    let applied = store::applied_key(DEFAULT_KEY);
+    let stamped: String = redis::cmd("HGET").arg(&applied).arg("eu-b").query_async(&mut con).await.unwrap();
+    assert!(stamped.starts_with("2 ") && stamped.len() > 10, "{stamped}");
+    // Old and foreign fields are deleted by the read.
+    let _: () = redis::cmd("HSET").arg(&applied).arg("eu-old").arg("3 1000").query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("HSET").arg(&applied).arg("eu-junk").arg("abc").query_async(&mut con).await.unwrap();
+    assert_eq!(store::confirmations(&mut con, DEFAULT_KEY, expiry).await.unwrap().len(), 3);
+    let left: Vec<String> = redis::cmd("HKEYS").arg(&applied).query_async(&mut con).await.unwrap();
+    assert_eq!(left.len(), 3, "{left:?}");
+    store::leave(&mut con, DEFAULT_KEY, "eu-a").await.unwrap();
+    assert_eq!(store::confirmations(&mut con, DEFAULT_KEY, expiry).await.unwrap().len(), 2);
+}

@@ -193,6 +193,10 @@ async fn a_gateway_with_live_rules_and_rlctl_run_as_their_users() {
         .cmd("TIME")
         .query(&mut gateway)
         .unwrap();
+    // It confirms the share table version it enforces, and withdraws it on a clean stop.
+    let applied = format!("{SHARES_KEY}:applied");
+    let _: () = redis::cmd("HSET").arg(&applied).arg("eu-1").arg(3).query(&mut gateway).unwrap();
+    let _: () = redis::cmd("HDEL").arg(&applied).arg("eu-1").query(&mut gateway).unwrap();
     let _: String = redis::cmd("PING").query(&mut gateway).unwrap();
     assert_no_refusal(&mut admin, "gateway, rules watcher and rlctl");
     // What each may not do.
@@ -310,6 +314,12 @@ fn the_relay_and_balancer_commands_run_as_their_users() {
     let _: u64 = write.key(SHARES_KEY).arg("{}").invoke(&mut balancer).unwrap();
     let take = redis::Script::new("local all = redis.call('HGETALL', KEYS[1]) redis.call('DEL', KEYS[1]) return all");
     let _: Vec<String> = take.key(format!("{SHARES_KEY}:usage")).invoke(&mut balancer).unwrap();
+    // The gateways' confirmations: read, stamped and the old ones deleted.
+    let confirmations = redis::Script::new(
+        "local t = redis.call('TIME') local all = redis.call('HGETALL', KEYS[1]) \
+         redis.call('HSET', KEYS[1], 'eu-1', '3 ' .. t[1]) redis.call('HDEL', KEYS[1], 'eu-1') return all",
+    );
+    let _: Vec<String> = confirmations.key(format!("{SHARES_KEY}:applied")).invoke(&mut balancer).unwrap();
     let _: (Vec<Option<String>>, (u64, u64)) = redis::pipe()
         .cmd("HMGET")
         .arg(SHARES_KEY)

@@ -55,6 +55,7 @@ async fn main() {
     let command = format!("sim_regions {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
     let t = timing::Timing::compressed();
     let started = Instant::now();
+    let load_at_start = report::load();
     let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
     let mut outcomes = Vec::new();
     for name in ["steady", "move", "balancer-killed", "region-killed", "two-balancers"] {
@@ -62,34 +63,59 @@ async fn main() {
             continue;
         }
         eprintln!("scenario {name}");
-        outcomes.push(match name {
+        servers::started().lock().unwrap().clear();
+        let mut outcome = match name {
             "steady" => scenarios::steady(&settings, &t).await,
             "move" => scenarios::moves(&settings, &t).await,
             "balancer-killed" => scenarios::balancer_killed(&settings, &t).await,
             "region-killed" => scenarios::region_killed(&settings, &t).await,
             _ => scenarios::two_balancers(&settings, &t).await,
-        });
+        };
+        // How often a raise waited for the gateways' confirmations (the
+        // lowered region's gateways had not confirmed within the barrier).
+        let (waited, rounds) = servers::started()
+            .lock()
+            .unwrap()
+            .iter()
+            .fold((0, 0), |(w, n), s| (w + s.unconfirmed_raises(), n + s.rounds()));
+        outcome.figures.push((
+            "balancer rounds whose raise waited for the gateways' confirmations (to the next round)".into(),
+            format!("{waited} of {rounds}"),
+        ));
+        outcomes.push(outcome);
     }
     let quiet_refused: u64 = outcomes.iter().map(|o| o.recording.quiet_refused).sum();
-    let mut text = report::header(&settings, &t, &command, started.elapsed().as_secs_f64(), quiet_refused);
+    let mut text =
+        report::header(&settings, &t, &command, started.elapsed().as_secs_f64(), quiet_refused, &load_at_start);
     for o in &outcomes {
         text.push_str(&report::scenario(o));
         text.push('\n');
     }
-    println!("{text}");
-    if let Some(path) = &settings.out {
-        let dir = path.parent().unwrap_or(std::path::Path::new("."));
-        for o in &outcomes {
-            let svg = dir.join(format!("sim-regions-{}.svg", o.name));
-            charts::draw(&svg, o.title, &o.recording).unwrap_or_else(|e| panic!("chart {}: {e}", svg.display()));
-        }
-        let doc = format!("# Three-region simulation results\n\nWritten by `make sim-regions` (`balancer/examples/sim_regions/`); see [docs/global-limits.md](../docs/global-limits.md#simulation).\n\n{text}");
-        std::fs::write(path, doc).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-        eprintln!("written to {}", path.display());
-    }
     // The checks are the acceptance test of `make sim-regions`.
     let failed: Vec<&str> =
         outcomes.iter().flat_map(|o| o.checks.iter().filter(|c| !c.passed).map(|c| c.name.as_str())).collect();
+    text.push_str(&report::footer(&failed, quiet_refused));
+    println!("{text}");
+    if let Some(out) = &settings.out {
+        let dir = out.parent().unwrap_or(std::path::Path::new("."));
+        // A failing run never overwrites the report (nor is overwritten):
+        // it goes beside it, named by its time, with its charts.
+        let (path, charts) = if failed.is_empty() && quiet_refused == 0 {
+            (out.clone(), "sim-regions".to_string())
+        } else {
+            let stamp = report::stamp();
+            let stem = out.file_stem().map_or("report".into(), |s| s.to_string_lossy().into_owned());
+            (dir.join(format!("{stem}-failed-{stamp}.md")), format!("sim-regions-failed-{stamp}"))
+        };
+        for o in &outcomes {
+            let svg = dir.join(format!("{charts}-{}.svg", o.name));
+            charts::draw(&svg, o.title, &o.recording).unwrap_or_else(|e| panic!("chart {}: {e}", svg.display()));
+        }
+        let text = text.replace("](sim-regions-", &format!("]({charts}-"));
+        let doc = format!("# Three-region simulation results\n\nWritten by `make sim-regions` (`balancer/examples/sim_regions/`); see [docs/global-limits.md](../docs/global-limits.md#simulation).\n\n{text}");
+        std::fs::write(&path, doc).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        eprintln!("written to {}", path.display());
+    }
     if !failed.is_empty() || quiet_refused > 0 {
         eprintln!("FAILED: {failed:?}; quiet requests refused: {quiet_refused}");
         std::process::exit(1);

@@ -8,17 +8,29 @@ use crate::scenarios::Outcome;
 use crate::timing::Timing;
 use crate::Settings;
 
-pub fn header(s: &Settings, t: &Timing, command: &str, seconds: f64, quiet_refused: u64) -> String {
+/// The load averages (1, 5, 15 minutes), as /proc/loadavg has them.
+pub fn load() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// `load_at_start`: [`load`] read before the first scenario.
+pub fn header(
+    s: &Settings,
+    t: &Timing,
+    command: &str,
+    seconds: f64,
+    quiet_refused: u64,
+    load_at_start: &str,
+) -> String {
     let date = std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output();
     let date = date.map_or("unknown time".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Run `{command}` on {date}, {cores} cores (load average {} at the start), {seconds:.0} s in all.\n",
-        load.join(" ")
+        "Run `{command}`, finished {date}, {cores} cores (load average {load_at_start} at the start, {} at the end), {seconds:.0} s in all.\n",
+        load()
     );
     let _ = writeln!(
         out,
@@ -32,7 +44,7 @@ pub fn header(s: &Settings, t: &Timing, command: &str, seconds: f64, quiet_refus
     for (what, design, here) in [
         ("balancer interval", "10 s", t.interval),
         ("gateways' table refresh", "1 s", t.gateway_refresh),
-        ("gateways' read timeout (the barrier: refresh + timeout)", "1 s", t.gateway_timeout),
+        ("gateways' read timeout (the barrier, refresh + timeout: the longest a raise waits for the gateways' confirmations in one round)", "1 s", t.gateway_timeout),
         ("stale_after (fixed split after)", "5 min", t.stale_after),
         ("settle (longer than one round's writes spread: 2 calls and the barrier, each call carrying the uncompressed delay)", "10 s", t.settle),
         ("balancer's call timeout", "2 s", t.timeout),
@@ -41,8 +53,24 @@ pub fn header(s: &Settings, t: &Timing, command: &str, seconds: f64, quiet_refus
         let _ = writeln!(out, "| {what} | {design} | {here:?} |");
     }
     let _ = writeln!(out, "| cross-region delay | 70-150 ms | 70-150 ms (not compressed: the balancer's rounds take a larger part of the interval here) |\n");
-    let _ = writeln!(out, "**The bound the design guarantees:** over any window of length W, the busy customer is admitted at most burst + rate x W in all regions together ({BURST} + {RATE} x W): the shares in effect never sum above 1 (lower everywhere, wait a gateway refresh and read timeout, then raise; fencing epochs; stale fallback lowering first), and a raised share's capacity ramps at the refill rate. The recording counts answers at the gateway, so every window is widened by the longest request measured. Every check below fails `make sim-regions` when broken.\n");
+    let _ = writeln!(out, "**The bound the design guarantees:** over any window of length W, the busy customer is admitted at most burst + rate x W in all regions together ({BURST} + {RATE} x W): the shares in effect never sum above 1 (lower everywhere, then raise only once every gateway of the lowered regions confirms, in its region's Redis, that it enforces the lowered table; fencing epochs; stale fallback lowering first), and a raised share's capacity ramps at the refill rate. The recording counts answers at the gateway, so every window is widened by the longest request measured. Every check below fails `make sim-regions` when broken.\n");
     out
+}
+
+/// The UTC time as `20261205T101500Z`, naming a failing run's report.
+pub fn stamp() -> String {
+    let date = std::process::Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]).output();
+    date.map_or("unknown".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The verdict, at the end of the report as well as in the checks.
+pub fn footer(failed: &[&str], quiet_refused: u64) -> String {
+    let verdict = if failed.is_empty() && quiet_refused == 0 {
+        "every check passed".to_string()
+    } else {
+        format!("FAILED: {}; quiet requests refused: {quiet_refused}", failed.join("; "))
+    };
+    format!("Verdict: {verdict}.\n")
 }
 
 pub fn scenario(o: &Outcome) -> String {

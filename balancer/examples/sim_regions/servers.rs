@@ -1,6 +1,9 @@
 //! Three regions, each a real redis-server with the module (testkit), and
 //! the balancers running against them.
 
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rl_balancer::status::Status;
 use rl_balancer::{Balancer, Stopped};
 use testkit::Server;
 use tokio::task::JoinHandle;
@@ -16,6 +19,13 @@ pub fn regions(servers: &[Server]) -> Vec<(String, String)> {
     REGIONS.iter().zip(servers).map(|(n, s)| (n.to_string(), s.url())).collect()
 }
 
+/// The status of every balancer started since the list was last cleared
+/// (its rounds, and those whose raise waited for confirmations).
+pub fn started() -> &'static Mutex<Vec<Arc<Status>>> {
+    static STARTED: OnceLock<Mutex<Vec<Arc<Status>>>> = OnceLock::new();
+    STARTED.get_or_init(Mutex::default)
+}
+
 /// A balancer running its loop in a task: `kill` aborts it mid-round like
 /// a killed process.
 pub struct Running {
@@ -27,6 +37,7 @@ impl Running {
         let mut config = timing.balancer(regions(servers));
         config.down = down.iter().map(|d| d.to_string()).collect();
         let balancer = Balancer::new(config).expect("a valid balancer configuration");
+        started().lock().unwrap().push(balancer.status());
         Running { task: tokio::spawn(balancer.run(std::future::pending())) }
     }
 
