@@ -107,6 +107,20 @@ async fn status_shows_the_fleets_spread_and_warns_on_a_gateway_behind() {
     assert_eq!(lua.snapshot().version(), 1);
 }
 
+/// Waits until `gateway` admits `req` (it forgot the subject's refusal):
+/// by Redis, not from memory.
+async fn admitted_by_redis(gateway: &LiveRules, req: &Request<'_>, deadline: Instant) {
+    loop {
+        let v = gateway.check(req).await.unwrap();
+        if v.decision.allowed {
+            assert_eq!(v.decision.source, Source::Redis, "{v:?}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "still refused after unlock: {v:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// 3 a day, as the SRE's check found: past the three, the next token is
 /// 8 h away; and a login rule, so that a subject has two keys.
 const DAILY: &str = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
@@ -151,16 +165,7 @@ async fn unlock_frees_a_locked_out_subject_on_every_gateway() {
     assert_eq!(other, 1, "only the subject's keys go");
     // Every gateway forgets its refusal: the next request asks Redis and is admitted.
     for (g, _) in &gateways {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let v = g.check(&req).await.unwrap();
-            if v.decision.allowed {
-                assert_eq!(v.decision.source, Source::Redis, "{v:?}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "still refused after unlock: {v:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        admitted_by_redis(g, &req, Instant::now() + Duration::from_secs(5)).await;
     }
     let nothing = rlctl(&["unlock", "key{x}", "--redis", &url]).await;
     assert_eq!(nothing.code, 1);
@@ -448,15 +453,7 @@ async fn unlock_works_on_a_fleet_that_runs_a_rules_file() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         heard = ok(&url, &["unlock", "key_locked", "--rules", &file]).await.contains("1 gateway watcher(s) told");
     }
-    loop {
-        let v = gateway.check(&req).await.unwrap();
-        if v.decision.allowed {
-            assert_eq!(v.decision.source, Source::Redis, "{v:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "still refused after unlock: {v:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    admitted_by_redis(&gateway, &req, deadline).await;
 }
 
 /// docs/security.md's `ACL SETUSER rl-unlock ...` recipe, password replaced.
