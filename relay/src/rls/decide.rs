@@ -475,7 +475,7 @@ impl Engine {
             };
             self.counters.redis_calls.fetch_add(1 + peeks.len() as u64, Relaxed);
             for item in &group {
-                self.in_flight(item, *cost, true);
+                self.sending(item, *cost);
             }
             async move {
                 let key = Some(group[0].key.as_bytes());
@@ -501,7 +501,7 @@ impl Engine {
             };
             if sent > 0 {
                 self.counters.redis_calls.fetch_add(1, Relaxed);
-                self.in_flight(item, sent, true);
+                self.sending(item, sent);
             }
             let need = Need { want: item.cost, min: item.cost };
             async move { (i, sent, self.relay.answer(plan, false, keys, vec![params], need, &args).await) }
@@ -520,12 +520,10 @@ impl Engine {
             futures_util::future::join3(join_all(window_calls), join_all(bucket_calls), join_all(peek_calls)).await;
         let done = now_ms();
         for (((mode, cost, _), members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
-            for &i in &members {
-                self.in_flight(&items[i], cost, false);
-            }
             let Some(r) = reply.module_reply() else {
                 self.relay.health.failed("RL.WINDOW", &format!("{reply:?}"));
                 for i in members {
+                    self.came_back(&items[i], cost, None);
                     out.push((i, self.failed(&items[i]), Took::Nothing));
                 }
                 continue;
@@ -572,11 +570,12 @@ impl Engine {
             }
             drop(windows);
             for (i, room, reset) in readings {
-                self.read(&items[i], room, reset);
+                self.came_back(&items[i], cost, Some((room, reset)));
             }
         }
         for (i, sent, (reply, origin)) in bucket_replies {
-            self.in_flight(&items[i], sent, false);
+            let answered = reply.module_reply().filter(|_| origin == Origin::Redis);
+            self.came_back(&items[i], sent, answered.map(|r| (r.remaining, r.reset_after_ms)));
             match (reply.module_reply(), origin) {
                 (Some(r), origin) if origin != Origin::Failed => {
                     let took = match (r.granted > 0, origin) {
@@ -585,9 +584,6 @@ impl Engine {
                         (true, _) => Took::Redis,
                     };
                     let source = if origin == Origin::Pool { Source::Memory } else { Source::Redis };
-                    if origin == Origin::Redis {
-                        self.read(&items[i], r.remaining, r.reset_after_ms);
-                    }
                     if origin == Origin::Pool {
                         self.counters.from_memory.fetch_add(1, Relaxed);
                     }
@@ -601,7 +597,7 @@ impl Engine {
                 // Asked with a cost of 0: the room as it is, never over (as
                 // envoyproxy/ratelimit's INCRBY 0 of a full window).
                 Some(r) => {
-                    self.read(&items[i], room(&r, 1), r.reset_after_ms);
+                    self.came_back(&items[i], 0, Some((room(&r, 1), r.reset_after_ms)));
                     let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
                     out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Nothing))
                 }
@@ -635,7 +631,7 @@ impl Engine {
         let mut leasing = 0;
         if let Some(pooled) = pooled {
             let age = now_ms().saturating_sub(pooled.at_ms);
-            fallback.reading(&item.key, kind, pooled.room, 0, mono.saturating_sub(age));
+            fallback.reading(&item.key, kind, 0, pooled.room, 0, mono.saturating_sub(age));
             leasing = pooled.leasing;
         }
         let r = fallback.take(&item.key, kind, item.cost, leasing, mono);
@@ -644,22 +640,23 @@ impl Engine {
         Outcome { over: r.granted == 0 && item.cost > 0, reply, source: Source::Fallback }
     }
 
-    /// A call that may take `cost` of `item`'s limit is on its way to Redis
-    /// (`sent`), or came back: the fallback keeps its cost aside meanwhile.
-    fn in_flight(&self, item: &Item, cost: u64, sent: bool) {
-        let Some(kind) = fallback_kind(item.counter) else { return };
-        let mut fallback = lock(&self.fallback);
-        if sent {
-            fallback.sent(&item.key, kind, cost);
-        } else {
-            fallback.returned(&item.key, cost);
+    /// A call that may take `cost` of `item`'s limit is on its way to
+    /// Redis: the fallback keeps that cost aside until it comes back.
+    fn sending(&self, item: &Item, cost: u64) {
+        if let Some(kind) = fallback_kind(item.counter) {
+            lock(&self.fallback).sent(&item.key, kind, cost);
         }
     }
 
-    /// Redis said `item`'s limit had `room` left: the fallback's reading.
-    fn read(&self, item: &Item, room: u64, reset_after_ms: u64) {
+    /// That call came back (`cost` 0: none was counted on its way), with
+    /// Redis's `(room, reset_after_ms)` for `item`'s limit if it answered:
+    /// the fallback's reading, under one lock.
+    fn came_back(&self, item: &Item, cost: u64, reading: Option<(u64, u64)>) {
+        if cost == 0 && reading.is_none() {
+            return;
+        }
         if let Some(kind) = fallback_kind(item.counter) {
-            lock(&self.fallback).reading(&item.key, kind, room, reset_after_ms, self.mono_ms());
+            lock(&self.fallback).returned(&item.key, kind, cost, reading, self.mono_ms());
         }
     }
 
@@ -769,18 +766,17 @@ impl Engine {
             };
             let args = window_args("RL.WINDOW", &[&item], want, WindowMode::Fixed);
             let sent = now_ms();
-            engine.in_flight(&item, want, true);
+            engine.sending(&item, want);
             let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
-            engine.in_flight(&item, want, false);
-            let mut windows = engine.windows();
-            match reply.module_reply() {
-                Some(r) => {
-                    windows.leased(&key, want, r, sent, now_ms());
-                    drop(windows);
-                    engine.read(&item, r.remaining, r.reset_after_ms);
+            let answered = reply.module_reply();
+            {
+                let mut windows = engine.windows();
+                match answered {
+                    Some(r) => windows.leased(&key, want, r, sent, now_ms()),
+                    None => windows.lease_failed(&key),
                 }
-                None => windows.lease_failed(&key),
             }
+            engine.came_back(&item, want, answered.map(|r| (r.remaining, r.reset_after_ms)));
         });
     }
 }

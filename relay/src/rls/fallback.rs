@@ -90,14 +90,21 @@ impl Fallback {
         }
     }
 
-    /// `key`'s entry for `kind` (a changed limit starts afresh).
+    /// `key`'s entry for `kind` (a changed limit starts afresh). Called on
+    /// every Redis answer: a key already held is found without allocating.
     fn entry(&mut self, key: &str, kind: Kind) -> &mut Entry {
-        if !self.table.contains_key(key) && self.table.len() >= self.max_entries {
-            let victim = (crate::pool::xorshift(&mut self.seed) % self.table.len() as u64) as usize;
-            self.table.swap_remove_index(victim);
-        }
-        let fresh = Entry { kind, state: None, known: None, in_flight: 0 };
-        let entry = self.table.entry(key.to_string()).or_insert(fresh);
+        let index = match self.table.get_index_of(key) {
+            Some(index) => index,
+            None => {
+                if self.table.len() >= self.max_entries {
+                    let victim = (crate::pool::xorshift(&mut self.seed) % self.table.len() as u64) as usize;
+                    self.table.swap_remove_index(victim);
+                }
+                let fresh = Entry { kind, state: None, known: None, in_flight: 0 };
+                self.table.insert_full(key.to_string(), fresh).0
+            }
+        };
+        let entry = &mut self.table[index];
         if entry.kind != kind {
             *entry = Entry { kind, state: None, known: None, in_flight: entry.in_flight };
         }
@@ -110,19 +117,27 @@ impl Fallback {
         entry.in_flight = entry.in_flight.saturating_add(cost);
     }
 
-    /// That call came back (answered or failed).
-    pub fn returned(&mut self, key: &str, cost: u64) {
-        if let Some(entry) = self.table.get_mut(key) {
-            entry.in_flight = entry.in_flight.saturating_sub(cost);
+    /// That call came back, `cost` no longer on its way (0: none was), with
+    /// Redis's `(room, reset_after_ms)` if it answered: one look-up.
+    pub fn returned(&mut self, key: &str, kind: Kind, cost: u64, reading: Option<(u64, u64)>, now_ms: u64) {
+        match reading {
+            Some((room, reset_after_ms)) => self.reading(key, kind, cost, room, reset_after_ms, now_ms),
+            None => {
+                if let Some(entry) = self.table.get_mut(key) {
+                    entry.in_flight = entry.in_flight.saturating_sub(cost);
+                }
+            }
         }
     }
 
     /// Redis said, as of `now_ms` (a monotonic clock), that `key`'s limit
-    /// had `room` left; a window's reading holds `reset_after_ms`.
-    pub fn reading(&mut self, key: &str, kind: Kind, room: u64, reset_after_ms: u64, now_ms: u64) {
+    /// had `room` left (a window's reading holds `reset_after_ms`), in
+    /// answer to a call of `returned` cost (0: a reading from elsewhere).
+    pub fn reading(&mut self, key: &str, kind: Kind, returned: u64, room: u64, reset_after_ms: u64, now_ms: u64) {
         let part = room / u64::from(self.relays);
         let stand_in = self.stand_in(kind);
         let entry = self.entry(key, kind);
+        entry.in_flight = entry.in_flight.saturating_sub(returned);
         match kind {
             Kind::Bucket(_) => {
                 let Some(params) = stand_in else { return };
@@ -222,14 +237,14 @@ mod readings {
     fn a_bucket_starts_from_its_last_reading_and_refills_at_its_rate() {
         let mut f = Fallback::new(1, 10);
         let bucket = Kind::Bucket(BucketParams::new(100, 100, 60_000).unwrap());
-        f.reading("k", bucket, 2, 0, 1_000);
+        f.reading("k", bucket, 0, 2, 0, 1_000);
         let admitted = (0..10).filter(|_| f.take("k", bucket, 1, 0, 1_000).granted > 0).count();
         assert_eq!(admitted, 2);
         // 600 ms later, one more token.
         assert_eq!(f.take("k", bucket, 1, 0, 1_600).granted, 1);
         assert_eq!(f.take("k", bucket, 1, 0, 1_600).granted, 0);
         // A reading never raises the level: the lower stands.
-        f.reading("k", bucket, 50, 0, 1_600);
+        f.reading("k", bucket, 0, 50, 0, 1_600);
         assert_eq!(f.take("k", bucket, 1, 0, 1_600).granted, 0);
     }
 }
