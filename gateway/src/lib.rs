@@ -3,6 +3,7 @@
 
 mod deny_cache;
 mod fallback;
+pub mod guide;
 #[cfg(feature = "http")]
 pub mod http;
 mod inflight_policy;
