@@ -8,7 +8,7 @@
 //! use std::sync::Arc;
 //! use rl_balancer::gateway::{GatewayConfig, RegionShares};
 //! use rl_gateway::{Config, Limiter};
-//! use rl_rules::{LiveRules, RuleSetSpec};
+//! use rl_gateway::live::{LiveRules, RuleSetSpec};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let redis = "redis://redis.eu.internal:6379/";
@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use rl_gateway::live::{GlobalLimit, GlobalSpec, RegionalShares};
 use rl_gateway::{Clock, Connection, Target};
-use rl_rules::{GlobalLimit, GlobalSpec, RegionalShares};
 
 use crate::split::SplitParams;
 use crate::store::{self, Read, StoreError};
@@ -144,7 +144,7 @@ struct Stats {
 }
 
 /// A gateway's region's shares of global rules, and its usage report.
-/// Implements rl-rules' [`RegionalShares`]: hand it to
+/// Implements rl-gateway's live [`RegionalShares`]: hand it to
 /// `LiveRules::set_region_shares`.
 pub struct RegionShares {
     config: GatewayConfig,

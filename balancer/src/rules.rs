@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use rl_gateway::live::{global_rules, RuleSetSpec, Snapshot};
 use rl_gateway::Policy;
-use rl_rules::{global_rules, RuleSetSpec, Snapshot};
 
 use crate::round::GlobalRule;
 use crate::split::SplitParams;

@@ -171,10 +171,10 @@ impl Status {
     }
 }
 
-/// Serves `/metrics` on `listener` until the task is dropped (rl-rules'
+/// Serves `/metrics` on `listener` until the task is dropped (rlctl's
 /// server: the exporter's bounds).
 pub async fn serve(status: Arc<Status>, listener: TcpListener) {
-    rl_rules::exporter::serve_metrics(listener, "rl-balancer --metrics", move || {
+    rlctl::exporter::serve_metrics(listener, "rl-balancer --metrics", move || {
         let status = status.clone();
         async move { status.render() }
     })

@@ -21,7 +21,7 @@ use crate::epoch::{self, parse_stored};
 use crate::table::ShareTable;
 
 /// The table's hash (and the channel announcing a new version).
-pub const DEFAULT_KEY: &str = rl_rules::SHARES_KEY;
+pub const DEFAULT_KEY: &str = rl_gateway::live::SHARES_KEY;
 
 /// Claim: accepted when the epoch is not below the one in force (the
 /// `Fence` model), compared as decimal strings; with `take-over`, whatever

@@ -290,7 +290,7 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
     use std::sync::Arc;
 
     use rl_balancer::gateway::{GatewayConfig, RegionShares};
-    use rl_rules::{LiveRules, Request, RuleSetSpec};
+    use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
 
     const RATE: u64 = 200;
     const BURST: u64 = 40;
@@ -366,11 +366,11 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_waits_until_the_lowered_regions_gateways_confirm() {
     use rl_balancer::gateway::{GatewayConfig, RegionShares};
-    use rl_rules::RuleSetSpec;
+    use rl_gateway::live::RuleSetSpec;
 
     let servers = servers();
     let spec = RuleSetSpec::from_toml(&rules_toml(100, 20)).unwrap();
-    let global = rl_rules::global_rules(&spec).remove(0).1;
+    let global = rl_gateway::live::global_rules(&spec).remove(0).1;
     let mut c = config(&servers);
     c.rules = rl_balancer::rules::from_spec(&spec, &["eu", "us", "ap"].map(String::from)).unwrap();
     let mut b = Balancer::new(c).unwrap();

@@ -13,7 +13,7 @@ use binary::{base_args, RulesFile, Running, FAST};
 use rl_balancer::gateway::{GatewayConfig, RegionShares};
 use rl_balancer::store::{self, DEFAULT_KEY};
 use rl_balancer::{RuleShares, Share, ShareTable, WHOLE};
-use rl_rules::{GlobalLimit, RegionalShares, RuleSetSpec};
+use rl_gateway::live::{GlobalLimit, RegionalShares, RuleSetSpec};
 use testkit::{PlainServer, Server};
 
 /// A share table whose default share of `api` is `default` ppm, as JSON.

@@ -13,8 +13,8 @@ use common::calls;
 use rl_balancer::gateway::{GatewayConfig, RegionShares};
 use rl_balancer::store::{self, DEFAULT_KEY};
 use rl_balancer::{feed_fixed_windows, RuleShares, Share, ShareTable};
+use rl_gateway::live::{GlobalLimit, LiveRules, RegionalShares, Request, RuleSetSpec};
 use rl_gateway::{Backend, Clock, Config, Limiter, ManualClock, Source};
-use rl_rules::{GlobalLimit, LiveRules, RegionalShares, Request, RuleSetSpec};
 use testkit::Server;
 
 /// A global rule over three regions split 5/3/2, and a fail-closed one

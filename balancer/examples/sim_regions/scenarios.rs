@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_rules::GlobalSpec;
+use rl_gateway::live::GlobalSpec;
 use testkit::Server;
 use tokio::task::JoinHandle;
 
@@ -45,7 +45,7 @@ impl World {
         let demand = Arc::new(Demand::new(busy, settings.quiet_each, settings.quiet_subjects));
         let rec = Arc::new(Recorder::new(length));
         let probes: Arc<std::sync::Mutex<[Option<_>; 3]>> = Arc::default();
-        let global: GlobalSpec = rl_rules::global_rules(&gateways::rules()).remove(0).1;
+        let global: GlobalSpec = rl_gateway::live::global_rules(&gateways::rules()).remove(0).1;
         let sampler = {
             let (rec, probes) = (rec.clone(), probes.clone());
             tokio::spawn(async move {

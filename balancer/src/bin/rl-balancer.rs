@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use rl_balancer::{Balancer, Config, GlobalRule, Stopped};
-use rl_rules::RuleSetSpec;
+use rl_gateway::live::RuleSetSpec;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Moves each region's share of every global limit toward where the traffic
