@@ -3,6 +3,8 @@
 
 mod deny_cache;
 mod fallback;
+#[cfg(feature = "global")]
+pub mod global;
 #[cfg(feature = "http")]
 pub mod http;
 mod inflight_policy;

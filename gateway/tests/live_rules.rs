@@ -701,7 +701,7 @@ struct FixedShare {
     checked: std::sync::Mutex<Vec<(String, String, u64)>>,
 }
 
-impl rl_gateway::live::RegionalShares for FixedShare {
+impl rl_gateway::global::RegionalShares for FixedShare {
     fn region(&self) -> &str {
         "eu"
     }
@@ -709,9 +709,9 @@ impl rl_gateway::live::RegionalShares for FixedShare {
     fn regional(
         &self,
         _rule: &str,
-        _global: &rl_gateway::live::GlobalSpec,
+        _global: &rl_gateway::global::GlobalSpec,
         _subject: &str,
-        limits: &[rl_gateway::live::GlobalLimit],
+        limits: &[rl_gateway::global::GlobalLimit],
     ) -> Option<Vec<(u64, u64)>> {
         Some(limits.iter().map(|l| (l.capacity * self.ppm / 1_000_000, l.refill * self.ppm / 1_000_000)).collect())
     }

@@ -191,7 +191,7 @@ const DOWN: &str = "# HELP rl_up 1 when the last scrape of Redis answered.\n# TY
 async fn shares_seen(con: &mut impl ConnectionLike) -> redis::RedisResult<Option<SharesSeen>> {
     let ((written, version), (secs, micros)): ((Option<u64>, Option<u64>), (u64, u64)) = redis::pipe()
         .cmd("HMGET")
-        .arg(rl_gateway::live::SHARES_KEY)
+        .arg(rl_gateway::global::SHARES_KEY)
         .arg(&["written_at", "version"])
         .cmd("TIME")
         .query_async(con)
@@ -209,7 +209,7 @@ pub async fn scrape(con: &mut impl ConnectionLike) -> Result<String, String> {
         texts.push(text.map_err(|e| format!("INFO {section}: {e}"))?);
     }
     let shares =
-        shares_seen(con).await.map_err(|e| format!("the share table ({}): {e}", rl_gateway::live::SHARES_KEY))?;
+        shares_seen(con).await.map_err(|e| format!("the share table ({}): {e}", rl_gateway::global::SHARES_KEY))?;
     Ok(render(&texts[0], &texts[1..].join("\n"), shares))
 }
 

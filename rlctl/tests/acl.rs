@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rl_gateway::live::{LiveRules, RedisSource, Request, RuleSetSpec, DEFAULT_KEY, SHARES_KEY};
+use rl_gateway::global::SHARES_KEY;
+use rl_gateway::live::{LiveRules, RedisSource, Request, RuleSetSpec, DEFAULT_KEY};
 use rl_gateway::{Config, InflightPolicy, InflightRule, Limiter, Policy, Rule, Source, WindowMode};
 use support::{repo_file, Exporter};
 use testkit::{Cluster, Server};

@@ -42,7 +42,7 @@ fn rlctl_metrics_serves_the_counters_prometheus_scrapes() {
         secs * 1000 + micros / 1000
     };
     let _: () = redis::cmd("HSET")
-        .arg(rl_gateway::live::SHARES_KEY)
+        .arg(rl_gateway::global::SHARES_KEY)
         .arg("written_at")
         .arg(now_ms - 90_000)
         .arg("version")
@@ -70,7 +70,8 @@ fn prometheus_own_parser_types_every_family() {
     call(&mut con, "RL.TAKE", "1 k 1 1 60000");
     call(&mut con, "RL.TAKE", "1 k 1 1 60000");
     let _: redis::RedisResult<redis::Value> = redis::cmd("RL.TAKE").arg("x").query(&mut con);
-    let _: () = redis::cmd("HSET").arg(rl_gateway::live::SHARES_KEY).arg("written_at").arg(1).query(&mut con).unwrap();
+    let _: () =
+        redis::cmd("HSET").arg(rl_gateway::global::SHARES_KEY).arg("written_at").arg(1).query(&mut con).unwrap();
     let exporter = Exporter::start(&s.url());
     let page = exporter.scrape();
     let families = parse_prometheus(&page);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rl_balancer::gateway::{GatewayConfig, RegionShares};
+use rl_gateway::global::{GatewayConfig, RegionShares};
 use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
 use rl_gateway::{Config, Limiter, Source};
 use tokio::task::JoinHandle;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_gateway::live::GlobalSpec;
+use rl_gateway::global::GlobalSpec;
 use testkit::Server;
 use tokio::task::JoinHandle;
 
@@ -31,7 +31,7 @@ struct World {
     demand: Arc<Demand>,
     rec: Arc<Recorder>,
     sampler: JoinHandle<()>,
-    probes: Arc<std::sync::Mutex<[Option<Arc<rl_balancer::gateway::RegionShares>>; 3]>>,
+    probes: Arc<std::sync::Mutex<[Option<Arc<rl_gateway::global::RegionShares>>; 3]>>,
     gateways: usize,
 }
 
@@ -53,7 +53,7 @@ impl World {
                     let shares = {
                         let p = probes.lock().unwrap();
                         [0, 1, 2].map(|r| {
-                            p[r].as_ref().map(|s: &Arc<rl_balancer::gateway::RegionShares>| {
+                            p[r].as_ref().map(|s: &Arc<rl_gateway::global::RegionShares>| {
                                 s.share("api", &global, "acme").0.share
                             })
                         })

@@ -43,6 +43,7 @@ mod history;
 mod layer;
 mod regional;
 mod rules;
+mod scaling;
 mod server_limits;
 mod shadowing;
 mod snapshot;
@@ -55,13 +56,12 @@ pub use fleet::{escaped, fleet_status, FleetStatus, GatewayReport, REPORT_FORGOT
 pub use history::{diff, HistoryEntry, HISTORY_LEN};
 #[cfg(feature = "tower")]
 pub use layer::LiveDecide;
-pub use regional::{GlobalLimit, RegionalShares, SHARES_KEY};
 pub use rules::{Admission, Installed, LiveRules, RulesStatus, ShadowEntry, ShadowRefusal, Verdict};
 pub use server_limits::server_refusals;
 pub use snapshot::{remaining, CompiledRule, Match, Request, Scope, Snapshot};
 pub use spec::{
-    global_rules, stored_kind_changes, FleetBackend, GlobalSpec, IpTier, LimitKind, LimitSpec, MatchSpec, Mode,
-    RuleSetSpec, RuleSpec, MAX_RULES_BYTES, MAX_VERSION, MAX_WRITTEN_VERSION,
+    global_rules, stored_kind_changes, FleetBackend, IpTier, LimitKind, LimitSpec, MatchSpec, Mode, RuleSetSpec,
+    RuleSpec, MAX_RULES_BYTES, MAX_VERSION, MAX_WRITTEN_VERSION,
 };
 pub use store::{override_id, RulesStore, Stored, DEFAULT_KEY, MAX_OVERRIDE};
 pub use watch::{RedisSource, Watcher};

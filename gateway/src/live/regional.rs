@@ -10,121 +10,17 @@
 //! gateway whose Redis is down limits locally, or refuses for a
 //! fail-closed rule, at its region's share of the rule.
 //!
-//! Live rules only ask; rl-balancer's `RegionShares` answers from the
+//! Live rules only ask; [`RegionShares`](crate::global::RegionShares) answers from the
 //! share table the quota balancer writes to the region's Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::global::{GlobalLimit, GlobalSpec, RegionalShares};
 use crate::http::PolicyHeaders;
-use crate::{Decision, Error, FailMode, Limiter, Policy, Result, Rule, Source};
-use quick_cache::sync::Cache;
-
 use crate::live::snapshot::CompiledRule;
-use crate::live::spec::GlobalSpec;
-
-/// The hash in each region's Redis that holds the region's share table of
-/// global rules (rl-balancer writes it, gateways read it, `rlctl metrics`
-/// reports its age).
-pub const SHARES_KEY: &str = "rl:shares";
-
-/// One limit of a global rule as the rule states it for the whole world.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GlobalLimit {
-    /// Tokens the bucket holds at most, worldwide.
-    pub capacity: u64,
-    /// Tokens added every `period_ms`, worldwide.
-    pub refill: u64,
-    /// The refill period in ms.
-    pub period_ms: u64,
-}
-
-/// The share of global rules this gateway's region enforces: set once on
-/// [`LiveRules`](crate::live::LiveRules) with
-/// [`set_region_shares`](crate::live::LiveRules::set_region_shares).
-/// Implemented by rl-balancer's `RegionShares`; called on every request to
-/// a global rule, so it answers from memory.
-pub trait RegionalShares: Send + Sync + 'static {
-    /// The gateway's region, as rules name it in `global.regions`.
-    fn region(&self) -> &str;
-
-    /// What this region enforces now of each of `limits` (global rule
-    /// `rule`'s, in order) for `subject`: `(capacity, refill)` per limit,
-    /// rounded down. `None`: the share is worth less than one token and
-    /// the region refuses (under the limit, never over).
-    fn regional(
-        &self,
-        rule: &str,
-        global: &GlobalSpec,
-        subject: &str,
-        limits: &[GlobalLimit],
-    ) -> Option<Vec<(u64, u64)>>;
-
-    /// A request costing `cost` was checked under global rule `rule` for
-    /// `subject`, admitted or refused: the demand the balancer splits the
-    /// rule by (counting only what was admitted would keep a region's
-    /// share where it is: a subject refused for want of share never shows
-    /// the traffic that would earn it more). Counted
-    /// for the balancer's usage report. Called on the request path: it
-    /// counts in memory.
-    fn demanded(&self, rule: &str, subject: &str, cost: u64);
-}
-
-/// Scaled policies kept per global rule: one per share in use (the busy
-/// subjects', the default's, and a ramp's few steps).
-const SCALED_POLICIES: usize = 1_024;
-
-/// A global rule's limits as written, and its policies at the shares in
-/// use (each with its headers, built once): shares move every balancer
-/// interval at most, so requests reuse one policy (and its leases)
-/// meanwhile. Made when the rule is compiled, kept with its policy across
-/// versions.
-pub(crate) struct Scaling {
-    limits: Vec<GlobalLimit>,
-    policies: Cache<Vec<(u64, u64)>, Arc<PolicyHeaders>>,
-}
-
-impl Scaling {
-    pub(crate) fn new(policy: &Policy) -> Scaling {
-        let limits = policy
-            .rules()
-            .iter()
-            .map(|r| GlobalLimit {
-                capacity: r.capacity(),
-                refill: r.refill(),
-                period_ms: u64::try_from(r.period().as_millis()).unwrap_or(u64::MAX),
-            })
-            .collect();
-        Scaling { limits, policies: Cache::new(SCALED_POLICIES) }
-    }
-
-    /// `policy` (the rule's, as written) at `parts`: (capacity, refill) per limit.
-    fn policy(&self, policy: &Policy, label: &str, parts: Vec<(u64, u64)>) -> Result<Arc<PolicyHeaders>> {
-        if let Some(found) = self.policies.get(&parts) {
-            return Ok(found);
-        }
-        let scaled = policy.rules().iter().zip(&parts).map(|(r, &(capacity, refill))| {
-            let scaled = Rule::new(r.name(), capacity, refill, r.period());
-            let scaled = if r.fail_mode() == FailMode::Closed { scaled.fail_closed() } else { scaled };
-            if r.is_shadow() {
-                scaled.shadow()
-            } else {
-                scaled
-            }
-        });
-        let built = scaled.fold(Policy::builder(policy.prefix()).label(label), |b, r| b.rule(r)).build()?;
-        let built = Arc::new(PolicyHeaders::new(built));
-        self.policies.insert(parts, built.clone());
-        Ok(built)
-    }
-}
-
-impl std::fmt::Debug for Scaling {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scaling").field("limits", &self.limits).field("policies", &self.policies.len()).finish()
-    }
-}
+use crate::{Decision, Error, Limiter, Policy, Result, Rule, Source};
 
 /// The live rules' side of global rules.
 #[derive(Default)]

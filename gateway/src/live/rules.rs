@@ -18,8 +18,9 @@ use quick_cache::sync::Cache;
 use crate::http::headers::{self, PolicyHeaders};
 use crate::{Backend, Decision, Error, Event, Limiter, NoPermit, Permit, Result};
 
+use crate::global::RegionalShares;
 use crate::live::fleet::Origin;
-use crate::live::regional::{Regional, RegionalShares};
+use crate::live::regional::Regional;
 use crate::live::server_limits::server_refusals;
 use crate::live::snapshot::{CompiledRule, Request, Snapshot};
 use crate::live::spec::{RuleSetSpec, RuleSpec};

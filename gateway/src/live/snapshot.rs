@@ -12,8 +12,9 @@ use crate::http::{InflightHeaders, PolicyHeaders};
 use crate::{Error, FailMode, InflightPolicy, Policy, Result, Rule};
 use ipnet::IpNet;
 
-use crate::live::regional::Scaling;
-use crate::live::spec::{GlobalSpec, IpTier, Mode};
+use crate::live::scaling::Scaling;
+use crate::global::GlobalSpec;
+use crate::live::spec::{IpTier, Mode};
 
 /// Which requests a compiled rule matches, from the most specific to the
 /// least: a subject, a network and an endpoint, a plan and a network, a

@@ -2,7 +2,8 @@
 
 use crate::validate_name;
 
-use crate::live::spec::{GlobalSpec, LimitKind, RuleSpec};
+use crate::global::GlobalSpec;
+use crate::live::spec::{LimitKind, RuleSpec};
 
 /// Checks a rule's `global` field, naming the field at fault.
 pub(super) fn check_global(g: &GlobalSpec, spec: &RuleSpec, is_override: bool, at: &str, errors: &mut Vec<String>) {

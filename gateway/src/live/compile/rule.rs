@@ -13,7 +13,7 @@ use super::global::check_global;
 use super::limit::compile_limits;
 use super::scope::scope_of;
 use super::SetContext;
-use crate::live::regional::Scaling;
+use crate::live::scaling::Scaling;
 use crate::live::snapshot::{CompiledRule, Scope};
 use crate::live::spec::{IpTier, Mode, RuleSpec};
 

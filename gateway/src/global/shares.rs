@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use rl_balancer::gateway::{GatewayConfig, RegionShares};
+//! use rl_gateway::global::{GatewayConfig, RegionShares};
 //! use rl_gateway::{Config, Limiter};
 //! use rl_gateway::live::{LiveRules, RuleSetSpec};
 //!
@@ -22,14 +22,14 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::global::{GlobalLimit, GlobalSpec, RegionalShares};
+use crate::{Clock, Connection, Target};
 use arc_swap::ArcSwapOption;
-use rl_gateway::live::{GlobalLimit, GlobalSpec, RegionalShares};
-use rl_gateway::{Clock, Connection, Target};
 
-use crate::split::SplitParams;
-use crate::store::{self, Read, StoreError};
-use crate::table::{GlobalBucket, Share};
-use crate::usage::UsageCounts;
+use crate::global::split::SplitParams;
+use crate::global::store::{self, Read, StoreError};
+use crate::global::table::{GlobalBucket, Share};
+use crate::global::usage::UsageCounts;
 
 /// How a gateway reaches its region's share table.
 #[derive(Clone)]
@@ -69,7 +69,7 @@ impl std::fmt::Debug for GatewayConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GatewayConfig")
             .field("region", &self.region)
-            .field("redis_url", &rl_gateway::redacted(&self.redis_url))
+            .field("redis_url", &crate::redacted(&self.redis_url))
             .field("key", &self.key)
             .field("refresh", &self.refresh)
             .field("timeout", &self.timeout)
@@ -174,7 +174,7 @@ impl RegionShares {
     /// every interval. `config.redis_url` is `redis://` or
     /// `redis+sentinel://`. Must run inside a tokio runtime.
     pub fn new(config: GatewayConfig) -> Result<RegionShares, redis::RedisError> {
-        let bad = |e: rl_gateway::Error| {
+        let bad = |e: crate::Error| {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad Redis URL", e.to_string()))
         };
         let target = Target::from_url(&config.redis_url).map_err(bad)?;

@@ -1,7 +1,8 @@
-//! The balancer's settings and, in one place, the relations between them
-//! that the never-over argument rests on (README, "Flag relations"). A
-//! [`Config`] that breaks one is refused by name with the relation it
-//! breaks; one that only weakens the balancer is run with a warning.
+//! The balancer's configuration and, in one place, the relations between
+//! its values that the never-over argument rests on (docs/global-limits.md,
+//! "Flag relations"). A [`Config`] that breaks one is refused by name with
+//! the relation it breaks; one that only weakens the balancer is run with a
+//! warning.
 //!
 //! The spans compared ([`Spans`]), with c one call to a region (`--timeout`
 //! plus any injected delay) and B the barrier (`--gateway-refresh` +
@@ -17,8 +18,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::epoch::MAX_EPOCH;
-use crate::run::Config;
+use crate::round::GlobalRule;
+use rl_gateway::global::store::MAX_EPOCH;
 
 /// What a relation found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,18 +71,74 @@ impl Spans {
     }
 }
 
-/// A configuration whose relations hold: what a balancer runs with.
+/// Everything a balancer needs, checked by [`Balancer::new`] (the
+/// relations between its durations: [`Config::check`]).
 #[derive(Clone, Debug)]
-pub struct Settings {
-    pub(crate) config: Config,
-    pub(crate) spans: Spans,
-    warnings: Vec<String>,
+pub struct Config {
+    /// (name, Redis URL) of each region, in the order of the rules' weights.
+    pub regions: Vec<(String, String)>,
+    /// The global rules, their splits over `regions`.
+    pub rules: Vec<GlobalRule>,
+    /// Between the starts of two rounds (10 s).
+    pub interval: Duration,
+    /// Subjects per rule that get shares of their own (the rest: the default split).
+    pub busiest: usize,
+    /// The gateways' `stale_after`: they keep a table this long without a write (5 min).
+    pub stale_after: Duration,
+    /// The gateways' `settle`: how long they enforce min(last, fixed) before the fixed split.
+    pub settle: Duration,
+    /// How often gateways re-read their region's table.
+    pub gateway_refresh: Duration,
+    /// How long a gateway's read may take before it is dropped: a read
+    /// answered late carries the table of when it was sent.
+    pub gateway_timeout: Duration,
+    /// How long a region may be unreachable before the others get what it cannot hold.
+    pub grace: Duration,
+    /// Bound of every call to a region.
+    pub timeout: Duration,
+    /// Regions the operator asserts are down (gateways stopped or cut off from their Redis).
+    pub down: BTreeSet<String>,
+    /// Injected delay before every call to a region (the simulation's cross-region latency).
+    pub delay: Option<(Duration, Duration)>,
+    /// The share table's hash in every region.
+    pub key: String,
+    /// The fencing epoch (1 to [`MAX_EPOCH`]); `None`: one above the
+    /// highest any region has seen.
+    pub epoch: Option<u64>,
+    /// The operator takes over deliberately: this balancer's first claim in
+    /// each region replaces whatever epoch is stored (higher, corrupt or
+    /// above the ceiling). Only when no other balancer runs.
+    pub take_over: bool,
 }
 
-impl Settings {
-    /// Checks every relation: `Err` lists each one broken, a line each.
-    pub fn new(config: Config) -> Result<Settings, String> {
-        let findings = check(&config);
+impl Config {
+    /// The defaults of the binary for these regions and rules.
+    pub fn new(regions: Vec<(String, String)>, rules: Vec<GlobalRule>) -> Config {
+        Config {
+            regions,
+            rules,
+            interval: Duration::from_secs(10),
+            busiest: 1000,
+            stale_after: Duration::from_secs(300),
+            settle: Duration::from_secs(10),
+            gateway_refresh: Duration::from_secs(1),
+            gateway_timeout: Duration::from_secs(1),
+            grace: Duration::from_secs(60),
+            timeout: Duration::from_secs(2),
+            down: BTreeSet::new(),
+            delay: None,
+            key: rl_gateway::global::store::DEFAULT_KEY.to_string(),
+            epoch: None,
+            take_over: false,
+        }
+    }
+}
+
+impl Config {
+    /// Checks every relation: `Err` lists each one broken, a line each;
+    /// `Ok`, what only weakens the balancer, one warning each.
+    pub fn check(&self) -> Result<Vec<String>, String> {
+        let findings = findings(self);
         let refused: Vec<&str> = findings
             .iter()
             .filter_map(|f| match f {
@@ -92,34 +149,18 @@ impl Settings {
         if !refused.is_empty() {
             return Err(refused.join("\n"));
         }
-        let warnings = findings
+        Ok(findings
             .into_iter()
             .filter_map(|f| match f {
                 Finding::Weakened(m) => Some(m),
                 Finding::Refused(_) => None,
             })
-            .collect();
-        Ok(Settings { spans: Spans::of(&config), config, warnings })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// The spans its relations compare.
-    pub fn spans(&self) -> Spans {
-        self.spans
-    }
-
-    /// What only weakens the balancer, one warning each.
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
+            .collect())
     }
 }
 
 /// Every relation's finding for `c`, refusals and warnings.
-pub fn check(c: &Config) -> Vec<Finding> {
+pub fn findings(c: &Config) -> Vec<Finding> {
     let s = Spans::of(c);
     [regions, down, key, epoch, positive, barrier, settle, stale_after, grace, inject_delay]
         .iter()
@@ -205,7 +246,7 @@ fn key(c: &Config, _: &Spans) -> Vec<Finding> {
     if c.key.is_empty() {
         return vec![Finding::Refused(format!(
             "--key must not be empty: it names the share table's hash in every region, the one the gateways read ({} by default)",
-            crate::store::DEFAULT_KEY
+            rl_gateway::global::store::DEFAULT_KEY
         ))];
     }
     Vec::new()
@@ -307,12 +348,23 @@ fn inject_delay(c: &Config, _: &Spans) -> Vec<Finding> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::run::tests::config;
+    use rl_gateway::global::SplitParams;
+
+    /// Three regions and one rule, the defaults otherwise (nothing listens).
+    pub(crate) fn config() -> Config {
+        let rule = GlobalRule {
+            id: "api".into(),
+            split: SplitParams::new(50_000, vec![1, 1, 1]).unwrap(),
+            ramp: Duration::from_secs(1),
+        };
+        let regions = ["eu", "us", "ap"].iter().map(|r| (r.to_string(), "redis://127.0.0.1:1".to_string()));
+        Config::new(regions.collect(), vec![rule])
+    }
 
     fn refused(c: &Config) -> String {
-        Settings::new(c.clone()).err().unwrap_or_default()
+        c.check().err().unwrap_or_default()
     }
 
     fn secs(s: u64) -> Duration {
@@ -321,9 +373,9 @@ mod tests {
 
     #[test]
     fn the_defaults_hold_every_relation() {
-        let s = Settings::new(config()).unwrap();
-        assert!(s.warnings().is_empty(), "{:?}", s.warnings());
-        let spans = s.spans();
+        let warnings = config().check().unwrap();
+        assert!(warnings.is_empty(), "{:?}", warnings);
+        let spans = Spans::of(&config());
         assert_eq!((spans.call, spans.barrier, spans.round, spans.spread), (secs(2), secs(2), secs(12), secs(6)));
         assert_eq!((spans.aged_margin, spans.unreachable_lag), (secs(18), secs(4)));
     }
@@ -374,10 +426,10 @@ mod tests {
         c.down = ["eu", "us", "ap"].map(String::from).into();
         assert!(refused(&c).contains("--down names every region (ap, eu, us)"));
         c.down.remove("eu");
-        let s = Settings::new(c.clone()).unwrap();
-        assert!(s.warnings()[0].contains("--down names a majority of the regions (ap, us of 3)"), "{:?}", s.warnings());
+        let warnings = c.check().unwrap();
+        assert!(warnings[0].contains("--down names a majority of the regions (ap, us of 3)"), "{:?}", warnings);
         c.down.remove("us");
-        assert!(Settings::new(c.clone()).unwrap().warnings().is_empty());
+        assert!(c.check().unwrap().is_empty());
         c.down.insert("mars".into());
         assert!(refused(&c).contains("--down mars: no such region (regions: eu, us, ap)"));
     }
@@ -411,10 +463,10 @@ mod tests {
     fn a_short_grace_is_only_a_warning() {
         let mut c = config();
         c.grace = Duration::ZERO;
-        let s = Settings::new(c.clone()).unwrap();
-        assert!(s.warnings()[0].contains("--grace (0s) is shorter than two rounds (2 x --interval = 20s)"));
+        let warnings = c.check().unwrap();
+        assert!(warnings[0].contains("--grace (0s) is shorter than two rounds (2 x --interval = 20s)"));
         c.grace = secs(20);
-        assert!(Settings::new(c).unwrap().warnings().is_empty());
+        assert!(c.check().unwrap().is_empty());
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl QuotaState {
 /// each key's state, in order. A daily quota fed from gateway counts:
 ///
 /// ```no_run
-/// use rl_balancer::{feed_fixed_windows, UsageCounts};
+/// use rl_gateway::global::{feed_fixed_windows, UsageCounts};
 ///
 /// # async fn run(mut con: redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
 /// let counts = UsageCounts::default();

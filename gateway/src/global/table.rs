@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ramp::ramped_capacity;
-use crate::stale::share_in_force;
+use crate::global::ramp::ramped_capacity;
+use crate::global::stale::share_in_force;
 
 /// One region's shares of every global rule.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,10 +108,10 @@ impl GlobalBucket {
     /// `since_change` ago (see [`ramped_capacity`]). A share or a start
     /// above the whole is no share: refused, never enforced above the limit.
     pub fn regional(&self, share: u32, from: u32, since_change: Duration) -> Option<RegionalBucket> {
-        if share > crate::WHOLE || from > crate::WHOLE {
+        if share > crate::global::WHOLE || from > crate::global::WHOLE {
             return None;
         }
-        let part = |total: u64, ppm: u32| (total as u128 * ppm as u128 / crate::WHOLE as u128) as u64;
+        let part = |total: u64, ppm: u32| (total as u128 * ppm as u128 / crate::global::WHOLE as u128) as u64;
         let refill = part(self.refill, share);
         let to = part(self.capacity, share);
         let capacity =
@@ -129,20 +129,20 @@ impl ShareTable {
         let above = |rule: &str, what: &str, ppm: u32| {
             format!(
                 "has rule {rule}'s {what} of {ppm} ppm, above the whole ({} ppm): enforced, it would admit {} times the limit in this region alone",
-                crate::WHOLE,
-                ppm / crate::WHOLE
+                crate::global::WHOLE,
+                ppm / crate::global::WHOLE
             )
         };
         for (id, r) in &self.rules {
             let default = r.default_share();
             for (what, ppm) in [("default share", default.share), ("default share's ramp start", default.from)] {
-                if ppm > crate::WHOLE {
+                if ppm > crate::global::WHOLE {
                     return Err(above(id, what, ppm));
                 }
             }
             for (subject, s) in &r.subjects {
                 for (what, ppm) in [("share", s.share), ("ramp start", s.from)] {
-                    if ppm > crate::WHOLE {
+                    if ppm > crate::global::WHOLE {
                         return Err(above(id, &format!("{what} for subject {subject:?}"), ppm));
                     }
                 }
@@ -198,7 +198,7 @@ mod tests {
             Some(RegionalBucket { capacity: 450, refill: 700 })
         );
         assert_eq!(g.regional(500, 500, Duration::ZERO), None, "half a token: refused, never rounded up");
-        assert_eq!(g.regional(crate::WHOLE + 1, 0, Duration::from_secs(9)), None, "above the whole: no share");
+        assert_eq!(g.regional(crate::global::WHOLE + 1, 0, Duration::from_secs(9)), None, "above the whole: no share");
     }
 
     #[test]
