@@ -71,7 +71,7 @@ impl Spans {
     }
 }
 
-/// Everything a balancer needs, checked by [`Balancer::new`] (the
+/// Everything a balancer needs, checked by [`Balancer::new`](crate::Balancer::new) (the
 /// relations between its durations: [`Config::check`]).
 #[derive(Clone, Debug)]
 pub struct Config {

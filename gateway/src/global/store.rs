@@ -47,7 +47,7 @@ impl std::fmt::Display for Problem {
 }
 
 /// A stored integer (epoch, version, clock stamp): decimal digits, no sign,
-/// no leading zero, at most [`MAX_EPOCH`]. The same rule as [`LUA`]'s.
+/// no leading zero, at most [`MAX_EPOCH`]. The same rule as the balancer's scripts check (`stored_ok`, rl-balancer's `epoch::LUA`).
 pub fn parse_stored(s: &str) -> Result<u64, Problem> {
     let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if !digits || (s.len() > 1 && s.starts_with('0')) {

@@ -5,8 +5,8 @@
 //! validates, publishes and adds overrides. The guide is the repository's
 //! `docs/rules.md`.
 //!
-//! With the `tower` feature too, [`LiveDecide`] decides behind
-//! [`RateLimitLayer`](crate::http::RateLimitLayer).
+//! With the `tower` feature too, `LiveDecide` decides behind
+//! `rl_gateway::http::RateLimitLayer`.
 //!
 //! ```rust,no_run
 //! use std::net::IpAddr;

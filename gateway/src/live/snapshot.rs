@@ -12,8 +12,8 @@ use crate::http::{InflightHeaders, PolicyHeaders};
 use crate::{Error, FailMode, InflightPolicy, Policy, Result, Rule};
 use ipnet::IpNet;
 
-use crate::live::scaling::Scaling;
 use crate::global::GlobalSpec;
+use crate::live::scaling::Scaling;
 use crate::live::spec::{IpTier, Mode};
 
 /// Which requests a compiled rule matches, from the most specific to the
