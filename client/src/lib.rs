@@ -38,6 +38,6 @@ pub mod internal {
     pub use crate::clock::millis;
     pub use crate::inflight::{inflight_params, new_id, validate_cost};
     pub use crate::lock::{lock, lock_waits, stripe, STRIPES};
-    pub use crate::params::{bucket_params, LUA_MAX_UNITS};
+    pub use crate::params::{bucket_params, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
     pub use crate::slot::{slot_of, SLOTS};
 }

@@ -7,8 +7,8 @@
 //! keeps decoding this one, so today's RDB and AOF files keep loading.
 
 use crate::bucket::{BucketState, StateError};
+use crate::exact_log::{Entry, Log, LogError};
 use crate::inflight::{Slot, Slots, SlotsError, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
-use crate::log::{Entry, Log, LogError};
 use crate::window::{WindowState, WindowStateError};
 
 /// `v` in decimal, written into `buf` (the longest u64 is 20 digits): the

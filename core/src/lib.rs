@@ -10,12 +10,13 @@ pub mod bucket;
 pub mod codec;
 pub mod combine;
 pub mod deny;
+pub mod exact_log;
 pub mod fallback;
 pub mod gcra;
 pub mod inflight;
 pub mod lease;
 pub mod limits;
-pub mod log;
+pub mod ratelimit_header;
 pub mod window;
 
 pub use acquire::{acquire, acquire_in_place, force, peek, refund, BucketOp, Outcome, Update};

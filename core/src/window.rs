@@ -25,7 +25,7 @@ pub enum WindowMode {
     /// overlaps the window: an estimate, 16 bytes a key.
     #[default]
     Sliding,
-    /// A log of admitted requests (`log.rs`): exact, 8 bytes per entry.
+    /// A log of admitted requests (`exact_log.rs`): exact, 8 bytes per entry.
     Exact,
     /// One counter per epoch-aligned window: quotas.
     Fixed,
@@ -183,7 +183,7 @@ pub fn decide(
 }
 
 /// Checks `cost` against one window at `now_ms`. FIXED counts the current
-/// window only; SLIDING (and EXACT, which is counted by `log.rs` and never
+/// window only; SLIDING (and EXACT, which is counted by `exact_log.rs` and never
 /// comes here) also weighs the previous one.
 pub fn check(p: &WindowParams, mode: WindowMode, state: Option<&WindowState>, cost: u64, now_ms: u64) -> WindowCheck {
     let s = rolled(p, mode, state, now_ms);

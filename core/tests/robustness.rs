@@ -5,9 +5,9 @@
 
 use proptest::prelude::*;
 use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
+use rl_core::exact_log::{self, Log};
 use rl_core::gcra::{self, GcraParams};
 use rl_core::limits::*;
-use rl_core::log::{self, Log};
 use rl_core::window::{self, WindowMode, WindowParams};
 use rl_core::{BucketParams, Update};
 

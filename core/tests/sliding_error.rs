@@ -23,8 +23,8 @@
 //! Errors live at the margin: they depend on how much of the traffic comes
 //! from clients near their limit, so the figures are given per class.
 
+use rl_core::exact_log::{self, Log};
 use rl_core::limits::{MAX_LOG_LIMIT, MAX_WINDOW_LIMIT};
-use rl_core::log::{self, Log};
 use rl_core::window::{self, WindowMode, WindowParams, WindowState};
 
 const LIMIT: u64 = 100;

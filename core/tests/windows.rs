@@ -4,8 +4,8 @@
 //! be the first moment the model admits.
 
 use proptest::prelude::*;
+use rl_core::exact_log::{self, Log};
 use rl_core::limits::{MAX_LOG_LIMIT, MAX_WINDOW_LIMIT};
-use rl_core::log::{self, Log};
 use rl_core::window::{self, WindowMode, WindowParams, WindowState};
 
 /// Admitted (time, cost) pairs: the ground truth every model reads.

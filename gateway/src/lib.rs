@@ -5,6 +5,7 @@ mod deny_cache;
 mod fallback;
 #[cfg(feature = "global")]
 pub mod global;
+pub mod guide;
 #[cfg(feature = "http")]
 pub mod http;
 mod inflight_policy;

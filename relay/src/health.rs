@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use crate::log::{line, Throttled};
+use crate::logging::{line, Throttled};
 
 /// How often Redis is probed, and how long a probe may take.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use rl_relay::auth::{self, Credentials};
 use rl_relay::limits::Limits;
-use rl_relay::log::{line, redact};
+use rl_relay::logging::{line, redact};
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
 use rl_relay::rls::Rls;
@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 /// Descriptors kept for the relay's own use (its listeners, its connections
 /// to Redis, the metrics endpoint's clients) below the open-file limit.
-const RESERVED_FDS: u64 = 32 + rl_relay::http::MAX_CONNECTIONS as u64;
+const RESERVED_FDS: u64 = 32 + rl_relay::operator_endpoint::MAX_CONNECTIONS as u64;
 
 /// A lease relay for redis-rl: gateways connect to it as to Redis.
 #[derive(Parser, Debug)]
@@ -159,7 +159,7 @@ async fn run(args: Args) -> Result<(), String> {
     let rls = rls_front(&args, &relay).await?;
     if let Some(address) = &args.metrics {
         let metrics = TcpListener::bind(address).await.map_err(|e| format!("--metrics {address}: {e}"))?;
-        tokio::spawn(rl_relay::http::serve(relay.clone(), metrics, rls.as_ref().map(|(r, _)| r.clone())));
+        tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), metrics, rls.as_ref().map(|(r, _)| r.clone())));
     }
     if let Some((rls, listener)) = rls {
         tokio::spawn(async move {

@@ -10,7 +10,7 @@ use redis::{Cmd, RedisResult, Value};
 use rl_client::{Connection, ConnectionStatus, Target};
 
 use crate::health::PROBE_TIMEOUT;
-use crate::log::line;
+use crate::logging::line;
 
 #[derive(Clone)]
 pub struct Upstream(Connection);

@@ -6,20 +6,20 @@
 use std::sync::Arc;
 
 use rl_relay::rls::config::matching::{Found, Lookup};
-use rl_relay::rls::config::{Algorithm, Config, FailureMode, Limit, Unit};
+use rl_relay::rls::config::{Algorithm, FailureMode, Limit, RlsConfig, Unit};
 
 fn fixture(name: &str) -> String {
     let path = format!("{}/tests/rls_config/{name}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-fn load(names: &[&str], merge: bool) -> Result<Config, String> {
+fn load(names: &[&str], merge: bool) -> Result<RlsConfig, String> {
     let texts: Vec<(String, String)> = names.iter().map(|n| (n.to_string(), fixture(n))).collect();
-    Config::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), merge).map_err(|e| e.to_string())
+    RlsConfig::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), merge).map_err(|e| e.to_string())
 }
 
-fn inline(text: &str) -> Result<Config, String> {
-    Config::from_texts([("inline.yaml", text)], false).map_err(|e| e.to_string())
+fn inline(text: &str) -> Result<RlsConfig, String> {
+    RlsConfig::from_texts([("inline.yaml", text)], false).map_err(|e| e.to_string())
 }
 
 fn refusal(names: &[&str], merge: bool) -> String {
@@ -37,7 +37,7 @@ fn inline_refusal(text: &str) -> String {
 }
 
 /// The limit found for `entries`, if any.
-fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<Found> {
+fn find(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> Option<Found> {
     match config.lookup(domain, entries, None) {
         Lookup::Found(found) => Some(found),
         Lookup::NoLimit | Lookup::UnknownDomain => None,
@@ -45,12 +45,12 @@ fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<Found
 }
 
 /// (requests_per_unit, unit, name, stats key) of the limit found.
-fn limit_of(config: &Config, entries: &[(&str, &str)]) -> Option<(u32, Unit, String, String)> {
+fn limit_of(config: &RlsConfig, entries: &[(&str, &str)]) -> Option<(u32, Unit, String, String)> {
     let found = find(config, "test-domain", entries)?;
     Some((found.limit.requests_per_unit, found.limit.unit.unwrap(), found.limit.name.clone(), found.stats_key))
 }
 
-fn stats_key(config: &Config, domain: &str, entries: &[(&str, &str)]) -> String {
+fn stats_key(config: &RlsConfig, domain: &str, entries: &[(&str, &str)]) -> String {
     find(config, domain, entries).unwrap_or_else(|| panic!("no limit for {entries:?}")).stats_key
 }
 
@@ -889,12 +889,12 @@ fn a_directory_of_files() {
     std::fs::write(dir.path().join("notes.txt"), "not yaml: [").unwrap();
     std::fs::write(dir.path().join(".hidden.yaml"), "not yaml: [").unwrap();
     std::fs::write(dir.path().join("..data/c.yaml"), "not yaml: [").unwrap();
-    let config = Config::load(dir.path(), false).unwrap();
+    let config = RlsConfig::load(dir.path(), false).unwrap();
     assert_eq!(config.files, ["a.yaml", "more/b.yml"]);
     assert!(find(&config, "a", &[("key1", "value1")]).is_some() && find(&config, "b", &[("key2", "value2")]).is_some());
     std::fs::write(dir.path().join("more/b.yml"), fixture("bad_limit_unit.yaml")).unwrap();
     assert_eq!(
-        Config::load(dir.path(), false).unwrap_err().to_string(),
+        RlsConfig::load(dir.path(), false).unwrap_err().to_string(),
         "more/b.yml:6: descriptors[0].rate_limit.unit: invalid rate limit unit 'foo'"
     );
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::rls::*;
 use common::{Relay, Start};
-use rl_relay::rls::config::Config;
+use rl_relay::rls::config::RlsConfig;
 use testkit::Server;
 
 /// The relay's memory in these tests: far above what it needs,
@@ -136,9 +136,9 @@ fn a_config_folder_is_bounded_in_files_and_in_total_size() {
     for i in 0..1000 {
         std::fs::write(dir.path().join(format!("f{i:04}.yaml")), file(i)).unwrap();
     }
-    assert_eq!(Config::load(dir.path(), false).unwrap().files.len(), 1000);
+    assert_eq!(RlsConfig::load(dir.path(), false).unwrap().files.len(), 1000);
     std::fs::write(dir.path().join("f1000.yaml"), file(1000)).unwrap();
-    let e = Config::load(dir.path(), false).unwrap_err().to_string();
+    let e = RlsConfig::load(dir.path(), false).unwrap_err().to_string();
     assert!(e.contains(&dir.path().display().to_string()) && e.contains("more than 1000"), "{e}");
     // Five files of 3.5 MiB: each within its bound, together above 16 MiB.
     let dir = tempfile::tempdir().unwrap();
@@ -147,21 +147,21 @@ fn a_config_folder_is_bounded_in_files_and_in_total_size() {
         text.push_str(&format!("# {}\n", "x".repeat(7 << 19)));
         std::fs::write(dir.path().join(format!("f{i}.yaml")), text).unwrap();
     }
-    let e = Config::load(dir.path(), false).unwrap_err().to_string();
+    let e = RlsConfig::load(dir.path(), false).unwrap_err().to_string();
     assert!(e.contains("f4.yaml") && e.contains("16777216"), "{e}");
     // A folder that holds itself (a link loop) is walked to a bound, not forever.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), file(0)).unwrap();
     std::os::unix::fs::symlink(".", dir.path().join("x")).unwrap();
     std::os::unix::fs::symlink(".", dir.path().join("y")).unwrap();
-    let e = Config::load(dir.path(), false).unwrap_err().to_string();
+    let e = RlsConfig::load(dir.path(), false).unwrap_err().to_string();
     assert!(e.contains("more than 1000"), "{e}");
 }
 
 #[test]
 fn aliases_within_the_bounds_load() {
     // A rate_limit shared by anchor and alias, as configs do.
-    let config = Config::from_texts(
+    let config = RlsConfig::from_texts(
         [(
             "shared.yaml",
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &std { unit: hour, requests_per_unit: 5 }\n  - key: b\n    \
@@ -172,8 +172,8 @@ fn aliases_within_the_bounds_load() {
     .unwrap();
     assert_eq!(config.domains["d"].children.len(), 2);
     // A bomb of four levels (100,000 scalars) loads; five (a million) do not.
-    assert!(Config::from_texts([("b.yaml", alias_bomb(4).as_str())], false).is_ok());
-    let e = Config::from_texts([("b.yaml", alias_bomb(5).as_str())], false).unwrap_err().to_string();
+    assert!(RlsConfig::from_texts([("b.yaml", alias_bomb(4).as_str())], false).is_ok());
+    let e = RlsConfig::from_texts([("b.yaml", alias_bomb(5).as_str())], false).unwrap_err().to_string();
     assert!(e.starts_with("b.yaml:") && e.contains("more than 1000000 nodes"), "{e}");
     // The bounds hold for the files together: four such bombs (about 247,000
     // nodes each, with their anchors' copies) load, the fifth is refused.
@@ -181,8 +181,8 @@ fn aliases_within_the_bounds_load() {
         .map(|i| (format!("b{i}.yaml"), alias_bomb(4).replace("domain: bomb", &format!("domain: b{i}"))))
         .collect();
     let texts = |n: usize| bombs[..n].iter().map(|(name, text)| (name.as_str(), text.as_str())).collect::<Vec<_>>();
-    assert_eq!(Config::from_texts(texts(4), false).unwrap().files.len(), 4);
-    let e = Config::from_texts(texts(5), false).unwrap_err().to_string();
+    assert_eq!(RlsConfig::from_texts(texts(4), false).unwrap().files.len(), 4);
+    let e = RlsConfig::from_texts(texts(5), false).unwrap_err().to_string();
     assert!(e.starts_with("b4.yaml:") && e.contains("more than 1000000 nodes"), "{e}");
     // A big scalar copied by aliases is bounded by its bytes.
     let text = format!(
@@ -190,14 +190,14 @@ fn aliases_within_the_bounds_load() {
         "x".repeat(1 << 20),
         vec!["*a"; 20].join(", ")
     );
-    let e = Config::from_texts([("text.yaml", text.as_str())], false).unwrap_err().to_string();
+    let e = RlsConfig::from_texts([("text.yaml", text.as_str())], false).unwrap_err().to_string();
     assert!(e.contains("more than 16777216 bytes"), "{e}");
     // Many aliases of one scalar.
     let text = format!(
         "domain: d\ndescriptors:\n  - key: k\n    metadata:\n      a: &a x\n      b: [{}]\n",
         vec!["*a"; 100_001].join(",")
     );
-    let e = Config::from_texts([("many.yaml", text.as_str())], false).unwrap_err().to_string();
+    let e = RlsConfig::from_texts([("many.yaml", text.as_str())], false).unwrap_err().to_string();
     assert!(e.contains("more than 100000 aliases"), "{e}");
 }
 

@@ -4,8 +4,8 @@
 
 use redis_module::raw::RedisModuleString;
 use rl_core::codec::{PackedBucket, PackedWindow, VERSION_1};
+use rl_core::exact_log::Log;
 use rl_core::inflight::Slots;
-use rl_core::log::Log;
 
 use crate::args::named_twice;
 use crate::clock;
@@ -66,7 +66,7 @@ pub fn inspect(ctx: Ctx, argv: &[*mut RedisModuleString]) -> Result<Counted, Str
         Ok(Some(t)) if t == store::handle::<Log>() => {
             loaded_log = load::<Log>(ctx, one, false)?;
             let log = loaded_log.get(0).ok_or("ERR the key vanished")?;
-            let at = |e: Option<rl_core::log::Entry>| e.map_or(-1, |e| e.at_ms() as i64);
+            let at = |e: Option<rl_core::exact_log::Entry>| e.map_or(-1, |e| e.at_ms() as i64);
             fields.extend([
                 ("entries", Field::Int(log.len() as i64)),
                 ("requests", Field::Int(log.entries().map(|e| e.count()).sum::<u64>() as i64)),

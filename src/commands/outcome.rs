@@ -10,8 +10,8 @@ use redis_module::raw::{
 };
 use rl_core::codec::{PackedBucket, PackedWindow};
 use rl_core::combine::{Outcome, Update};
+use rl_core::exact_log::{Append, Log};
 use rl_core::inflight::{Change, Slots};
-use rl_core::log::{Append, Log};
 use rl_core::window::WindowState;
 use rl_core::{BucketState, Reply, INLINE};
 use smallvec::SmallVec;

@@ -22,9 +22,9 @@ use redis_module::raw::{
     RedisModuleString, REDISMODULE_NOTIFY_GENERIC as NOTIFY_GENERIC, REDISMODULE_NOTIFY_MODULE as NOTIFY_MODULE,
 };
 use rl_core::codec::{self, decimal, Decoded, PackedBucket, PackedWindow};
+use rl_core::exact_log::{Append, Log};
 use rl_core::inflight::{Change, Slots};
 use rl_core::limits::{MAX_KEYS, MAX_LOG_LIMIT, MAX_TIME_MS};
-use rl_core::log::{Append, Log};
 use smallvec::SmallVec;
 
 use super::arg_bytes;

@@ -6,8 +6,8 @@
 use redis_module::raw::RedisModuleString;
 use rl_core::codec::{log_blob, PackedWindow};
 use rl_core::combine::{decide, Check, Update};
+use rl_core::exact_log::{self, Log};
 use rl_core::limits::latest_reading_ms;
-use rl_core::log::{self, Log};
 use rl_core::window::{self, WindowState};
 use rl_core::{Reply, WindowMode, INLINE};
 use smallvec::SmallVec;
@@ -75,7 +75,7 @@ fn exact(ctx: Ctx, keys: DistinctKeys, a: &WindowArgs, write: bool, now: u64) ->
     let mut loaded = load::<Log>(ctx, keys, write)?;
     let outcome = {
         let logs: SmallVec<[Option<&Log>; INLINE]> = (0..a.numkeys).map(|i| loaded.get(i)).collect();
-        log::decide(&a.windows, &logs, a.cost, now)
+        exact_log::decide(&a.windows, &logs, a.cost, now)
     };
     if write {
         carry_out(ctx, c"rl.window", keys.names(), &mut loaded, &outcome)?;
@@ -145,11 +145,11 @@ fn refund_exact(ctx: Ctx, keys: DistinctKeys, a: &WindowArgs, at: u64, now: u64)
             effects.push(Effect::Remove { key: names[i] });
         } else {
             let blob = SmallVec::from_vec(log_blob(log));
-            let expires_at_ms = expires_at_ms.unwrap_or_else(|| log::check(p, Some(log), 1, now).expires_at_ms);
+            let expires_at_ms = expires_at_ms.unwrap_or_else(|| exact_log::check(p, Some(log), 1, now).expires_at_ms);
             effects.push(Effect::Store { key: names[i], blob, expires_at_ms });
         }
     }
     publish(ctx, c"rl.window", &effects);
-    let checks = a.windows.iter().enumerate().map(|(i, p)| log::check(p, loaded.get(i), 1, now).check);
+    let checks = a.windows.iter().enumerate().map(|(i, p)| exact_log::check(p, loaded.get(i), 1, now).check);
     Ok(standing(checks, a.cost))
 }

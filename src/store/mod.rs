@@ -12,8 +12,8 @@ use std::ffi::{c_int, c_void};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
 use rl_core::codec::{self, Decoded, PackedBucket, PackedWindow};
+use rl_core::exact_log::Log;
 use rl_core::inflight::Slots;
-use rl_core::log::Log;
 use smallvec::SmallVec;
 
 use crate::ffi::api;

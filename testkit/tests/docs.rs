@@ -1,5 +1,5 @@
-//! The docs as a map that holds: every relative link of README.md and
-//! docs/*.md reaches a file, and an `#anchor` into our own Markdown reaches a
+//! The docs as a map that holds: every relative link of README.md,
+//! docs/*.md, the crates' READMEs and the crates' guides reaches a file, and an `#anchor` into our own Markdown reaches a
 //! heading (GitHub's slugs); every command the module registers has its
 //! reference heading in docs/commands.md.
 
@@ -14,15 +14,42 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// README.md and every page of docs/.
+/// The Markdown files directly in `dir`.
+fn markdown_in(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut found: Vec<PathBuf> =
+        entries.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "md")).collect();
+    found.sort();
+    found
+}
+
+/// The guides a crate keeps beside its code as rustdoc modules
+/// (`src/guide.md`, `src/http/guide.md`).
+fn guides(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for path in entries.map(|e| e.unwrap().path()) {
+        if path.is_dir() {
+            guides(&path, out);
+        } else if path.file_name().is_some_and(|n| n == "guide.md") {
+            out.push(path);
+        }
+    }
+}
+
+/// README.md, every page of docs/, and every crate's README and guides.
 fn pages() -> Vec<PathBuf> {
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
-        .expect("docs/")
+    let mut pages = vec![repo().join("README.md")];
+    pages.extend(markdown_in(&repo().join("docs")));
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(repo())
+        .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .filter(|d| d.join("Cargo.toml").exists() && d.join("README.md").exists())
         .collect();
-    pages.sort();
-    pages.insert(0, repo().join("README.md"));
+    crates.sort();
+    for dir in crates {
+        pages.push(dir.join("README.md"));
+        guides(&dir.join("src"), &mut pages);
+    }
     pages
 }
 
@@ -125,6 +152,9 @@ fn broken_links(page: &Path) -> Vec<String> {
 fn every_relative_link_of_the_readme_and_docs_resolves() {
     let pages = pages();
     assert!(pages.len() >= 10, "README.md and docs/: {pages:?}");
+    for page in ["docs/commands.md", "gateway/README.md", "gateway/src/guide.md", "gateway/src/http/guide.md"] {
+        assert!(pages.contains(&repo().join(page)), "{page} is not among the pages checked: {pages:?}");
+    }
     let broken: Vec<String> = pages.iter().flat_map(|p| broken_links(p)).collect();
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }

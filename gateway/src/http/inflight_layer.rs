@@ -47,6 +47,7 @@ use std::time::Instant;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
 use tower::{Layer, Service};
 
 use crate::{subject_fault, InflightPolicy, InflightRule, Limiter, NoPermit, Permit};
@@ -232,12 +233,20 @@ fn refusal<B>(headers: &InflightHeaders, r: &NoPermit) -> Response<PermitBody<B>
 /// The rate-limit headers of an in-flight decision: `limit` and what is in
 /// flight in the binding rule.
 fn insert_headers(headers: &mut HeaderMap, policy: &InflightPolicy, binding: usize, limit: u64, in_flight: u64) {
-    let rules: Vec<String> = policy.rules().iter().map(|r| format!("\"{}\";q={}", r.name(), r.limit())).collect();
+    let mut rules = String::new();
+    for r in policy.rules() {
+        if !rules.is_empty() {
+            rules.push_str(", ");
+        }
+        push_policy_member(&mut rules, r.name(), r.limit(), None, None);
+    }
     let name = policy.rule(binding).map_or("", |r| r.name());
     let left = limit.saturating_sub(in_flight);
+    let mut binding_member = String::new();
+    push_limit_member(&mut binding_member, name, left, None);
     let fields = [
-        (RATELIMIT_POLICY, rules.join(", ")),
-        (RATELIMIT, format!("\"{name}\";r={left}")),
+        (RATELIMIT_POLICY, rules),
+        (RATELIMIT, binding_member),
         (X_RATELIMIT_LIMIT, limit.to_string()),
         (X_RATELIMIT_REMAINING, left.to_string()),
     ];

@@ -16,7 +16,7 @@ use rl_client::internal::slot_of;
 use rl_client::{Backend, Decision, Error, Result};
 use rl_core::BucketOp;
 
-use super::evaluate::{took_tokens, Evaluation, Outcome};
+use super::evaluate::{took_tokens, Evaluation, Joined};
 use super::inner::Admitted;
 use super::Limiter;
 use crate::policy::{Group, Policy};
@@ -104,7 +104,7 @@ impl Limiter {
         }
 
         // Leased groups spend from memory; the others go to Redis.
-        let mut outcomes = vec![Outcome::default(); checks.len()];
+        let mut outcomes = vec![Joined::default(); checks.len()];
         let mut down = vec![false; checks.len()];
         let mut remote = Vec::new();
         let mut refused = false;
@@ -128,7 +128,7 @@ impl Limiter {
         }
 
         // All or nothing: a refusal gives back what the others took.
-        if outcomes.iter().filter_map(Outcome::decision).any(|d| !d.allowed) {
+        if outcomes.iter().filter_map(Joined::decision).any(|d| !d.allowed) {
             let charged = checks.iter().zip(&outcomes).filter(|(c, o)| o.charged() && !c.policy.buckets.is_empty());
             for (c, _) in charged {
                 let _ = self.refund(c.policy, c.subject, c.cost).await;
@@ -153,7 +153,7 @@ impl Limiter {
         checks: &[Check<'a>],
         remote: Vec<(usize, &'a Group)>,
         now: u64,
-        outcomes: &mut [Outcome],
+        outcomes: &mut [Joined],
         down: &mut [bool],
     ) {
         let i = &self.inner;

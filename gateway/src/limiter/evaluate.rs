@@ -64,13 +64,13 @@ pub(super) fn took_tokens(d: &Decision) -> bool {
 /// A check's groups' decisions joined: the first refusal decides; allowed
 /// ones combine, the binding rule the one with the fewest tokens left.
 #[derive(Clone, Copy, Default)]
-pub(super) struct Outcome {
+pub(super) struct Joined {
     decision: Option<Decision>,
     /// Whether a group took tokens (see [`took_tokens`]).
     charged: bool,
 }
 
-impl Outcome {
+impl Joined {
     /// Adds one group's decision; whether the check is still allowed.
     pub(super) fn add(&mut self, d: Decision) -> bool {
         self.charged |= took_tokens(&d);
@@ -148,7 +148,7 @@ impl Limiter {
             return Some(d);
         }
         let mut shard_down = false;
-        let mut outcome = Outcome::default();
+        let mut outcome = Joined::default();
         // The buckets' evaluation, when their tokens were taken: a window
         // refusing after them gives them back (a refused request takes
         // nothing).
@@ -189,7 +189,7 @@ impl Limiter {
         if let Some(((), d)) = self.remembered_refusal(closed.map(|g| ((), evaluation(g), cost)), now) {
             return Some(d);
         }
-        let mut outcome = Outcome::default();
+        let mut outcome = Joined::default();
         for group in groups {
             if !outcome.add(self.degraded(&evaluation(group), cost, now)) {
                 break;

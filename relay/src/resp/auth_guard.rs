@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::log::Throttled;
+use crate::logging::Throttled;
 
 /// Failures a connection is answered at once.
 pub const FREE: u32 = 3;

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::allow::shown;
 use crate::command;
-use crate::log::Throttled;
+use crate::logging::Throttled;
 use crate::stats::Counters;
 
 #[derive(Debug)]

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::log::Throttled;
+use crate::logging::Throttled;
 use crate::Relay;
 
 /// Waits between failed accepts (out of descriptors: EMFILE), doubling.

@@ -42,7 +42,7 @@ use rl_core::{BucketParams, Reply, WindowMode};
 use super::config::FailureMode;
 use super::fallback::{self, Fallback};
 use super::windows::{Plan as WindowPlan, Window, Windows};
-use crate::log::line;
+use crate::logging::line;
 use crate::pool::{Need, Plan};
 use crate::relay::{Origin, Relay};
 
@@ -104,7 +104,7 @@ pub enum Source {
 
 /// A limit's answer.
 #[derive(Clone, Copy, Debug)]
-pub struct Outcome {
+pub struct LimitAnswer {
     /// This limit refuses the request.
     pub over: bool,
     pub reply: Reply,
@@ -235,7 +235,7 @@ fn bucket_args(name: &'static str, key: &str, p: &BucketParams, option: &'static
 
 /// What step 2 sends for a limit.
 enum Step {
-    Decided(Outcome, Took),
+    Decided(LimitAnswer, Took),
     Window,
     Bucket(Plan),
     Peek,
@@ -304,7 +304,7 @@ impl Engine {
     /// Each limit's answer, in `items`' order. `late` is set once the front
     /// answered without it (its deadline passed): then what Redis counted
     /// stands, for the failure modes' answers to be counted.
-    pub async fn decide(self: &Arc<Self>, items: &[Item], late: &AtomicBool) -> Vec<Outcome> {
+    pub async fn decide(self: &Arc<Self>, items: &[Item], late: &AtomicBool) -> Vec<LimitAnswer> {
         let now = now_ms();
         let mut steps = Vec::with_capacity(items.len());
         let mut leases = Vec::new();
@@ -316,7 +316,7 @@ impl Engine {
         }
         let refused_early =
             steps.iter().zip(items).any(|(s, i)| !i.shadow && matches!(s, Step::Decided(o, _) if o.over));
-        let mut outcomes: Vec<Option<(Outcome, Took)>> = Vec::with_capacity(items.len());
+        let mut outcomes: Vec<Option<(LimitAnswer, Took)>> = Vec::with_capacity(items.len());
         let mut pending = Vec::new();
         for (i, (step, item)) in steps.into_iter().zip(items).enumerate() {
             match step {
@@ -343,7 +343,7 @@ impl Engine {
                         limit: item.counter.limit(),
                         binding: 0,
                     };
-                    outcomes.push(Some((Outcome { over: false, reply, source: Source::NotAsked }, Took::Nothing)));
+                    outcomes.push(Some((LimitAnswer { over: false, reply, source: Source::NotAsked }, Took::Nothing)));
                 }
                 step => {
                     outcomes.push(None);
@@ -357,7 +357,8 @@ impl Engine {
                 outcomes[i] = Some((outcome, took));
             }
         }
-        let outcomes: Vec<(Outcome, Took)> = outcomes.into_iter().map(|o| o.expect("every limit answered")).collect();
+        let outcomes: Vec<(LimitAnswer, Took)> =
+            outcomes.into_iter().map(|o| o.expect("every limit answered")).collect();
         let refused = outcomes.iter().zip(items).any(|((o, _), i)| o.over && !i.shadow);
         if refused && !late.load(Relaxed) {
             let mut counted = Vec::new();
@@ -378,7 +379,7 @@ impl Engine {
         if let Counter::Closed { window_ms } = item.counter {
             let end = window_end_in(window_ms, now);
             return Step::Decided(
-                Outcome { over: true, reply: refused(0, end as i64, end), source: Source::Limit },
+                LimitAnswer { over: true, reply: refused(0, end as i64, end), source: Source::Limit },
                 Took::Nothing,
             );
         }
@@ -388,7 +389,7 @@ impl Engine {
                 _ => 0,
             };
             return Step::Decided(
-                Outcome { over: true, reply: refused(limit, -1, reset), source: Source::Limit },
+                LimitAnswer { over: true, reply: refused(limit, -1, reset), source: Source::Limit },
                 Took::Nothing,
             );
         }
@@ -404,11 +405,11 @@ impl Engine {
                 match plan {
                     WindowPlan::Paid { reply, .. } => {
                         self.counters.from_memory.fetch_add(1, Relaxed);
-                        Step::Decided(Outcome { over: false, reply, source: Source::Memory }, Took::WindowMemory)
+                        Step::Decided(LimitAnswer { over: false, reply, source: Source::Memory }, Took::WindowMemory)
                     }
                     WindowPlan::Refused { reply } => {
                         self.counters.from_deny_cache.fetch_add(1, Relaxed);
-                        Step::Decided(Outcome { over: true, reply, source: Source::DenyCache }, Took::Nothing)
+                        Step::Decided(LimitAnswer { over: true, reply, source: Source::DenyCache }, Took::Nothing)
                     }
                     WindowPlan::Exact { .. } => Step::Window,
                 }
@@ -419,7 +420,7 @@ impl Engine {
                 match self.relay.plan(&keys, &[params], need) {
                     Plan::Answer { reply, top_up: None } if reply.granted == 0 => {
                         self.counters.from_deny_cache.fetch_add(1, Relaxed);
-                        Step::Decided(Outcome { over: true, reply, source: Source::DenyCache }, Took::Nothing)
+                        Step::Decided(LimitAnswer { over: true, reply, source: Source::DenyCache }, Took::Nothing)
                     }
                     plan => Step::Bucket(plan),
                 }
@@ -429,7 +430,11 @@ impl Engine {
     }
 
     /// Step 2: what memory could not decide, to Redis side by side.
-    async fn ask_redis(self: &Arc<Self>, items: &[Item], pending: Vec<(usize, Step)>) -> Vec<(usize, Outcome, Took)> {
+    async fn ask_redis(
+        self: &Arc<Self>,
+        items: &[Item],
+        pending: Vec<(usize, Step)>,
+    ) -> Vec<(usize, LimitAnswer, Took)> {
         let mut out = Vec::with_capacity(pending.len());
         if self.relay.health.unreachable() {
             for (i, step) in pending {
@@ -550,13 +555,13 @@ impl Engine {
                         Reply { granted: 1, remaining: own.remaining, reset_after_ms: reset, limit: window.limit, ..r };
                     windows.answered(&items[i].key, cost, reply, sent, done);
                     let reply = Reply { remaining: (reply.remaining + held).min(window.limit), ..reply };
-                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Counted { at_ms }));
+                    out.push((i, LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms }));
                 } else if let Some(reply) =
                     (members.len() == 1).then(|| windows.pay(&items[i].key, cost, done)).flatten()
                 {
                     // Refused because this relay's own lease took the last
                     // room meanwhile: paid from it (Redis counted it).
-                    out.push((i, Outcome { over: false, reply, source: Source::Memory }, Took::WindowMemory));
+                    out.push((i, LimitAnswer { over: false, reply, source: Source::Memory }, Took::WindowMemory));
                 } else {
                     // Refused: this key if it is the binding one, or if its
                     // own peek refuses too; the others were not charged.
@@ -565,7 +570,7 @@ impl Engine {
                     if over {
                         windows.answered(&items[i].key, cost, Reply { granted: 0, ..reply }, sent, done);
                     }
-                    out.push((i, Outcome { over, reply, source: Source::Redis }, Took::Nothing));
+                    out.push((i, LimitAnswer { over, reply, source: Source::Redis }, Took::Nothing));
                 }
             }
             drop(windows);
@@ -587,7 +592,7 @@ impl Engine {
                     if origin == Origin::Pool {
                         self.counters.from_memory.fetch_add(1, Relaxed);
                     }
-                    out.push((i, Outcome { over: r.granted == 0, reply: r, source }, took));
+                    out.push((i, LimitAnswer { over: r.granted == 0, reply: r, source }, took));
                 }
                 _ => out.push((i, self.failed(&items[i]), Took::Nothing)),
             }
@@ -599,7 +604,7 @@ impl Engine {
                 Some(r) => {
                     self.came_back(&items[i], 0, Some((room(&r, 1), r.reset_after_ms)));
                     let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
-                    out.push((i, Outcome { over: false, reply, source: Source::Redis }, Took::Nothing))
+                    out.push((i, LimitAnswer { over: false, reply, source: Source::Redis }, Took::Nothing))
                 }
                 None => out.push((i, self.failed(&items[i]), Took::Nothing)),
             }
@@ -608,15 +613,15 @@ impl Engine {
     }
 
     /// Redis could not answer for `item`: its failure mode decides.
-    pub fn failed(&self, item: &Item) -> Outcome {
+    pub fn failed(&self, item: &Item) -> LimitAnswer {
         let limit = item.counter.limit();
         if item.failure == FailureMode::Deny {
             self.counters.failure_denied.fetch_add(1, Relaxed);
-            return Outcome { over: true, reply: refused(limit, 1000, 0), source: Source::FailureDenied };
+            return LimitAnswer { over: true, reply: refused(limit, 1000, 0), source: Source::FailureDenied };
         }
         self.counters.fallback.fetch_add(1, Relaxed);
         let Some(kind) = fallback_kind(item.counter) else {
-            return Outcome { over: true, reply: refused(0, 1000, 0), source: Source::Limit };
+            return LimitAnswer { over: true, reply: refused(0, 1000, 0), source: Source::Limit };
         };
         let mono = self.mono_ms();
         // A bucket's pool holds Redis's last word on it (its lease and
@@ -637,7 +642,7 @@ impl Engine {
         let r = fallback.take(&item.key, kind, item.cost, leasing, mono);
         // Never announce the stand-in's scaled numbers as the limit's.
         let reply = Reply { remaining: r.remaining.min(limit), limit, ..r };
-        Outcome { over: r.granted == 0 && item.cost > 0, reply, source: Source::Fallback }
+        LimitAnswer { over: r.granted == 0 && item.cost > 0, reply, source: Source::Fallback }
     }
 
     /// A call that may take `cost` of `item`'s limit is on its way to

@@ -15,6 +15,7 @@
 //!   with `enable_x_ratelimit_headers`.)
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
 
 /// Which headers to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -55,24 +56,6 @@ fn seconds_up(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// A structured-field string: printable ASCII, `"` and `\` escaped.
-fn sf_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
-        }
-    }
-    out.push('"');
-    out
-}
-
 fn header(key: &str, value: String) -> HeaderValue {
     HeaderValue { key: key.into(), value, ..HeaderValue::default() }
 }
@@ -103,7 +86,8 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
         Style::Draft => {
             let mut policy = Vec::new();
             for l in limits {
-                let item = format!("{};q={};w={}", sf_string(l.name), l.requests_per_unit, l.unit_seconds);
+                let mut item = String::new();
+                push_policy_member(&mut item, l.name, l.requests_per_unit.into(), Some(l.unit_seconds), None);
                 if !policy.contains(&item) {
                     policy.push(item);
                 }
@@ -118,10 +102,9 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
             let mut out = vec![header("RateLimit-Policy", policy.join(", "))];
             if let Some(b) = binding {
                 let remaining = if refused { 0 } else { b.remaining };
-                out.push(header(
-                    "RateLimit",
-                    format!("{};r={remaining};t={}", sf_string(b.name), seconds_up(b.wait_ms)),
-                ));
+                let mut member = String::new();
+                push_limit_member(&mut member, b.name, remaining, Some(seconds_up(b.wait_ms)));
+                out.push(header("RateLimit", member));
                 if refused {
                     out.push(header("Retry-After", seconds_up(b.wait_ms).max(1).to_string()));
                 }

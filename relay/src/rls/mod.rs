@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use config::Config;
+use config::RlsConfig;
 use decide::Engine;
 use stats::Stats;
 
@@ -61,14 +61,14 @@ pub struct Options {
 /// The RLS front's state.
 pub struct Rls {
     pub engine: Arc<Engine>,
-    config: RwLock<Arc<Config>>,
+    config: RwLock<Arc<RlsConfig>>,
     pub options: Options,
     pub stats: Stats,
 }
 
 impl Rls {
     /// The front with its first config (read and checked by the caller).
-    pub fn new(relay: Arc<Relay>, cluster: bool, config: Config, options: Options) -> Rls {
+    pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
         let stats = Stats::default();
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Rls { engine: Arc::new(Engine::new(relay, cluster)), config: RwLock::new(Arc::new(config)), options, stats }
@@ -79,11 +79,11 @@ impl Rls {
     }
 
     /// The config in force.
-    pub fn config(&self) -> Arc<Config> {
+    pub fn config(&self) -> Arc<RlsConfig> {
         self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn set_config(&self, config: Config) {
+    fn set_config(&self, config: RlsConfig) {
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
 

@@ -43,7 +43,7 @@ use tonic_health::ServingStatus;
 
 use super::service::Service as RlsService;
 use super::Rls;
-use crate::log::{line, Throttled};
+use crate::logging::{line, Throttled};
 
 /// Calls at once on one connection.
 pub const MAX_STREAMS: u32 = 256;

@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use super::config::matching::{Found, Lookup};
 use super::config::{Algorithm, Unit};
-use super::decide::{Counter, Item, Outcome, Source};
+use super::decide::{Counter, Item, LimitAnswer, Source};
 use super::headers::{self, Limited};
 use super::keys::counter_key;
 use super::windows::Window;
@@ -219,7 +219,7 @@ impl Rls {
     /// The limits' outcomes within the deadline; past it (Redis slow), the
     /// failure modes answer, and the decision finishes in the background
     /// (what it takes then is under, never over).
-    async fn decide(self: &Arc<Self>, items: Vec<Item>) -> Vec<Outcome> {
+    async fn decide(self: &Arc<Self>, items: Vec<Item>) -> Vec<LimitAnswer> {
         if items.is_empty() {
             return Vec::new();
         }
@@ -263,7 +263,7 @@ impl Rls {
                                 limit: 0,
                                 binding: 0,
                             };
-                            Outcome { over: false, reply, source: Source::Unanswered }
+                            LimitAnswer { over: false, reply, source: Source::Unanswered }
                         } else {
                             self.engine.failed(item)
                         }
@@ -273,7 +273,7 @@ impl Rls {
         }
     }
 
-    fn respond(&self, resolved: &[Resolved], items: &[Item], outcomes: &[Outcome]) -> RateLimitResponse {
+    fn respond(&self, resolved: &[Resolved], items: &[Item], outcomes: &[LimitAnswer]) -> RateLimitResponse {
         let refused = items.iter().zip(outcomes).any(|(item, o)| o.over && !item.shadow);
         let mut statuses = Vec::with_capacity(resolved.len());
         let mut limited: Vec<Limited> = Vec::new();

@@ -13,9 +13,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::config::{config_files, Config, ConfigError};
+use super::config::{config_files, ConfigError, RlsConfig};
 use super::Rls;
-use crate::log::line;
+use crate::logging::line;
 
 /// What the files look like: each one's name, size and modification time.
 type Fingerprint = Vec<(String, u64, Option<SystemTime>)>;
@@ -33,8 +33,8 @@ fn fingerprint(rls: &Rls) -> Result<Fingerprint, ConfigError> {
 }
 
 /// Reads the config at `--rls-config`: refused when it has no file.
-pub fn load(options: &super::Options) -> Result<Config, ConfigError> {
-    let config = Config::load(&options.config_path, options.merge_domains)?;
+pub fn load(options: &super::Options) -> Result<RlsConfig, ConfigError> {
+    let config = RlsConfig::load(&options.config_path, options.merge_domains)?;
     if config.files.is_empty() {
         return Err(ConfigError {
             file: options.config_path.display().to_string(),

@@ -11,8 +11,11 @@ use std::time::{Duration, SystemTime};
 use crate::{InflightPolicy, NoPermit, Permit};
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
+use rl_core::ratelimit_header::{push_limit_member_prefix, push_policy_member};
+
 use super::{
-    append_member, ceil_secs, header_u64, insert_legacy, number, raise_retry_after, Fields, View, RATELIMIT_POLICY,
+    append_member, ceil_secs, dotted_name, header_u64, insert_legacy, number, raise_retry_after, Fields, View,
+    RATELIMIT_POLICY,
 };
 use crate::http::release::ReleaseRate;
 
@@ -63,9 +66,7 @@ impl InflightHeaders {
     /// `view.label.rule`.
     pub fn identifier(&self, view: Option<View>, index: usize) -> String {
         let name = self.policy.rule(index).map_or("", |r| r.name());
-        let mut out = String::new();
-        push_identifier(&mut out, view, self.label.as_deref(), name);
-        out.trim_matches('"').to_owned()
+        dotted_name(view, self.label.as_deref(), name)
     }
 
     fn announced(&self, view: Option<View>) -> Option<&Announced> {
@@ -78,11 +79,10 @@ impl InflightHeaders {
                     if !value.is_empty() {
                         value.push_str(", ");
                     }
-                    push_identifier(&mut value, view, self.label.as_deref(), rule.name());
-                    value.push_str(&format!(";q={}", rule.limit()));
+                    let name = dotted_name(view, self.label.as_deref(), rule.name());
+                    push_policy_member(&mut value, &name, rule.limit(), None, None);
                     let mut member = String::new();
-                    push_identifier(&mut member, view, self.label.as_deref(), rule.name());
-                    member.push_str(";r=");
+                    push_limit_member_prefix(&mut member, &name);
                     members.push(member.into_bytes().into_boxed_slice());
                 }
                 let limits = rules.iter().map(|r| number(r.limit())).collect();
@@ -90,20 +90,6 @@ impl InflightHeaders {
             })
             .as_ref()
     }
-}
-
-fn push_identifier(out: &mut String, view: Option<View>, label: Option<&str>, name: &str) {
-    out.push('"');
-    if let Some(view) = view {
-        out.push_str(view.name());
-        out.push('.');
-    }
-    if let Some(label) = label {
-        out.push_str(label);
-        out.push('.');
-    }
-    out.push_str(name);
-    out.push('"');
 }
 
 /// What an in-flight decision tells a client: the binding rule, what is in

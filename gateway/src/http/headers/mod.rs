@@ -70,6 +70,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use rl_core::codec::decimal;
+use rl_core::ratelimit_header::{push_limit_member_prefix, push_policy_member, RESET_PARAMETER};
 
 use crate::{Decision, Policy, Rule};
 
@@ -301,7 +302,7 @@ pub(crate) fn append_member(headers: &mut HeaderMap, member: &[u8], remaining: u
     item.extend_from_slice(member);
     item.extend_from_slice(r_digits);
     if let Some(t) = t_digits {
-        item.extend_from_slice(b";t=");
+        item.extend_from_slice(RESET_PARAMETER.as_bytes());
         item.extend_from_slice(t);
     }
     // Names are checked and numbers are digits: always a valid value.
@@ -432,19 +433,15 @@ impl Announced {
             if !value.is_empty() {
                 value.push_str(", ");
             }
-            push_identifier(&mut value, policy, view, rule);
-            value.push_str(&format!(";q={};w={}", rule.capacity(), rule.window_secs()));
-            if let Some(unit) = policy.unit().parameter() {
-                value.push_str(&format!(";qu=\"{unit}\""));
-            }
+            let name = identifier_of(policy, view, rule);
+            push_policy_member(&mut value, &name, rule.capacity(), Some(rule.window_secs()), policy.unit().parameter());
         }
         let members = policy
             .rules()
             .iter()
             .map(|rule| {
                 let mut member = String::new();
-                push_identifier(&mut member, policy, view, rule);
-                member.push_str(";r=");
+                push_limit_member_prefix(&mut member, &identifier_of(policy, view, rule));
                 member.into_bytes().into_boxed_slice()
             })
             .collect();
@@ -461,27 +458,27 @@ impl Announced {
 /// How headers name rule `index` of `policy` for `view`: `rule`,
 /// `label.rule` or `view.label.rule`.
 pub fn identifier(policy: &Policy, view: Option<View>, index: usize) -> String {
-    let mut quoted = String::new();
-    if let Some(rule) = policy.rule(index) {
-        push_identifier(&mut quoted, policy, view, rule);
-    }
-    quoted.trim_matches('"').to_owned()
+    policy.rule(index).map(|rule| identifier_of(policy, view, rule)).unwrap_or_default()
 }
 
-/// `"rule"`, `"label.rule"` or `"view.label.rule"`: an sf-string of checked
-/// name characters.
-fn push_identifier(out: &mut String, policy: &Policy, view: Option<View>, rule: &Rule) {
-    out.push('"');
+fn identifier_of(policy: &Policy, view: Option<View>, rule: &Rule) -> String {
+    dotted_name(view, policy.label(), rule.name())
+}
+
+/// `name`, `label.name` or `view.label.name` (checked name characters): how
+/// headers name a rule of a labelled policy seen through a view.
+pub(crate) fn dotted_name(view: Option<View>, label: Option<&str>, name: &str) -> String {
+    let mut out = String::new();
     if let Some(view) = view {
         out.push_str(view.name());
         out.push('.');
     }
-    if let Some(label) = policy.label() {
+    if let Some(label) = label {
         out.push_str(label);
         out.push('.');
     }
-    out.push_str(rule.name());
-    out.push('"');
+    out.push_str(name);
+    out
 }
 
 /// Seconds until an allowed request's binding rule has more quota: a

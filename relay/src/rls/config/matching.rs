@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::{Config, Descriptor, Limit, Unit};
+use super::{Descriptor, Limit, RlsConfig, Unit};
 
 /// A limit found for a descriptor.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,7 +75,7 @@ pub fn override_key(domain: &str, entries: &[(&str, &str)]) -> String {
     key
 }
 
-impl Config {
+impl RlsConfig {
     /// The limit of descriptor `entries` in `domain`; `override_limit` is
     /// the request's own (it applies whatever the tree says, in a known
     /// domain).

@@ -225,7 +225,7 @@ pub struct Children {
 
 /// The whole configuration: a descriptor tree per domain.
 #[derive(Clone, Debug, Default)]
-pub struct Config {
+pub struct RlsConfig {
     pub domains: HashMap<String, Descriptor>,
     /// The files it was read from, as named in messages.
     pub files: Vec<String>,
@@ -268,15 +268,15 @@ fn refused(file: &str, problem: Problem) -> ConfigError {
     ConfigError { file: file.to_string(), reason: problem.reason.clone(), problem: Some(problem) }
 }
 
-impl Config {
+impl RlsConfig {
     /// Reads `files` (name, text) in order. `merge`: files naming the same
     /// domain add to one tree (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG);
     /// otherwise a domain in two files is refused.
     pub fn from_texts<'a>(
         files: impl IntoIterator<Item = (&'a str, &'a str)>,
         merge: bool,
-    ) -> Result<Config, ConfigError> {
-        let mut config = Config::default();
+    ) -> Result<RlsConfig, ConfigError> {
+        let mut config = RlsConfig::default();
         let mut spent = yaml::Spent::default();
         for (name, text) in files {
             let def = read(text, &mut spent).map_err(|p| refused(name, p))?;
@@ -292,7 +292,7 @@ impl Config {
     /// order. Files are named relative to the directory in messages. Each
     /// file is read up to [`MAX_FILE_BYTES`], the folder up to
     /// [`MAX_TOTAL_BYTES`]: past either, refused before it is parsed.
-    pub fn load(path: &Path, merge: bool) -> Result<Config, ConfigError> {
+    pub fn load(path: &Path, merge: bool) -> Result<RlsConfig, ConfigError> {
         let files = config_files(path)?;
         let mut texts = Vec::with_capacity(files.len());
         let mut total = 0;
@@ -309,7 +309,7 @@ impl Config {
             }
             texts.push((name.clone(), text));
         }
-        Config::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), merge)
+        RlsConfig::from_texts(texts.iter().map(|(n, t)| (n.as_str(), t.as_str())), merge)
     }
 
     /// Adds one file's domain.

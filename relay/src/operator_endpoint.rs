@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::log::Throttled;
+use crate::logging::Throttled;
 use crate::rls::Rls;
 use crate::Relay;
 
