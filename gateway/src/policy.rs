@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::names::{validate_name, validate_rules};
 use crate::subject::validate_subject;
 
-/// What a rule does when Redis cannot answer. In rule files (rl-rules):
+/// What a rule does when Redis cannot answer. In rule files (feature live):
 /// `open` or `closed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rl_balancer::gateway::{GatewayConfig, RegionShares};
+use rl_gateway::global::{GatewayConfig, RegionShares};
+use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
 use rl_gateway::{Config, Limiter, Source};
-use rl_rules::{LiveRules, Request, RuleSetSpec};
 use tokio::task::JoinHandle;
 
 use crate::timing::Timing;

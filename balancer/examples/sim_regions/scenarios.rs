@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_rules::GlobalSpec;
+use rl_gateway::global::GlobalSpec;
 use testkit::Server;
 use tokio::task::JoinHandle;
 
@@ -31,7 +31,7 @@ struct World {
     demand: Arc<Demand>,
     rec: Arc<Recorder>,
     sampler: JoinHandle<()>,
-    probes: Arc<std::sync::Mutex<[Option<Arc<rl_balancer::gateway::RegionShares>>; 3]>>,
+    probes: Arc<std::sync::Mutex<[Option<Arc<rl_gateway::global::RegionShares>>; 3]>>,
     gateways: usize,
 }
 
@@ -45,7 +45,7 @@ impl World {
         let demand = Arc::new(Demand::new(busy, settings.quiet_each, settings.quiet_subjects));
         let rec = Arc::new(Recorder::new(length));
         let probes: Arc<std::sync::Mutex<[Option<_>; 3]>> = Arc::default();
-        let global: GlobalSpec = rl_rules::global_rules(&gateways::rules()).remove(0).1;
+        let global: GlobalSpec = rl_gateway::live::global_rules(&gateways::rules()).remove(0).1;
         let sampler = {
             let (rec, probes) = (rec.clone(), probes.clone());
             tokio::spawn(async move {
@@ -53,7 +53,7 @@ impl World {
                     let shares = {
                         let p = probes.lock().unwrap();
                         [0, 1, 2].map(|r| {
-                            p[r].as_ref().map(|s: &Arc<rl_balancer::gateway::RegionShares>| {
+                            p[r].as_ref().map(|s: &Arc<rl_gateway::global::RegionShares>| {
                                 s.share("api", &global, "acme").0.share
                             })
                         })
