@@ -203,15 +203,14 @@ fn rate_policy(
     }
 }
 
-/// What the Lua backend cannot count, when its bounds apply.
+/// What the Lua backend cannot count, when its bounds apply (its scripts
+/// run buckets, windows and quotas, within them).
 fn check_lua(set: &SetContext<'_>, policy: &Policy, at: &str, errors: &mut Vec<String>) {
     let Some(why) = set.lua else { return };
-    if policy.has_windows() {
-        errors.push(format!("{at}: window and quota limits need the module (RL.WINDOW); {why}"));
-    }
     if !policy.fits_lua() {
         errors.push(format!(
-            "{at}: a limit's burst x period in ms is above 2^52: the Lua backend cannot count it exactly; {why}"
+            "{at}: a limit the Lua backend cannot count exactly: burst (or limit) x period in ms above 2^52, or an \
+             exact window above 10000; {why}"
         ));
     }
 }

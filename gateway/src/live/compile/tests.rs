@@ -159,14 +159,17 @@ fn set_wide_faults_are_named() {
 }
 
 #[test]
-fn the_lua_backend_refuses_windows_at_load() {
+fn the_lua_backend_takes_windows_and_refuses_what_it_cannot_count() {
     let quota = BASE.replace(
         "{ name = \"s\", rate = 20, per = \"1s\" }",
-        "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }",
+        "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }, { name = \"m\", kind = \"exact\", limit = 10000, per = \"1h\" }",
     );
     assert!(Snapshot::compile(&set(&quota), &[], 1).is_ok());
-    let e = Snapshot::compile_for(&set(&quota), &[], 1, Backend::Lua).unwrap_err().to_string();
-    assert!(e.contains("rule 'pro': window and quota limits need the module"), "{e}");
+    assert!(Snapshot::compile_for(&set(&quota), &[], 1, Backend::Lua).is_ok(), "windows and quotas run on the scripts");
+    let big = quota.replace("limit = 10000", "limit = 10001");
+    assert!(Snapshot::compile(&set(&big), &[], 1).is_ok());
+    let e = Snapshot::compile_for(&set(&big), &[], 1, Backend::Lua).unwrap_err().to_string();
+    assert!(e.contains("rule 'pro': a limit the Lua backend cannot count exactly"), "{e}");
 }
 
 fn ip_override(net: &str, broad: bool) -> RuleSpec {
@@ -256,22 +259,28 @@ fn a_set_declared_for_lua_is_checked_for_lua_everywhere() {
     let quota = RuleSpec {
         id: "o".into(),
         scope: MatchSpec { subject: Some("k".into()), ..MatchSpec::default() },
-        limits: vec![LimitSpec::parse_short("daily=1000/1d,quota").unwrap()],
+        limits: vec![LimitSpec::parse_short("hourly=20000/1h,exact").unwrap()],
         expires: Some("2999-01-01T00:00:00Z".into()),
         reason: "r".into(),
         ..RuleSpec::default()
     };
     assert!(Snapshot::compile(&set(BASE), std::slice::from_ref(&quota), 1).is_ok(), "a module fleet");
     let e = Snapshot::compile(&set(&lua), std::slice::from_ref(&quota), 1).unwrap_err().to_string();
-    assert!(e.starts_with("rule set rejected: override 'o': window and quota limits need the module (RL.WINDOW); the rule set declares backend = \"lua\""), "{e}");
+    assert!(e.starts_with("rule set rejected: override 'o': a limit the Lua backend cannot count exactly"), "{e}");
+    assert!(e.contains("; the rule set declares backend = \"lua\""), "{e}");
     // burst x period above 2^52 ms: 2^40 tokens a day.
     let huge = lua.replace("rate = 20, per = \"1s\"", "rate = 1, burst = 1099511627776, per = \"1d\"");
     let e = Snapshot::compile(&set(&huge), &[], 1).unwrap_err().to_string();
-    assert!(e.contains("rule 'pro': a limit's burst x period in ms is above 2^52"), "{e}");
+    assert!(
+        e.contains(
+            "rule 'pro': a limit the Lua backend cannot count exactly: burst (or limit) x period in ms above 2^52"
+        ),
+        "{e}"
+    );
     // An undeclared set on a Lua gateway says how to catch it earlier.
     let quota_rule = BASE.replace(
         "{ name = \"s\", rate = 20, per = \"1s\" }",
-        "{ name = \"d\", kind = \"quota\", limit = 5, per = \"1d\" }",
+        "{ name = \"d\", kind = \"exact\", limit = 20000, per = \"1d\" }",
     );
     let e = Snapshot::compile_for(&set(&quota_rule), &[], 1, Backend::Lua).unwrap_err().to_string();
     assert!(e.contains("declare backend = \"lua\" in the rule file"), "{e}");
