@@ -54,6 +54,9 @@ pub struct Item {
     pub counter: Counter,
     /// 0: asks whether the limit has room, takes nothing.
     pub cost: u64,
+    /// Usage reported after the fact (a descriptor's own `hits_addend`):
+    /// counted in full whatever the limit answers, never given back.
+    pub usage: bool,
     pub shadow: bool,
     pub failure: FailureMode,
 }
@@ -153,6 +156,10 @@ pub struct Engine {
     cluster: bool,
     started: Instant,
     pub counters: DecisionCounters,
+    /// `--rls-stop-increment-when-overlimit`: usage on a limit already over
+    /// counts nothing (envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    stop_increment: bool,
     /// Until when (`mono_ms`) RL.WINDOW goes without TIME, 0 while it takes
     /// it: a module older than the option refused it; windows are then
     /// counted without the server's reading, and not given back across
@@ -239,10 +246,26 @@ enum Step {
     Window,
     Bucket(Plan),
     Peek,
+    /// Usage to count in Redis (what memory did not pay of it).
+    Usage(u64),
+}
+
+/// An EXACT log's default ceiling (the module's `max-log-limit`): usage is
+/// counted against it, as the log cannot hold more.
+const DEFAULT_MAX_LOG_LIMIT: u64 = 10_000;
+
+/// The limit a usage charge is counted against, so that the module counts
+/// it past the real one: a FIXED or SLIDING window stores its counts, not
+/// its limit; an EXACT log holds at most its ceiling.
+fn usage_limit(mode: WindowMode, limit: u64) -> u64 {
+    match mode {
+        WindowMode::Exact => limit.max(DEFAULT_MAX_LOG_LIMIT),
+        _ => rl_core::limits::MAX_WINDOW_LIMIT,
+    }
 }
 
 impl Engine {
-    pub fn new(relay: Arc<Relay>, cluster: bool) -> Engine {
+    pub fn new(relay: Arc<Relay>, cluster: bool, stop_increment: bool) -> Engine {
         let settings = relay.pools().settings();
         Engine {
             windows: Mutex::new(Windows::new(settings)),
@@ -251,6 +274,7 @@ impl Engine {
             cluster,
             started: Instant::now(),
             counters: DecisionCounters::default(),
+            stop_increment,
             time_off_until: AtomicU64::new(0),
         }
     }
@@ -321,7 +345,7 @@ impl Engine {
         for (i, (step, item)) in steps.into_iter().zip(items).enumerate() {
             match step {
                 Step::Decided(outcome, took) => outcomes.push(Some((outcome, took))),
-                step if refused_early && !item.shadow => {
+                step if refused_early && !item.shadow && !item.usage => {
                     if let Step::Bucket(plan) = step {
                         if let Plan::Answer { reply, .. } = plan {
                             if reply.granted > 0 {
@@ -382,6 +406,9 @@ impl Engine {
                 LimitAnswer { over: true, reply: refused(0, end as i64, end), source: Source::Limit },
                 Took::Nothing,
             );
+        }
+        if item.usage {
+            return self.usage_in_memory(item, now);
         }
         if item.cost > item.counter.limit() {
             let reset = match item.counter {
@@ -448,6 +475,7 @@ impl Engine {
         let mut windows = Vec::new();
         let mut buckets = Vec::new();
         let mut peeks = Vec::new();
+        let mut usages = Vec::new();
         for (i, step) in pending {
             let item = &items[i];
             match step {
@@ -457,6 +485,7 @@ impl Engine {
                 }
                 Step::Bucket(plan) => buckets.push((i, plan)),
                 Step::Peek => peeks.push(i),
+                Step::Usage(cost) => usages.push((i, cost)),
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
@@ -521,8 +550,17 @@ impl Engine {
             self.counters.redis_calls.fetch_add(1, Relaxed);
             async move { self.relay.send(&args, Some(item.key.as_bytes())).await }
         });
-        let (window_replies, bucket_replies, peek_replies) =
-            futures_util::future::join3(join_all(window_calls), join_all(bucket_calls), join_all(peek_calls)).await;
+        let usage_calls = usages.iter().map(|&(i, cost)| async move { (i, self.charge(&items[i], cost).await) });
+        let (window_replies, bucket_replies, peek_replies, usage_answers) = futures_util::future::join4(
+            join_all(window_calls),
+            join_all(bucket_calls),
+            join_all(peek_calls),
+            join_all(usage_calls),
+        )
+        .await;
+        for (i, answer) in usage_answers {
+            out.push((i, answer, Took::Nothing));
+        }
         let done = now_ms();
         for (((mode, cost, _), members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
             let Some(r) = reply.module_reply() else {
@@ -599,17 +637,108 @@ impl Engine {
         }
         for (i, reply) in peeks.into_iter().zip(peek_replies) {
             match reply.module_reply() {
-                // Asked with a cost of 0: the room as it is, never over (as
-                // envoyproxy/ratelimit's INCRBY 0 of a full window).
+                // Asked with a cost of 0: the room as it is, over when none
+                // is left (spent, or past the limit by usage), as the next
+                // request would be refused.
                 Some(r) => {
-                    self.came_back(&items[i], 0, Some((room(&r, 1), r.reset_after_ms)));
-                    let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
-                    out.push((i, LimitAnswer { over: false, reply, source: Source::Redis }, Took::Nothing))
+                    let room = room(&r, 1);
+                    self.came_back(&items[i], 0, Some((room, r.reset_after_ms)));
+                    let reply = Reply { granted: u64::from(room > 0), remaining: room, ..r };
+                    out.push((i, LimitAnswer { over: room == 0, reply, source: Source::Redis }, Took::Nothing))
                 }
                 None => out.push((i, self.failed(&items[i]), Took::Nothing)),
             }
         }
         out
+    }
+
+    /// Step 1 for usage: a limit of 0 has nothing to count; a leased window
+    /// pays what it can from the tokens it holds (counted in Redis when
+    /// leased), the rest goes to Redis.
+    fn usage_in_memory(&self, item: &Item, now: u64) -> Step {
+        let Counter::Window { window, .. } = item.counter else { return Step::Usage(item.cost) };
+        if !window.leased {
+            return Step::Usage(item.cost);
+        }
+        let (paid, reply) = self.windows().pay_usage(&item.key, window, item.cost, now);
+        if paid < item.cost {
+            return Step::Usage(item.cost - paid);
+        }
+        self.counters.from_memory.fetch_add(1, Relaxed);
+        let over = reply.remaining == 0;
+        Step::Decided(LimitAnswer { over, reply, source: Source::Memory }, Took::Nothing)
+    }
+
+    /// Counts usage of `cost` in Redis, past the limit: a window against
+    /// [`usage_limit`] (an EXACT log full to it takes what it has room
+    /// for), a bucket with FORCE (into debt). Then a peek of one answers as
+    /// the next request would be: over when nothing is left. With
+    /// `stop_increment`, a limit the peek finds already over counts nothing.
+    async fn charge(&self, item: &Item, cost: u64) -> LimitAnswer {
+        let key = Some(item.key.as_bytes());
+        let peek = match item.counter {
+            Counter::Window { mode, .. } => window_args("RL.WINDOWPEEK", &[item], 1, mode),
+            Counter::Bucket(p) => bucket_args("RL.PEEK", &item.key, &p, "COST", 1),
+            Counter::Closed { .. } => unreachable!("decided in memory"),
+        };
+        let sent = now_ms();
+        if self.stop_increment {
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            match self.relay.send(&peek, key).await.module_reply() {
+                Some(r) if r.granted == 0 => return self.charged(item, r, sent),
+                Some(_) => {}
+                None => return self.failed(item),
+            }
+        }
+        let args = |cost: u64| match item.counter {
+            Counter::Window { mode, window } => {
+                let limit = usage_limit(mode, window.limit);
+                let forced =
+                    Item { counter: Counter::Window { mode, window: Window { limit, ..window } }, ..item.clone() };
+                window_args("RL.WINDOW", &[&forced], cost, mode)
+            }
+            Counter::Bucket(p) => {
+                let mut args = bucket_args("RL.TAKE", &item.key, &p, "COST", cost);
+                args.push(Bytes::from_static(b"FORCE"));
+                args
+            }
+            Counter::Closed { .. } => unreachable!("decided in memory"),
+        };
+        self.counters.redis_calls.fetch_add(2, Relaxed);
+        self.sending(item, cost);
+        let mut reply = self.relay.send(&args(cost), key).await;
+        if let Some(r) = reply.module_reply().filter(|r| r.granted == 0 && r.remaining > 0) {
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            reply = self.relay.send(&args(r.remaining), key).await;
+        }
+        if reply.module_reply().is_none() {
+            self.came_back(item, cost, None);
+            self.relay.health.failed("usage", &format!("{reply:?}"));
+            return self.failed(item);
+        }
+        let after = self.relay.send(&peek, key).await;
+        match after.module_reply() {
+            Some(r) => {
+                let room = room(&r, 1);
+                self.came_back(item, cost, Some((room, r.reset_after_ms)));
+                self.charged(item, r, sent)
+            }
+            None => {
+                self.came_back(item, cost, None);
+                self.failed(item)
+            }
+        }
+    }
+
+    /// The answer to usage from a peek of one after it (`sent_ms`: when the
+    /// first call went): a window remembers a refusal.
+    fn charged(&self, item: &Item, peek: Reply, sent_ms: u64) -> LimitAnswer {
+        let room = room(&peek, 1);
+        let reply = Reply { granted: u64::from(room > 0), remaining: room, ..peek };
+        if let Counter::Window { .. } = item.counter {
+            self.windows().answered(&item.key, 1, Reply { granted: peek.granted, ..reply }, sent_ms, now_ms());
+        }
+        LimitAnswer { over: room == 0, reply, source: Source::Redis }
     }
 
     /// Redis could not answer for `item`: its failure mode decides.
@@ -766,6 +895,7 @@ impl Engine {
                 key: key.clone(),
                 counter: Counter::Window { mode: WindowMode::Fixed, window },
                 cost: want,
+                usage: false,
                 shadow: false,
                 failure: FailureMode::Allow,
             };

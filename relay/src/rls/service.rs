@@ -178,9 +178,12 @@ impl Rls {
                 resolved.push(Resolved::Free);
                 continue;
             }
-            let cost = match &d.hits_addend {
-                Some(n) => n.value,
-                None => u64::from(request.hits_addend.max(1)),
+            // A descriptor's own hits_addend reports usage (Envoy Gateway's
+            // cost, AI Gateway's tokens at stream end): counted in full; 0
+            // only looks. The request's asks to pass: all or nothing.
+            let (cost, usage) = match &d.hits_addend {
+                Some(n) => (n.value, n.value > 0),
+                None => (u64::from(request.hits_addend.max(1)), false),
             };
             let limit = &found.limit;
             let unit = limit.unit.expect("a limited limit has a unit");
@@ -209,7 +212,7 @@ impl Rls {
                     }
                 }
             };
-            items.push(Item { key, counter, cost, shadow: limit.shadow_mode, failure: limit.failure_mode });
+            items.push(Item { key, counter, cost, usage, shadow: limit.shadow_mode, failure: limit.failure_mode });
             resolved.push(Resolved::Limited { found, item: items.len() - 1 });
         }
         let outcomes = self.decide(items.clone()).await;

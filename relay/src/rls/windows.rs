@@ -262,6 +262,18 @@ impl Windows {
         Some(entry.standing(window, 1, 0, now_ms))
     }
 
+    /// Usage of `cost` paid from the tokens held for `key` (at most all of
+    /// them): what was paid, and the standing reply.
+    pub fn pay_usage(&mut self, key: &str, window: Window, cost: u64, now_ms: u64) -> (u64, Reply) {
+        let Some(entry) = self.entry(key, window, now_ms) else {
+            return (0, Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit: 0, binding: 0 });
+        };
+        entry.roll(now_ms);
+        let paid = entry.tokens.min(cost);
+        entry.tokens -= paid;
+        (paid, entry.standing(window, 1, 0, now_ms))
+    }
+
     /// What memory knows of a fixed window's room at `now_ms` (Redis's last
     /// word on it in the window it was said for, with the tokens held), if
     /// anything: for a limit not asked.
