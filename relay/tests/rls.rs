@@ -285,7 +285,7 @@ async fn hits_addend_per_request_and_per_descriptor() {
     let r = with_cost(request("api", &[&[("wide", "b")]]), 1_000_000);
     assert_eq!(ask(&mut client, r).await.overall_code, OVER_LIMIT);
     assert_eq!(remaining(&ask(&mut client, request("api", &[&[("wide", "b")]])).await), vec![97]);
-    // is_negative_hits: OK, takes nothing, counted.
+    // is_negative_hits: OK, gives back (rls_usage.rs), counted.
     let mut r = request("api", &[&[("tight", "b")]]);
     r.descriptors[0].is_negative_hits = true;
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });

@@ -255,3 +255,58 @@ async fn usage_on_a_leased_window_adds_up_and_closes_it() {
     }
 }
 
+/// A negative hit (`is_negative_hits`) of `n` on the rule's descriptor.
+fn give_back(route: &str, user: &str, n: u64) -> RateLimitRequest {
+    let mut r = rule(route, user, Some(n));
+    r.descriptors[0].is_negative_hits = true;
+    r
+}
+
+/// `is_negative_hits` gives back exactly what was taken, within the window
+/// in progress, never more than it counts and never above the limit: and
+/// reserve-then-settle works through Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_hits_give_back_what_was_taken() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(AI);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let mut client = relay.client().await;
+    let mut con = server.con();
+    for (route, kind, mode) in
+        [("llm-fixed", "fixed", "FIXED"), ("llm-sliding", "sliding", "SLIDING"), ("llm-exact", "exact", "EXACT")]
+    {
+        let mut ten = pass(route, "n");
+        ten.hits_addend = 10;
+        assert_eq!(code(&ask(&mut client, ten).await), OK);
+        assert_eq!(code(&ask(&mut client, give_back(route, "n", 4)).await), OK);
+        assert_eq!(window_count(&mut con, &key(route, "n", kind, "hour"), mode), 6, "{route}: 4 of 10 given back");
+        assert_eq!(ask(&mut client, check(route, "n")).await.statuses[0].limit_remaining, 994, "{route}");
+        ask(&mut client, give_back(route, "n", 100)).await;
+        assert_eq!(window_count(&mut con, &key(route, "n", kind, "hour"), mode), 0, "{route}: never more than counted");
+        assert_eq!(ask(&mut client, check(route, "n")).await.statuses[0].limit_remaining, 1000, "{route}: not above");
+        // Reserve 500 at the request, 300 used: the 200 given back at the end.
+        let mut reserve = pass(route, "r");
+        reserve.hits_addend = 500;
+        assert_eq!(code(&ask(&mut client, reserve).await), OK);
+        ask(&mut client, give_back(route, "r", 200)).await;
+        assert_eq!(window_count(&mut con, &key(route, "r", kind, "hour"), mode), 300, "{route}: settled at 300");
+    }
+    // A bucket: refunded, never above its capacity.
+    let mut ten = pass("llm-bucket", "n");
+    ten.hits_addend = 10;
+    assert_eq!(code(&ask(&mut client, ten).await), OK);
+    ask(&mut client, give_back("llm-bucket", "n", 4)).await;
+    let tokens = bucket_tokens(&mut con, &key("llm-bucket", "n", "bucket", "hour"));
+    assert!((994..=995).contains(&tokens), "4 of 10 given back: {tokens}");
+    ask(&mut client, give_back("llm-bucket", "n", 100)).await;
+    assert_eq!(ask(&mut client, check("llm-bucket", "n")).await.statuses[0].limit_remaining, 1000, "at most full");
+    // A bucket in debt is paid back by a negative hit.
+    ask(&mut client, charge("llm-bucket", "d", 1200)).await;
+    assert_eq!(code(&ask(&mut client, check("llm-bucket", "d")).await), OVER_LIMIT);
+    ask(&mut client, give_back("llm-bucket", "d", 300)).await;
+    let r = ask(&mut client, check("llm-bucket", "d")).await;
+    assert_eq!(code(&r), OK, "the debt given back: 1,000 - 1,200 + 300");
+    assert!((99..=100).contains(&r.statuses[0].limit_remaining), "{:?}", r.statuses[0]);
+    assert!(relay.metric("rl_relay_rls_negative_hits_total") >= 9.0);
+}
+

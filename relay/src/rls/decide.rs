@@ -57,6 +57,8 @@ pub struct Item {
     /// Usage reported after the fact (a descriptor's own `hits_addend`):
     /// counted in full whatever the limit answers, never given back.
     pub usage: bool,
+    /// A negative hit (`is_negative_hits`): gives `cost` back.
+    pub refund: bool,
     pub shadow: bool,
     pub failure: FailureMode,
 }
@@ -248,6 +250,8 @@ enum Step {
     Peek,
     /// Usage to count in Redis (what memory did not pay of it).
     Usage(u64),
+    /// A negative hit to give back in Redis.
+    Refund,
 }
 
 /// An EXACT log's default ceiling (the module's `max-log-limit`): usage is
@@ -345,7 +349,7 @@ impl Engine {
         for (i, (step, item)) in steps.into_iter().zip(items).enumerate() {
             match step {
                 Step::Decided(outcome, took) => outcomes.push(Some((outcome, took))),
-                step if refused_early && !item.shadow && !item.usage => {
+                step if refused_early && !item.shadow && !item.usage && !item.refund => {
                     if let Step::Bucket(plan) = step {
                         if let Plan::Answer { reply, .. } = plan {
                             if reply.granted > 0 {
@@ -400,6 +404,9 @@ impl Engine {
     /// Step 1 for one limit.
     fn in_memory(&self, item: &Item, now: u64, leases: &mut Vec<(String, Window, u64)>) -> Step {
         let limit = item.counter.limit();
+        if item.refund {
+            return Step::Refund;
+        }
         if let Counter::Closed { window_ms } = item.counter {
             let end = window_end_in(window_ms, now);
             return Step::Decided(
@@ -476,6 +483,7 @@ impl Engine {
         let mut buckets = Vec::new();
         let mut peeks = Vec::new();
         let mut usages = Vec::new();
+        let mut refunds = Vec::new();
         for (i, step) in pending {
             let item = &items[i];
             match step {
@@ -486,6 +494,7 @@ impl Engine {
                 Step::Bucket(plan) => buckets.push((i, plan)),
                 Step::Peek => peeks.push(i),
                 Step::Usage(cost) => usages.push((i, cost)),
+                Step::Refund => refunds.push(i),
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
@@ -551,14 +560,16 @@ impl Engine {
             async move { self.relay.send(&args, Some(item.key.as_bytes())).await }
         });
         let usage_calls = usages.iter().map(|&(i, cost)| async move { (i, self.charge(&items[i], cost).await) });
-        let (window_replies, bucket_replies, peek_replies, usage_answers) = futures_util::future::join4(
-            join_all(window_calls),
-            join_all(bucket_calls),
-            join_all(peek_calls),
-            join_all(usage_calls),
-        )
-        .await;
-        for (i, answer) in usage_answers {
+        let refund_calls = refunds.iter().map(|&i| async move { (i, self.give_hits_back(&items[i]).await) });
+        let (window_replies, bucket_replies, peek_replies, (usage_answers, refund_answers)) =
+            futures_util::future::join4(
+                join_all(window_calls),
+                join_all(bucket_calls),
+                join_all(peek_calls),
+                futures_util::future::join(join_all(usage_calls), join_all(refund_calls)),
+            )
+            .await;
+        for (i, answer) in usage_answers.into_iter().chain(refund_answers) {
             out.push((i, answer, Took::Nothing));
         }
         let done = now_ms();
@@ -730,6 +741,78 @@ impl Engine {
         }
     }
 
+    /// A negative hit: `cost` given back to the window in progress (never
+    /// more than it counts: `RL.WINDOW ... REFUND`, at now; an EXACT log
+    /// its oldest entries) or to the bucket (`RL.REFUND`, never above its
+    /// capacity). Always OK, with what is left after; memory forgets a
+    /// refusal it held for the limit. Redis down: nothing is given back
+    /// (counted in `rl_relay_rls_refund_errors_total`: under, never over).
+    async fn give_hits_back(&self, item: &Item) -> LimitAnswer {
+        let now = now_ms();
+        let mut cost = item.cost;
+        if let Counter::Window { mode: WindowMode::Exact, window } = item.counter {
+            // A log gives nothing back when asked more than it holds: asked
+            // at most what a peek against its ceiling finds.
+            let limit = usage_limit(WindowMode::Exact, window.limit);
+            let ceiling = Item {
+                counter: Counter::Window { mode: WindowMode::Exact, window: Window { limit, ..window } },
+                ..item.clone()
+            };
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            let peek = window_args("RL.WINDOWPEEK", &[&ceiling], 1, WindowMode::Exact);
+            if let Some(r) = self.relay.send(&peek, Some(item.key.as_bytes())).await.module_reply() {
+                cost = cost.min(limit.saturating_sub(room(&r, 1)));
+            }
+        }
+        if cost == 0 {
+            let reply = Reply {
+                granted: 1,
+                remaining: item.counter.limit(),
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+                limit: item.counter.limit(),
+                binding: 0,
+            };
+            return LimitAnswer { over: false, reply, source: Source::Redis };
+        }
+        let (what, args) = match item.counter {
+            Counter::Window { mode, window } => {
+                // An EXACT log gives back its oldest entries from `at` on,
+                // while `at` is in its window: a margin (half the window, at
+                // most a minute) keeps it there on the server's clock.
+                let at = match mode {
+                    WindowMode::Exact => now.saturating_sub(window.window_ms - (window.window_ms / 2).min(60_000)),
+                    _ => now,
+                };
+                let mut args = window_args("RL.WINDOW", &[item], cost, mode);
+                args.push(Bytes::from_static(b"REFUND"));
+                args.push(at.to_string().into());
+                self.counters.window_refunds.fetch_add(1, Relaxed);
+                ("RL.WINDOW REFUND", args)
+            }
+            Counter::Bucket(p) => {
+                self.counters.refunds.fetch_add(1, Relaxed);
+                ("RL.REFUND", bucket_args("RL.REFUND", &item.key, &p, "TOKENS", item.cost))
+            }
+            Counter::Closed { .. } => {
+                let reply = refused(0, 0, 0);
+                return LimitAnswer { over: false, reply: Reply { granted: 1, ..reply }, source: Source::Limit };
+            }
+        };
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        let reply = self.relay.send(&args, Some(item.key.as_bytes())).await;
+        self.refunded(what, &reply);
+        let limit = item.counter.limit();
+        let Some(r) = reply.module_reply() else {
+            let reply = Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit, binding: 0 };
+            return LimitAnswer { over: false, reply, source: Source::Unanswered };
+        };
+        if let Counter::Window { .. } = item.counter {
+            self.windows().refunded(&item.key, r.remaining);
+        }
+        LimitAnswer { over: false, reply: Reply { granted: 1, limit, ..r }, source: Source::Redis }
+    }
+
     /// The answer to usage from a peek of one after it (`sent_ms`: when the
     /// first call went): a window remembers a refusal.
     fn charged(&self, item: &Item, peek: Reply, sent_ms: u64) -> LimitAnswer {
@@ -896,6 +979,7 @@ impl Engine {
                 counter: Counter::Window { mode: WindowMode::Fixed, window },
                 cost: want,
                 usage: false,
+                refund: false,
                 shadow: false,
                 failure: FailureMode::Allow,
             };

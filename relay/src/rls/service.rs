@@ -39,7 +39,7 @@ pub struct Service(pub Arc<Rls>);
 
 /// What one descriptor of the request came to before deciding.
 enum Resolved {
-    /// OK, nothing to decide (no limit, replaced, negative hits).
+    /// OK, nothing to decide (no limit, replaced, a negative hit of 0).
     Free,
     Unlimited,
     Limited {
@@ -173,18 +173,23 @@ impl Rls {
                 resolved.push(Resolved::Unlimited);
                 continue;
             }
-            if d.is_negative_hits {
+            // A negative hit gives back (below); counted apart, not in the
+            // limit's statistics.
+            let refund = d.is_negative_hits;
+            if refund {
                 self.stats.negative_hits.fetch_add(1, Relaxed);
-                resolved.push(Resolved::Free);
-                continue;
             }
             // A descriptor's own hits_addend reports usage (Envoy Gateway's
             // cost, AI Gateway's tokens at stream end): counted in full; 0
             // only looks. The request's asks to pass: all or nothing.
             let (cost, usage) = match &d.hits_addend {
-                Some(n) => (n.value, n.value > 0),
+                Some(n) => (n.value, n.value > 0 && !refund),
                 None => (u64::from(request.hits_addend.max(1)), false),
             };
+            if refund && cost == 0 {
+                resolved.push(Resolved::Free);
+                continue;
+            }
             let limit = &found.limit;
             let unit = limit.unit.expect("a limited limit has a unit");
             let entries: Vec<(&str, &str)> = d
@@ -212,7 +217,15 @@ impl Rls {
                     }
                 }
             };
-            items.push(Item { key, counter, cost, usage, shadow: limit.shadow_mode, failure: limit.failure_mode });
+            items.push(Item {
+                key,
+                counter,
+                cost,
+                usage,
+                refund,
+                shadow: limit.shadow_mode,
+                failure: limit.failure_mode,
+            });
             resolved.push(Resolved::Limited { found, item: items.len() - 1 });
         }
         let outcomes = self.decide(items.clone()).await;
@@ -305,7 +318,7 @@ impl Rls {
                         Source::NotAsked => Some(None),
                         _ => Some(Some(remaining)),
                     };
-                    if let Some(remaining) = known {
+                    if let Some(remaining) = known.filter(|_| !item.refund) {
                         self.stats.record(&found.stats_key, rpu, item.cost, remaining, outcome.over, item.shadow);
                     }
                     if !item.shadow {

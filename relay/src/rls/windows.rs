@@ -274,6 +274,17 @@ impl Windows {
         (paid, entry.standing(window, 1, 0, now_ms))
     }
 
+    /// A negative hit gave back to `key`'s window, leaving `room`: a
+    /// refusal held for it no longer stands.
+    pub fn refunded(&mut self, key: &str, room: u64) {
+        if let Some(entry) = self.table.get_mut(key) {
+            entry.denied = None;
+            if entry.room.is_some() {
+                entry.room = Some(room);
+            }
+        }
+    }
+
     /// What memory knows of a fixed window's room at `now_ms` (Redis's last
     /// word on it in the window it was said for, with the tokens held), if
     /// anything: for a limit not asked.
