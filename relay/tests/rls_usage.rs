@@ -310,3 +310,43 @@ async fn negative_hits_give_back_what_was_taken() {
     assert!(relay.metric("rl_relay_rls_negative_hits_total") >= 9.0);
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Refusals answered from memory (the deny cache) carry the window's real
+/// end, not the relay's hold of a refusal (`--max-refusal-hold-ms`, 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_from_memory_carry_the_real_reset() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(
+        "domain: r\ndescriptors:\n  - key: hour\n    rate_limit: { unit: hour, requests_per_unit: 10 }\n  - key: day\n    \
+         rate_limit: { unit: day, requests_per_unit: 10 }\n  - key: exact\n    rate_limit: { unit: hour, \
+         requests_per_unit: 10, algorithm: exact_window }\n",
+    );
+    let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let mut client = relay.client().await;
+    for (k, window_ms) in [("hour", 3_600_000u64), ("day", 86_400_000), ("exact", 3_600_000)] {
+        let first = now_ms();
+        for _ in 0..10 {
+            assert_eq!(code(&ask(&mut client, request("r", &[&[(k, "x")]])).await), OK, "{k}");
+        }
+        for n in 0..4 {
+            let asked = now_ms();
+            let r = ask(&mut client, request("r", &[&[(k, "x")]])).await;
+            assert_eq!(code(&r), OVER_LIMIT, "{k}");
+            let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as u64;
+            // A fixed window ends at its epoch-aligned end; the exact log
+            // when its first entry leaves, a window after it was logged.
+            let end = if k == "exact" { first + window_ms } else { asked - asked % window_ms + window_ms };
+            let (low, high) = ((end - now_ms()) / 1000, (end - asked).div_ceil(1000) + 1);
+            assert!(
+                (low.saturating_sub(2)..=high).contains(&reset),
+                "{k}, refusal {n}: {reset} s, the end in {low}..{high} s"
+            );
+            let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+            assert_eq!(retry, reset, "{k}: Retry-After is the reset");
+        }
+    }
+    assert!(relay.metric("rl_relay_rls_over_limit_from_memory_total") >= 1.0, "refusals answered from memory");
+}

@@ -79,6 +79,10 @@ struct Entry {
     room: Option<u64>,
     leasing: bool,
     denied: Option<Denial>,
+    /// When the refusal held in `denied` ends as Redis named it (its retry
+    /// time, from when the call was sent): the retry a refusal from memory
+    /// answers, never the hold (`max_hold_ms`, how long memory keeps it).
+    retry_at_ms: Option<u64>,
     /// Redis's last answer and when: the standing replies.
     last: Option<(Reply, u64)>,
     last_used_ms: u64,
@@ -195,7 +199,11 @@ impl Windows {
         let Some(entry) = self.entry(key, window, now_ms) else { return Plan::Exact { lease: None } };
         entry.roll(now_ms);
         if let Some(denied) = entry.denied.filter(|d| d.refuses(cost, now_ms)) {
-            let retry = i64::try_from(denied.retry_after_ms(now_ms)).unwrap_or(i64::MAX);
+            let retry = match entry.retry_at_ms {
+                Some(at) => at.saturating_sub(now_ms).max(1),
+                None => denied.retry_after_ms(now_ms),
+            };
+            let retry = i64::try_from(retry).unwrap_or(i64::MAX);
             return Plan::Refused { reply: entry.standing(window, 0, retry, now_ms) };
         }
         if batch <= 1 {
@@ -223,6 +231,7 @@ impl Windows {
             entry.denied = None;
         } else if reply.remaining == 0 {
             entry.denied = hold(1, reply, max_hold_ms, sent_ms);
+            entry.retry_at_ms = retry_at(reply, sent_ms);
         }
     }
 
@@ -246,6 +255,7 @@ impl Windows {
         }
         if reply.granted == 0 {
             entry.denied = hold(cost, reply, max_hold_ms, sent_ms);
+            entry.retry_at_ms = retry_at(reply, sent_ms);
         }
     }
 
@@ -343,6 +353,12 @@ impl Windows {
     fn next_random(&mut self) -> u64 {
         crate::pool::xorshift(&mut self.seed)
     }
+}
+
+/// When a refusal Redis named at `sent_ms` ends (None: never, a cost above
+/// the limit).
+fn retry_at(refused: Reply, sent_ms: u64) -> Option<u64> {
+    u64::try_from(refused.retry_after_ms).ok().map(|r| sent_ms.saturating_add(r))
 }
 
 /// A refusal of `cost` named by Redis at `sent_ms`, held until its retry
@@ -448,7 +464,8 @@ mod tests {
         assert_eq!(w.batch(quiet), 1);
         assert_eq!(w.plan("q", quiet, 1, 0), Plan::Exact { lease: None });
         w.answered("q", 1, reply(0, 0, 60_000, 60_000), 0, 1);
-        assert!(matches!(w.plan("q", quiet, 2, 10), Plan::Refused { .. }));
+        // Answered with the retry Redis named, not the hold.
+        assert!(matches!(w.plan("q", quiet, 2, 10), Plan::Refused { reply } if reply.retry_after_ms == 59_990));
         // Held at most max_hold_ms (30 s by default), not the hour.
         assert_eq!(w.plan("q", quiet, 1, 30_000), Plan::Exact { lease: None });
     }
