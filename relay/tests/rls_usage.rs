@@ -310,6 +310,26 @@ async fn negative_hits_give_back_what_was_taken() {
     assert!(relay.metric("rl_relay_rls_negative_hits_total") >= 9.0);
 }
 
+/// `limit_remaining` is exact for a lone caller: it counts down one by one,
+/// on a quiet window (each request asks Redis) and on a hot one (leased).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_remaining_counts_down_one_by_one_for_a_lone_caller() {
+    let server = Server::start(&[]);
+    let (_dir, config) = config_file(AI);
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--lease-window-ms", "10000"]);
+    let mut client = relay.client().await;
+    for (route, limit) in [("llm-fixed", 1000), ("llm-hot", 36_000)] {
+        let mut seen = Vec::new();
+        for _ in 0..300 {
+            let r = ask(&mut client, pass(route, "lone")).await;
+            assert_eq!(code(&r), OK);
+            seen.push(r.statuses[0].limit_remaining);
+        }
+        let expected: Vec<u32> = (1..=300).map(|n| limit - n).collect();
+        assert_eq!(seen, expected, "{route}");
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }

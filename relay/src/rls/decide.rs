@@ -158,6 +158,9 @@ pub struct Engine {
     cluster: bool,
     started: Instant,
     pub counters: DecisionCounters,
+    /// Told whenever a window's lease call is answered (or failed): the
+    /// requests waiting for it decide then.
+    lease_done: tokio::sync::Notify,
     /// `--rls-stop-increment-when-overlimit`: usage on a limit already over
     /// counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
@@ -248,6 +251,12 @@ enum Step {
     Window,
     Bucket(Plan),
     Peek,
+    /// A leased window memory cannot pay, with the lease it claimed: one
+    /// call counts both.
+    WindowLease(u64),
+    /// A leased window memory cannot pay while a lease call is on its way:
+    /// decided once it is answered.
+    AfterLease,
     /// Usage to count in Redis (what memory did not pay of it).
     Usage(u64),
     /// A negative hit to give back in Redis.
@@ -278,6 +287,7 @@ impl Engine {
             cluster,
             started: Instant::now(),
             counters: DecisionCounters::default(),
+            lease_done: tokio::sync::Notify::new(),
             stop_increment,
             time_off_until: AtomicU64::new(0),
         }
@@ -350,6 +360,10 @@ impl Engine {
             match step {
                 Step::Decided(outcome, took) => outcomes.push(Some((outcome, took))),
                 step if refused_early && !item.shadow && !item.usage && !item.refund => {
+                    if let Step::WindowLease(_) = step {
+                        self.windows().lease_failed(&item.key);
+                        self.lease_done.notify_waiters();
+                    }
                     if let Step::Bucket(plan) = step {
                         if let Plan::Answer { reply, .. } = plan {
                             if reply.granted > 0 {
@@ -433,8 +447,13 @@ impl Engine {
         match item.counter {
             Counter::Window { window, .. } => {
                 let plan = self.windows().plan(&item.key, window, item.cost, now);
-                if let Some(want) = plan.lease() {
-                    leases.push((item.key.clone(), window, want));
+                match plan {
+                    WindowPlan::Exact { lease: Some(want) } if !item.shadow => return Step::WindowLease(want),
+                    plan => {
+                        if let Some(want) = plan.lease() {
+                            leases.push((item.key.clone(), window, want));
+                        }
+                    }
                 }
                 match plan {
                     WindowPlan::Paid { reply, .. } => {
@@ -446,6 +465,7 @@ impl Engine {
                         Step::Decided(LimitAnswer { over: true, reply, source: Source::DenyCache }, Took::Nothing)
                     }
                     WindowPlan::Exact { .. } => Step::Window,
+                    WindowPlan::Wait => Step::AfterLease,
                 }
             }
             Counter::Bucket(params) => {
@@ -484,6 +504,8 @@ impl Engine {
         let mut peeks = Vec::new();
         let mut usages = Vec::new();
         let mut refunds = Vec::new();
+        let mut with_leases = Vec::new();
+        let mut waits = Vec::new();
         for (i, step) in pending {
             let item = &items[i];
             match step {
@@ -495,6 +517,8 @@ impl Engine {
                 Step::Peek => peeks.push(i),
                 Step::Usage(cost) => usages.push((i, cost)),
                 Step::Refund => refunds.push(i),
+                Step::WindowLease(want) => with_leases.push((i, want)),
+                Step::AfterLease => waits.push(i),
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
@@ -561,16 +585,28 @@ impl Engine {
         });
         let usage_calls = usages.iter().map(|&(i, cost)| async move { (i, self.charge(&items[i], cost).await) });
         let refund_calls = refunds.iter().map(|&i| async move { (i, self.give_hits_back(&items[i]).await) });
-        let (window_replies, bucket_replies, peek_replies, (usage_answers, refund_answers)) =
+        let lease_calls =
+            with_leases.iter().map(|&(i, want)| (i, Some(want))).chain(waits.iter().map(|&i| (i, None))).map(
+                |(i, want)| async move {
+                    match want {
+                        Some(want) => (i, self.with_lease(&items[i], want).await),
+                        None => (i, self.after_lease(&items[i]).await),
+                    }
+                },
+            );
+        let (window_replies, bucket_replies, peek_replies, (usage_answers, refund_answers, leased_answers)) =
             futures_util::future::join4(
                 join_all(window_calls),
                 join_all(bucket_calls),
                 join_all(peek_calls),
-                futures_util::future::join(join_all(usage_calls), join_all(refund_calls)),
+                futures_util::future::join3(join_all(usage_calls), join_all(refund_calls), join_all(lease_calls)),
             )
             .await;
         for (i, answer) in usage_answers.into_iter().chain(refund_answers) {
             out.push((i, answer, Took::Nothing));
+        }
+        for (i, (answer, took)) in leased_answers {
+            out.push((i, answer, took));
         }
         let done = now_ms();
         for (((mode, cost, _), members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
@@ -603,7 +639,11 @@ impl Engine {
                     let reply =
                         Reply { granted: 1, remaining: own.remaining, reset_after_ms: reset, limit: window.limit, ..r };
                     windows.answered(&items[i].key, cost, reply, sent, done);
-                    let reply = Reply { remaining: (reply.remaining + held).min(window.limit), ..reply };
+                    // Never above the truth: the lowest room Redis said
+                    // (a lease landing first is counted in it), with what
+                    // is held.
+                    let room = windows.room(&items[i].key).map_or(reply.remaining, |r| r.min(reply.remaining));
+                    let reply = Reply { remaining: (room + held).min(window.limit), ..reply };
                     out.push((i, LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms }));
                 } else if let Some(reply) =
                     (members.len() == 1).then(|| windows.pay(&items[i].key, cost, done)).flatten()
@@ -661,6 +701,118 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// A request of a leased window memory cannot pay, with the lease it
+    /// claimed (`want`): one call counts both, so that its answer is exact
+    /// for a lone caller (a lease sent beside it could land before or
+    /// after it). When the window has less room than both, the request's
+    /// own cost is asked alone, and the room remembered for the next lease.
+    async fn with_lease(&self, item: &Item, want: u64) -> (LimitAnswer, Took) {
+        let Counter::Window { window, .. } = item.counter else { unreachable!("a window") };
+        self.counters.window_leases.fetch_add(1, Relaxed);
+        let sent = now_ms();
+        let (reply, at_ms) = self.count_window(item, item.cost + want).await;
+        let done = now_ms();
+        let reset = window_end_in(window.window_ms, done);
+        let Some(r) = reply else {
+            self.windows().lease_failed(&item.key);
+            self.lease_done.notify_waiters();
+            return (self.failed(item), Took::Nothing);
+        };
+        let r = Reply { reset_after_ms: reset, limit: window.limit, ..r };
+        self.came_back(item, item.cost + want, Some((r.remaining, reset)));
+        {
+            let mut windows = self.windows();
+            windows.leased(&item.key, want, r, sent, done);
+            self.lease_done.notify_waiters();
+            if r.granted > 0 {
+                let reply =
+                    windows.known(&item.key, window, done).unwrap_or(Reply { remaining: r.remaining + want, ..r });
+                return (LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms });
+            }
+            if r.remaining < item.cost {
+                windows.answered(&item.key, item.cost, r, sent, done);
+                return (LimitAnswer { over: true, reply: r, source: Source::Redis }, Took::Nothing);
+            }
+        }
+        self.alone(item).await
+    }
+
+    /// A request of a window memory cannot pay, after a lease call on its
+    /// way was answered (or a second, at most): paid from what it brought,
+    /// else asked of Redis as it would have been.
+    async fn after_lease(self: &Arc<Self>, item: &Item) -> (LimitAnswer, Took) {
+        let Counter::Window { window, .. } = item.counter else { unreachable!("a window") };
+        let answered = self.lease_done.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable();
+        if self.windows().leasing(&item.key) {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), answered).await;
+        }
+        let plan = self.windows().plan(&item.key, window, item.cost, now_ms());
+        match plan {
+            WindowPlan::Paid { reply, lease } => {
+                if let Some(want) = lease {
+                    self.spawn_lease(item.key.clone(), window, want);
+                }
+                self.counters.from_memory.fetch_add(1, Relaxed);
+                (LimitAnswer { over: false, reply, source: Source::Memory }, Took::WindowMemory)
+            }
+            WindowPlan::Refused { reply } => {
+                self.counters.from_deny_cache.fetch_add(1, Relaxed);
+                (LimitAnswer { over: true, reply, source: Source::DenyCache }, Took::Nothing)
+            }
+            WindowPlan::Exact { lease: Some(want) } => Box::pin(self.with_lease(item, want)).await,
+            WindowPlan::Exact { lease: None } | WindowPlan::Wait => self.alone(item).await,
+        }
+    }
+
+    /// A window's request asked of Redis alone (its own call): exact, the
+    /// room it shows never above the lowest Redis said, with what is held.
+    async fn alone(&self, item: &Item) -> (LimitAnswer, Took) {
+        let Counter::Window { window, .. } = item.counter else { unreachable!("a window") };
+        let sent = now_ms();
+        let (reply, at_ms) = self.count_window(item, item.cost).await;
+        let done = now_ms();
+        let Some(r) = reply else { return (self.failed(item), Took::Nothing) };
+        let reset = window_end_in(window.window_ms, done);
+        let r = Reply { reset_after_ms: reset, limit: window.limit, ..r };
+        self.came_back(item, item.cost, Some((r.remaining, reset)));
+        let mut windows = self.windows();
+        windows.answered(&item.key, item.cost, r, sent, done);
+        if r.granted == 0 {
+            return (LimitAnswer { over: true, reply: r, source: Source::Redis }, Took::Nothing);
+        }
+        let room = windows.room(&item.key).map_or(r.remaining, |room| room.min(r.remaining));
+        let reply = Reply { remaining: (room + windows.held(&item.key, done)).min(window.limit), ..r };
+        (LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms })
+    }
+
+    /// `RL.WINDOW` of `cost` on `item`'s window alone, with TIME while the
+    /// module takes it: its reply and the server's reading, if it answered
+    /// (a failure is logged for the probe).
+    async fn count_window(&self, item: &Item, cost: u64) -> (Option<Reply>, Option<u64>) {
+        let Counter::Window { mode, .. } = item.counter else { unreachable!("a window") };
+        let key = Some(item.key.as_bytes());
+        let mut args = window_args("RL.WINDOW", &[item], cost, mode);
+        let (time, seen) = self.window_time();
+        if time {
+            args.push(Bytes::from_static(b"TIME"));
+        }
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        self.sending(item, cost);
+        let mut reply = self.relay.send(&args, key).await;
+        if time && self.refuses_time(&reply, seen) {
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            reply = self.relay.send(&args[..args.len() - 1], key).await;
+        }
+        let answered = reply.module_reply();
+        if answered.is_none() {
+            self.came_back(item, cost, None);
+            self.relay.health.failed("RL.WINDOW", &format!("{reply:?}"));
+        }
+        (answered, reply.module_time())
     }
 
     /// Step 1 for usage: a limit of 0 has nothing to count; a leased window
@@ -920,6 +1072,12 @@ impl Engine {
             let mut args = window_args("RL.WINDOW", &group, cost, mode);
             args.push(Bytes::from_static(b"REFUND"));
             args.push(at.to_string().into());
+            // The room memory holds only falls but by a refund: this one.
+            let mut windows = self.windows();
+            for item in &group {
+                windows.raise_room(&item.key, cost);
+            }
+            drop(windows);
             self.counters.window_refunds.fetch_add(group.len() as u64, Relaxed);
             self.counters.redis_calls.fetch_add(1, Relaxed);
             let engine = self.clone();
@@ -968,6 +1126,7 @@ impl Engine {
     fn spawn_lease(self: &Arc<Self>, key: String, window: Window, want: u64) {
         if self.relay.health.unreachable() {
             self.windows().lease_failed(&key);
+            self.lease_done.notify_waiters();
             return;
         }
         let engine = self.clone();
@@ -995,6 +1154,7 @@ impl Engine {
                     None => windows.lease_failed(&key),
                 }
             }
+            engine.lease_done.notify_waiters();
             engine.came_back(&item, want, answered.map(|r| (r.remaining, r.reset_after_ms)));
         });
     }

@@ -55,6 +55,10 @@ pub enum Plan {
     Refused { reply: Reply },
     /// Ask Redis for the request's cost.
     Exact { lease: Option<u64> },
+    /// Memory cannot pay while a lease call is on its way: wait for it
+    /// (asked beside it, Redis's answer could count the lease or not, and
+    /// the room it shows would be off by it).
+    Wait,
 }
 
 impl Plan {
@@ -63,7 +67,7 @@ impl Plan {
     pub fn lease(&self) -> Option<u64> {
         match *self {
             Plan::Paid { lease, .. } | Plan::Exact { lease } => lease,
-            Plan::Refused { .. } => None,
+            Plan::Refused { .. } | Plan::Wait => None,
         }
     }
 }
@@ -120,10 +124,18 @@ impl Entry {
         let half = self.window.map_or(0, |w| w.window_ms / 2);
         if self.ends_ms == 0 || end > self.ends_ms.saturating_add(half) {
             self.tokens = 0;
+            self.room = None;
             self.ends_ms = end;
         } else {
             self.ends_ms = self.ends_ms.min(end);
         }
+    }
+
+    /// Redis said the window has `room` left. Within a window room only
+    /// falls (but by a refund): of answers that cross on their way, the
+    /// lowest is the latest, and it counts every lease already held.
+    fn saw_room(&mut self, room: u64) {
+        self.room = Some(self.room.map_or(room, |r| r.min(room)));
     }
 
     /// The lease call wanted at `now_ms`, claimed: when memory holds half a
@@ -214,6 +226,9 @@ impl Windows {
             let reply = entry.standing(window, 1, 0, now_ms);
             return Plan::Paid { reply, lease: entry.claim(batch) };
         }
+        if entry.leasing {
+            return Plan::Wait;
+        }
         Plan::Exact { lease: entry.claim(batch) }
     }
 
@@ -225,7 +240,7 @@ impl Windows {
         entry.roll(now_ms);
         entry.last = Some((reply, now_ms));
         entry.ends_in(sent_ms, reply.reset_after_ms);
-        entry.room = Some(reply.remaining);
+        entry.saw_room(reply.remaining);
         if reply.granted > 0 {
             entry.tokens += want;
             entry.denied = None;
@@ -233,6 +248,11 @@ impl Windows {
             entry.denied = hold(1, reply, max_hold_ms, sent_ms);
             entry.retry_at_ms = retry_at(reply, sent_ms);
         }
+    }
+
+    /// Whether a lease call for `key` is on its way.
+    pub fn leasing(&self, key: &str) -> bool {
+        self.table.get(key).is_some_and(|e| e.leasing)
     }
 
     /// A lease call failed: the next request may send one.
@@ -251,7 +271,7 @@ impl Windows {
         entry.last = Some((reply, now_ms));
         if entry.window.is_some_and(|w| w.leased) {
             entry.ends_in(sent_ms, reply.reset_after_ms);
-            entry.room = Some(reply.remaining);
+            entry.saw_room(reply.remaining);
         }
         if reply.granted == 0 {
             entry.denied = hold(cost, reply, max_hold_ms, sent_ms);
@@ -284,6 +304,15 @@ impl Windows {
         (paid, entry.standing(window, 1, 0, now_ms))
     }
 
+    /// A refund of `n` is on its way to `key`'s window: the room memory
+    /// holds (which otherwise only falls) rises by it, within the limit.
+    pub fn raise_room(&mut self, key: &str, n: u64) {
+        if let Some(entry) = self.table.get_mut(key) {
+            let limit = entry.window.map_or(0, |w| w.limit);
+            entry.room = entry.room.map(|r| r.saturating_add(n).min(limit));
+        }
+    }
+
     /// A negative hit gave back to `key`'s window, leaving `room`: a
     /// refusal held for it no longer stands.
     pub fn refunded(&mut self, key: &str, room: u64) {
@@ -302,6 +331,12 @@ impl Windows {
         let entry = self.table.get(key).filter(|e| e.window == Some(window) && now_ms < e.ends_ms)?;
         entry.room?;
         Some(entry.standing(window, 1, 0, now_ms))
+    }
+
+    /// The room Redis last said `key`'s leased window has (the lowest of
+    /// its answers in the window), if known.
+    pub fn room(&self, key: &str) -> Option<u64> {
+        self.table.get(key)?.room
     }
 
     /// Tokens held for `key`'s window at `now_ms`: Redis counted them, the
@@ -392,7 +427,7 @@ mod tests {
         assert_eq!(w.batch(FIXED), 10);
         // Memory holds nothing: the request asks Redis, a lease goes beside.
         assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: Some(10) });
-        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: None }, "one lease call at a time");
+        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Wait, "one lease call at a time: the others wait for it");
         w.answered("k", 1, reply(1, 99, 0, 1000), 5_000, 5_000);
         w.leased("k", 10, reply(1, 88, 0, 1000), 5_000, 5_001);
         let mut paid = 0;
@@ -427,6 +462,7 @@ mod tests {
                 Plan::Exact { lease: None } => break,
                 Plan::Exact { lease } => lease,
                 Plan::Refused { .. } => panic!("refused with room left"),
+                Plan::Wait => panic!("no lease call on its way"),
             };
             if let Some(n) = lease {
                 assert!(n <= room.div_ceil(2), "asks at most half of what is left");
@@ -453,6 +489,8 @@ mod tests {
             paid += 1;
         }
         assert_eq!(paid, 10);
+        // The top-up the loop sent failed: nothing on its way.
+        w.lease_failed("k");
         w.give_back("k", 1, 1000);
         assert!(matches!(w.plan("k", FIXED, 1, 1000), Plan::Exact { .. }), "the window ended: dropped");
     }
