@@ -41,6 +41,7 @@ use rl_core::{BucketParams, Reply, WindowMode};
 
 use super::config::FailureMode;
 use super::fallback::{self, Fallback};
+use super::slots;
 use super::windows::{Plan as WindowPlan, Window, Windows};
 use crate::logging::line;
 use crate::pool::{Need, Plan};
@@ -59,6 +60,9 @@ pub struct Item {
     pub usage: bool,
     /// A negative hit (`is_negative_hits`): gives `cost` back.
     pub refund: bool,
+    /// The slot's id of a `Counter::Slots` limit (the descriptor's last
+    /// entry), else empty.
+    pub slot: String,
     pub shadow: bool,
     pub failure: FailureMode,
 }
@@ -70,6 +74,12 @@ pub enum Counter {
         window: Window,
     },
     Bucket(BucketParams),
+    /// `algorithm: concurrency`: at most `limit` in flight, a slot held at
+    /// most `timeout_ms` (`slots.rs`).
+    Slots {
+        limit: u64,
+        timeout_ms: u64,
+    },
     /// `requests_per_unit: 0`: refuses everything, as in
     /// envoyproxy/ratelimit; `window_ms` is its unit.
     Closed {
@@ -83,6 +93,7 @@ impl Counter {
         match self {
             Counter::Window { window, .. } => window.limit,
             Counter::Bucket(p) => p.capacity(),
+            Counter::Slots { limit, .. } => *limit,
             Counter::Closed { .. } => 0,
         }
     }
@@ -126,6 +137,8 @@ enum Took {
     Pool,
     /// A bucket in Redis: RL.REFUND.
     Redis,
+    /// A slot in flight: RL.RELEASE.
+    Slot,
     /// A window's count in Redis, by a call the server decided at `at_ms`
     /// (None: a reply without it; the count is kept).
     Counted {
@@ -195,7 +208,7 @@ fn fallback_kind(counter: Counter) -> Option<fallback::Kind> {
             Some(fallback::Kind::Window { limit: window.limit, window_ms: window.window_ms })
         }
         Counter::Bucket(p) => Some(fallback::Kind::Bucket(p)),
-        Counter::Closed { .. } => None,
+        Counter::Slots { .. } | Counter::Closed { .. } => None,
     }
 }
 
@@ -245,6 +258,14 @@ fn bucket_args(name: &'static str, key: &str, p: &BucketParams, option: &'static
     args
 }
 
+/// A limit decided by a call of its own.
+#[derive(Clone, Copy)]
+enum Single {
+    WithLease(u64),
+    AfterLease,
+    Slot,
+}
+
 /// What step 2 sends for a limit.
 enum Step {
     Decided(LimitAnswer, Took),
@@ -261,6 +282,8 @@ enum Step {
     Usage(u64),
     /// A negative hit to give back in Redis.
     Refund,
+    /// A slot to take (or look at) in Redis.
+    Slot,
 }
 
 /// An EXACT log's default ceiling (the module's `max-log-limit`): usage is
@@ -428,6 +451,9 @@ impl Engine {
                 Took::Nothing,
             );
         }
+        if let Counter::Slots { .. } = item.counter {
+            return Step::Slot;
+        }
         if item.usage {
             return self.usage_in_memory(item, now);
         }
@@ -479,7 +505,7 @@ impl Engine {
                     plan => Step::Bucket(plan),
                 }
             }
-            Counter::Closed { .. } => unreachable!("decided above"),
+            Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided above"),
         }
     }
 
@@ -506,6 +532,7 @@ impl Engine {
         let mut refunds = Vec::new();
         let mut with_leases = Vec::new();
         let mut waits = Vec::new();
+        let mut slots = Vec::new();
         for (i, step) in pending {
             let item = &items[i];
             match step {
@@ -519,6 +546,7 @@ impl Engine {
                 Step::Refund => refunds.push(i),
                 Step::WindowLease(want) => with_leases.push((i, want)),
                 Step::AfterLease => waits.push(i),
+                Step::Slot => slots.push(i),
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
@@ -578,22 +606,26 @@ impl Engine {
             let args = match item.counter {
                 Counter::Window { mode, .. } => window_args("RL.WINDOWPEEK", &[item], 1, mode),
                 Counter::Bucket(p) => bucket_args("RL.PEEK", &item.key, &p, "COST", 1),
-                Counter::Closed { .. } => unreachable!("decided in memory"),
+                Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided in memory"),
             };
             self.counters.redis_calls.fetch_add(1, Relaxed);
             async move { self.relay.send(&args, Some(item.key.as_bytes())).await }
         });
         let usage_calls = usages.iter().map(|&(i, cost)| async move { (i, self.charge(&items[i], cost).await) });
         let refund_calls = refunds.iter().map(|&i| async move { (i, self.give_hits_back(&items[i]).await) });
-        let lease_calls =
-            with_leases.iter().map(|&(i, want)| (i, Some(want))).chain(waits.iter().map(|&i| (i, None))).map(
-                |(i, want)| async move {
-                    match want {
-                        Some(want) => (i, self.with_lease(&items[i], want).await),
-                        None => (i, self.after_lease(&items[i]).await),
-                    }
-                },
-            );
+        // Calls of one limit each, answered with what they took.
+        let single = with_leases
+            .iter()
+            .map(|&(i, want)| (i, Single::WithLease(want)))
+            .chain(waits.iter().map(|&i| (i, Single::AfterLease)))
+            .chain(slots.iter().map(|&i| (i, Single::Slot)));
+        let lease_calls = single.map(|(i, single)| async move {
+            match single {
+                Single::WithLease(want) => (i, self.with_lease(&items[i], want).await),
+                Single::AfterLease => (i, self.after_lease(&items[i]).await),
+                Single::Slot => (i, self.slot(&items[i]).await),
+            }
+        });
         let (window_replies, bucket_replies, peek_replies, (usage_answers, refund_answers, leased_answers)) =
             futures_util::future::join4(
                 join_all(window_calls),
@@ -815,6 +847,21 @@ impl Engine {
         (answered, reply.module_time())
     }
 
+    /// A slot taken (`RL.ACQUIRE ... ID slot COST cost`), or looked at
+    /// (`RL.INFLIGHT`, a cost of 0: over when none is free).
+    async fn slot(&self, item: &Item) -> (LimitAnswer, Took) {
+        let Counter::Slots { limit, timeout_ms } = item.counter else { unreachable!("slots") };
+        let args = slots::acquire_args(&item.key, limit, timeout_ms, &item.slot, item.cost);
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        let resp = self.relay.send(&args, Some(item.key.as_bytes())).await;
+        let Some(r) = slots::reply(&resp) else {
+            self.relay.health.failed("RL.ACQUIRE", &format!("{resp:?}"));
+            return (self.failed(item), Took::Nothing);
+        };
+        let took = if r.granted > 0 && item.cost > 0 { Took::Slot } else { Took::Nothing };
+        (LimitAnswer { over: r.granted == 0, reply: r, source: Source::Redis }, took)
+    }
+
     /// Step 1 for usage: a limit of 0 has nothing to count; a leased window
     /// pays what it can from the tokens it holds (counted in Redis when
     /// leased), the rest goes to Redis.
@@ -842,7 +889,7 @@ impl Engine {
         let peek = match item.counter {
             Counter::Window { mode, .. } => window_args("RL.WINDOWPEEK", &[item], 1, mode),
             Counter::Bucket(p) => bucket_args("RL.PEEK", &item.key, &p, "COST", 1),
-            Counter::Closed { .. } => unreachable!("decided in memory"),
+            Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided in memory"),
         };
         let sent = now_ms();
         if self.stop_increment {
@@ -865,7 +912,7 @@ impl Engine {
                 args.push(Bytes::from_static(b"FORCE"));
                 args
             }
-            Counter::Closed { .. } => unreachable!("decided in memory"),
+            Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided in memory"),
         };
         self.counters.redis_calls.fetch_add(2, Relaxed);
         self.sending(item, cost);
@@ -946,11 +993,21 @@ impl Engine {
                 self.counters.refunds.fetch_add(1, Relaxed);
                 ("RL.REFUND", bucket_args("RL.REFUND", &item.key, &p, "TOKENS", item.cost))
             }
+            Counter::Slots { .. } => ("RL.RELEASE", slots::release_args(&item.key, &item.slot)),
             Counter::Closed { .. } => {
                 let reply = refused(0, 0, 0);
                 return LimitAnswer { over: false, reply: Reply { granted: 1, ..reply }, source: Source::Limit };
             }
         };
+        if let Counter::Slots { .. } = item.counter {
+            // A release answers how many keys it freed: no room to show.
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            let reply = self.relay.send(&args, Some(item.key.as_bytes())).await;
+            self.released(&reply);
+            let limit = item.counter.limit();
+            let reply = Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit, binding: 0 };
+            return LimitAnswer { over: false, reply, source: Source::Redis };
+        }
         self.counters.redis_calls.fetch_add(1, Relaxed);
         let reply = self.relay.send(&args, Some(item.key.as_bytes())).await;
         self.refunded(what, &reply);
@@ -985,6 +1042,12 @@ impl Engine {
         }
         self.counters.fallback.fetch_add(1, Relaxed);
         let Some(kind) = fallback_kind(item.counter) else {
+            if let Counter::Slots { .. } = item.counter {
+                // Failing open, a request is let in without a slot (a
+                // release of it later frees nothing).
+                let reply = Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit, binding: 0 };
+                return LimitAnswer { over: false, reply, source: Source::Fallback };
+            }
             return LimitAnswer { over: true, reply: refused(0, 1000, 0), source: Source::Limit };
         };
         let mono = self.mono_ms();
@@ -1057,6 +1120,17 @@ impl Engine {
             Took::Counted { .. } => {
                 self.counters.window_counts_kept.fetch_add(1, Relaxed);
             }
+            Took::Slot => {
+                self.counters.refunds.fetch_add(1, Relaxed);
+                self.counters.redis_calls.fetch_add(1, Relaxed);
+                let args = slots::release_args(&item.key, &item.slot);
+                let engine = self.clone();
+                let key = item.key.clone();
+                tokio::spawn(async move {
+                    let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
+                    engine.released(&reply);
+                });
+            }
         }
     }
 
@@ -1114,6 +1188,15 @@ impl Engine {
         calls
     }
 
+    /// A release's reply (the keys it freed): an error is logged and
+    /// counted; the slot then heals at its deadline.
+    fn released(&self, reply: &crate::reply::Reply) {
+        if !matches!(reply, crate::reply::Reply::Int(_)) {
+            self.counters.refund_errors.fetch_add(1, Relaxed);
+            self.relay.health.failed("RL.RELEASE", &format!("{reply:?}"));
+        }
+    }
+
     /// A refund's reply: one Redis did not take is logged and counted.
     fn refunded(&self, what: &str, reply: &crate::reply::Reply) {
         if reply.module_reply().is_none() {
@@ -1139,6 +1222,7 @@ impl Engine {
                 cost: want,
                 usage: false,
                 refund: false,
+                slot: String::new(),
                 shadow: false,
                 failure: FailureMode::Allow,
             };

@@ -9,6 +9,7 @@
 //! windows.rs   fixed-window leases and the deny cache, pure
 //! fallback.rs  the local stand-ins while Redis cannot answer
 //! decide.rs    one request's limits, all or nothing
+//! slots.rs     algorithm: concurrency (RL.ACQUIRE / RL.RELEASE)
 //! service.rs   ShouldRateLimit: bounds, matching, the answer
 //! headers.rs   response headers (the draft's, envoyproxy/ratelimit's)
 //! stats.rs     statistics under envoyproxy/ratelimit's names
@@ -22,6 +23,7 @@ pub mod headers;
 pub mod keys;
 pub mod serve;
 pub mod service;
+pub mod slots;
 pub mod stats;
 pub mod watch;
 pub mod windows;

@@ -201,7 +201,16 @@ impl Rls {
                     (e.key.as_str(), shared.unwrap_or(e.value.as_str()))
                 })
                 .collect();
-            let key = counter_key(&self.options.prefix, domain, &entries, limit.algorithm, unit);
+            // A concurrency limit's last entry names the request's slot (its
+            // id), not the counter: the config puts it on a nested
+            // descriptor, so there is an entry before it.
+            let slots = limit.algorithm == Algorithm::Concurrency;
+            let (entries, slot) = match entries.split_last() {
+                Some((_, subject)) if slots => (subject, d.entries[entries.len() - 1].value.clone()),
+                _ => (&entries[..], String::new()),
+            };
+            let usage = usage && !slots;
+            let key = counter_key(&self.options.prefix, domain, entries, limit.algorithm, unit);
             let rpu = u64::from(limit.requests_per_unit);
             let window = |leased| Window { limit: rpu, window_ms: unit.ms(), leased };
             let counter = match limit.algorithm {
@@ -209,6 +218,7 @@ impl Rls {
                 Algorithm::FixedWindow => Counter::Window { mode: WindowMode::Fixed, window: window(true) },
                 Algorithm::SlidingWindow => Counter::Window { mode: WindowMode::Sliding, window: window(false) },
                 Algorithm::ExactWindow => Counter::Window { mode: WindowMode::Exact, window: window(false) },
+                Algorithm::Concurrency => Counter::Slots { limit: rpu, timeout_ms: unit.ms() },
                 Algorithm::TokenBucket => {
                     let capacity = limit.burst.map_or(rpu, u64::from);
                     match BucketParams::new(capacity, rpu, unit.ms()) {
@@ -223,6 +233,7 @@ impl Rls {
                 cost,
                 usage,
                 refund,
+                slot,
                 shadow: limit.shadow_mode,
                 failure: limit.failure_mode,
             });
