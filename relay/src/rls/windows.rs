@@ -57,7 +57,8 @@ pub enum Plan {
     Exact { lease: Option<u64> },
     /// Memory cannot pay while a lease call is on its way: wait for it
     /// (asked beside it, Redis's answer could count the lease or not, and
-    /// the room it shows would be off by it).
+    /// the room it shows would be off by it). One request per lease call
+    /// waits: a lone caller's answers are exact.
     Wait,
 }
 
@@ -82,6 +83,9 @@ struct Entry {
     /// falls within a window), and until when that holds.
     room: Option<u64>,
     leasing: bool,
+    /// A request waits for the lease call on its way (one at most: others
+    /// ask Redis beside it, as before, and never wait a round trip more).
+    waiter: bool,
     denied: Option<Denial>,
     /// When the refusal held in `denied` ends as Redis named it (its retry
     /// time, from when the call was sent): the retry a refusal from memory
@@ -226,7 +230,8 @@ impl Windows {
             let reply = entry.standing(window, 1, 0, now_ms);
             return Plan::Paid { reply, lease: entry.claim(batch) };
         }
-        if entry.leasing {
+        if entry.leasing && !entry.waiter {
+            entry.waiter = true;
             return Plan::Wait;
         }
         Plan::Exact { lease: entry.claim(batch) }
@@ -237,6 +242,7 @@ impl Windows {
         let max_hold_ms = self.settings.max_hold_ms;
         let Some(entry) = self.table.get_mut(key) else { return };
         entry.leasing = false;
+        entry.waiter = false;
         entry.roll(now_ms);
         entry.last = Some((reply, now_ms));
         entry.ends_in(sent_ms, reply.reset_after_ms);
@@ -259,6 +265,7 @@ impl Windows {
     pub fn lease_failed(&mut self, key: &str) {
         if let Some(entry) = self.table.get_mut(key) {
             entry.leasing = false;
+            entry.waiter = false;
         }
     }
 
@@ -427,7 +434,8 @@ mod tests {
         assert_eq!(w.batch(FIXED), 10);
         // Memory holds nothing: the request asks Redis, a lease goes beside.
         assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: Some(10) });
-        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Wait, "one lease call at a time: the others wait for it");
+        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Wait, "one lease call at a time: one request waits for it");
+        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: None }, "the others ask Redis");
         w.answered("k", 1, reply(1, 99, 0, 1000), 5_000, 5_000);
         w.leased("k", 10, reply(1, 88, 0, 1000), 5_000, 5_001);
         let mut paid = 0;
