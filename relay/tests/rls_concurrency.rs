@@ -98,6 +98,12 @@ async fn slots_are_taken_and_given_back_never_more_room_than_taken() {
         assert!(Instant::now() < deadline, "the refused request's slot was not given back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A slot's id is 1 to 64 bytes (the module's ID): refused, named.
+    for id in [String::new(), "x".repeat(65)] {
+        let e = client.should_rate_limit(take("user", "a", &id)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("names a concurrency slot"), "{}", e.message());
+    }
     // The subject alone (no entry naming a slot) has no limit at its depth:
     // let through, as any descriptor the config does not match.
     let r = ask(&mut client, request("c", &[&[("user", "a")]])).await;

@@ -32,6 +32,8 @@ pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 32;
 /// Longest domain.
 pub const MAX_DOMAIN_BYTES: usize = 256;
+/// Longest id of a concurrency slot (the module's `ID`).
+pub const MAX_SLOT_ID_BYTES: usize = 64;
 
 /// The gRPC service, on the RLS front's state.
 #[derive(Clone)]
@@ -209,6 +211,16 @@ impl Rls {
                 Some((_, subject)) if slots => (subject, d.entries[entries.len() - 1].value.clone()),
                 _ => (&entries[..], String::new()),
             };
+            if slots && !(1..=MAX_SLOT_ID_BYTES).contains(&slot.len()) {
+                return Err(invalid(
+                    self,
+                    format!(
+                        "descriptor {i}: its last entry names a concurrency slot (the request id): {} bytes, must be \
+                         1 to {MAX_SLOT_ID_BYTES}",
+                        slot.len()
+                    ),
+                ));
+            }
             let usage = usage && !slots;
             let key = counter_key(&self.options.prefix, domain, entries, limit.algorithm, unit);
             let rpu = u64::from(limit.requests_per_unit);
