@@ -115,6 +115,10 @@ struct RlsArgs {
     /// A file holding a token callers must send as `authorization: Bearer TOKEN`.
     #[arg(long)]
     rls_token_file: Option<PathBuf>,
+    /// Usage reported on a limit already over counts nothing (envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); by default it counts in full (docs/token-budgets.md).
+    #[arg(long)]
+    rls_stop_increment_when_overlimit: bool,
 }
 
 #[tokio::main]
@@ -205,6 +209,7 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         global_shadow: args.rls.rls_shadow_mode,
         token,
         poll: Duration::from_secs(1),
+        stop_increment_when_overlimit: args.rls.rls_stop_increment_when_overlimit,
     };
     let config = rl_relay::rls::watch::load(&options).map_err(|e| format!("--rls-config: {e}"))?;
     let listener = TcpListener::bind(address).await.map_err(|e| format!("--rls-listen {address}: {e}"))?;

@@ -9,6 +9,7 @@
 //! windows.rs   fixed-window leases and the deny cache, pure
 //! fallback.rs  the local stand-ins while Redis cannot answer
 //! decide.rs    one request's limits, all or nothing
+//! slots.rs     algorithm: concurrency (RL.ACQUIRE / RL.RELEASE)
 //! service.rs   ShouldRateLimit: bounds, matching, the answer
 //! headers.rs   response headers (the draft's, envoyproxy/ratelimit's)
 //! stats.rs     statistics under envoyproxy/ratelimit's names
@@ -22,6 +23,7 @@ pub mod headers;
 pub mod keys;
 pub mod serve;
 pub mod service;
+pub mod slots;
 pub mod stats;
 pub mod watch;
 pub mod windows;
@@ -56,6 +58,10 @@ pub struct Options {
     pub token: Option<String>,
     /// How often the config files are looked at.
     pub poll: Duration,
+    /// `--rls-stop-increment-when-overlimit`: usage reported on a limit
+    /// already over counts nothing (envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    pub stop_increment_when_overlimit: bool,
 }
 
 /// The RLS front's state.
@@ -71,7 +77,12 @@ impl Rls {
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
         let stats = Stats::default();
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Rls { engine: Arc::new(Engine::new(relay, cluster)), config: RwLock::new(Arc::new(config)), options, stats }
+        Rls {
+            engine: Arc::new(Engine::new(relay, cluster, options.stop_increment_when_overlimit)),
+            config: RwLock::new(Arc::new(config)),
+            options,
+            stats,
+        }
     }
 
     pub fn relay(&self) -> &Arc<Relay> {
