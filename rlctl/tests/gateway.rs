@@ -13,7 +13,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use testkit::{free_port, SentinelSet, Server, MASTER};
+use testkit::{free_port, PlainServer, SentinelSet, Server, MASTER};
 
 /// The example binary, built if this test run did not build it.
 fn example() -> PathBuf {
@@ -182,6 +182,39 @@ async fn the_example_gateway_runs_live_rules_behind_the_layer() {
 /// `REDIS_SENTINELS` and `REDIS_MASTER` instead of `REDIS_URL` (issue 26):
 /// after `SENTINEL FAILOVER` the gateway's calls reach the new primary and
 /// a fail-closed login is decided by Redis again, not refused with 503.
+/// A managed Redis cannot load the module: the example gateway on the Lua
+/// backend runs its own rules file unchanged, the per-minute window
+/// included (counted by the window script), against a server without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_gateway_runs_its_rules_on_a_redis_without_the_module() {
+    let server = PlainServer::start();
+    let gw = start_with(&[("REDIS_URL", server.url()), ("RL_BACKEND", "lua".into())]).await;
+    for left in [199, 198] {
+        let r = get(gw.port, "/hello", Some("dave")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(
+            r.all("ratelimit-policy"),
+            r#""key.default.per_second";q=200;w=2, "key.default.per_minute";q=5000;w=60"#
+        );
+        assert!(
+            r.all("ratelimit").starts_with(&format!(r#""key.default.per_second";r={left}"#)),
+            "{}",
+            r.all("ratelimit")
+        );
+    }
+    // The minute's window is the script's string, counting both requests.
+    let mut con = server.con();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*per_minute*").query(&mut con).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let state: String = redis::cmd("GET").arg(&keys[0]).query(&mut con).unwrap();
+    assert!(state.starts_with("w ") && state.ends_with(" 2"), "{state}");
+    // Logins: 5 a minute, fail-closed, decided by the bucket script.
+    for _ in 0..5 {
+        assert_eq!(call(gw.port, Method::POST, "/login", Some("erin")).await.status, StatusCode::OK);
+    }
+    assert_eq!(call(gw.port, Method::POST, "/login", Some("erin")).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_gateway_follows_a_sentinel_failover() {
     let set = SentinelSet::start(1);

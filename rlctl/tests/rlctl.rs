@@ -61,10 +61,10 @@ async fn validate_accepts_the_example_and_names_every_fault() {
         "{}",
         ok.out
     );
-    // The example has a quota and a window: not for the Lua backend.
+    // The example has a quota and a window: the Lua backend's scripts run them too.
     let lua = rlctl(&["validate", "--lua", example.to_str().unwrap()]).await;
-    assert_eq!(lua.code, 1);
-    assert!(lua.err.contains("rule 'default': window and quota limits need the module"), "{}", lua.err);
+    assert_eq!(lua.code, 0, "{}", lua.err);
+    assert!(lua.out.contains("ok, version 0: 9 rules"), "{}", lua.out);
 
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
@@ -337,32 +337,37 @@ async fn a_lua_fleet_is_refused_at_publish_what_its_gateways_cannot_run() {
     let gateway = LiveRules::new(limiter, &RuleSetSpec::from_file(&file).unwrap()).unwrap();
     let _watcher = gateway.watch_redis(RedisSource::new(url.clone())).unwrap();
 
-    let readme = ["--limit", "daily=1000/1d,quota"];
-    let run = add(&url, "--subject", "key_8f3", "per_second=10/1s", &readme).await;
+    // An exact window above 10,000: the script reads and writes its log whole.
+    let big_log = ["--limit", "hourly=20000/1h,exact"];
+    let run = add(&url, "--subject", "key_8f3", "per_second=10/1s", &big_log).await;
     assert_eq!(run.code, 1, "{}", run.out);
     assert!(run.err.starts_with("rlctl: override rejected: "), "{}", run.err);
-    assert!(run.err.contains("window and quota limits need the module"), "{}", run.err);
+    assert!(run.err.contains("a limit the Lua backend cannot count exactly"), "{}", run.err);
     assert!(run.err.contains("the rule set declares backend = \"lua\""), "{}", run.err);
     // burst x period in ms above 2^52: 2^40 tokens a day.
     let run = add(&url, "--subject", "key_8f3", "big=1/1d,burst=1099511627776", &[]).await;
     assert_eq!(run.code, 1, "{}", run.out);
-    assert!(run.err.contains("burst x period in ms is above 2^52"), "{}", run.err);
+    assert!(run.err.contains("burst (or limit) x period in ms above 2^52"), "{}", run.err);
     let windowed = dir.path().join("windowed.toml");
     std::fs::write(
         &windowed,
         base.replace(
             "{ name = \"s\", rate = 10, per = \"1s\" }",
-            "{ name = \"w\", kind = \"window\", limit = 10, per = \"1m\" }",
+            "{ name = \"w\", kind = \"exact\", limit = 20000, per = \"1h\" }",
         ),
     )
     .unwrap();
     let run = rlctl(&["publish", windowed.to_str().unwrap(), "--redis", &url]).await;
     assert_eq!(run.code, 1, "{}", run.out);
-    assert!(run.err.starts_with("rlctl: rule set rejected: rule 'default': window and quota"), "{}", run.err);
+    assert!(
+        run.err.starts_with("rlctl: rule set rejected: rule 'default': a limit the Lua backend cannot"),
+        "{}",
+        run.err
+    );
     assert!(rlctl(&["active", "--redis", &url]).await.out.starts_with("version 1 "), "nothing refused was written");
 
     // Written past rlctl: the Lua gateway refuses version 2 and keeps 1.
-    let quota = r#"{"id":"ovr-bad","match":{"subject":"k"},"limits":[{"name":"d","kind":"quota","limit":5,"per":"1d"}],"expires":"2999-01-01T00:00:00Z","reason":"r"}"#;
+    let quota = r#"{"id":"ovr-bad","match":{"subject":"k"},"limits":[{"name":"d","kind":"exact","limit":20000,"per":"1d"}],"expires":"2999-01-01T00:00:00Z","reason":"r"}"#;
     hset(&url, "override:ovr-bad", quota).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while gateway.status().rejected == 0 {
@@ -371,7 +376,10 @@ async fn a_lua_fleet_is_refused_at_publish_what_its_gateways_cannot_run() {
     }
     let status = gateway.status();
     assert_eq!(status.version, 1);
-    assert!(status.last_error.as_deref().is_some_and(|e| e.contains("version 2") && e.contains("need the module")));
+    assert!(status
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.contains("version 2") && e.contains("cannot count exactly")));
     // rlctl active shows what is in force and names the override at fault.
     let active = rlctl(&["active", "--redis", &url]).await;
     assert_eq!(active.code, 1, "{}", active.out);
