@@ -1,5 +1,5 @@
 //! The Grafana dashboard queries only what the exporters serve: every
-//! metric of grafana/redis-rl.json is in grafana/metrics.txt, and that list
+//! metric of deploy/grafana/redis-rl.json is in deploy/grafana/metrics.txt, and that list
 //! is what the module's exporter, rl-client's events and the relay serve.
 
 mod support;
@@ -10,7 +10,7 @@ use serde_json::Value;
 use support::{expected_metrics, listed, promql_metrics, repo_file};
 
 fn section<'a>(sections: &'a [(String, Vec<String>)], name: &str) -> &'a [String] {
-    &sections.iter().find(|(s, _)| s == name).unwrap_or_else(|| panic!("no [{name}] in grafana/metrics.txt")).1
+    &sections.iter().find(|(s, _)| s == name).unwrap_or_else(|| panic!("no [{name}] in deploy/grafana/metrics.txt")).1
 }
 
 /// The family names after `# TYPE` in Prometheus text.
@@ -84,7 +84,7 @@ fn exprs(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
 
 #[test]
 fn the_dashboard_queries_only_listed_metrics_of_every_component() {
-    let dashboard: Value = serde_json::from_str(&repo_file("grafana/redis-rl.json")).expect("the dashboard is JSON");
+    let dashboard: Value = serde_json::from_str(&repo_file("deploy/grafana/redis-rl.json")).expect("the dashboard is JSON");
     let sections = expected_metrics();
     let mut all = Vec::new();
     exprs(&dashboard, "dashboard", &mut all);
@@ -96,7 +96,7 @@ fn the_dashboard_queries_only_listed_metrics_of_every_component() {
         let names = promql_metrics(expr);
         assert!(!names.is_empty(), "panel '{panel}': no metric in {expr}");
         for name in names {
-            assert!(listed(&name, &sections), "panel '{panel}': {name} is in no section of grafana/metrics.txt");
+            assert!(listed(&name, &sections), "panel '{panel}': {name} is in no section of deploy/grafana/metrics.txt");
             used.push(name);
         }
     }

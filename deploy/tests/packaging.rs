@@ -1,20 +1,17 @@
-//! What packaging/ relies on: the systemd units pass `systemd-analyze
+//! What deploy/packaging/ relies on: the systemd units pass `systemd-analyze
 //! verify`, and a server that cannot load its data exits with status 0 (so
 //! its unit restarts it on `always`, not `on-failure`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testkit::{free_port, Server};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 #[test]
 fn the_systemd_units_verify() {
-    let units = repo().join("packaging/systemd");
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd");
     let dir = tempfile::tempdir().unwrap();
     let mut checked = 0;
     for entry in std::fs::read_dir(&units).unwrap() {

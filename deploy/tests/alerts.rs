@@ -9,22 +9,23 @@ use std::path::Path;
 use support::{expected_metrics, listed, promql_metrics, promtool, repo_file};
 use yaml_rust2::YamlLoader;
 
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+/// Where the rules and their tests are: promtool finds `rule_files` from there.
+fn rules_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/prometheus"))
 }
 
 #[test]
 fn promtool_checks_the_rules_and_runs_their_unit_tests() {
-    let (ok, out) = promtool(repo(), &["check", "rules", "prometheus-alerts.yml"]);
+    let (ok, out) = promtool(rules_dir(), &["check", "rules", "alerts.yml"]);
     assert!(ok, "promtool check rules:\n{out}");
-    let (ok, out) = promtool(repo(), &["test", "rules", "prometheus-alerts.test.yml"]);
+    let (ok, out) = promtool(rules_dir(), &["test", "rules", "alerts.test.yml"]);
     assert!(ok, "promtool test rules:\n{out}");
 }
 
 #[test]
 fn every_alert_is_tested_explained_and_on_served_metrics() {
-    let rules = YamlLoader::load_from_str(&repo_file("prometheus-alerts.yml")).expect("valid YAML");
-    let tests = YamlLoader::load_from_str(&repo_file("prometheus-alerts.test.yml")).expect("valid YAML");
+    let rules = YamlLoader::load_from_str(&repo_file("deploy/prometheus/alerts.yml")).expect("valid YAML");
+    let tests = YamlLoader::load_from_str(&repo_file("deploy/prometheus/alerts.test.yml")).expect("valid YAML");
     let readme = repo_file("docs/operations.md");
     let sections = expected_metrics();
     let tested: Vec<String> = tests[0]["tests"]
@@ -47,12 +48,12 @@ fn every_alert_is_tested_explained_and_on_served_metrics() {
             );
             assert!(rule["annotations"]["summary"].as_str().is_some_and(|s| !s.is_empty()), "{name}: summary");
             assert!(rule["annotations"]["runbook"].as_str().is_some_and(|s| !s.is_empty()), "{name}: runbook");
-            assert!(tested.iter().any(|t| t == name), "{name} never fires in prometheus-alerts.test.yml");
+            assert!(tested.iter().any(|t| t == name), "{name} never fires in deploy/prometheus/alerts.test.yml");
             assert!(readme.contains(&format!("`{name}`")), "{name} is not in docs/operations.md's alert list");
             let metrics = promql_metrics(expr);
             assert!(!metrics.is_empty(), "{name}: no metric in {expr}");
             for m in metrics {
-                assert!(listed(&m, &sections), "{name}: {m} is in no section of grafana/metrics.txt");
+                assert!(listed(&m, &sections), "{name}: {m} is in no section of deploy/grafana/metrics.txt");
             }
         }
     }
