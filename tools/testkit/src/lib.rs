@@ -28,7 +28,7 @@ pub fn thread_cpu_time() -> Duration {
 pub fn module_path() -> PathBuf {
     let path = std::env::var_os("RL_MODULE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_rl.so"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/libredis_rl.so"));
     assert!(
         path.exists(),
         "module not found at {}: run `make test` (or `cargo build --release` first)",

@@ -24,7 +24,7 @@ pub struct Cell {
 }
 
 fn deps() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.deps/redis-cell")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.deps/redis-cell")
 }
 
 /// redis-cell's module, or why there is none.

@@ -26,15 +26,15 @@ pub struct Sample {
 /// `text` read by prometheus_client's parser; panics, showing the text,
 /// if the parser refuses it.
 pub fn parse(text: &str) -> Vec<Family> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let lib = repo.join(".deps/prometheus-client");
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = here.join("../../.deps/prometheus-client");
     assert!(
         lib.join("prometheus_client/parser.py").exists(),
         "Prometheus' Python parser is not under {}: run `make servers` (it fetches the prometheus-client wheel)",
         lib.display()
     );
     let mut child = Command::new("python3")
-        .arg(repo.join("testkit/promparse.py"))
+        .arg(here.join("promparse.py"))
         .env("PYTHONPATH", &lib)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
