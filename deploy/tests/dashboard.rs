@@ -84,7 +84,8 @@ fn exprs(value: &Value, at: &str, out: &mut Vec<(String, String)>) {
 
 #[test]
 fn the_dashboard_queries_only_listed_metrics_of_every_component() {
-    let dashboard: Value = serde_json::from_str(&repo_file("deploy/grafana/redis-rl.json")).expect("the dashboard is JSON");
+    let dashboard: Value =
+        serde_json::from_str(&repo_file("deploy/grafana/redis-rl.json")).expect("the dashboard is JSON");
     let sections = expected_metrics();
     let mut all = Vec::new();
     exprs(&dashboard, "dashboard", &mut all);

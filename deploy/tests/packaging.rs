@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use testkit::{free_port, Server};
 
-
 #[test]
 fn the_systemd_units_verify() {
     let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd");
