@@ -72,20 +72,20 @@ bench-sizing: deps servers build
 # The gateway's fleet simulation (gateway/README.md): 300 gateways against one
 # server with the module, about 40 s once built; the report goes to gateway/SIMULATION.md.
 sim: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p rl-gateway --example fleet_sim -- --out gateway/SIMULATION.md
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-sims --bin fleet_sim -- --out gateway/SIMULATION.md
 
 # Global limits across regions (docs/global-limits.md): three servers with the
 # module, 3 x 100 gateways, the balancer with 70-150 ms injected between
 # regions, five scenarios in compressed time, about 3 minutes; the report
 # and its charts go to balancer/SIMULATION.md and balancer/sim-regions-*.svg.
 sim-regions: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p rl-balancer --example sim_regions -- --out balancer/SIMULATION.md
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-sims --bin sim_regions -- --out balancer/SIMULATION.md
 
 # The scale model (docs/relay.md): 300 to 30,000 gateways on up to 200
 # shards in virtual time, with and without lease relays, validated against
 # make sim's numbers; the report goes to relay/SIMULATION.md.
 sim-scale:
-	cargo run --release -q -p rl-relay --example sim_scale -- --out relay/SIMULATION.md
+	cargo run --release -q -p rl-sims --bin sim_scale -- --out relay/SIMULATION.md
 
 # Pure tests only: no server, no module build.
 unit:

@@ -2,9 +2,11 @@
 
 use std::fmt::Write as _;
 
+use rl_sims::kit::machine;
+use rl_sims::kit::text::{head, per_second, thousands};
+
 use crate::checks::{allowance_table, calls_by_class, calls_summary, outage_table, slow_table};
 use crate::phases::{Mode, Phase, AFTER_OUTAGE, BEFORE_OUTAGE};
-use crate::text::{per_second, thousands};
 use crate::traffic::Traffic;
 use crate::Settings;
 
@@ -33,11 +35,7 @@ pub fn report(settings: &Settings, traffic: &Traffic, phases: &[Phase], header: 
 /// The phases side by side: requests, Redis calls, latency.
 pub fn calls_table(w: &mut String, settings: &Settings, phases: &[Phase]) {
     let _ = writeln!(w, "### Redis calls per request\n");
-    let _ = writeln!(
-        w,
-        "| phase | decisions by | offered req/s | sent req/s | requests | Redis calls | calls / request | decided in memory | failed calls | breakers opened | p50 | p99 |"
-    );
-    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    head(w, "phase | decisions by | offered req/s | sent req/s | requests | Redis calls | calls / request | decided in memory | failed calls | breakers opened | p50 | p99", "llrrrrrrrrrr");
     for p in phases {
         let t = p.stats.total();
         let by = match p.mode {
@@ -69,22 +67,9 @@ pub fn calls_table(w: &mut String, settings: &Settings, phases: &[Phase]) {
     );
 }
 
-/// `YYYY-MM-DD HH:MM UTC` from the system clock.
-pub fn utc_now() -> String {
-    let out = std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output();
-    out.map_or_else(|_| "unknown time".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
+/// The machine and its load as the run starts.
 pub fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map_or("unknown CPU", |m| m.trim_start_matches([' ', '\t', ':']));
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
-    format!("{cores} cores ({model}), load average {} at the start", load.join(" "))
+    format!("{} cores ({}), load average {} at the start", machine::cores(), machine::cpu(), machine::load())
 }
 
 pub fn server_version() -> String {
@@ -97,7 +82,7 @@ pub fn server_version() -> String {
 pub fn header(settings: &Settings, command: &str, started: &str, machine: &str) -> String {
     format!(
         "## Fleet simulation\n\n{started}; {machine}; {}; module from this tree (release build).\n\n\
-         Command: `make sim` (`cargo run --release -p rl-gateway --example fleet_sim --{}{command}`).\n\n\
+         Command: `make sim` (`cargo run --release -p rl-sims --bin fleet_sim --{}{command}`).\n\n\
          {} gateways (each a `Limiter` with `gateways = {}`, timeout {} ms, other settings default) in one process, \
          one server. Offered: {} hot subjects at {} req/s together (hot-0 on a 10,000/s plan, the others on 100,000/s), \
          {} quiet subjects at {} req/s together (10/s plan), an abuser at {} req/s (10/s plan), logins at {} req/s \

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! make sim-regions        # builds the module, runs this, writes balancer/SIMULATION.md and its charts
-//! cargo run --release -p rl-balancer --example sim_regions -- --help
+//! cargo run --release -p rl-sims --bin sim_regions -- --help
 //! ```
 
 mod charts;
@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
+use rl_sims::kit::machine;
 
 /// Three regions, their gateways and the balancer, in compressed time.
 #[derive(Clone, Debug, Parser)]
@@ -55,7 +56,7 @@ async fn main() {
     let command = format!("sim_regions {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
     let t = timing::Timing::compressed();
     let started = Instant::now();
-    let load_at_start = report::load();
+    let load_at_start = machine::load();
     let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
     let mut outcomes = Vec::new();
     for name in ["steady", "move", "balancer-killed", "region-killed", "two-balancers"] {
@@ -103,7 +104,7 @@ async fn main() {
         let (path, charts) = if failed.is_empty() && quiet_refused == 0 {
             (out.clone(), "sim-regions".to_string())
         } else {
-            let stamp = report::stamp();
+            let stamp = machine::stamp();
             let stem = out.file_stem().map_or("report".into(), |s| s.to_string_lossy().into_owned());
             (dir.join(format!("{stem}-failed-{stamp}.md")), format!("sim-regions-failed-{stamp}"))
         };
@@ -112,7 +113,7 @@ async fn main() {
             charts::draw(&svg, o.title, &o.recording).unwrap_or_else(|e| panic!("chart {}: {e}", svg.display()));
         }
         let text = text.replace("](sim-regions-", &format!("]({charts}-"));
-        let doc = format!("# Three-region simulation results\n\nWritten by `make sim-regions` (`balancer/examples/sim_regions/`); see [docs/global-limits.md](../docs/global-limits.md#simulation).\n\n{text}");
+        let doc = format!("# Three-region simulation results\n\nWritten by `make sim-regions` (`tools/sims/src/bin/sim_regions/`); see [docs/global-limits.md](../docs/global-limits.md#simulation).\n\n{text}");
         std::fs::write(&path, doc).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         eprintln!("written to {}", path.display());
     }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use plotters::prelude::*;
+use rl_sims::kit::chart;
 
 use crate::gateways::RATE;
 use crate::traffic::{Recording, BUCKET, REGIONS};
@@ -18,8 +19,7 @@ fn per_second(values: &[u64]) -> Vec<(f64, f64)> {
 }
 
 pub fn draw(path: &Path, title: &str, rec: &Recording) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (900, 620)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = chart::canvas(path, (900, 620))?;
     let (top, bottom) = root.split_vertically(380);
     let end = rec.busy_admitted.len() as f64 * BUCKET.as_secs_f64();
     let total = per_second(&rec.busy_total());
@@ -33,28 +33,14 @@ pub fn draw(path: &Path, title: &str, rec: &Recording) -> Result<(), Box<dyn std
     chart.configure_mesh().max_light_lines(2).x_desc("seconds").y_desc("admitted in the last 1 s").draw()?;
     for (r, name) in REGIONS.iter().enumerate() {
         let series = per_second(&rec.busy_admitted.iter().map(|b| b[r]).collect::<Vec<_>>());
-        chart
-            .draw_series(LineSeries::new(series, COLORS[r].stroke_width(2)))?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], COLORS[r].stroke_width(2)));
+        chart::line(&mut chart, series, COLORS[r].stroke_width(2), name)?;
     }
-    chart
-        .draw_series(LineSeries::new(total, BLACK.stroke_width(2)))?
-        .label("all regions")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-    chart
-        .draw_series(LineSeries::new([(0.0, RATE as f64), (end, RATE as f64)], RED.stroke_width(2)))?
-        .label(format!("global limit: {RATE}/s"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+    chart::line(&mut chart, total, BLACK.stroke_width(2), "all regions")?;
+    chart::level(&mut chart, (0.0, end), RATE as f64, RED.stroke_width(2), &format!("global limit: {RATE}/s"))?;
     for (at, _) in &rec.events {
-        chart.draw_series(LineSeries::new([(*at, 0.0), (*at, ymax)], BLACK.mix(0.3)))?;
+        chart::line(&mut chart, vec![(*at, 0.0), (*at, ymax)], BLACK.mix(0.3), "")?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    chart::legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     let mut shares = ChartBuilder::on(&bottom)
         .caption("its share in force at a gateway of each region (%); grey lines: the events", ("sans-serif", 15))
         .margin(10)
@@ -72,24 +58,15 @@ pub fn draw(path: &Path, title: &str, rec: &Recording) -> Result<(), Box<dyn std
                 None => {}
             }
         }
+        // The region's name in the legend once, on its first stretch.
         for (i, run) in runs.into_iter().enumerate() {
-            let series = shares.draw_series(LineSeries::new(run, COLORS[r].stroke_width(2)))?;
-            if i == 0 {
-                series
-                    .label(*name)
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], COLORS[r].stroke_width(2)));
-            }
+            chart::line(&mut shares, run, COLORS[r].stroke_width(2), if i == 0 { name } else { "" })?;
         }
     }
     for (at, _) in &rec.events {
-        shares.draw_series(LineSeries::new([(*at, 0.0), (*at, 100.0)], BLACK.mix(0.3)))?;
+        chart::line(&mut shares, vec![(*at, 0.0), (*at, 100.0)], BLACK.mix(0.3), "")?;
     }
-    shares
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    chart::legend(&mut shares, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(())
 }

@@ -5,12 +5,12 @@
 use std::path::Path;
 
 use plotters::prelude::*;
+use rl_sims::kit::chart;
 
 /// Draws one bar per class (its calls per request of all requests) and
 /// the goal line, to `path`.
 pub fn calls_by_class(path: &Path, rows: &[(String, f64)], goal: f64) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (760, 400)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = chart::canvas(path, (760, 400))?;
     let top = rows.iter().map(|r| r.1).fold(goal, f64::max) * 1.15;
     let labels: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
     let mut chart = ChartBuilder::on(&root)
@@ -45,11 +45,9 @@ pub fn calls_by_class(path: &Path, rows: &[(String, f64)], goal: f64) -> Result<
             .map(|(i, (_, v))| Text::new(format!("{v:.3}"), (i as f64 + 0.3, v + top * 0.03), ("sans-serif", 13))),
     )?;
     let total: f64 = rows.iter().map(|r| r.1).sum();
-    chart
-        .draw_series(LineSeries::new([(0.0, goal), (rows.len() as f64, goal)], RED.stroke_width(2)))?
-        .label(format!("goal: {goal:.2} in all (measured: {total:.3})"))
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    let label = format!("goal: {goal:.2} in all (measured: {total:.3})");
+    chart::level(&mut chart, (0.0, rows.len() as f64), goal, RED.stroke_width(2), &label)?;
+    chart::legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
     root.present()?;
     Ok(())
 }

@@ -1,28 +1,22 @@
-//! The seed's traffic shape (`make sim`'s, client/examples/fleet_sim), per
-//! 300 gateways: one hot subject pressing a 10,000/s plan and three on
-//! 100,000/s plans, each sent 25,000 requests a second; 5,000 quiet subjects
-//! at 2 a second on 10/s plans; an abuser at 10,000 a second on a 10/s plan;
-//! 100 login subjects at 2 a second on 30 a minute. At N gateways there are
-//! N / 300 times as many subjects of each class, each with the same plan
-//! and traffic: more customers, not bigger ones.
+//! The seed's traffic shape (rl_sims::kit::shape, `make sim`'s) at a
+//! fleet's size: at N gateways there are N / 300 times as many subjects of
+//! each class, each with the same plan and traffic: more customers, not
+//! bigger ones.
 
 use rl_core::BucketParams;
+use rl_sims::kit::rng::Rng;
+pub use rl_sims::kit::shape::Class;
 
-use crate::model::Rng;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    Pressing,
-    Hot,
-    Quiet,
-    Abuser,
-    Login,
+/// What the model needs of a class beyond the shape.
+pub trait Modelled {
+    /// Its name in the report, with its plan.
+    fn name(self) -> &'static str;
+    /// Its plan as the shards' buckets take it.
+    fn params(self) -> BucketParams;
 }
 
-impl Class {
-    pub const ALL: [Class; 5] = [Class::Pressing, Class::Hot, Class::Quiet, Class::Abuser, Class::Login];
-
-    pub fn name(self) -> &'static str {
+impl Modelled for Class {
+    fn name(self) -> &'static str {
         match self {
             Class::Pressing => "hot, pressing its limit (10,000/s plan)",
             Class::Hot => "hot, within its limit (100,000/s plan)",
@@ -32,20 +26,8 @@ impl Class {
         }
     }
 
-    /// Subjects per 300 gateways.
-    pub fn per_300(self) -> u64 {
-        [1, 3, 5000, 1, 100][self as usize]
-    }
-
-    /// Requests a second to one subject.
-    pub fn rate(self) -> f64 {
-        [25_000.0, 25_000.0, 2.0, 10_000.0, 2.0][self as usize]
-    }
-
-    pub fn params(self) -> BucketParams {
-        let (capacity, refill, period) =
-            [(10_000, 10_000, 1000), (100_000, 100_000, 1000), (10, 10, 1000), (10, 10, 1000), (30, 30, 60_000)]
-                [self as usize];
+    fn params(self) -> BucketParams {
+        let (capacity, refill, period) = self.plan();
         BucketParams::new(capacity, refill, period).expect("valid plans")
     }
 }

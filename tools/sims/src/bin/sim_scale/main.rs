@@ -1,7 +1,8 @@
 //! `make sim-scale`: a virtual-time model of gateway fleets from 300 to
 //! 30,000 on up to 200 shards, with and without lease relays; the report
 //! goes to relay/SIMULATION.md with a chart (relay/sim-scale.svg).
-//! What is real and what is modelled: model.rs.
+//! What is real and what is modelled: model.rs. The traffic is the seed's
+//! shape (rl_sims::kit::shape), as `make sim` runs it.
 
 mod gateway;
 mod model;
@@ -11,9 +12,11 @@ mod traffic;
 use std::time::Instant;
 
 use clap::Parser;
+use rl_sims::kit::machine::peak_mb;
+use rl_sims::kit::rng::Rng;
 
 use model::{run, Outcome, Setup};
-use traffic::{Class, Population};
+use traffic::{Class, Modelled, Population};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -87,7 +90,7 @@ pub fn scaled(setup: &Setup, sample: &Population, outcome: Outcome, seed: u64) -
         .iter()
         .map(|c| outcome.shard_calls[*c as usize] as f64 / setup.seconds / f64::from(sample.count(*c)))
         .collect();
-    let mut rng = model::Rng::new(seed ^ 0x5eed);
+    let mut rng = Rng::new(seed ^ 0x5eed);
     let mut load = vec![0.0; setup.shards as usize];
     for c in Class::ALL {
         for _ in 0..whole.count(c) {
@@ -199,7 +202,7 @@ fn main() {
         crashed: &crashed,
         failovers: &failovers,
         elapsed: started.elapsed(),
-        peak_mb: report::peak_mb(),
+        peak_mb: peak_mb(),
         chart: &report::chart_path(&args.out),
     });
     std::fs::write(&args.out, text).unwrap_or_else(|e| panic!("writing {}: {e}", args.out));

@@ -4,10 +4,11 @@
 use std::fmt::Write as _;
 
 use rl_gateway::{Config, Policy};
+use rl_sims::kit::shape;
+use rl_sims::kit::text::{head, pass, thousands};
 
 use crate::phases::{Disturbance, Mode, Phase, Window, BEFORE_OUTAGE};
 use crate::stats::SOURCES;
-use crate::text::{pass, thousands};
 use crate::traffic::{Class, Plans, Traffic};
 use crate::Settings;
 
@@ -39,8 +40,7 @@ pub fn allowance_table(w: &mut String, settings: &Settings, traffic: &Traffic, p
          their subjects' together. The last columns count requests by what decided them: Redis (the request waited \
          for a call), the lease, lease pacing or the deny cache (memory), the fallback.\n"
     );
-    let _ = writeln!(w, "| subject | limit | phase | requests | admitted | by Redis and leases | allowance | by Redis and leases / allowance | Redis | lease | pacing | deny cache | fallback |");
-    let _ = writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    head(w, "subject | limit | phase | requests | admitted | by Redis and leases | allowance | by Redis and leases / allowance | Redis | lease | pacing | deny cache | fallback", "lllrrrrrrrrrr");
     let mut never_over = true;
     let mut exact = true;
     let mut fallbacks = 0;
@@ -138,8 +138,7 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
          sends less than its rate.\n",
         BEFORE_OUTAGE.as_secs(),
     );
-    let _ = writeln!(w, "| traffic | rule | window | requests | admitted | outage bound | admitted / bound | admitted / (2 × limit) | admitted by the fallback | fallback's bound | decided by |");
-    let _ = writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    head(w, "traffic | rule | window | requests | admitted | outage bound | admitted / bound | admitted / (2 × limit) | admitted by the fallback | fallback's bound | decided by", "lllrrrrrrrl");
     let mut over_bound = Vec::new();
     let mut over_twice = Vec::new();
     let mut over_fallback = Vec::new();
@@ -339,8 +338,7 @@ pub fn calls_by_class(w: &mut String, settings: &Settings, traffic: &Traffic, ph
         settings.gateways as f64 * settings.quiet_subjects as f64 / settings.quiet_rate,
         p.stats.tallies[traffic.row(Class::Quiet)][Window::Running as usize].requests as f64 / total,
     );
-    let _ = writeln!(w, "| class | requests | calls | calls / request of the class | share of all requests' calls |");
-    let _ = writeln!(w, "|---|---:|---:|---:|---:|");
+    head(w, "class | requests | calls | calls / request of the class | share of all requests' calls", "lrrrr");
     let plans = Plans::new("report");
     let mut rows: Vec<(String, u64, u64)> = Vec::new();
     let mut add = |label: String, t: crate::stats::Tally| match rows.iter_mut().find(|r| r.0 == label) {
@@ -355,12 +353,14 @@ pub fn calls_by_class(w: &mut String, settings: &Settings, traffic: &Traffic, ph
         let rule = &traffic.policy(&plans, class).rules()[0];
         let limit = rule.refill() as f64 / rule.period().as_secs_f64();
         let label = match class {
-            Class::Hot(_) if rate > limit => "hot, pressing its limit".to_string(),
-            Class::Hot(_) => "hot, within its limit".to_string(),
-            Class::Quiet => "quiet".to_string(),
-            Class::Abuser => "abuser".to_string(),
-            Class::Login => "logins".to_string(),
-        };
+            Class::Hot(_) if rate > limit => shape::Class::Pressing,
+            Class::Hot(_) => shape::Class::Hot,
+            Class::Quiet => shape::Class::Quiet,
+            Class::Abuser => shape::Class::Abuser,
+            Class::Login => shape::Class::Login,
+        }
+        .row()
+        .to_string();
         add(label, t);
     }
     let request_path: u64 = rows.iter().map(|r| r.2).sum();
@@ -411,11 +411,11 @@ pub fn slow_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Ph
         thousands(p.errors),
         p.breakers_opened,
     );
-    let _ = writeln!(
+    head(
         w,
-        "| traffic | rule | requests | admitted | by the fallback | bound | admitted / bound | admitted / allowance |"
+        "traffic | rule | requests | admitted | by the fallback | bound | admitted / bound | admitted / allowance",
+        "llrrrrrr",
     );
-    let _ = writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|");
     let mut over = Vec::new();
     let mut closed_ok = true;
     for &(class, _) in &traffic.classes {

@@ -5,9 +5,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use plotters::prelude::*;
+use rl_sims::kit::chart;
+use rl_sims::kit::text::{self, head, pass};
 
 use crate::gateway::{OPEN_FOR_MS, SLACK, TRIP_AFTER};
-use crate::traffic::Class;
+use crate::traffic::{Class, Modelled};
 use crate::{Scaled, PER_RELAY, SAMPLE};
 
 /// A shard's CPU per call from make bench: RL.TAKE on 100,000 subjects with
@@ -45,8 +47,7 @@ pub fn make_sim(path: &str) -> MakeSim {
         Some(line.split('|').map(|c| c.trim().to_string()).collect())
     };
     let at = |prefix: &str, i: usize| cells(prefix).and_then(|c| c.get(i).and_then(|c| number(c)));
-    let class_rows =
-        ["| hot, pressing its limit |", "| hot, within its limit |", "| quiet |", "| abuser |", "| logins |"];
+    let class_rows = Class::ALL.map(|c| format!("| {} |", c.row()));
     let hot = cells("| hot-1 | 100,000 / 1s | leases |");
     MakeSim {
         calls_per_request: at("| leases |", 7),
@@ -76,13 +77,6 @@ pub struct Inputs<'a> {
     pub chart: &'a str,
 }
 
-/// The process's peak resident memory in MB (Linux: VmHWM).
-pub fn peak_mb() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
-}
-
 pub fn chart_path(out: &str) -> String {
     Path::new(out).with_file_name("sim-scale.svg").to_string_lossy().into_owned()
 }
@@ -91,17 +85,9 @@ fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
+/// Rounded, with thousands.
 fn thousands(v: f64) -> String {
-    let n = v.round() as u64;
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
+    text::thousands(v.round() as u64)
 }
 
 pub fn write(i: &Inputs) -> String {
@@ -115,7 +101,7 @@ pub fn write(i: &Inputs) -> String {
     let _ = writeln!(w, "# Scale model: 300 to 30,000 gateways, with and without lease relays\n");
     let _ = writeln!(
         w,
-        "Written by `make sim-scale` (`cargo run --release -p rl-relay --example sim_scale`) in {:.0} s of this machine{}; {} virtual seconds a run. See relay/README.md.\n",
+        "Written by `make sim-scale` (`cargo run --release -p rl-sims --bin sim_scale`) in {:.0} s of this machine{}; {} virtual seconds a run. See relay/README.md.\n",
         i.elapsed.as_secs_f64(),
         i.peak_mb.map_or(String::new(), |mb| format!(" and {mb:.0} MB at most")),
         i.args_seconds
@@ -126,7 +112,7 @@ pub fn write(i: &Inputs) -> String {
          (`rl_core::lease`: batch sizing by the share of rate / gateways, top-up at half, one lease call in flight \
          per subject, pacing of contended buckets by what was granted) and refusal (`rl_core::deny`: kept until \
          Redis's retry time, quiet subjects at least their share of the refill), driven in the limiter's order \
-         (relay/examples/sim_scale/gateway.rs); each gateway's calls to each shard go through that shard's circuit \
+         (tools/sims/src/bin/sim_scale/gateway.rs); each gateway's calls to each shard go through that shard's circuit \
          breaker, rl-client's `Breaker` (the client's defaults: open at {TRIP_AFTER} failures in a row or half of \
          a window's calls, for {OPEN_FOR_MS} ms, then one probe), made when the gateway first calls the shard \
          ({breakers_direct} breakers in the 30,000-gateway run without relays, {breakers_made} with them, \
@@ -177,8 +163,7 @@ pub fn write(i: &Inputs) -> String {
          its class rows count the calls requests waited for, the model's class rows include the background top-ups \
          (make sim counts those apart: 0.004 calls per request).\n"
     );
-    let _ = writeln!(w, "| measure | make sim (real server) | model |");
-    let _ = writeln!(w, "|---|---:|---:|");
+    head(&mut w, "measure | make sim (real server) | model", "lrr");
     let _ = writeln!(w, "| Redis calls per request | {} | {:.3} |", opt(m.calls_per_request), v.calls_per_request);
     for c in Class::ALL {
         let _ = writeln!(
@@ -199,11 +184,7 @@ pub fn write(i: &Inputs) -> String {
 
     let _ = writeln!(w, "## Fleet sizes\n");
     let _ = writeln!(w, "![Redis calls per request against fleet size](sim-scale.svg)\n");
-    let _ = writeln!(
-        w,
-        "| gateways | shards | relays | Redis calls / request | relay calls / request | shard calls/s (mean) | busiest shard calls/s | busiest / capacity | pressing: admitted / allowance (mean, lowest) | pressing: granted by Redis, held at the end | pressing, second half: admitted / refill | hot within limit: admitted |"
-    );
-    let _ = writeln!(w, "|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|");
+    head(&mut w, "gateways | shards | relays | Redis calls / request | relay calls / request | shard calls/s (mean) | busiest shard calls/s | busiest / capacity | pressing: admitted / allowance (mean, lowest) | pressing: granted by Redis, held at the end | pressing, second half: admitted / refill | hot within limit: admitted", "rrlrrrrrllrr");
     for s in i.sweep {
         let _ = writeln!(
             w,
@@ -239,11 +220,8 @@ pub fn write(i: &Inputs) -> String {
          the relay paces a subject within its limit now and then (its admitted share in the last column)."
     );
     let _ = writeln!(w, "\nCalls per request by class (Redis calls, top-ups included):\n");
-    let _ = write!(w, "| gateways | relays |");
-    for c in Class::ALL {
-        let _ = write!(w, " {} |", c.name());
-    }
-    let _ = writeln!(w, "\n|---:|---|---:|---:|---:|---:|---:|");
+    let columns: Vec<&str> = ["gateways", "relays"].into_iter().chain(Class::ALL.map(|c| c.name())).collect();
+    head(&mut w, &columns.join(" | "), "rlrrrrr");
     for s in i.sweep {
         let _ = write!(w, "| {} | {} |", thousands(f64::from(s.gateways)), if s.relays { "yes" } else { "no" });
         for c in &s.class_calls {
@@ -426,18 +404,9 @@ fn bounds(failed: &Scaled) -> Vec<Bound> {
         .collect()
 }
 
-fn pass(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "FAIL"
-    }
-}
-
 /// Redis calls per request against fleet size, with and without relays.
 fn chart(path: &str, sweep: &[Scaled], today: f64) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = chart::canvas(Path::new(path), (720, 420))?;
     let top = sweep.iter().map(|s| s.calls_per_request).fold(today, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(&root)
         .caption("Redis calls per request against fleet size", ("sans-serif", 20))
@@ -449,17 +418,11 @@ fn chart(path: &str, sweep: &[Scaled], today: f64) -> Result<(), Box<dyn std::er
     for (relays, color, label) in [(false, RED, "gateways lease alone"), (true, BLUE, "a relay per 150 gateways")] {
         let points: Vec<(f64, f64)> =
             sweep.iter().filter(|s| s.relays == relays).map(|s| (f64::from(s.gateways), s.calls_per_request)).collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart::line(&mut chart, points.clone(), color.stroke_width(2), label)?;
         chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
     }
-    chart
-        .draw_series(LineSeries::new([(250.0, today), (40_000.0, today)], BLACK.mix(0.4)))?
-        .label("300 gateways today (model)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.4)));
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
+    chart::level(&mut chart, (250.0, 40_000.0), today, BLACK.mix(0.4), "300 gateways today (model)")?;
+    chart::legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
     root.present()?;
     Ok(())
 }

@@ -1,7 +1,12 @@
-//! Who sends what: the plans subjects are on, and the classes of traffic.
+//! Who sends what: the plans subjects are on (the seed shape's,
+//! rl_sims::kit::shape), and the classes of traffic.
+
+use std::time::Duration;
+
+use rl_gateway::{Policy, Rule};
+use rl_sims::kit::shape;
 
 use crate::Settings;
-use rl_gateway::{Policy, Rule};
 
 /// The plans subjects are on, under one key prefix per phase so that each
 /// phase starts from full buckets.
@@ -18,14 +23,17 @@ pub struct Plans {
 
 impl Plans {
     pub fn new(phase: &str) -> Plans {
-        let plan = |name: &str, rule: Rule| {
+        let plan = |name: &str, rule: &str, class: shape::Class| {
+            let (capacity, refill, period) = class.plan();
+            let rule = Rule::new(rule, capacity, refill, Duration::from_millis(period));
+            let rule = if class.fail_closed() { rule.fail_closed() } else { rule };
             Policy::builder(format!("{phase}-{name}")).rule(rule).build().expect("the plans are valid")
         };
         Plans {
-            big: plan("big", Rule::per_second("per_second", 100_000)),
-            capped: plan("capped", Rule::per_second("per_second", 10_000)),
-            standard: plan("standard", Rule::per_second("per_second", 10)),
-            login: plan("login", Rule::per_minute("attempts", 30).fail_closed()),
+            big: plan("big", "per_second", shape::Class::Hot),
+            capped: plan("capped", "per_second", shape::Class::Pressing),
+            standard: plan("standard", "per_second", shape::Class::Quiet),
+            login: plan("login", "attempts", shape::Class::Login),
         }
     }
 }

@@ -3,16 +3,13 @@
 
 use std::fmt::Write;
 
+use rl_sims::kit::machine::{cores, load, utc_now};
+use rl_sims::kit::text::{head, pass, row};
+
 use crate::gateways::{BURST, FLOOR, RATE};
 use crate::scenarios::Outcome;
 use crate::timing::Timing;
 use crate::Settings;
-
-/// The load averages (1, 5, 15 minutes), as /proc/loadavg has them.
-pub fn load() -> String {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-}
 
 /// `load_at_start`: [`load`] read before the first scenario.
 pub fn header(
@@ -23,9 +20,7 @@ pub fn header(
     quiet_refused: u64,
     load_at_start: &str,
 ) -> String {
-    let date = std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output();
-    let date = date.map_or("unknown time".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let (date, cores) = (utc_now(), cores());
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -40,7 +35,7 @@ pub fn header(
     let _ = writeln!(out, "The gateways' `Limiter`s run with `lease_window` {:?} (batches of one token: every request is an exact `RL.TAKE`; the deny cache as configured, `gateways` = {}), so the figures measure the shares, not the leases' known under-admission of a subject pressing its limit (gateway/SIMULATION.md).\n", crate::gateways::LEASE_WINDOW, s.gateways);
     let _ = writeln!(out, "The gateway side reports every request it checked per subject, admitted or refused (`RegionalShares::demanded`): the balancer splits by demand. Reporting only what was admitted settled at about 94% of the limit in an earlier run (a region with spare share keeps it, and a region short of share never shows the traffic that would earn it more).\n");
     let _ = writeln!(out, "Time is compressed ten times, the design's ratios kept:\n");
-    let _ = writeln!(out, "| | design | here |\n|---|---|---|");
+    head(&mut out, " | design | here", "lll");
     for (what, design, here) in [
         ("balancer interval", "10 s", t.interval),
         ("gateways' table refresh", "1 s", t.gateway_refresh),
@@ -57,12 +52,6 @@ pub fn header(
     out
 }
 
-/// The UTC time as `20261205T101500Z`, naming a failing run's report.
-pub fn stamp() -> String {
-    let date = std::process::Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]).output();
-    date.map_or("unknown".into(), |o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
 /// The verdict, at the end of the report as well as in the checks.
 pub fn footer(failed: &[&str], quiet_refused: u64) -> String {
     let verdict = if failed.is_empty() && quiet_refused == 0 {
@@ -76,11 +65,12 @@ pub fn footer(failed: &[&str], quiet_refused: u64) -> String {
 pub fn scenario(o: &Outcome) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "## {}\n\n{}\n\n![{}](sim-regions-{}.svg)\n", o.title, o.story, o.title, o.name);
-    let _ = writeln!(out, "| at | event |\n|---|---|");
+    head(&mut out, "at | event", "ll");
     for (at, what) in &o.recording.events {
         let _ = writeln!(out, "| {at:.1} s | {what} |");
     }
-    let _ = writeln!(out, "\n| figure | measured |\n|---|---|");
+    out.push('\n');
+    head(&mut out, "figure | measured", "ll");
     for (what, v) in &o.figures {
         let _ = writeln!(out, "| {what} | {v} |");
     }
@@ -93,9 +83,10 @@ pub fn scenario(o: &Outcome) -> String {
     let [redis, deny, fallback, closed] = r.refused_by;
     let _ = writeln!(out, "| busy customer refused by Redis / deny cache / outage fallback / fail-closed | {redis} / {deny} / {fallback} / {closed} |");
     let _ = writeln!(out, "| errors (no answer from the gateway) | {} |", r.errors);
-    let _ = writeln!(out, "\n| check | result | measured |\n|---|---|---|");
+    out.push('\n');
+    head(&mut out, "check | result | measured", "lll");
     for c in &o.checks {
-        let _ = writeln!(out, "| {} | {} | {} |", c.name, if c.passed { "PASS" } else { "FAIL" }, c.detail);
+        row(&mut out, &[c.name.as_str(), pass(c.passed), c.detail.as_str()]);
     }
     out
 }

@@ -5,12 +5,13 @@
 //!
 //! ```text
 //! make sim                                    # builds the module, runs this, writes gateway/SIMULATION.md
-//! cargo run --release -p rl-gateway --example fleet_sim -- --help
+//! cargo run --release -p rl-sims --bin fleet_sim -- --help
 //! ```
 //!
 //! Each of `--gateways` (300) gateways is its own `Limiter` (configured with
 //! `gateways = 300`), all in one process on tokio, sharing one redis-server
-//! that the program starts (testkit). Time is real time. The traffic:
+//! that the program starts (testkit). Time is real time. The traffic, by
+//! default the seed's shape (rl_sims::kit::shape) at 300 gateways:
 //!
 //! - a few hot subjects (`--hot-rate`, 100,000 a second together): one on a
 //!   10,000 a second plan, so it presses its limit; the others on a 100,000
@@ -35,7 +36,6 @@ mod checks;
 mod phases;
 mod report;
 mod stats;
-mod text;
 mod traffic;
 
 use std::path::PathBuf;
@@ -44,6 +44,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rl_gateway::{Bucket, Config, Limiter};
+use rl_sims::kit::machine;
+use rl_sims::kit::shape::Class;
 use testkit::Server;
 
 use phases::{run_phase, Disturbance, Mode, AFTER_OUTAGE, BEFORE_OUTAGE};
@@ -62,26 +64,26 @@ pub struct Settings {
     /// Seconds the server is down in the outage phase.
     #[arg(long, default_value_t = 4.0, value_parser = positive)]
     pub outage: f64,
-    /// Hot subjects.
-    #[arg(long, default_value_t = 4, value_parser = count)]
+    /// Hot subjects (the first presses its limit).
+    #[arg(long, default_value_t = (Class::Pressing.per_300() + Class::Hot.per_300()) as usize, value_parser = count)]
     pub hot_subjects: usize,
     /// Requests a second, all hot subjects together.
-    #[arg(long, default_value_t = 100_000.0, value_parser = positive)]
+    #[arg(long, default_value_t = Class::Pressing.rate_per_300() + Class::Hot.rate_per_300(), value_parser = positive)]
     pub hot_rate: f64,
     /// Quiet subjects.
-    #[arg(long, default_value_t = 5000, value_parser = count)]
+    #[arg(long, default_value_t = Class::Quiet.per_300() as usize, value_parser = count)]
     pub quiet_subjects: usize,
     /// Requests a second, all quiet subjects together.
-    #[arg(long, default_value_t = 10_000.0, value_parser = positive)]
+    #[arg(long, default_value_t = Class::Quiet.rate_per_300(), value_parser = positive)]
     pub quiet_rate: f64,
     /// Requests a second of the abuser's retry loop.
-    #[arg(long, default_value_t = 10_000.0, value_parser = positive)]
+    #[arg(long, default_value_t = Class::Abuser.rate_per_300(), value_parser = positive)]
     pub abuser_rate: f64,
     /// Subjects of the fail-closed login rule.
-    #[arg(long, default_value_t = 100, value_parser = count)]
+    #[arg(long, default_value_t = Class::Login.per_300() as usize, value_parser = count)]
     pub login_subjects: usize,
     /// Login requests a second, all together.
-    #[arg(long, default_value_t = 200.0, value_parser = positive)]
+    #[arg(long, default_value_t = Class::Login.rate_per_300(), value_parser = positive)]
     pub login_rate: f64,
     /// The limiter's timeout per Redis call, in ms (default: the Config's).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -126,7 +128,7 @@ fn count(v: &str) -> Result<usize, String> {
 async fn main() {
     let settings = Settings::parse();
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
-    let started = report::utc_now();
+    let started = machine::utc_now();
     let machine = report::machine();
     let mut server = Server::start(&[]);
     let defaults = Config::standalone(server.url());
@@ -171,7 +173,7 @@ async fn main() {
     let text = report::report(&settings, &traffic, &phases, &header);
     println!("{text}");
     if let Some(path) = &settings.out {
-        std::fs::write(path, format!("# Fleet simulation results\n\nWritten by `gateway/examples/fleet_sim/`; see the gateway README.\n\n{text}"))
+        std::fs::write(path, format!("# Fleet simulation results\n\nWritten by `tools/sims/src/bin/fleet_sim/`; see the gateway README.\n\n{text}"))
             .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         eprintln!("written to {}", path.display());
     }

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
 use rl_gateway::sim::Ticket;
 use rl_relay::pool::{Need, Plan, Pools, Settings};
+use rl_sims::kit::rng::Rng;
 
 use crate::gateway::{Check, Gateway, Op, Purpose, Rule, OPEN_FOR_MS};
 use crate::traffic::{Class, Population};
@@ -191,31 +192,6 @@ impl Heap {
     }
 }
 
-/// A small fast generator (xorshift64*): the model needs no crypto.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next() >> 32) * n) >> 32
-    }
-}
-
 struct Model<'a> {
     setup: &'a Setup,
     pop: &'a Population,
@@ -238,7 +214,7 @@ struct Model<'a> {
 
 /// Subject `s`'s rule; logins are fail-closed, as in make sim.
 fn rule<'a>(params: &'a [[BucketParams; 1]], pop: &Population, s: u32) -> Rule<'a> {
-    Rule { params: &params[s as usize], fail_closed: pop.class_of(s) == Class::Login as usize }
+    Rule { params: &params[s as usize], fail_closed: Class::ALL[pop.class_of(s)].fail_closed() }
 }
 
 fn ms(ns: u64) -> u64 {
