@@ -29,13 +29,17 @@ pub fn per_second(n: u64, seconds: f64) -> String {
     thousands((n as f64 / seconds).round() as u64)
 }
 
-/// A Markdown table's head: its columns (`"phase | requests"`), then one
-/// letter a column for the alignment (`l` left, `r` right).
+/// A Markdown table's head: its columns (`"phase | requests"`, an empty
+/// one left blank), then one letter a column for the alignment (`l` left,
+/// `r` right).
 pub fn head(w: &mut String, columns: &str, align: &str) {
     let columns: Vec<&str> = columns.split('|').map(str::trim).collect();
     assert_eq!(columns.len(), align.len(), "one alignment a column: {columns:?}");
-    row(w, &columns);
     w.push('|');
+    for c in columns {
+        let _ = if c.is_empty() { write!(w, " |") } else { write!(w, " {c} |") };
+    }
+    w.push_str("\n|");
     for a in align.chars() {
         w.push_str(if a == 'r' { "---:|" } else { "---|" });
     }
@@ -46,8 +50,7 @@ pub fn head(w: &mut String, columns: &str, align: &str) {
 pub fn row<T: std::fmt::Display>(w: &mut String, cells: &[T]) {
     w.push('|');
     for c in cells {
-        let c = c.to_string();
-        let _ = if c.is_empty() { write!(w, " |") } else { write!(w, " {c} |") };
+        let _ = write!(w, " {c} |");
     }
     w.push('\n');
 }
@@ -64,7 +67,7 @@ mod tests {
         assert_eq!(thousands(30_000_000), "30,000,000");
         let mut w = String::new();
         head(&mut w, " | design | here", "llr");
-        row(&mut w, &["a", "1", "2"]);
-        assert_eq!(w, "| | design | here |\n|---|---|---:|\n| a | 1 | 2 |\n");
+        row(&mut w, &["a", "", "2"]);
+        assert_eq!(w, "| | design | here |\n|---|---|---:|\n| a |  | 2 |\n");
     }
 }
