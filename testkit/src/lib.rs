@@ -108,6 +108,21 @@ impl Server {
         s
     }
 
+    /// A TLS server with another's CA and certificates (a cluster's
+    /// nodes, a primary's replicas, which must trust each other).
+    fn start_sharing_tls(binary: &Path, extra: &[&str], files: &TlsFiles, mode: Tls) -> Server {
+        let mut s = Server {
+            child: None,
+            port: 0,
+            dir: tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir"),
+            binary: binary.to_path_buf(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            tls: Some((files.clone(), mode)),
+        };
+        s.spawn_on_free_port();
+        s
+    }
+
     fn spawn_on_free_port(&mut self) {
         for _ in 0..5 {
             self.port = free_port();
@@ -158,7 +173,7 @@ impl Server {
         panic!("server on port {} did not answer; log:\n{}", self.port, self.log());
     }
 
-    fn try_con(&self) -> redis::RedisResult<redis::Connection> {
+    pub(crate) fn try_con(&self) -> redis::RedisResult<redis::Connection> {
         self.client(&self.url())?.get_connection()
     }
 
@@ -230,12 +245,16 @@ impl Server {
         }
     }
 
-    /// A replica of `self` (with `extra` arguments), once its link is up.
+    /// A replica of `self` (with `extra` arguments), once its link is up;
+    /// over TLS, with `self`'s CA and certificates, if `self` speaks TLS.
     pub fn replica(&self, extra: &[&str]) -> Server {
         let port = self.port.to_string();
         let mut args = vec!["--replicaof", "127.0.0.1", &port];
         args.extend_from_slice(extra);
-        let r = Server::start(&args);
+        let r = match &self.tls {
+            Some((files, mode)) => Server::start_sharing_tls(&server_binary(), &args, files, *mode),
+            None => Server::start(&args),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while r.info("replication", "master_link_status") != "up" {
             assert!(Instant::now() < deadline, "replica did not sync");
@@ -339,18 +358,7 @@ impl Cluster {
                 let first = Server::start_prepared(binary, &args, Some(mode), |_| {});
                 let files = first.tls().expect("TLS files").clone();
                 let mut nodes = vec![first];
-                for _ in 1..n {
-                    let mut s = Server {
-                        child: None,
-                        port: 0,
-                        dir: tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir"),
-                        binary: binary.to_path_buf(),
-                        args: args.iter().map(|s| s.to_string()).collect(),
-                        tls: Some((files.clone(), mode)),
-                    };
-                    s.spawn_on_free_port();
-                    nodes.push(s);
-                }
+                nodes.extend((1..n).map(|_| Server::start_sharing_tls(binary, &args, &files, mode)));
                 nodes
             }
         };
