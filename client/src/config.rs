@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::tls::Tls;
 
 /// Where Redis is.
 #[derive(Clone, PartialEq, Eq)]
@@ -94,6 +95,15 @@ pub const SENTINEL_SCHEME: &str = "redis+sentinel";
 pub const SENTINEL_PORT: u16 = 26379;
 
 impl Target {
+    /// Every URL (or sentinel address) of the target.
+    pub(crate) fn urls(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match self {
+            Target::Standalone(url) => Box::new(std::iter::once(url.as_str())),
+            Target::Cluster(urls) => Box::new(urls.iter().map(String::as_str)),
+            Target::Sentinel { sentinels, .. } => Box::new(sentinels.iter().map(String::as_str)),
+        }
+    }
+
     /// A Sentinel target for `master`, found through `sentinels`
     /// (`host:port` each), with the master's default user and database 0.
     pub fn sentinel<S: Into<String>>(master: impl Into<String>, sentinels: impl IntoIterator<Item = S>) -> Target {
@@ -276,6 +286,11 @@ pub struct Config {
     pub relay: Option<String>,
     /// Default [`Backend::Module`].
     pub backend: Backend,
+    /// Whom to trust and the client certificate for `rediss://` URLs
+    /// (TLS itself is the URL's scheme). Default: the system roots, no
+    /// client certificate; [`Tls::from_env`] reads the environment every
+    /// binary shares.
+    pub tls: Tls,
     /// Longest wait for any call to Redis; past it the call counts as failed
     /// and the fallback answers. Default 50 ms: a timeout below Redis's tail
     /// latency under load turns load into an outage of the limits (the
@@ -361,6 +376,7 @@ impl Config {
             target,
             relay: None,
             backend: Backend::Module,
+            tls: Tls::default(),
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(250),
             gateways: 1,
