@@ -233,8 +233,10 @@ impl Plain {
                     // Every node over TLS (redis-rs refuses a mix), with the same files.
                     builder = builder.certs(tls.certificates());
                     if tls.insecure() {
-                        tls.warn_insecure(&target.to_string());
                         builder = builder.tls(redis::TlsMode::Insecure);
+                    }
+                    if tls.insecure() || urls.iter().any(|u| u.ends_with("#insecure")) {
+                        tls.warn_insecure(&target.to_string());
                     }
                 }
                 let client = builder.build()?;

@@ -34,7 +34,8 @@ use crate::config::{redacted, NodeAuth, Target, SENTINEL_PORT};
 use crate::error::{Error, Result};
 use crate::tls::Loaded;
 
-/// Where the primary is.
+/// Where the primary is. Made once per connection: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Endpoint {
     Fixed(ConnectionInfo, Option<Arc<Loaded>>),
     Sentinel(Sentinels),

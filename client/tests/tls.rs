@@ -47,7 +47,10 @@ async fn refusal(client: &Client) -> String {
     let bucket = [Bucket::new("refused", 3, 3, MINUTE).unwrap()];
     match client.take(&bucket, 1).await {
         Ok(d) => panic!("the call should fail, got {d:?}"),
-        Err(e) => e.to_string(),
+        Err(e) => {
+            eprintln!("refused: {e}");
+            e.to_string()
+        }
     }
 }
 
