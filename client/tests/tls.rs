@@ -64,6 +64,45 @@ async fn typed_calls_over_tls_with_the_ca_file() {
     assert_eq!(status.server.as_deref(), Some(format!("127.0.0.1:{}", s.port).as_str()));
 }
 
+/// With no CA file, the system roots: `SSL_CERT_FILE` names the test's CA
+/// for a child process (this binary, running the ignored test below), so
+/// that no other test's environment changes.
+#[test]
+fn without_a_ca_file_the_system_roots_and_ssl_cert_file_are_trusted() {
+    let s = Server::start_tls(testkit::Tls::Server, &[]);
+    // Whether the child passed, and what it printed.
+    let run = |ca: &std::path::Path| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "trusts_ssl_cert_file", "--nocapture"])
+            .env("SSL_CERT_FILE", ca)
+            .env("RL_TEST_TLS_URL", s.url())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (passed, text) = run(&s.tls().unwrap().ca);
+    assert!(passed && text.contains("1 passed"), "{text}");
+    // The same child with another CA in SSL_CERT_FILE fails: it is read.
+    let (passed, text) = run(&testkit::tls::unrelated_ca(s.dir(), "other-ca.crt"));
+    assert!(!passed && text.contains("not trusted by the system roots"), "{text}");
+}
+
+/// Run by the test above, in a process of its own with `SSL_CERT_FILE`.
+#[tokio::test]
+#[ignore = "run by without_a_ca_file_the_system_roots_and_ssl_cert_file_are_trusted"]
+async fn trusts_ssl_cert_file() {
+    let url = std::env::var("RL_TEST_TLS_URL").expect("RL_TEST_TLS_URL: run by its parent test");
+    let c = Client::new(&config(url, Tls::default())).unwrap();
+    let bucket = [Bucket::new("{tls}:system", 3, 3, MINUTE).unwrap()];
+    match c.take(&bucket, 1).await {
+        Ok(d) => assert!(d.allowed),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 #[tokio::test]
 async fn the_insecure_fragment_skips_verification() {
     // Nothing trusts the test's CA: only `#insecure` lets the call through.
