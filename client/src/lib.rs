@@ -19,7 +19,7 @@ mod tls;
 
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
-pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME};
+pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME};
 pub use connection::Connection;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};

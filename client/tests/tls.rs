@@ -224,7 +224,10 @@ async fn a_sentinel_master_over_tls_followed_through_a_failover() {
         tls: with_client_cert(&set.servers[0]),
         timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(2),
-        ..Config::for_target(Target::sentinel(MASTER, set.urls()))
+        // As a tool's one --redis URL: rediss+sentinel://.
+        ..Config::for_target(
+            Target::from_url(&format!("rediss+sentinel://{}/{MASTER}", set.addresses().join(","))).unwrap(),
+        )
     };
     let c = Client::new(&config).unwrap();
     let old = set.primary().port;
