@@ -15,10 +15,11 @@ mod params;
 mod primary;
 mod prometheus;
 mod slot;
+mod tls;
 
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
-pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME};
+pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME};
 pub use connection::Connection;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
@@ -27,6 +28,7 @@ pub use params::period_ms;
 pub use primary::{is_wrong_server, ConnectionStatus};
 pub use prometheus::prometheus_label;
 pub use rl_core::WindowMode;
+pub use tls::{Tls, TLS_ENV};
 
 /// What rl-gateway builds its limiter from: public for it alone (the
 /// crates are released together, one version), not a promise to anyone

@@ -11,7 +11,9 @@ use tempfile::TempDir;
 
 pub mod prometheus;
 mod sentinel;
+pub mod tls;
 pub use sentinel::{role, SentinelNode, SentinelSet, MASTER};
+pub use tls::{Tls, TlsFiles};
 
 /// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`): what the
 /// benchmarks report, since on a shared machine wall time also counts the
@@ -59,6 +61,8 @@ pub struct Server {
     dir: TempDir,
     binary: PathBuf,
     args: Vec<String>,
+    /// TLS only, with these files (in `dir`): see [`Server::start_tls`].
+    tls: Option<(TlsFiles, Tls)>,
 }
 
 impl Server {
@@ -69,25 +73,51 @@ impl Server {
     }
 
     pub fn start_binary(binary: &Path, extra: &[&str]) -> Server {
-        Self::start_prepared(binary, extra, |_| {})
+        Self::start_prepared(binary, extra, None, |_| {})
+    }
+
+    /// Like [`Server::start`], speaking TLS only (`--port 0 --tls-port P`),
+    /// with a CA and certificates made now in its dir ([`Server::tls`]);
+    /// [`Tls::Mutual`] requires a client certificate too. `url()` is then
+    /// `rediss://`, and the server's own helpers (`con`, `info`, ...)
+    /// connect with the CA and the client certificate.
+    pub fn start_tls(tls: Tls, extra: &[&str]) -> Server {
+        Self::start_prepared(&server_binary(), extra, Some(tls), |_| {})
     }
 
     /// A server whose dir holds `rdb` as its dump.rdb at startup.
     pub fn start_from_rdb(rdb: &Path, extra: &[&str]) -> Server {
-        Self::start_prepared(&server_binary(), extra, |dir| {
+        Self::start_prepared(&server_binary(), extra, None, |dir| {
             std::fs::copy(rdb, dir.join("dump.rdb")).expect("copy the RDB file");
         })
     }
 
-    fn start_prepared(binary: &Path, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
+    fn start_prepared(binary: &Path, extra: &[&str], tls: Option<Tls>, prepare: impl FnOnce(&Path)) -> Server {
         let dir = tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir");
         prepare(dir.path());
+        let tls = tls.map(|mode| (TlsFiles::create(dir.path()), mode));
         let mut s = Server {
             child: None,
             port: 0,
             dir,
             binary: binary.to_path_buf(),
             args: extra.iter().map(|s| s.to_string()).collect(),
+            tls,
+        };
+        s.spawn_on_free_port();
+        s
+    }
+
+    /// A TLS server with another's CA and certificates (a cluster's
+    /// nodes, a primary's replicas, which must trust each other).
+    fn start_sharing_tls(binary: &Path, extra: &[&str], files: &TlsFiles, mode: Tls) -> Server {
+        let mut s = Server {
+            child: None,
+            port: 0,
+            dir: tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir"),
+            binary: binary.to_path_buf(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            tls: Some((files.clone(), mode)),
         };
         s.spawn_on_free_port();
         s
@@ -108,9 +138,11 @@ impl Server {
         let module = module_path();
         let log = self.dir.path().join("server.log");
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--dir"])
+        match &self.tls {
+            Some((files, mode)) => cmd.args(files.server_args(self.port, *mode)),
+            None => cmd.arg("--port").arg(self.port.to_string()),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--dir"])
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(&log)
@@ -141,12 +173,26 @@ impl Server {
         panic!("server on port {} did not answer; log:\n{}", self.port, self.log());
     }
 
-    fn try_con(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection()
+    pub(crate) fn try_con(&self) -> redis::RedisResult<redis::Connection> {
+        self.client(&self.url())?.get_connection()
     }
 
+    fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        match &self.tls {
+            Some((files, _)) => files.client(url),
+            None => redis::Client::open(url),
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT/`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// A TLS server's CA and certificates; `None` for a plain one.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|(files, _)| files)
     }
 
     /// A new RESP2 connection.
@@ -156,7 +202,7 @@ impl Server {
 
     /// A new RESP3 connection.
     pub fn con_resp3(&self) -> redis::Connection {
-        redis::Client::open(format!("{}?protocol=resp3", self.url()))
+        self.client(&format!("{}?protocol=resp3", self.url()))
             .and_then(|c| c.get_connection())
             .expect("connect with RESP3")
     }
@@ -199,12 +245,16 @@ impl Server {
         }
     }
 
-    /// A replica of `self` (with `extra` arguments), once its link is up.
+    /// A replica of `self` (with `extra` arguments), once its link is up;
+    /// over TLS, with `self`'s CA and certificates, if `self` speaks TLS.
     pub fn replica(&self, extra: &[&str]) -> Server {
         let port = self.port.to_string();
         let mut args = vec!["--replicaof", "127.0.0.1", &port];
         args.extend_from_slice(extra);
-        let r = Server::start(&args);
+        let r = match &self.tls {
+            Some((files, mode)) => Server::start_sharing_tls(&server_binary(), &args, files, *mode),
+            None => Server::start(&args),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while r.info("replication", "master_link_status") != "up" {
             assert!(Instant::now() < deadline, "replica did not sync");
@@ -222,6 +272,7 @@ impl Server {
             dir: tempfile::Builder::new().prefix("rl-test-").tempdir().expect("temp dir"),
             binary: server_binary(),
             args: extra.iter().map(|s| s.to_string()).collect(),
+            tls: None,
         };
         assert!(!s.spawn(), "the server started with {extra:?}");
         s.log()
@@ -286,10 +337,35 @@ impl Cluster {
     }
 
     pub fn start_binary(binary: &Path, n: usize) -> Cluster {
+        Self::start_with(binary, n, None)
+    }
+
+    /// `n` masters speaking TLS only, the cluster bus too (`tls-cluster
+    /// yes`), each with its own CA and certificates made by the test:
+    /// clients of the cluster take [`Cluster::tls`] (the first node's
+    /// files), whose CA is the one every node's certificate is signed by.
+    pub fn start_tls(n: usize, tls: Tls) -> Cluster {
+        Self::start_with(&server_binary(), n, Some(tls))
+    }
+
+    fn start_with(binary: &Path, n: usize, tls: Option<Tls>) -> Cluster {
         let args =
             ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
-        let nodes: Vec<Server> = (0..n).map(|_| Server::start_binary(binary, &args)).collect();
+        let nodes: Vec<Server> = match tls {
+            None => (0..n).map(|_| Server::start_binary(binary, &args)).collect(),
+            Some(mode) => {
+                // One CA for the cluster: the nodes' buses and clients trust it.
+                let first = Server::start_prepared(binary, &args, Some(mode), |_| {});
+                let files = first.tls().expect("TLS files").clone();
+                let mut nodes = vec![first];
+                nodes.extend((1..n).map(|_| Server::start_sharing_tls(binary, &args, &files, mode)));
+                nodes
+            }
+        };
         let mut create = Command::new("redis-cli");
+        if let Some(files) = nodes[0].tls() {
+            create.args(files.cli_args());
+        }
         create.args(["--cluster", "create"]);
         for s in &nodes {
             create.arg(format!("127.0.0.1:{}", s.port));
@@ -324,7 +400,12 @@ impl Cluster {
         }
     }
 
-    /// `redis://` URLs of every node, for cluster clients.
+    /// A TLS cluster's CA and client certificate (shared by its nodes).
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.nodes[0].tls()
+    }
+
+    /// `redis://` (`rediss://`) URLs of every node, for cluster clients.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(Server::url).collect()
     }

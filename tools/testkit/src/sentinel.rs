@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::{free_port, server_binary, Server};
+use crate::{free_port, server_binary, Server, Tls, TlsFiles};
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER: &str = "mymaster";
@@ -17,17 +17,34 @@ pub struct SentinelNode {
     child: Option<Child>,
     pub port: u16,
     dir: TempDir,
+    /// TLS only, with the set's files (and to the servers too).
+    tls: Option<TlsFiles>,
 }
 
 impl SentinelNode {
-    /// A sentinel watching the primary on `primary_port` as [`MASTER`].
-    fn start(primary_port: u16) -> SentinelNode {
+    /// A sentinel watching the primary on `primary_port` as [`MASTER`]
+    /// (over TLS with `tls`, which it speaks only then).
+    fn start(primary_port: u16, tls: Option<(&TlsFiles, Tls)>) -> SentinelNode {
         for _ in 0..5 {
             let dir = tempfile::Builder::new().prefix("rl-sentinel-").tempdir().expect("temp dir");
             let port = free_port();
             let conf = dir.path().join("sentinel.conf");
+            let listen = match tls {
+                None => format!("port {port}\n"),
+                Some((files, mode)) => {
+                    let args = files.server_args(port, mode);
+                    // `--name value` pairs as sentinel.conf lines; the cluster's
+                    // option is no sentinel's.
+                    let lines: Vec<String> = args
+                        .chunks(2)
+                        .filter(|kv| kv[0] != "--tls-cluster")
+                        .map(|kv| format!("{} {}\n", &kv[0][2..], kv[1]))
+                        .collect();
+                    lines.concat()
+                }
+            };
             let text = format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                "{listen}bind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
                  sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n\
                  sentinel down-after-milliseconds {MASTER} 1000\n\
                  sentinel failover-timeout {MASTER} 10000\n\
@@ -43,7 +60,7 @@ impl SentinelNode {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn redis-server --sentinel");
-            let mut node = SentinelNode { child: Some(child), port, dir };
+            let mut node = SentinelNode { child: Some(child), port, dir, tls: tls.map(|(f, _)| f.clone()) };
             let deadline = Instant::now() + Duration::from_secs(20);
             while Instant::now() < deadline {
                 if let Some(Ok(Some(_))) = node.child.as_mut().map(|c| c.try_wait()) {
@@ -62,11 +79,16 @@ impl SentinelNode {
     }
 
     fn try_con(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection()
+        match &self.tls {
+            Some(files) => files.client(&self.url())?.get_connection(),
+            None => redis::Client::open(self.url())?.get_connection(),
+        }
     }
 
+    /// `redis://127.0.0.1:PORT/`, or `rediss://` over TLS.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// `127.0.0.1:port`.
@@ -114,11 +136,26 @@ impl SentinelSet {
     /// A primary with `replicas` replicas (at least one: a failover needs
     /// one) and three sentinels that know every replica and each other.
     pub fn start(replicas: usize) -> SentinelSet {
+        Self::start_with(replicas, None)
+    }
+
+    /// [`SentinelSet::start`], every server and sentinel speaking TLS only
+    /// with one CA (the primary's [`Server::tls`] files).
+    pub fn start_tls(replicas: usize, tls: Tls) -> SentinelSet {
+        Self::start_with(replicas, Some(tls))
+    }
+
+    fn start_with(replicas: usize, tls: Option<Tls>) -> SentinelSet {
         assert!(replicas >= 1, "a failover needs a replica");
-        let primary = Server::start(&[]);
+        let primary = match tls {
+            Some(mode) => Server::start_tls(mode, &[]),
+            None => Server::start(&[]),
+        };
         let mut servers: Vec<Server> = (0..replicas).map(|_| primary.replica(&[])).collect();
         servers.insert(0, primary);
-        let sentinels: Vec<SentinelNode> = (0..3).map(|_| SentinelNode::start(servers[0].port)).collect();
+        let files = servers[0].tls().cloned();
+        let sentinels: Vec<SentinelNode> =
+            (0..3).map(|_| SentinelNode::start(servers[0].port, files.as_ref().zip(tls))).collect();
         let set = SentinelSet { servers, sentinels };
         set.wait_until_known(replicas);
         set
@@ -155,6 +192,11 @@ impl SentinelSet {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// `redis://` (`rediss://`) URLs of the sentinels.
+    pub fn urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(SentinelNode::url).collect()
     }
 
     /// `127.0.0.1:port` of each sentinel.
@@ -204,7 +246,7 @@ impl SentinelSet {
 
 /// The first field of `ROLE`: `master`, `slave` (or empty if it cannot answer).
 pub fn role(server: &Server) -> String {
-    let Ok(mut con) = redis::Client::open(server.url()).and_then(|c| c.get_connection()) else { return String::new() };
+    let Ok(mut con) = server.try_con() else { return String::new() };
     let role: redis::RedisResult<Vec<redis::Value>> = redis::cmd("ROLE").query(&mut con);
     match role.ok().and_then(|r| r.into_iter().next()) {
         Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
