@@ -5,7 +5,7 @@
 mod common;
 
 use common::{config, limiter_calls};
-use rl_client::Tls;
+use rl_gateway::Tls;
 use rl_gateway::{Backend, Config, Event, Limiter, Policy, Rule, Source};
 use testkit::Server;
 
