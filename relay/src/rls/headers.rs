@@ -22,7 +22,7 @@ use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
 pub enum Style {
     #[default]
     Draft,
-    Envoyproxy,
+    Envoyproxy(Names),
     Off,
 }
 
@@ -30,9 +30,51 @@ impl Style {
     pub fn parse(text: &str) -> Result<Style, String> {
         match text {
             "draft" => Ok(Style::Draft),
-            "envoyproxy" => Ok(Style::Envoyproxy),
+            "envoyproxy" => Ok(Style::Envoyproxy(Names::default())),
             "off" => Ok(Style::Off),
             _ => Err(format!("'{text}': draft, envoyproxy or off")),
+        }
+    }
+
+    /// The style with `names` for envoyproxy/ratelimit's three headers.
+    pub fn named(self, names: Names) -> Style {
+        match self {
+            Style::Envoyproxy(_) => Style::Envoyproxy(names),
+            other => other,
+        }
+    }
+}
+
+/// The names of envoyproxy/ratelimit's three headers (its
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+/// Read once at start and kept for the process's life (so a style is
+/// `Copy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub limit: &'static str,
+    pub remaining: &'static str,
+    pub reset: &'static str,
+}
+
+impl Default for Names {
+    fn default() -> Names {
+        Names { limit: "RateLimit-Limit", remaining: "RateLimit-Remaining", reset: "RateLimit-Reset" }
+    }
+}
+
+impl Names {
+    /// `LIMIT,REMAINING,RESET`: three header names (RFC 9110 tokens).
+    pub fn parse(text: &str) -> Result<Names, String> {
+        let names: Vec<&str> = text.split(',').map(str::trim).collect();
+        let token =
+            |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        match names[..] {
+            [limit, remaining, reset] if names.iter().all(|n| token(n)) => Ok(Names {
+                limit: Box::leak(limit.into()),
+                remaining: Box::leak(remaining.into()),
+                reset: Box::leak(reset.into()),
+            }),
+            _ => Err(format!("'{text}': three header names, LIMIT,REMAINING,RESET")),
         }
     }
 }
@@ -67,7 +109,7 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
     }
     match style {
         Style::Off => Vec::new(),
-        Style::Envoyproxy => {
+        Style::Envoyproxy(names) => {
             // envoyproxy/ratelimit's pick: the fewest left (the first on
             // ties), and any refusing limit over that (the last one met).
             let mut pick: Option<&Limited> = None;
@@ -78,9 +120,9 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
             }
             let Some(l) = pick else { return Vec::new() };
             vec![
-                header("RateLimit-Limit", l.requests_per_unit.to_string()),
-                header("RateLimit-Remaining", l.remaining.to_string()),
-                header("RateLimit-Reset", seconds_up(l.reset_ms).to_string()),
+                header(names.limit, l.requests_per_unit.to_string()),
+                header(names.remaining, l.remaining.to_string()),
+                header(names.reset, seconds_up(l.reset_ms).to_string()),
             ]
         }
         Style::Draft => {
@@ -146,10 +188,13 @@ mod tests {
     fn envoyproxy_ratelimit_picks_as_it_does() {
         let limits = [limited("a", 0, true, 58_000), limited("b", 5, false, 58_000)];
         assert_eq!(
-            text(&headers(Style::Envoyproxy, &limits, true)),
+            text(&headers(Style::Envoyproxy(Names::default()), &limits, true)),
             ["RateLimit-Limit: 10", "RateLimit-Remaining: 0", "RateLimit-Reset: 58"]
         );
         let limits = [limited("a", 4, false, 1), limited("b", 4, false, 1), limited("c", 2, false, 1)];
-        assert_eq!(text(&headers(Style::Envoyproxy, &limits, false))[1], "RateLimit-Remaining: 2");
+        assert_eq!(text(&headers(Style::Envoyproxy(Names::default()), &limits, false))[1], "RateLimit-Remaining: 2");
+        let names = Names::parse("X-Limit, X-Left,X-Reset").unwrap();
+        assert_eq!(text(&headers(Style::Envoyproxy(names), &limits, false))[1], "X-Left: 2");
+        assert!(Names::parse("a,b").is_err() && Names::parse("a,b c,d").is_err() && Names::parse("a,,c").is_err());
     }
 }

@@ -14,6 +14,7 @@
 //! stats.rs     statistics under envoyproxy/ratelimit's names
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
+//! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 
 pub mod config;
 pub mod decide;
@@ -23,6 +24,7 @@ pub mod keys;
 pub mod serve;
 pub mod service;
 pub mod stats;
+pub mod upstream_env;
 pub mod watch;
 pub mod windows;
 
@@ -56,6 +58,10 @@ pub struct Options {
     pub token: Option<String>,
     /// How often the config files are looked at.
     pub poll: Duration,
+    /// Hits past this share of a limit count as near_limit.
+    pub near_limit_ratio: f64,
+    /// Ready with a config of no domain (envoyproxy/ratelimit's default).
+    pub ready_without_config: bool,
 }
 
 /// The RLS front's state.
@@ -69,7 +75,8 @@ pub struct Rls {
 impl Rls {
     /// The front with its first config (read and checked by the caller).
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
-        let stats = Stats::default();
+        let mut stats = Stats::default();
+        stats.near_limit_ratio = Some(options.near_limit_ratio);
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Rls { engine: Arc::new(Engine::new(relay, cluster)), config: RwLock::new(Arc::new(config)), options, stats }
     }
@@ -87,10 +94,10 @@ impl Rls {
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
 
-    /// Ready: a config is in force (always, once started) with a domain,
-    /// and Redis answers the relay's probe.
+    /// Ready: a config with a domain is in force (or any config, with
+    /// `ready_without_config`), and Redis answers the relay's probe.
     pub fn ready(&self) -> bool {
-        !self.config().domains.is_empty() && self.relay().health.ready()
+        (self.options.ready_without_config || !self.config().domains.is_empty()) && self.relay().health.ready()
     }
 
     /// Whether a call's metadata carries the token (when one is set).

@@ -69,6 +69,8 @@ pub struct Stats {
     pub health_connections: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
+    /// NEAR_LIMIT_RATIO as configured (None: its default).
+    pub near_limit_ratio: Option<f64>,
 }
 
 /// `:` and `|` as `_`, and the dots of every IPv4-shaped run
@@ -144,7 +146,7 @@ impl Stats {
         }
         s.within_limit += cost;
         let Some(remaining) = remaining else { return };
-        let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+        let near = (limit as f64 * self.near_limit_ratio.unwrap_or(NEAR_LIMIT_RATIO)).floor() as u64;
         let after = limit.saturating_sub(remaining);
         let before = after.saturating_sub(cost);
         if after > near {
