@@ -13,8 +13,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use testkit::{Cluster, Server};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(format!("{}/tests/rls_config/{name}", env!("CARGO_MANIFEST_DIR")))
@@ -498,22 +496,6 @@ async fn the_front_bounds_what_a_caller_sends() {
     r.metadata_mut().insert("authorization", "Bearer s3cret".parse().unwrap());
     assert_eq!(client.should_rate_limit(r).await.unwrap().into_inner().overall_code, OK);
     assert!(!relay.relay.log().contains("s3cret"), "no secret in the log");
-}
-
-async fn health(relay: &RlsRelay, service: &str) -> i32 {
-    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap();
-    let mut client = HealthClient::new(channel.connect().await.unwrap());
-    let r = client.check(HealthCheckRequest { service: service.into() }).await.unwrap();
-    r.into_inner().status
-}
-
-/// Waits until the gRPC health service says `status` for "".
-async fn wait_health(relay: &RlsRelay, status: ServingStatus) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while health(relay, "").await != status as i32 {
-        assert!(Instant::now() < deadline, "gRPC health never said {status:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,6 +64,24 @@ pub struct Options {
     pub ready_without_config: bool,
 }
 
+impl Default for Options {
+    /// The flags' defaults, on `rls.yaml`.
+    fn default() -> Options {
+        Options {
+            config_path: "rls.yaml".into(),
+            merge_domains: false,
+            prefix: "rl:rls:".into(),
+            timeout: Duration::from_millis(15),
+            headers: headers::Style::default(),
+            global_shadow: false,
+            token: None,
+            poll: Duration::from_secs(1),
+            near_limit_ratio: 0.8,
+            ready_without_config: false,
+        }
+    }
+}
+
 /// The RLS front's state.
 pub struct Rls {
     pub engine: Arc<Engine>,
