@@ -115,9 +115,9 @@ struct RlsArgs {
     /// Longest a decision waits for Redis before the failure modes answer.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     rls_timeout_ms: u64,
-    /// Response headers: draft (RateLimit, RateLimit-Policy, Retry-After), envoyproxy (RateLimit-Limit,
-    /// -Remaining, -Reset) or off.
-    #[arg(long, default_value = "draft", value_parser = rl_relay::rls::headers::Style::parse)]
+    /// Response headers: off (as envoyproxy/ratelimit by default), draft (RateLimit, RateLimit-Policy,
+    /// Retry-After) or envoyproxy (RateLimit-Limit, -Remaining, -Reset).
+    #[arg(long, default_value = "off", value_parser = rl_relay::rls::headers::Style::parse)]
     rls_headers: rl_relay::rls::headers::Style,
     /// Answer every OVER_LIMIT as OK (statuses kept), as envoyproxy/ratelimit's SHADOW_MODE.
     #[arg(long)]

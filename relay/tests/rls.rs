@@ -329,11 +329,18 @@ async fn shadow_mode_unlimited_and_replaces() {
 async fn response_headers_draft_envoyproxy_and_off() {
     let server = Server::start(&[]);
     let (_dir, config) = config_file(API);
+    // None by default, as envoyproxy/ratelimit.
     let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let mut client = relay.client().await;
+    let r = ask(&mut client, request("api", &[&[("tight", "d")]])).await;
+    assert!(r.response_headers_to_add.is_empty(), "{:?}", r.response_headers_to_add);
+
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--rls-headers", "draft"]);
     let mut client = relay.client().await;
     let r = ask(&mut client, with_cost(request("api", &[&[("tight", "h")], &[("old", "h")]]), 1)).await;
     assert_eq!(r.overall_code, OK);
-    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"api.tight\";q=5;w=3600, \"old\";q=1;w=3600"));
+    // An unnamed limit is named by its quota, never by its descriptor.
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"5-per-hour\";q=5;w=3600, \"old\";q=1;w=3600"));
     let binding = header(&r, "RateLimit").unwrap();
     assert!(binding.starts_with("\"old\";r=0;t="), "{binding}");
     assert_eq!(header(&r, "Retry-After"), None);

@@ -208,3 +208,23 @@ async fn healthy_without_a_domain_as_upstream_by_default() {
     );
     bare.health_becomes(200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_descriptor_value_reaches_a_header() {
+    let redis = Server::start(&[]);
+    let text = "domain: example8\ndescriptors:\n  - key: key1\n    value: tenant-secret-123\n    rate_limit: { unit: \
+                minute, requests_per_unit: 2 }\n  - key: user\n    rate_limit: { unit: second, requests_per_unit: 5 }\n";
+    let (_dir, config) = common::rls::config_file(text);
+    let relay = common::rls::RlsRelay::start(&[redis.url()], false, &config, &["--rls-headers", "draft"]);
+    let mut client = relay.client().await;
+    for _ in 0..3 {
+        let r =
+            ask(&mut client, request("example8", &[&[("key1", "tenant-secret-123")], &[("user", "bob-secret")]])).await;
+        assert!(!r.response_headers_to_add.is_empty());
+        for h in &r.response_headers_to_add {
+            for secret in ["tenant", "bob", "key1", "user"] {
+                assert!(!h.key.contains(secret) && !h.value.contains(secret), "{}: {}", h.key, h.value);
+            }
+        }
+    }
+}

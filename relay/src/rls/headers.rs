@@ -1,18 +1,21 @@
 //! Response headers the RLS front asks Envoy to add
 //! (`response_headers_to_add`), built from a request's limits:
 //!
-//! - `draft` (the default): the IETF draft's `RateLimit-Policy` (every
+//! - `off` (the default, as envoyproxy/ratelimit without
+//!   LIMIT_RESPONSE_HEADERS_ENABLED): none. (Envoy makes `x-ratelimit-*`
+//!   itself from the statuses with `enable_x_ratelimit_headers`.)
+//! - `draft`: the IETF draft's `RateLimit-Policy` (every
 //!   enforced limit: `"name";q=<requests_per_unit>;w=<unit seconds>`) and
 //!   `RateLimit` (the binding limit: `"name";r=<left>;t=<seconds until
 //!   more quota>`), and `Retry-After` on OVER_LIMIT (whole seconds,
 //!   rounded up, at least one), the longest wait of the refusing limits. A
-//!   limit is named by its `name`, else by its statistics key.
+//!   limit is named by its `name`, else by its quota (`"100-per-minute"`):
+//!   never by its descriptor, whose values (a tenant, a user) are not the
+//!   client's to read.
 //! - `envoyproxy`: envoyproxy/ratelimit's three (`RateLimit-Limit`,
 //!   `RateLimit-Remaining`, `RateLimit-Reset`, the names of its
-//!   LIMIT_RESPONSE_HEADERS_ENABLED), for the limit it picks: the fewest
-//!   left, a refusing one over any other.
-//! - `off`: none. (Envoy makes `x-ratelimit-*` itself from the statuses
-//!   with `enable_x_ratelimit_headers`.)
+//!   LIMIT_RESPONSE_HEADERS_ENABLED, named as its LIMIT_*_HEADER), for the
+//!   limit it picks: the fewest left, a refusing one over any other.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
@@ -20,9 +23,9 @@ use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
 /// Which headers to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Style {
-    #[default]
     Draft,
     Envoyproxy(Names),
+    #[default]
     Off,
 }
 
@@ -82,6 +85,7 @@ impl Names {
 /// One limited descriptor of the answer, as the headers see it.
 #[derive(Clone, Debug)]
 pub struct Limited<'a> {
+    /// The limit's `name` (empty: none; it is then named by its quota).
     pub name: &'a str,
     pub requests_per_unit: u32,
     pub unit_seconds: u64,
@@ -92,6 +96,24 @@ pub struct Limited<'a> {
     pub wait_ms: u64,
     /// Ms until its window resets.
     pub reset_ms: u64,
+}
+
+/// A limit's name in the draft's headers: its `name`, else its quota.
+fn policy_name(l: &Limited) -> String {
+    if !l.name.is_empty() {
+        return l.name.to_string();
+    }
+    let unit = match l.unit_seconds {
+        1 => "second",
+        60 => "minute",
+        3600 => "hour",
+        86_400 => "day",
+        604_800 => "week",
+        2_592_000 => "month",
+        31_536_000 => "year",
+        _ => return format!("{}-per-{}s", l.requests_per_unit, l.unit_seconds),
+    };
+    format!("{}-per-{unit}", l.requests_per_unit)
 }
 
 fn seconds_up(ms: u64) -> u64 {
@@ -129,7 +151,7 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
             let mut policy = Vec::new();
             for l in limits {
                 let mut item = String::new();
-                push_policy_member(&mut item, l.name, l.requests_per_unit.into(), Some(l.unit_seconds), None);
+                push_policy_member(&mut item, &policy_name(l), l.requests_per_unit.into(), Some(l.unit_seconds), None);
                 if !policy.contains(&item) {
                     policy.push(item);
                 }
@@ -145,7 +167,7 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
             if let Some(b) = binding {
                 let remaining = if refused { 0 } else { b.remaining };
                 let mut member = String::new();
-                push_limit_member(&mut member, b.name, remaining, Some(seconds_up(b.wait_ms)));
+                push_limit_member(&mut member, &policy_name(b), remaining, Some(seconds_up(b.wait_ms)));
                 out.push(header("RateLimit", member));
                 if refused {
                     out.push(header("Retry-After", seconds_up(b.wait_ms).max(1).to_string()));
@@ -181,6 +203,9 @@ mod tests {
             ["RateLimit-Policy: \"a\";q=10;w=60, \"b\";q=10;w=60", "RateLimit: \"b\";r=0;t=1", "Retry-After: 1"]
         );
         assert!(headers(Style::Off, &limits, true).is_empty());
+        assert_eq!(Style::default(), Style::Off);
+        let unnamed = [limited("", 3, false, 1_000)];
+        assert_eq!(text(&headers(Style::Draft, &unnamed, false))[0], "RateLimit-Policy: \"10-per-minute\";q=10;w=60");
         assert!(headers(Style::Draft, &[], true).is_empty());
     }
 

@@ -306,9 +306,8 @@ impl Rls {
                         self.stats.record(&found.stats_key, rpu, item.cost, remaining, outcome.over, item.shadow);
                     }
                     if !item.shadow {
-                        let name = if limit.name.is_empty() { found.stats_key.as_str() } else { limit.name.as_str() };
                         limited.push(Limited {
-                            name,
+                            name: &limit.name,
                             requests_per_unit: limit.requests_per_unit,
                             unit_seconds: unit.seconds(),
                             remaining,
