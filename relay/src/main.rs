@@ -138,6 +138,13 @@ struct RlsArgs {
     /// (envoyproxy/ratelimit's FORCE_START_WITHOUT_INITIAL_CONFIG).
     #[arg(long)]
     rls_start_without_config: bool,
+    /// Every limit in quota mode, as `quota_mode: true` makes one (envoyproxy/ratelimit's QUOTA_MODE).
+    #[arg(long)]
+    rls_quota_mode: bool,
+    /// Answers carry dynamic_metadata: the request and the config's metadata of the limits that admitted it
+    /// (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long)]
+    rls_dynamic_metadata: bool,
 }
 
 fn near_limit_ratio(text: &str) -> Result<f64, String> {
@@ -279,6 +286,8 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         poll: Duration::from_secs(1),
         near_limit_ratio: args.rls.rls_near_limit_ratio,
         ready_without_config: args.rls.rls_ready_without_config,
+        quota_mode: args.rls.rls_quota_mode,
+        dynamic_metadata: args.rls.rls_dynamic_metadata,
     };
     let config = match rl_relay::rls::watch::load(&options) {
         Ok(config) => config,

@@ -228,3 +228,62 @@ async fn no_descriptor_value_reaches_a_header() {
         }
     }
 }
+
+/// envoyproxy/ratelimit's example folder (examples/ratelimit/config/,
+/// copied unchanged into tests/rls_config/example/).
+fn upstream_example() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls_config/example")
+}
+
+fn codes(r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse) -> Vec<i32> {
+    r.statuses.iter().map(|s| s.code).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_example_folder_starts_with_quota_mode_served_as_upstream() {
+    let redis = Server::start(&[]);
+    let relay = common::rls::RlsRelay::start(&[redis.url()], false, &upstream_example(), &[]);
+    let mut client = relay.client().await;
+    // service_1 (1 a minute) and service_2 (2 a minute), both quota_mode:
+    // the answer refuses only once every quota limit of it refuses.
+    let both = || request("rl", &[&[("service", "service_1")], &[("service", "service_2")]]);
+    let r = ask(&mut client, both()).await;
+    assert_eq!((r.overall_code, codes(&r)), (OK, vec![OK, OK]));
+    let r = ask(&mut client, both()).await;
+    assert_eq!((r.overall_code, codes(&r)), (OK, vec![OVER_LIMIT, OK]), "{r:?}");
+    let r = ask(&mut client, both()).await;
+    assert_eq!((r.overall_code, codes(&r)), (OVER_LIMIT, vec![OVER_LIMIT, OVER_LIMIT]), "{r:?}");
+    // No dynamic metadata unless asked, as upstream.
+    assert_eq!(r.dynamic_metadata, None);
+    // A limit not in quota mode refuses as always (foo: 2 a minute).
+    for expected in [OK, OK, OVER_LIMIT] {
+        assert_eq!(ask(&mut client, request("rl", &[&[("foo", "f")]])).await.overall_code, expected);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_comes_back_as_dynamic_metadata_when_asked() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let redis = Server::start(&[]);
+    let relay = common::rls::RlsRelay::start(&[redis.url()], false, &upstream_example(), &["--rls-dynamic-metadata"]);
+    let mut client = relay.client().await;
+    let r = ask(&mut client, request("rl", &[&[("service", "service_2")]])).await;
+    let metadata = r.dynamic_metadata.expect("dynamic_metadata");
+    let text = |k: &str| match &metadata.fields[k].kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("{k}: {other:?}"),
+    };
+    assert_eq!(text("domain"), "rl");
+    let Some(Kind::StructValue(passed)) = &metadata.fields["metadata"].kind else { panic!("{metadata:?}") };
+    let Some(Kind::StructValue(service)) = &passed.fields["service_with_quota"].kind else { panic!("{passed:?}") };
+    assert_eq!(service.fields["name"].kind, Some(Kind::StringValue("service_2".into())));
+    let Some(Kind::ListValue(descriptors)) = &metadata.fields["descriptors"].kind else { panic!("{metadata:?}") };
+    let Some(Kind::StructValue(first)) = &descriptors.values[0].kind else { panic!() };
+    let Some(Kind::ListValue(entries)) = &first.fields["entries"].kind else { panic!() };
+    assert_eq!(entries.values[0].kind, Some(Kind::StringValue("service=service_2".into())));
+    // A refused descriptor's metadata is left out (service_1: 1 a minute).
+    let _ = ask(&mut client, request("rl", &[&[("service", "service_1")]])).await;
+    let r = ask(&mut client, request("rl", &[&[("service", "service_1")]])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    assert!(!r.dynamic_metadata.unwrap().fields.contains_key("metadata"));
+}

@@ -15,6 +15,7 @@
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
+//! upstream_answer.rs  its quota mode and dynamic metadata on an answer
 
 pub mod config;
 pub mod decide;
@@ -24,6 +25,7 @@ pub mod keys;
 pub mod serve;
 pub mod service;
 pub mod stats;
+pub mod upstream_answer;
 pub mod upstream_env;
 pub mod watch;
 pub mod windows;
@@ -62,6 +64,10 @@ pub struct Options {
     pub near_limit_ratio: f64,
     /// Ready with a config of no domain (envoyproxy/ratelimit's default).
     pub ready_without_config: bool,
+    /// Every limit in quota mode (envoyproxy/ratelimit's QUOTA_MODE).
+    pub quota_mode: bool,
+    /// Answers carry `dynamic_metadata` (its RESPONSE_DYNAMIC_METADATA).
+    pub dynamic_metadata: bool,
 }
 
 impl Default for Options {
@@ -78,6 +84,8 @@ impl Default for Options {
             poll: Duration::from_secs(1),
             near_limit_ratio: 0.8,
             ready_without_config: false,
+            quota_mode: false,
+            dynamic_metadata: false,
         }
     }
 }
@@ -88,6 +96,8 @@ pub struct Rls {
     config: RwLock<Arc<RlsConfig>>,
     pub options: Options,
     pub stats: Stats,
+    /// A descriptor of the config in force is in quota mode.
+    quota_in_config: std::sync::atomic::AtomicBool,
 }
 
 impl Rls {
@@ -96,7 +106,9 @@ impl Rls {
         let mut stats = Stats::default();
         stats.near_limit_ratio = Some(options.near_limit_ratio);
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Rls { engine: Arc::new(Engine::new(relay, cluster)), config: RwLock::new(Arc::new(config)), options, stats }
+        let quota_in_config = upstream_answer::quota_anywhere(&config).into();
+        let config = RwLock::new(Arc::new(config));
+        Rls { engine: Arc::new(Engine::new(relay, cluster)), config, options, stats, quota_in_config }
     }
 
     pub fn relay(&self) -> &Arc<Relay> {
@@ -109,7 +121,9 @@ impl Rls {
     }
 
     fn set_config(&self, config: RlsConfig) {
+        let quota = upstream_answer::quota_anywhere(&config);
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        self.quota_in_config.store(quota, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Ready: a config with a domain is in force (or any config, with

@@ -38,7 +38,7 @@ pub const MAX_DOMAIN_BYTES: usize = 256;
 pub struct Service(pub Arc<Rls>);
 
 /// What one descriptor of the request came to before deciding.
-enum Resolved {
+pub(super) enum Resolved {
     /// OK, nothing to decide (no limit, replaced, negative hits).
     Free,
     Unlimited,
@@ -209,11 +209,12 @@ impl Rls {
                     }
                 }
             };
-            items.push(Item { key, counter, cost, shadow: limit.shadow_mode, failure: limit.failure_mode });
+            let shadow = limit.shadow_mode || self.quota_mode(limit);
+            items.push(Item { key, counter, cost, shadow, failure: limit.failure_mode });
             resolved.push(Resolved::Limited { found, item: items.len() - 1 });
         }
         let outcomes = self.decide(items.clone()).await;
-        Ok(self.respond(&resolved, &items, &outcomes))
+        Ok(self.upstream_finish(&request, &resolved, &outcomes, self.respond(&resolved, &items, &outcomes)))
     }
 
     /// The limits' outcomes within the deadline; past it (Redis slow), the

@@ -224,12 +224,8 @@ pub const VARS: &[Var] = &[
     var("MEMCACHE_TLS_CACERT", "", With("BACKEND_TYPE")),
     var("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "false", With("BACKEND_TYPE")),
     var("SHADOW_MODE", "false", Served("--rls-shadow-mode")),
-    var(
-        "QUOTA_MODE",
-        "false",
-        Refused { allowed: FALSE, why: "global quota mode is not served: OVER_LIMIT would be answered where OK is" },
-    ),
-    var("RESPONSE_DYNAMIC_METADATA", "false", Ignored { matching: FALSE, why: "no dynamic_metadata in answers" }),
+    var("QUOTA_MODE", "false", Served("--rls-quota-mode")),
+    var("RESPONSE_DYNAMIC_METADATA", "false", Served("--rls-dynamic-metadata")),
     var("MERGE_DOMAIN_CONFIG", "false", Served("--rls-merge-domains")),
     var("TRACING_ENABLED", "false", Ignored { matching: FALSE, why: "no tracing" }),
     var("TRACING_SERVICE_NAME", "RateLimit", With("TRACING_ENABLED")),
@@ -474,6 +470,12 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
     }
     if enabled("SHADOW_MODE")? {
         out.switch("--rls-shadow-mode");
+    }
+    if enabled("QUOTA_MODE")? {
+        out.switch("--rls-quota-mode");
+    }
+    if enabled("RESPONSE_DYNAMIC_METADATA")? {
+        out.switch("--rls-dynamic-metadata");
     }
     if enabled("MERGE_DOMAIN_CONFIG")? {
         out.switch("--rls-merge-domains");
