@@ -145,6 +145,18 @@ struct RlsArgs {
     /// (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
     #[arg(long)]
     rls_dynamic_metadata: bool,
+    /// Serve the RLS front over TLS with this certificate chain (PEM; envoyproxy/ratelimit's GRPC_SERVER_TLS_CERT).
+    #[arg(long, requires = "rls_tls_key")]
+    rls_tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "rls_tls_cert")]
+    rls_tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate this CA (PEM) signed (GRPC_CLIENT_TLS_CACERT).
+    #[arg(long, requires = "rls_tls_cert")]
+    rls_tls_client_ca: Option<PathBuf>,
+    /// With --rls-tls-client-ca: the DNS name a client certificate must be valid for (GRPC_CLIENT_TLS_SAN).
+    #[arg(long, requires = "rls_tls_client_ca")]
+    rls_tls_client_san: Option<String>,
 }
 
 fn near_limit_ratio(text: &str) -> Result<f64, String> {
@@ -288,6 +300,22 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         ready_without_config: args.rls.rls_ready_without_config,
         quota_mode: args.rls.rls_quota_mode,
         dynamic_metadata: args.rls.rls_dynamic_metadata,
+        tls: match (&args.rls.rls_tls_cert, &args.rls.rls_tls_key) {
+            (Some(cert), Some(key)) => {
+                let tls = rl_relay::rls::tls::Tls::load(
+                    cert,
+                    key,
+                    args.rls.rls_tls_client_ca.as_deref(),
+                    args.rls.rls_tls_client_san.clone(),
+                )?;
+                // Checked now (a key that does not fit its certificate), not once serving.
+                tonic::transport::Server::builder()
+                    .tls_config(tls.server_config())
+                    .map_err(|e| format!("--rls-tls-cert {}: {e}", cert.display()))?;
+                Some(tls)
+            }
+            _ => None,
+        },
     };
     let config = match rl_relay::rls::watch::load(&options) {
         Ok(config) => config,

@@ -14,6 +14,7 @@
 //! stats.rs     statistics under envoyproxy/ratelimit's names
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
+//! tls.rs       its TLS and mutual TLS
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
 
@@ -25,6 +26,7 @@ pub mod keys;
 pub mod serve;
 pub mod service;
 pub mod stats;
+pub mod tls;
 pub mod upstream_answer;
 pub mod upstream_env;
 pub mod watch;
@@ -68,6 +70,8 @@ pub struct Options {
     pub quota_mode: bool,
     /// Answers carry `dynamic_metadata` (its RESPONSE_DYNAMIC_METADATA).
     pub dynamic_metadata: bool,
+    /// Served over TLS (its GRPC_SERVER_USE_TLS).
+    pub tls: Option<tls::Tls>,
 }
 
 impl Default for Options {
@@ -86,6 +90,7 @@ impl Default for Options {
             ready_without_config: false,
             quota_mode: false,
             dynamic_metadata: false,
+            tls: None,
         }
     }
 }

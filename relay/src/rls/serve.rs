@@ -14,7 +14,7 @@
 //! token: answered on any connection, and a token-less connection that
 //! only checked health is kept past its deadline on a budget of its own
 //! ([`HEALTH_CONNECTIONS`], apart from `--max-clients`), where it is served
-//! health checks only.
+//! health checks only. With `--rls-tls-cert`, over TLS (`tls.rs`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -37,7 +37,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
-use tonic::transport::server::Connected;
+use tonic::transport::server::{Connected, TlsConnectInfo};
 use tonic::Status;
 use tonic_health::ServingStatus;
 
@@ -65,6 +65,7 @@ struct Front {
     deadline: Duration,
     closed: Throttled,
     slow_bodies: Throttled,
+    san_refused: Throttled,
 }
 
 /// What one connection has done, noted by its calls (they find it in
@@ -79,6 +80,9 @@ struct Conduct {
     called_without_token: AtomicBool,
     /// Kept past the deadline on the health budget: health checks only.
     health_only: AtomicBool,
+    /// Its client certificate is valid for `--rls-tls-client-san` (looked
+    /// at once, at its first call).
+    san_allowed: std::sync::OnceLock<bool>,
 }
 
 /// tonic's connect info of a connection: its conduct.
@@ -324,9 +328,18 @@ where
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let health = S::NAME == "grpc.health.v1.Health";
-        let Some(ConnInfo(conduct)) = request.extensions().get::<ConnInfo>().cloned() else {
+        // Over TLS, tonic wraps the connection's info with its certificates.
+        let extensions = request.extensions();
+        let (info, certs) = match (extensions.get::<TlsConnectInfo<ConnInfo>>(), extensions.get::<ConnInfo>()) {
+            (Some(tls), _) => (Some(tls.get_ref().clone()), tls.peer_certs()),
+            (None, info) => (info.cloned(), None),
+        };
+        let Some(ConnInfo(conduct)) = info else {
             return Box::pin(self.inner.call(request));
         };
+        if let Some(refused) = self.front.refused_by_san(&conduct, certs.as_deref().map(Vec::as_slice)) {
+            return Box::pin(std::future::ready(Ok(refused.into_http())));
+        }
         if conduct.health_only.load(Relaxed) && !health {
             let refused = Status::unauthenticated(
                 "rl-relay: this connection sent no call with the token within --auth-timeout-ms: it is kept for \
@@ -349,6 +362,37 @@ where
             Body::new(Deadlined { body, due, timer: None, call: Some(call), front: self.front.clone() })
         };
         Box::pin(self.inner.call(http::Request::from_parts(parts, body)))
+    }
+}
+
+impl Front {
+    /// With `--rls-tls-client-san`: the refusal of a call on a connection
+    /// whose client certificate is not valid for it (counted and logged
+    /// once per connection).
+    fn refused_by_san(
+        &self,
+        conduct: &Conduct,
+        certs: Option<&[rustls_pki_types::CertificateDer<'static>]>,
+    ) -> Option<Status> {
+        let tls = self.rls.options.tls.as_ref()?;
+        let san = tls.client_san.as_ref()?;
+        let mut first = false;
+        let allowed = *conduct.san_allowed.get_or_init(|| {
+            first = true;
+            tls.client_allowed(certs)
+        });
+        if allowed {
+            return None;
+        }
+        if first {
+            self.rls.stats.san_refused.fetch_add(1, Relaxed);
+            self.san_refused.log(|| {
+                format!("RLS front: refused a client whose certificate is not valid for {san} (--rls-tls-client-san)")
+            });
+        }
+        Some(Status::unauthenticated(format!(
+            "rl-relay: the client certificate is not valid for {san} (--rls-tls-client-san)"
+        )))
     }
 }
 
@@ -463,11 +507,16 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
         deadline: limits.auth_timeout,
         closed: Throttled::new(Duration::from_secs(10)),
         slow_bodies: Throttled::new(Duration::from_secs(10)),
+        san_refused: Throttled::new(Duration::from_secs(10)),
     });
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };
     line(format_args!("RLS listening on {local}, {token}, config {}", rls.options.config_path.display()));
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &rls.options.tls {
+        server = server.tls_config(tls.server_config()).map_err(|e| format!("--rls-tls-cert: {e}"))?;
+    }
+    server
         .max_concurrent_streams(MAX_STREAMS)
         .concurrency_limit_per_connection(MAX_STREAMS as usize)
         .http2_max_header_list_size(MAX_HEADER_BYTES)

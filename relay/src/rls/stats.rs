@@ -67,6 +67,9 @@ pub struct Stats {
     pub body_timeouts: AtomicU64,
     /// Token-less connections kept for health checks only.
     pub health_connections: AtomicU64,
+    /// Connections refused for a client certificate not valid for
+    /// --rls-tls-client-san.
+    pub san_refused: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
     /// NEAR_LIMIT_RATIO as configured (None: its default).
@@ -316,6 +319,11 @@ impl Stats {
                 "connections closed at --auth-timeout-ms of their accept without a complete call carrying the token \
                  (any complete call, without --rls-token-file; their slot freed)",
                 self.auth_timeouts.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_san_refused_total",
+                "connections whose client certificate is not valid for --rls-tls-client-san (every call refused)",
+                self.san_refused.load(Relaxed),
             ),
             (
                 "rl_relay_rls_body_timeouts_total",

@@ -63,7 +63,7 @@ pub const VARS: &[Var] = &[
     var(
         "GRPC_SERVER_USE_TLS",
         "false",
-        Refused { allowed: FALSE, why: "the Envoy front serves no TLS yet: plain text where TLS is asked for" },
+        Served("--rls-tls-cert, --rls-tls-key, --rls-tls-client-ca, --rls-tls-client-san (files read at start)"),
     ),
     var("GRPC_SERVER_TLS_CERT", "", With("GRPC_SERVER_USE_TLS")),
     var("GRPC_SERVER_TLS_KEY", "", With("GRPC_SERVER_USE_TLS")),
@@ -401,6 +401,21 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
     }
 
     out.flag("--rls-listen", host_port(&value("GRPC_HOST"), &value("GRPC_PORT")));
+    if enabled("GRPC_SERVER_USE_TLS")? {
+        let (cert, key) = (value("GRPC_SERVER_TLS_CERT"), value("GRPC_SERVER_TLS_KEY"));
+        if cert.is_empty() || key.is_empty() {
+            return Err("GRPC_SERVER_USE_TLS=true wants GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY".into());
+        }
+        out.flag("--rls-tls-cert", cert);
+        out.flag("--rls-tls-key", key);
+        // A SAN is checked only on the certificates a client CA asks for, as upstream.
+        if let Some(ca) = set("GRPC_CLIENT_TLS_CACERT") {
+            out.flag("--rls-tls-client-ca", ca);
+            if let Some(san) = set("GRPC_CLIENT_TLS_SAN") {
+                out.flag("--rls-tls-client-san", san);
+            }
+        }
+    }
     out.flag("--metrics", host_port(&value("HOST"), &value("PORT")));
     if enabled("USE_PROMETHEUS")? {
         let address = value("PROMETHEUS_ADDR");
@@ -643,6 +658,7 @@ mod tests {
         assert!(refused.contains("CONFIG_TYPE=GRPC_XDS_SOTW") && refused.contains("xDS"), "{refused}");
         assert!(translate(&env(&[("CONFIG_TYPE", "file")])).is_ok());
         assert!(translate(&env(&[("REDIS_TLS", "true")])).is_err());
+        assert!(translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).is_err(), "no certificate");
         assert!(translate(&env(&[("REDIS_TLS", "0")])).is_ok());
         assert!(translate(&env(&[("BACKEND_TYPE", "memcache")])).is_err());
         let t = translate(&env(&[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071"), ("USE_STATSD", "F")])).unwrap();
