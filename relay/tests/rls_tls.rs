@@ -23,9 +23,13 @@ const CONFIG: &str =
 /// client certificates (for `envoy.client` and `other.client`), as PEM
 /// files in `dir`.
 fn certificates(dir: &Path) {
+    certificates_as(dir, "rl-relay test CA")
+}
+
+fn certificates_as(dir: &Path, ca_name: &str) {
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "rl-relay test CA");
+    ca.distinguished_name.push(DnType::CommonName, ca_name);
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
     std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
     for (name, sans) in [
@@ -104,6 +108,7 @@ async fn mutual_tls_with_a_client_san() {
     assert!(other.contains("Unauthenticated") && other.contains("envoy.client"), "{other}");
     assert_eq!(relay.metric("rl_relay_rls_san_refused_total"), 1.0);
     assert!(call(port, dir.path(), None).await.is_err(), "a client without a certificate");
+    assert!(relay.metric("rl_relay_rls_tls_handshake_failures_total") >= 1.0);
     // Plain text is not served.
     let mut plain = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}")).await;
     if let Ok(client) = plain.as_mut() {
@@ -146,4 +151,49 @@ async fn started_as_envoy_gateway_starts_it_with_grpc_tls() {
     assert_eq!(call(grpc, certs.path(), Some("client")).await, Ok(OK), "{}", relay.log());
     assert_eq!(call(grpc, certs.path(), Some("other")).await, Ok(OK), "no SAN asked: any client the CA signed");
     assert!(call(grpc, certs.path(), None).await.is_err(), "a client without a certificate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_reloaded_when_their_files_change() {
+    let redis = Server::start(&[]);
+    let (live, first, second) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    certificates_as(first.path(), "first CA");
+    certificates_as(second.path(), "second CA");
+    for f in ["server.crt", "server.key"] {
+        std::fs::copy(first.path().join(f), live.path().join(f)).unwrap();
+    }
+    let (_cfg, config) = config_file(CONFIG);
+    let file = |n: &str| live.path().join(n).display().to_string();
+    let relay = RlsRelay::start(
+        &[redis.url()],
+        false,
+        &config,
+        &["--rls-tls-cert", &file("server.crt"), "--rls-tls-key", &file("server.key")],
+    );
+    let port = relay.rls_port;
+    assert_eq!(call(port, first.path(), None).await, Ok(OK));
+    assert!(call(port, second.path(), None).await.is_err(), "the second CA is not trusted yet");
+    // New files: new connections get them.
+    for f in ["server.key", "server.crt"] {
+        std::fs::copy(second.path().join(f), live.path().join(f)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while call(port, second.path(), None).await.is_err() {
+        assert!(Instant::now() < deadline, "never reloaded: {}", relay.relay.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(call(port, first.path(), None).await.is_err(), "the first certificate is gone");
+    assert!(relay.relay.log().contains("TLS certificates reloaded"), "{}", relay.relay.log());
+    // A bad file is refused, the certificates in force kept.
+    let errors = relay.metric("rl_relay_rls_tls_reload_errors_total");
+    std::fs::write(live.path().join("server.crt"), "not a certificate\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while relay.metric("rl_relay_rls_tls_reload_errors_total") <= errors {
+        assert!(Instant::now() < deadline, "the bad file never refused: {}", relay.relay.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Answered (over its limit of 2 by now: served all the same).
+    assert!(call(port, second.path(), None).await.is_ok());
+    assert!(relay.relay.log().contains("TLS certificates refused, the ones in force kept"), "{}", relay.relay.log());
 }

@@ -71,7 +71,7 @@ pub struct Options {
     /// Answers carry `dynamic_metadata` (its RESPONSE_DYNAMIC_METADATA).
     pub dynamic_metadata: bool,
     /// Served over TLS (its GRPC_SERVER_USE_TLS).
-    pub tls: Option<tls::Tls>,
+    pub tls: Option<Arc<tls::Tls>>,
 }
 
 impl Default for Options {

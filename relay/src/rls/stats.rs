@@ -70,6 +70,9 @@ pub struct Stats {
     /// Connections refused for a client certificate not valid for
     /// --rls-tls-client-san.
     pub san_refused: AtomicU64,
+    /// TLS handshakes that failed, and certificate reloads refused.
+    pub tls_handshake_failures: AtomicU64,
+    pub tls_reload_errors: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
     /// NEAR_LIMIT_RATIO as configured (None: its default).
@@ -319,6 +322,16 @@ impl Stats {
                 "connections closed at --auth-timeout-ms of their accept without a complete call carrying the token \
                  (any complete call, without --rls-token-file; their slot freed)",
                 self.auth_timeouts.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_tls_handshake_failures_total",
+                "TLS handshakes that failed (with --rls-tls-client-ca: a client without a certificate the CA signed)",
+                self.tls_handshake_failures.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_tls_reload_errors_total",
+                "changed TLS files refused (the certificates in force kept)",
+                self.tls_reload_errors.load(Relaxed),
             ),
             (
                 "rl_relay_rls_san_refused_total",

@@ -63,7 +63,7 @@ pub const VARS: &[Var] = &[
     var(
         "GRPC_SERVER_USE_TLS",
         "false",
-        Served("--rls-tls-cert, --rls-tls-key, --rls-tls-client-ca, --rls-tls-client-san (files read at start)"),
+        Served("--rls-tls-cert, --rls-tls-key, --rls-tls-client-ca, --rls-tls-client-san (reloaded on change)"),
     ),
     var("GRPC_SERVER_TLS_CERT", "", With("GRPC_SERVER_USE_TLS")),
     var("GRPC_SERVER_TLS_KEY", "", With("GRPC_SERVER_USE_TLS")),
