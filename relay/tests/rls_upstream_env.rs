@@ -24,6 +24,17 @@ struct Bare {
     health: u16,
 }
 
+/// GET `path` on `port`: the status code (0 if nothing answers) and body.
+fn get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
 /// `vars` with the ports and the config folder (`root`/ratelimit/config)
 /// as Envoy Gateway sets them, on loopback.
 fn start(root: &Path, vars: &[(&'static str, String)]) -> Bare {
@@ -74,12 +85,7 @@ impl Bare {
 
     /// GET `path` on PORT: the status code.
     fn get(&self, path: &str) -> u16 {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.health)) else { return 0 };
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+        get(self.health, path).0
     }
 
     /// Waits (20 s at most) for `/healthcheck` to answer `code`.
@@ -97,8 +103,16 @@ async fn started_with_upstreams_environment_and_no_argument_it_serves_envoy() {
     let redis = Server::start(&[]);
     let _: () = redis::cmd("CONFIG").arg("SET").arg("requirepass").arg("s3cret-pw").query(&mut redis.con()).unwrap();
     let root = config_folder(Some(CONFIG));
-    let mut bare =
-        start(root.path(), &[("REDIS_URL", format!("127.0.0.1:{}", redis.port)), ("REDIS_AUTH", "s3cret-pw".into())]);
+    let prometheus = free_port();
+    let mut bare = start(
+        root.path(),
+        &[
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("REDIS_AUTH", "s3cret-pw".into()),
+            ("USE_PROMETHEUS", "true".into()),
+            ("PROMETHEUS_ADDR", format!("127.0.0.1:{prometheus}")),
+        ],
+    );
     let mut client = bare.client().await;
     bare.health_becomes(200);
     let codes: Vec<i32> = {
@@ -116,6 +130,10 @@ async fn started_with_upstreams_environment_and_no_argument_it_serves_envoy() {
     // Upstream's default: no response headers.
     let answer = ask(&mut client, request("edge", &[&[("user", "bob")]])).await;
     assert!(answer.response_headers_to_add.is_empty(), "{:?}", answer.response_headers_to_add);
+    // USE_PROMETHEUS: the endpoint on PROMETHEUS_ADDR too, upstream's names.
+    let (code, body) = get(prometheus, "/metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"user\"} 1"), "{body}");
     // The password is in no argument of the process, nor in its log.
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", bare.relay.pid())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains("s3cret"));
