@@ -45,13 +45,13 @@ lint:
 # server of the matrix, bucket keys up to 3,000,000; writes BENCHMARKS.md
 # (about 8 minutes, and 15 to 20 more for the sizing on two shared cores).
 bench: deps servers build
-	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench
+	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p rl-bench
 
 # The relay's RLS front (Envoy's rate limit service) beside
 # envoyproxy/ratelimit's Redis work, replayed, and Limitador in-process
 # (librocksdb-dev installed for its crate), on one server: decisions/s,
 # p50/p99, Redis calls per decision, exactness (docs/benchmarks.md).
-# relay/bench-rls is its own workspace: make test never builds it.
+# tools/bench-rls is its own workspace: make test never builds it.
 bench-rls: deps servers build
 	@[ -e /usr/include/rocksdb/c.h ] || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -61,31 +61,31 @@ bench-rls: deps servers build
 			echo "missing: librocksdb-dev (Limitador's crate links it): sudo apt-get install -y librocksdb-dev"; exit 1; \
 		fi; }
 	cargo build --release -q -p rl-relay
-	cd relay/bench-rls && RL_MODULE=$(MODULE) RL_RELAY_BIN=$(CURDIR)/target/release/rl-relay cargo run --release -q
+	cd tools/bench-rls && RL_MODULE=$(MODULE) RL_RELAY_BIN=$(CURDIR)/target/release/rl-relay cargo run --release -q
 
 # Memory per key alone (the sizing part of make bench, bucket keys up to
 # 3,000,000 on every server of the matrix): replaces that section of
 # BENCHMARKS.md and keeps its timings.
 bench-sizing: deps servers build
-	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p testkit --bin rl-bench -- sizing
+	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p rl-bench -- sizing
 
 # The gateway's fleet simulation (gateway/README.md): 300 gateways against one
 # server with the module, about 40 s once built; the report goes to gateway/SIMULATION.md.
 sim: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p rl-gateway --example fleet_sim -- --out gateway/SIMULATION.md
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-sims --bin fleet_sim -- --out gateway/SIMULATION.md
 
 # Global limits across regions (docs/global-limits.md): three servers with the
 # module, 3 x 100 gateways, the balancer with 70-150 ms injected between
 # regions, five scenarios in compressed time, about 3 minutes; the report
 # and its charts go to balancer/SIMULATION.md and balancer/sim-regions-*.svg.
 sim-regions: deps build
-	RL_MODULE=$(MODULE) cargo run --release -q -p rl-balancer --example sim_regions -- --out balancer/SIMULATION.md
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-sims --bin sim_regions -- --out balancer/SIMULATION.md
 
 # The scale model (docs/relay.md): 300 to 30,000 gateways on up to 200
 # shards in virtual time, with and without lease relays, validated against
 # make sim's numbers; the report goes to relay/SIMULATION.md.
 sim-scale:
-	cargo run --release -q -p rl-relay --example sim_scale -- --out relay/SIMULATION.md
+	cargo run --release -q -p rl-sims --bin sim_scale -- --out relay/SIMULATION.md
 
 # Pure tests only: no server, no module build.
 unit:

@@ -4,8 +4,8 @@
 //! through the module's commands.
 
 use rl_core::codec::{log_blob, PackedBucket, PackedWindow};
+use rl_core::exact_log::{Entry, Log};
 use rl_core::limits::MAX_TIME_MS;
-use rl_core::log::{Entry, Log};
 use rl_core::window::WindowState;
 use rl_core::BucketState;
 use testkit::{call, call_err, dump_with_blob, server_ms, Server};

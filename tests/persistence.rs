@@ -109,7 +109,7 @@ fn restart_from_rewritten_aof_with_rdb_preamble() {
 #[test]
 fn loads_the_version_1_rdb_fixture() {
     use rl_core::codec::{log_blob, PackedBucket, PackedWindow};
-    use rl_core::log::{Entry, Log};
+    use rl_core::exact_log::{Entry, Log};
     use rl_core::window::WindowState;
     use rl_core::BucketState;
 

@@ -132,7 +132,7 @@ mod tests {
             prop_assume!(first_send + before_last as i64 >= 0);
             let (installed, confirmed) = model(first_send, &gaps, &delays, report, pace);
             prop_assert!(confirmed >= installed);
-            prop_assert!(sum_at_raise(installed, confirmed) <= crate::WHOLE);
+            prop_assert!(sum_at_raise(installed, confirmed) <= rl_gateway::global::WHOLE);
         }
     }
 }

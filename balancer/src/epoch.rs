@@ -9,45 +9,17 @@
 //! The ceiling is `i64::MAX`, the largest integer Redis itself stores as
 //! one: a picked epoch moves up by 2^20 per balancer start, so it is never
 //! reached by restarts; only an epoch given by hand can reach it, and then
-//! `--take-over` starts over from the bottom.
+//! `--take-over` starts over from the bottom. The ceiling and the parse
+//! are the share table's ([`rl_gateway::global::store`]): gateways read
+//! the same fields.
 
-/// The highest epoch a balancer claims or accepts as stored.
-pub const MAX_EPOCH: u64 = i64::MAX as u64;
+#[cfg(doc)]
+use rl_gateway::global::store::parse_stored;
+use rl_gateway::global::store::MAX_EPOCH;
 
 /// Random low bits of a picked epoch, so two balancers started together
 /// pick different ones.
 const LOW_BITS: u32 = 20;
-
-/// What is wrong with a stored integer field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Problem {
-    /// Not decimal digits (a sign, a point, an exponent, a space, text).
-    NotAnInteger,
-    /// Digits, but above [`MAX_EPOCH`].
-    AboveCeiling,
-}
-
-impl std::fmt::Display for Problem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Problem::NotAnInteger => write!(f, "not an integer from 0 to {MAX_EPOCH}"),
-            Problem::AboveCeiling => write!(f, "above the ceiling {MAX_EPOCH}"),
-        }
-    }
-}
-
-/// A stored integer (epoch, version, clock stamp): decimal digits, no sign,
-/// no leading zero, at most [`MAX_EPOCH`]. The same rule as [`LUA`]'s.
-pub fn parse_stored(s: &str) -> Result<u64, Problem> {
-    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits || (s.len() > 1 && s.starts_with('0')) {
-        return Err(Problem::NotAnInteger);
-    }
-    match s.parse::<u64>() {
-        Ok(n) if n <= MAX_EPOCH => Ok(n),
-        _ => Err(Problem::AboveCeiling),
-    }
-}
 
 /// The epoch a new balancer picks above `highest`: the next multiple of
 /// 2^20 with random low bits. `None`: no room left below the ceiling.
@@ -84,6 +56,7 @@ end
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rl_gateway::global::store::{parse_stored, Problem};
 
     #[test]
     fn stored_integers_are_digits_up_to_the_ceiling() {

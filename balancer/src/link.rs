@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use rl_gateway::{Connection, Target};
 
-use crate::store::{self, Corrupt, Read, StoreError};
-use crate::table::ShareTable;
+use crate::store;
+use rl_gateway::global::store::{Corrupt, Read, StoreError};
+use rl_gateway::global::ShareTable;
 
 /// Why a call to a region did not answer.
 #[derive(Debug)]

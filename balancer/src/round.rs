@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::split::SplitParams;
-use crate::table::{RuleShares, Share, ShareTable};
 use crate::transition::Plan;
+use rl_gateway::global::SplitParams;
+use rl_gateway::global::{RuleShares, Share, ShareTable};
 
 /// A global rule as the balancer sees it.
 #[derive(Clone, Debug)]
@@ -132,7 +132,7 @@ fn carried(now: Share, low: u32, since_change: Duration, ramp: Duration) -> Shar
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::WHOLE;
+    use rl_gateway::global::WHOLE;
 
     fn rule() -> GlobalRule {
         GlobalRule {

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use rl_gateway::live::{global_rules, RuleSetSpec, Snapshot};
 use rl_gateway::Policy;
-use rl_rules::{global_rules, RuleSetSpec, Snapshot};
 
 use crate::round::GlobalRule;
-use crate::split::SplitParams;
+use rl_gateway::global::SplitParams;
 
 /// The global rules of `spec` as the balancer of `regions` (in its order)
 /// sees them. Every global rule must span exactly these regions, in this

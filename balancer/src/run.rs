@@ -15,109 +15,23 @@
 //! only if confirmed by then; else it waits for the next round (logged
 //! and counted).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::epoch::{self, parse_stored, MAX_EPOCH};
+use crate::config::{Config, Spans};
+use crate::epoch;
 use crate::link::{CallError, Link};
 use crate::round::{plan_round, GlobalRule};
-use crate::settings::{Settings, Spans};
-use crate::stale::held_by_unreachable;
-use crate::status::Status;
-use crate::store::{Corrupt, Read};
-use crate::table::{RuleShares, ShareTable};
-use crate::WHOLE;
-
-/// Everything a balancer needs, checked by [`Balancer::new`] (the
-/// relations between its durations: [`Settings`]).
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// (name, Redis URL) of each region, in the order of the rules' weights.
-    pub regions: Vec<(String, String)>,
-    /// The global rules, their splits over `regions`.
-    pub rules: Vec<GlobalRule>,
-    /// Between the starts of two rounds (10 s).
-    pub interval: Duration,
-    /// Subjects per rule that get shares of their own (the rest: the default split).
-    pub busiest: usize,
-    /// The gateways' `stale_after`: they keep a table this long without a write (5 min).
-    pub stale_after: Duration,
-    /// The gateways' `settle`: how long they enforce min(last, fixed) before the fixed split.
-    pub settle: Duration,
-    /// How often gateways re-read their region's table.
-    pub gateway_refresh: Duration,
-    /// How long a gateway's read may take before it is dropped: a read
-    /// answered late carries the table of when it was sent.
-    pub gateway_timeout: Duration,
-    /// How long a region may be unreachable before the others get what it cannot hold.
-    pub grace: Duration,
-    /// Bound of every call to a region.
-    pub timeout: Duration,
-    /// Regions the operator asserts are down (gateways stopped or cut off from their Redis).
-    pub down: BTreeSet<String>,
-    /// Injected delay before every call to a region (the simulation's cross-region latency).
-    pub delay: Option<(Duration, Duration)>,
-    /// The share table's hash in every region.
-    pub key: String,
-    /// The fencing epoch (1 to [`MAX_EPOCH`]); `None`: one above the
-    /// highest any region has seen.
-    pub epoch: Option<u64>,
-    /// The operator takes over deliberately: this balancer's first claim in
-    /// each region replaces whatever epoch is stored (higher, corrupt or
-    /// above the ceiling). Only when no other balancer runs.
-    pub take_over: bool,
-}
-
-impl Config {
-    /// The defaults of the binary for these regions and rules.
-    pub fn new(regions: Vec<(String, String)>, rules: Vec<GlobalRule>) -> Config {
-        Config {
-            regions,
-            rules,
-            interval: Duration::from_secs(10),
-            busiest: 1000,
-            stale_after: Duration::from_secs(300),
-            settle: Duration::from_secs(10),
-            gateway_refresh: Duration::from_secs(1),
-            gateway_timeout: Duration::from_secs(1),
-            grace: Duration::from_secs(60),
-            timeout: Duration::from_secs(2),
-            down: BTreeSet::new(),
-            delay: None,
-            key: crate::store::DEFAULT_KEY.to_string(),
-            epoch: None,
-            take_over: false,
-        }
-    }
-}
-
-/// What one round did, for the log line and the tests.
-#[derive(Clone, Debug, Default)]
-pub struct RoundReport {
-    /// The epoch written with.
-    pub epoch: u64,
-    /// Start to end of the round.
-    pub duration: Duration,
-    /// Regions that answered, by name.
-    pub reached: Vec<String>,
-    /// Each region's table version after the round (`None`: not written).
-    pub versions: Vec<Option<u64>>,
-    /// Why nothing was planned this round (`None`: planned).
-    pub held: Option<String>,
-    /// Whether the raise phase was written.
-    pub raised: bool,
-    /// Why a planned raise was not written: the gateways that had not
-    /// confirmed the lowering within the barrier (`None`: nothing waited).
-    pub unconfirmed: Option<String>,
-    /// How many gateways had not confirmed it.
-    pub unconfirmed_gateways: usize,
-    /// The tables in effect after the round, by region (`None`: unknown).
-    pub tables: Vec<Option<ShareTable>>,
-}
+use crate::status::{RoundReport, Status};
+use rl_gateway::global::held_by_unreachable;
+use rl_gateway::global::store::{parse_stored, MAX_EPOCH};
+use rl_gateway::global::store::{Corrupt, Read};
+use rl_gateway::global::WHOLE;
+use rl_gateway::global::{RuleShares, ShareTable};
 
 /// Why a balancer stopped.
 #[derive(Debug)]
@@ -205,15 +119,14 @@ struct Visit {
 }
 
 impl Balancer {
-    /// Checks the configuration ([`Settings`]: refused with every relation
-    /// it breaks, warned about what only weakens it) and opens (lazily) a
-    /// line to every region.
+    /// Checks the configuration ([`Config::check`]: refused with every
+    /// relation it breaks, warned about what only weakens it) and opens
+    /// (lazily) a line to every region.
     pub fn new(config: Config) -> Result<Balancer, Stopped> {
-        let settings = Settings::new(config).map_err(Stopped::Config)?;
-        for warning in settings.warnings() {
+        for warning in config.check().map_err(Stopped::Config)? {
             tracing::warn!("{warning}");
         }
-        let (config, spans) = (settings.config().clone(), settings.spans());
+        let spans = Spans::of(&config);
         let mut regions = Vec::with_capacity(config.regions.len());
         for (name, url) in &config.regions {
             let link = Link::new(name, url, &config.key, config.timeout, config.delay).map_err(Stopped::Config)?;
@@ -256,10 +169,10 @@ impl Balancer {
     pub fn replace_rules(&mut self, rules: Vec<GlobalRule>) -> Result<(), String> {
         let mut config = self.config.clone();
         config.rules = rules;
-        let settings = Settings::new(config)?;
-        let count = settings.config().rules.len();
-        self.spans = settings.spans();
-        self.config = settings.config().clone();
+        config.check()?;
+        let count = config.rules.len();
+        self.spans = Spans::of(&config);
+        self.config = config;
         self.status.reloaded(Some(count));
         Ok(())
     }
@@ -791,7 +704,7 @@ fn higher(a: &ShareTable, b: &ShareTable) -> ShareTable {
         }
         ours.default = ours.default.max(theirs.default);
         for (subject, s) in &theirs.subjects {
-            let mine = ours.subjects.entry(subject.clone()).or_insert(crate::Share::steady(base));
+            let mine = ours.subjects.entry(subject.clone()).or_insert(rl_gateway::global::Share::steady(base));
             mine.share = mine.share.max(s.share);
             mine.from = mine.from.min(s.from);
         }
@@ -800,10 +713,10 @@ fn higher(a: &ShareTable, b: &ShareTable) -> ShareTable {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::split::SplitParams;
-    use crate::Share;
+    use crate::config::tests::config;
+    use rl_gateway::global::Share;
 
     fn table(default: u32, acme: Option<u32>) -> ShareTable {
         let mut t = ShareTable::default();
@@ -813,17 +726,6 @@ pub(crate) mod tests {
         }
         t.rules.insert("api".into(), r);
         t
-    }
-
-    /// Three regions and one rule, the defaults otherwise (nothing listens).
-    pub(crate) fn config() -> Config {
-        let rule = GlobalRule {
-            id: "api".into(),
-            split: SplitParams::new(50_000, vec![1, 1, 1]).unwrap(),
-            ramp: Duration::from_secs(1),
-        };
-        let regions = ["eu", "us", "ap"].iter().map(|r| (r.to_string(), "redis://127.0.0.1:1".to_string()));
-        Config::new(regions.collect(), vec![rule])
     }
 
     #[test]

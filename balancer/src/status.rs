@@ -10,7 +10,31 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-use crate::run::RoundReport;
+use rl_gateway::global::ShareTable;
+
+/// What one round did, for the log line and the tests.
+#[derive(Clone, Debug, Default)]
+pub struct RoundReport {
+    /// The epoch written with.
+    pub epoch: u64,
+    /// Start to end of the round.
+    pub duration: Duration,
+    /// Regions that answered, by name.
+    pub reached: Vec<String>,
+    /// Each region's table version after the round (`None`: not written).
+    pub versions: Vec<Option<u64>>,
+    /// Why nothing was planned this round (`None`: planned).
+    pub held: Option<String>,
+    /// Whether the raise phase was written.
+    pub raised: bool,
+    /// Why a planned raise was not written: the gateways that had not
+    /// confirmed the lowering within the barrier (`None`: nothing waited).
+    pub unconfirmed: Option<String>,
+    /// How many gateways had not confirmed it.
+    pub unconfirmed_gateways: usize,
+    /// The tables in effect after the round, by region (`None`: unknown).
+    pub tables: Vec<Option<ShareTable>>,
+}
 
 /// The balancer's counters, updated by its loop and read by scrapes.
 #[derive(Debug)]
@@ -171,10 +195,10 @@ impl Status {
     }
 }
 
-/// Serves `/metrics` on `listener` until the task is dropped (rl-rules'
+/// Serves `/metrics` on `listener` until the task is dropped (rlctl's
 /// server: the exporter's bounds).
 pub async fn serve(status: Arc<Status>, listener: TcpListener) {
-    rl_rules::exporter::serve_metrics(listener, "rl-balancer --metrics", move || {
+    rlctl::exporter::serve_metrics(listener, "rl-balancer --metrics", move || {
         let status = status.clone();
         async move { status.render() }
     })

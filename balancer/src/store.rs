@@ -1,27 +1,20 @@
-//! A region's share table and usage counts in its own Redis, in one hash
-//! (`rl:shares` by default) and one usage hash (`rl:shares:usage`):
-//!
-//! | field | value |
-//! |---|---|
-//! | `epoch` | the highest balancer epoch claimed here (an integer up to [`epoch::MAX_EPOCH`], compared exactly); writes below it are refused |
-//! | `version` | moves on every change of the table |
-//! | `table` | the [`ShareTable`] as JSON |
-//! | `written_at` | the server's ms clock at the last write (a heartbeat too): the table's age |
-//! | `changed_at` | the server's ms clock at the last change: where raised capacities ramp from |
-//!
-//! Ages come from the region's own server clock (`TIME` read with the
-//! table), so no clock of another machine enters them.
+//! The balancer's side of a region's share table (the table's fields, its
+//! reading and the gateways' side are `rl_gateway::global::store`): the
+//! epoch claimed, the table written, the usage taken, the gateways'
+//! confirmations read. Every script checks and compares stored integers as
+//! decimal strings ([`epoch::LUA`]).
 
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
+use rl_gateway::global::ShareTable;
 
-use crate::epoch::{self, parse_stored};
-use crate::table::ShareTable;
+// The table's fields, its read, the gateways' confirmations: rl-gateway's,
+// here too so that one module is the whole store for the balancer's code.
+pub use rl_gateway::global::store::*;
 
-/// The table's hash (and the channel announcing a new version).
-pub const DEFAULT_KEY: &str = rl_rules::SHARES_KEY;
+use crate::epoch;
 
 /// Claim: accepted when the epoch is not below the one in force (the
 /// `Fence` model), compared as decimal strings; with `take-over`, whatever
@@ -69,81 +62,6 @@ local all = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
 return all
 ";
-
-/// The usage hash of a table key.
-pub fn usage_key(key: &str) -> String {
-    format!("{key}:usage")
-}
-
-/// A field of the share table's hash holding what no balancer writes:
-/// the key, the field, its value and what is wrong with it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Corrupt {
-    /// The share table's hash.
-    pub key: String,
-    /// The field (`epoch`, `version`, `table`, `written_at`, `changed_at`).
-    pub field: String,
-    /// The value as stored.
-    pub value: String,
-    /// What is wrong with it, with its verb ("is not an integer from 0 to ...").
-    pub problem: String,
-}
-
-impl Corrupt {
-    fn new(key: &str, field: &str, value: &[u8], problem: impl std::fmt::Display) -> Corrupt {
-        Corrupt {
-            key: key.to_string(),
-            field: field.to_string(),
-            value: String::from_utf8_lossy(value).into_owned(),
-            problem: problem.to_string(),
-        }
-    }
-
-    /// The value for a message: its first 64 characters, escaped.
-    pub fn shown(&self) -> String {
-        let mut shown: String = self.value.chars().take(64).collect();
-        if shown.len() < self.value.len() {
-            shown.push_str("...");
-        }
-        format!("{shown:?}")
-    }
-}
-
-impl std::fmt::Display for Corrupt {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "share table corrupt: field {} of {} = {} {}", self.field, self.key, self.shown(), self.problem)
-    }
-}
-
-/// Why a call to the store did not do what was asked.
-#[derive(Debug)]
-pub enum StoreError {
-    /// A newer balancer claimed this region: stop, do not retry.
-    Stale(String),
-    /// The table's hash holds a field no balancer writes: nothing was
-    /// written; the region needs an operator.
-    Corrupt(Corrupt),
-    /// Redis did not answer or answered an error: a write may have landed.
-    Redis(redis::RedisError),
-}
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreError::Stale(e) => write!(f, "fenced off: {e}"),
-            StoreError::Corrupt(c) => write!(f, "{c}"),
-            StoreError::Redis(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
-
-impl From<redis::RedisError> for StoreError {
-    fn from(e: redis::RedisError) -> Self {
-        StoreError::Redis(e)
-    }
-}
 
 /// A script's answer: `ok` with its value, else stale or corrupt.
 fn outcome(key: &str, ours: u64, reply: Vec<Vec<u8>>) -> Result<String, StoreError> {
@@ -212,76 +130,6 @@ pub async fn write(
         .map_err(|p| StoreError::Corrupt(Corrupt::new(key, "version", version.as_bytes(), format!("is {p}"))))
 }
 
-/// A region's table as read, with its ages on the region's clock.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Read {
-    /// The table's version (0: never written).
-    pub version: u64,
-    /// The epoch in force (0: never claimed). A gateway does not need it:
-    /// a corrupt one is answered here, not as a failed read.
-    pub epoch: Result<u64, Corrupt>,
-    /// The table (empty if never written).
-    pub table: ShareTable,
-    /// Since the last write (a balancer's heartbeat).
-    pub age: Duration,
-    /// Since the last change.
-    pub since_change: Duration,
-}
-
-/// Reads a region's table; `increments` (rule, subject, admitted) are
-/// added to its usage in the same round trip: a gateway's whole sync. A
-/// field no balancer writes (a version or clock that is not an integer, a
-/// table that is not a share table or has a share above the whole) is
-/// [`StoreError::Corrupt`], naming it.
-pub async fn sync(
-    con: &mut impl ConnectionLike,
-    key: &str,
-    increments: &[(&str, &str, u64)],
-) -> Result<Read, StoreError> {
-    let usage = usage_key(key);
-    let mut pipe = redis::pipe();
-    for (rule, subject, n) in increments {
-        pipe.hincr(&usage, usage_field(rule, subject), *n).ignore();
-    }
-    pipe.cmd("HMGET").arg(key).arg(&["version", "epoch", "table", "written_at", "changed_at"]).cmd("TIME");
-    let (fields, time): (Vec<Option<Vec<u8>>>, (u64, u64)) = pipe.query_async(con).await?;
-    let now_ms = time.0 * 1000 + time.1 / 1000;
-    let integer = |i: usize, name: &str| match fields[i].as_deref() {
-        None => Ok(0),
-        Some(v) => parse_stored(&String::from_utf8_lossy(v)).map_err(|p| Corrupt::new(key, name, v, format!("is {p}"))),
-    };
-    let table = match fields[2].as_deref() {
-        None => ShareTable::default(),
-        Some(json) => parse_table(key, json)?,
-    };
-    let since = |at: u64| Duration::from_millis(if at == 0 { u64::MAX / 2 } else { now_ms.saturating_sub(at) });
-    Ok(Read {
-        version: integer(0, "version").map_err(StoreError::Corrupt)?,
-        epoch: integer(1, "epoch"),
-        table,
-        age: since(integer(3, "written_at").map_err(StoreError::Corrupt)?),
-        since_change: since(integer(4, "changed_at").map_err(StoreError::Corrupt)?),
-    })
-}
-
-/// The `table` field: a share table whose every share is within the whole.
-fn parse_table(key: &str, json: &[u8]) -> Result<ShareTable, StoreError> {
-    let corrupt = |problem: String| StoreError::Corrupt(Corrupt::new(key, "table", json, problem));
-    let table: ShareTable = serde_json::from_slice(json).map_err(|e| {
-        corrupt(match e.classify() {
-            serde_json::error::Category::Data => format!("is not a share table ({e})"),
-            _ => format!("is not JSON ({e})"),
-        })
-    })?;
-    table.check().map_err(corrupt)?;
-    Ok(table)
-}
-
-/// The usage field of a (rule, subject): rule ids have no `|`.
-fn usage_field(rule: &str, subject: &str) -> String {
-    format!("{rule}|{subject}")
-}
-
 /// Reads and clears a region's usage since the last call: (rule, subject, admitted).
 pub async fn take_usage(con: &mut impl ConnectionLike, key: &str) -> RedisResult<Vec<(String, String, u64)>> {
     let flat: Vec<(String, u64)> = Script::new(TAKE_USAGE).key(usage_key(key)).invoke_async(con).await?;
@@ -289,15 +137,6 @@ pub async fn take_usage(con: &mut impl ConnectionLike, key: &str) -> RedisResult
         .into_iter()
         .filter_map(|(field, n)| field.split_once('|').map(|(r, s)| (r.to_string(), s.to_string(), n)))
         .collect())
-}
-
-/// The hash where a region's gateways confirm the table version they
-/// enforce: one field per gateway, its value the version (as the gateway
-/// writes it, a plain `HSET`) or `"<version> <server ms>"` once the
-/// balancer has seen it (stamped when first seen: ages are on the
-/// region's clock and never older than the write).
-pub fn applied_key(key: &str) -> String {
-    format!("{key}:applied")
 }
 
 /// Every gateway's confirmation with its age: a value written since the
@@ -333,19 +172,6 @@ for i = 1, #all, 2 do
 end
 return out
 ";
-
-/// A gateway confirms that it enforces the table of `version` (0: none
-/// read yet, the fixed split): a plain `HSET`, which a gateway's ACL user
-/// may run on this one key.
-pub async fn report_applied(con: &mut impl ConnectionLike, key: &str, gateway: &str, version: u64) -> RedisResult<()> {
-    redis::cmd("HSET").arg(applied_key(key)).arg(gateway).arg(version).query_async(con).await
-}
-
-/// A gateway stopping cleanly withdraws its confirmation: raises no
-/// longer wait for it (a killed one's is forgotten after the expiry).
-pub async fn leave(con: &mut impl ConnectionLike, key: &str, gateway: &str) -> RedisResult<()> {
-    redis::cmd("HDEL").arg(applied_key(key)).arg(gateway).query_async(con).await
-}
 
 /// The gateways' confirmations in a region: (gateway, version it
 /// enforces, age on the region's clock), those older than `expiry`

@@ -79,8 +79,8 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::WHOLE;
     use proptest::prelude::*;
+    use rl_gateway::global::WHOLE;
 
     #[test]
     fn a_move_lowers_then_raises() {

@@ -9,11 +9,12 @@
 use std::time::{Duration, Instant};
 
 use rl_balancer::store::{self, DEFAULT_KEY};
-use rl_balancer::{Balancer, Config, GlobalRule, SplitParams, Stopped, WHOLE};
+use rl_balancer::{Balancer, Config, GlobalRule, Stopped};
+use rl_gateway::global::{SplitParams, WHOLE};
 use testkit::Server;
 
 // The shortest the relations allow with rounds every 200 ms and calls
-// bounded by 400 ms (rl_balancer::Settings).
+// bounded by 400 ms (rl_balancer::Config::check).
 const STALE_AFTER: Duration = Duration::from_secs(3);
 const SETTLE: Duration = Duration::from_secs(1);
 const FIXED: u32 = 333_333;
@@ -289,8 +290,8 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
-    use rl_balancer::gateway::{GatewayConfig, RegionShares};
-    use rl_rules::{LiveRules, Request, RuleSetSpec};
+    use rl_gateway::global::{GatewayConfig, RegionShares};
+    use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
 
     const RATE: u64 = 200;
     const BURST: u64 = 40;
@@ -365,12 +366,12 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
 /// gateway still enforced eu's old share: 1.3 times the whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_waits_until_the_lowered_regions_gateways_confirm() {
-    use rl_balancer::gateway::{GatewayConfig, RegionShares};
-    use rl_rules::RuleSetSpec;
+    use rl_gateway::global::{GatewayConfig, RegionShares};
+    use rl_gateway::live::RuleSetSpec;
 
     let servers = servers();
     let spec = RuleSetSpec::from_toml(&rules_toml(100, 20)).unwrap();
-    let global = rl_rules::global_rules(&spec).remove(0).1;
+    let global = rl_gateway::live::global_rules(&spec).remove(0).1;
     let mut c = config(&servers);
     c.rules = rl_balancer::rules::from_spec(&spec, &["eu", "us", "ap"].map(String::from)).unwrap();
     let mut b = Balancer::new(c).unwrap();

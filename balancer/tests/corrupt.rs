@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use binary::{base_args, RulesFile, Running, FAST};
-use rl_balancer::gateway::{GatewayConfig, RegionShares};
 use rl_balancer::store::{self, DEFAULT_KEY};
-use rl_balancer::{RuleShares, Share, ShareTable, WHOLE};
-use rl_rules::{GlobalLimit, RegionalShares, RuleSetSpec};
+use rl_gateway::global::{GatewayConfig, RegionShares};
+use rl_gateway::global::{GlobalLimit, RegionalShares};
+use rl_gateway::global::{RuleShares, Share, ShareTable, WHOLE};
+use rl_gateway::live::RuleSetSpec;
 use testkit::{PlainServer, Server};
 
 /// A share table whose default share of `api` is `default` ppm, as JSON.
@@ -168,7 +169,7 @@ async fn a_gateway_never_enforces_a_share_above_the_whole() {
 
 #[test]
 fn a_share_above_the_whole_is_never_enforced() {
-    let bucket = rl_balancer::GlobalBucket { capacity: 100, refill: 100, period_ms: 1000 };
+    let bucket = rl_gateway::global::GlobalBucket { capacity: 100, refill: 100, period_ms: 1000 };
     assert_eq!(bucket.regional(99_999_999, 99_999_999, Duration::ZERO), None);
     assert_eq!(bucket.regional(WHOLE + 1, 0, Duration::from_secs(10)), None);
     assert!(bucket.regional(WHOLE, WHOLE, Duration::ZERO).is_some());

@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use rl_balancer::gateway::{GatewayConfig, RegionShares};
 use rl_balancer::link::Link;
 use rl_balancer::store::DEFAULT_KEY;
-use rl_balancer::ShareTable;
+use rl_gateway::global::ShareTable;
+use rl_gateway::global::{GatewayConfig, RegionShares};
 use testkit::{role, SentinelSet, Server, MASTER};
 
 /// The bound: the new primary is used within this of the switch.

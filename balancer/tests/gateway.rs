@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::calls;
-use rl_balancer::gateway::{GatewayConfig, RegionShares};
 use rl_balancer::store::{self, DEFAULT_KEY};
-use rl_balancer::{feed_fixed_windows, RuleShares, Share, ShareTable};
+use rl_gateway::global::{feed_fixed_windows, RuleShares, Share, ShareTable};
+use rl_gateway::global::{GatewayConfig, RegionShares};
+use rl_gateway::global::{GlobalLimit, RegionalShares};
+use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
 use rl_gateway::{Backend, Clock, Config, Limiter, ManualClock, Source};
-use rl_rules::{GlobalLimit, LiveRules, RegionalShares, Request, RuleSetSpec};
 use testkit::Server;
 
 /// A global rule over three regions split 5/3/2, and a fail-closed one
@@ -296,7 +297,7 @@ async fn a_regions_redis_down_keeps_the_share_as_the_budget() {
 async fn a_daily_quota_is_fed_in_batches() {
     let server = Server::start(&[]);
     let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let counts = rl_balancer::UsageCounts::default();
+    let counts = rl_gateway::global::UsageCounts::default();
     // Gateways admit locally and count; every few seconds one round trip.
     for _ in 0..600 {
         counts.add("daily", "acme", 1);

@@ -51,9 +51,9 @@ fn scrape_until(port: u16, what: &str, done: impl Fn(&str) -> bool) -> String {
     }
 }
 
-/// The `[balancer]` section of grafana/metrics.txt.
+/// The `[balancer]` section of deploy/grafana/metrics.txt.
 fn listed_for_the_balancer() -> Vec<String> {
-    let list = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../grafana/metrics.txt")).unwrap();
+    let list = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/metrics.txt")).unwrap();
     let section = list.split("[balancer]").nth(1).expect("a [balancer] section");
     let section = section.split("\n[").next().unwrap();
     let mut names: Vec<String> =
@@ -77,7 +77,7 @@ fn metrics_reload_on_sighup_and_a_log_line_on_sigterm() {
     let mut families: Vec<String> =
         text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).map(str::to_owned).collect();
     families.sort();
-    assert_eq!(families, listed_for_the_balancer(), "what --metrics serves is what grafana/metrics.txt lists");
+    assert_eq!(families, listed_for_the_balancer(), "what --metrics serves is what deploy/grafana/metrics.txt lists");
     assert_eq!(metric(&text, "rl_balancer_regions"), 3.0);
     assert_eq!(metric(&text, "rl_balancer_regions_reached"), 3.0);
     assert_eq!(metric(&text, "rl_balancer_rules"), 1.0);

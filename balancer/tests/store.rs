@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rl_balancer::store::{self, StoreError, DEFAULT_KEY};
-use rl_balancer::{RuleShares, Share, ShareTable};
+use rl_gateway::global::{RuleShares, Share, ShareTable};
 use testkit::PlainServer;
 
 fn table(share: u32) -> ShareTable {

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 use rl_core::inflight::{InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
-use rl_core::limits::{in_range, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
+use rl_core::limits::{
+    in_range, MAX_CLOCK_AHEAD_MS, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT,
+};
 use rl_core::{BucketOp, BucketParams, WindowMode};
 
 use crate::config::{Backend, Config};
@@ -17,12 +19,14 @@ use crate::connection::Connection;
 use crate::decision::{Decision, Grant};
 use crate::error::{Error, Result};
 use crate::inflight::{new_id, validate_cost, validate_id, Acquired, Inflight};
-use crate::params::{bucket_params, period_ms, LUA_MAX_UNITS};
+use crate::params::{bucket_params, period_ms, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
 use crate::slot::slot_of;
 
 /// The Lua backend's script (its SHA1 names it in EVALSHA), with the
 /// core's limits written into it.
 static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
+/// The Lua backend's windows (RL.WINDOW and RL.WINDOWPEEK).
+static WINDOW_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("window.lua")));
 /// The Lua backend's in-flight limits, over sorted sets.
 static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
 
@@ -38,8 +42,22 @@ fn lua_script(template: &str) -> String {
         ("LUA_MAX_UNITS", LUA_MAX_UNITS),
         ("MAX_INFLIGHT_LIMIT", MAX_INFLIGHT_LIMIT as u128),
         ("MAX_ID_LEN", MAX_ID_LEN as u128),
+        ("MAX_WINDOW_LIMIT", MAX_WINDOW_LIMIT as u128),
+        ("MAX_LUA_LOG_LIMIT", MAX_LUA_LOG_LIMIT as u128),
+        ("MAX_CLOCK_AHEAD_MS", MAX_CLOCK_AHEAD_MS as u128),
     ];
     limits.iter().fold(template, |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+}
+
+/// What a window call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WindowOp {
+    Take,
+    /// A take answered with the clock reading it decided at (TIME).
+    Timed,
+    Peek,
+    /// Gives back what the call decided at this reading counted (REFUND).
+    Refund(u64),
 }
 
 /// One token bucket for a raw call: its key and parameters, checked when made.
@@ -148,6 +166,7 @@ pub struct Client {
     timeout: Duration,
     script: Arc<redis::Script>,
     inflight_script: Arc<redis::Script>,
+    window_script: Arc<redis::Script>,
 }
 
 impl Client {
@@ -165,6 +184,7 @@ impl Client {
             timeout: config.timeout,
             script: Arc::new(redis::Script::new(&LUA_SCRIPT)),
             inflight_script: Arc::new(redis::Script::new(&INFLIGHT_SCRIPT)),
+            window_script: Arc::new(redis::Script::new(&WINDOW_SCRIPT)),
         })
     }
 
@@ -211,14 +231,31 @@ impl Client {
         self.run(BucketOp::Refund { tokens }, &keys, &params).await
     }
 
-    /// RL.WINDOW: counts `cost` in every window, or in none. Module only.
+    /// RL.WINDOW: counts `cost` in every window, or in none. On the Lua
+    /// backend, the same by its window script (limit x window_ms at most
+    /// 2^52; an EXACT limit at most 10,000).
     pub async fn window(&self, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
-        self.window_call("RL.WINDOW", windows, cost, mode).await
+        Ok(self.window_call(WindowOp::Take, windows, cost, mode).await?.0)
     }
 
-    /// RL.WINDOWPEEK: what RL.WINDOW would answer, writing nothing. Module only.
+    /// RL.WINDOW ... TIME: as [`Client::window`], and the server's clock
+    /// reading the call decided at, which names it for
+    /// [`Client::window_refund`].
+    pub async fn window_timed(&self, windows: &[Window], cost: u64, mode: WindowMode) -> Result<(Decision, u64)> {
+        let (decision, at) = self.window_call(WindowOp::Timed, windows, cost, mode).await?;
+        Ok((decision, at.ok_or_else(|| Error::Reply("RL.WINDOW ... TIME answered without the time".into()))?))
+    }
+
+    /// RL.WINDOW ... REFUND at_ms: gives back `cost` counted by the call
+    /// that answered `at_ms` ([`Client::window_timed`]), where it still
+    /// counts; never more than a window counts. The windows as they stand.
+    pub async fn window_refund(&self, windows: &[Window], cost: u64, mode: WindowMode, at_ms: u64) -> Result<Decision> {
+        Ok(self.window_call(WindowOp::Refund(at_ms), windows, cost, mode).await?.0)
+    }
+
+    /// RL.WINDOWPEEK: what RL.WINDOW would answer, writing nothing.
     pub async fn window_peek(&self, windows: &[Window], cost: u64, mode: WindowMode) -> Result<Decision> {
-        self.window_call("RL.WINDOWPEEK", windows, cost, mode).await
+        Ok(self.window_call(WindowOp::Peek, windows, cost, mode).await?.0)
     }
 
     /// CL.THROTTLE, as redis-cell answers it: `max_burst`,
@@ -338,15 +375,36 @@ impl Client {
 
     async fn window_call(
         &self,
-        name: &'static str,
+        op: WindowOp,
         windows: &[Window],
         cost: u64,
         mode: WindowMode,
-    ) -> Result<Decision> {
+    ) -> Result<(Decision, Option<u64>)> {
         let keys: Vec<&str> = windows.iter().map(|w| w.key.as_str()).collect();
         let limits = windows.iter().map(|w| (w.limit, w.window_ms));
-        let cmd = self.window_command(name, &keys, limits, cost, mode)?;
-        self.decision(&cmd, slot_of(keys[0]), keys.len()).await
+        self.windows_decision(op, &keys, limits, cost, mode).await
+    }
+
+    /// A window call on either backend: its decision, and the clock
+    /// reading when `op` asked for it.
+    async fn windows_decision<K: AsRef<str>>(
+        &self,
+        op: WindowOp,
+        keys: &[K],
+        limits: impl Iterator<Item = (u64, u64)>,
+        cost: u64,
+        mode: WindowMode,
+    ) -> Result<(Decision, Option<u64>)> {
+        let cmd = self.window_command(op, keys, limits, cost, mode)?;
+        let slot = slot_of(keys[0].as_ref());
+        let mut reply = self
+            .with_timeout(async { integers(self.script_query(self.backend, &WINDOW_SCRIPT, &cmd, slot).await?) })
+            .await?;
+        let at = match (op, reply.len()) {
+            (WindowOp::Timed, 7) => reply.pop().and_then(|t| u64::try_from(t).ok()),
+            _ => None,
+        };
+        Ok((Decision::from_reply(&reply, keys.len())?, at))
     }
 
     /// RL.WINDOW for a policy's window rules, each given as its bucket
@@ -359,29 +417,44 @@ impl Client {
         params: &[BucketParams],
         cost: u64,
     ) -> Result<Decision> {
-        let cmd = self.take_command(Some(mode), keys, params, cost)?;
-        self.decision(&cmd, slot_of(&keys[0]), keys.len()).await
+        if keys.len() != params.len() {
+            return Err(Error::invalid("one parameter set per key"));
+        }
+        let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
+        Ok(self.windows_decision(WindowOp::Take, keys, limits, cost, mode).await?.0)
     }
 
-    /// Sends `cmd` (on `keys` keys) to `slot`'s primary: its decision.
-    async fn decision(&self, cmd: &Cmd, slot: u16, keys: usize) -> Result<Decision> {
-        Decision::from_reply(&self.integers(cmd, slot).await?, keys)
-    }
-
+    /// RL.WINDOW (RL.WINDOWPEEK for a peek), or on the Lua backend the
+    /// window script's EVALSHA with the same arguments.
     fn window_command<K: AsRef<str>>(
         &self,
-        name: &'static str,
+        op: WindowOp,
         keys: &[K],
         limits: impl Iterator<Item = (u64, u64)>,
         cost: u64,
         mode: WindowMode,
     ) -> Result<Cmd> {
-        if self.backend == Backend::Lua {
-            return Err(Error::Unsupported("RL.WINDOW"));
-        }
         validate_keys(keys)?;
         in_range("cost", cost, 1, MAX_WINDOW_LIMIT)?;
-        let mut cmd = redis::cmd(name);
+        if self.backend == Backend::Lua {
+            let (name, time, at) = match op {
+                WindowOp::Take => ("take", 0, 0),
+                WindowOp::Timed => ("take", 1, 0),
+                WindowOp::Peek => ("peek", 0, 0),
+                WindowOp::Refund(at) => ("refund", 0, at),
+            };
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.window_script.get_hash()).arg(keys.len());
+            for k in keys {
+                cmd.arg(k.as_ref());
+            }
+            cmd.arg(mode.name().to_ascii_lowercase()).arg(name).arg(cost).arg(time).arg(at);
+            for (limit, window_ms) in limits {
+                cmd.arg(limit).arg(window_ms);
+            }
+            return Ok(cmd);
+        }
+        let mut cmd = redis::cmd(if op == WindowOp::Peek { "RL.WINDOWPEEK" } else { "RL.WINDOW" });
         cmd.arg(keys.len());
         for k in keys {
             cmd.arg(k.as_ref());
@@ -390,13 +463,23 @@ impl Client {
             cmd.arg(limit).arg(window_ms);
         }
         cmd.arg("COST").arg(cost).arg(mode.name());
+        match op {
+            WindowOp::Timed => {
+                cmd.arg("TIME");
+            }
+            WindowOp::Refund(at) => {
+                cmd.arg("REFUND").arg(at);
+            }
+            WindowOp::Take | WindowOp::Peek => {}
+        }
         Ok(cmd)
     }
 
     /// The module command that takes `cost` from a policy group's keys:
     /// RL.TAKE for buckets, RL.WINDOW for windows (`window`), checked as
     /// the single calls check. Module only: the Lua backend's EVALSHA
-    /// cannot be reloaded inside a pipeline.
+    /// cannot be reloaded inside a pipeline (its windows go one call each,
+    /// [`Client::run_windows`]).
     #[doc(hidden)]
     pub fn take_command(
         &self,
@@ -409,9 +492,10 @@ impl Client {
             return Err(Error::invalid("one parameter set per key"));
         }
         match window {
+            Some(_) if self.backend == Backend::Lua => Err(Error::Unsupported("a pipelined RL.WINDOW")),
             Some(mode) => {
                 let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
-                self.window_command("RL.WINDOW", keys, limits, cost, mode)
+                self.window_command(WindowOp::Take, keys, limits, cost, mode)
             }
             None if self.backend == Backend::Lua => Err(Error::Unsupported("a pipelined RL.TAKE")),
             None => {

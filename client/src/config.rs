@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::tls::Tls;
 
 /// Where Redis is.
 #[derive(Clone, PartialEq, Eq)]
@@ -90,10 +91,23 @@ impl std::fmt::Display for Target {
 /// The scheme of a Sentinel target written as one URL.
 pub const SENTINEL_SCHEME: &str = "redis+sentinel";
 
+/// The same over TLS: the sentinels and the master are reached with
+/// `rediss://`.
+pub const SENTINEL_TLS_SCHEME: &str = "rediss+sentinel";
+
 /// The sentinels' port when a sentinel address names none.
 pub const SENTINEL_PORT: u16 = 26379;
 
 impl Target {
+    /// Every URL (or sentinel address) of the target.
+    pub(crate) fn urls(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match self {
+            Target::Standalone(url) => Box::new(std::iter::once(url.as_str())),
+            Target::Cluster(urls) => Box::new(urls.iter().map(String::as_str)),
+            Target::Sentinel { sentinels, .. } => Box::new(sentinels.iter().map(String::as_str)),
+        }
+    }
+
     /// A Sentinel target for `master`, found through `sentinels`
     /// (`host:port` each), with the master's default user and database 0.
     pub fn sentinel<S: Into<String>>(master: impl Into<String>, sentinels: impl IntoIterator<Item = S>) -> Target {
@@ -108,11 +122,15 @@ impl Target {
     /// Sentinel target from
     /// `redis+sentinel://[user:password@]host:port[,host:port...]/MASTER[/DB]`
     /// (the credentials and database are the master's; the sentinels' own
-    /// go in `?sentinel_username=...&sentinel_password=...`). For tools
-    /// that take one `--redis` URL.
+    /// go in `?sentinel_username=...&sentinel_password=...`);
+    /// `rediss+sentinel://` for sentinels and a master that speak TLS. For
+    /// tools that take one `--redis` URL.
     pub fn from_url(url: &str) -> Result<Target> {
-        let Some(rest) = url.strip_prefix(SENTINEL_SCHEME).and_then(|r| r.strip_prefix("://")) else {
-            return Ok(Target::Standalone(url.to_owned()));
+        let scheme_rest = |scheme: &str| url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://"));
+        let (tls, rest) = match (scheme_rest(SENTINEL_SCHEME), scheme_rest(SENTINEL_TLS_SCHEME)) {
+            (Some(rest), _) => (false, rest),
+            (None, Some(rest)) => (true, rest),
+            (None, None) => return Ok(Target::Standalone(url.to_owned())),
         };
         let bad = |why: &str| Error::invalid(format!("Sentinel URL '{}': {why}", redacted(url)));
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -154,16 +172,23 @@ impl Target {
                     return Err(bad("an empty sentinel address"));
                 }
                 Ok(match (&sentinel_user, &sentinel_password) {
-                    (None, None) => host.to_owned(),
+                    (None, None) if !tls => host.to_owned(),
                     (user, password) => {
-                        let user = user.as_deref().map(encoded).unwrap_or_default();
-                        let password = password.as_deref().map(encoded).unwrap_or_default();
+                        let scheme = if tls { "rediss" } else { "redis" };
+                        let userinfo = match (user, password) {
+                            (None, None) => String::new(),
+                            (user, password) => format!(
+                                "{}:{}@",
+                                user.as_deref().map(encoded).unwrap_or_default(),
+                                password.as_deref().map(encoded).unwrap_or_default()
+                            ),
+                        };
                         let port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
                             String::new()
                         } else {
                             format!(":{SENTINEL_PORT}")
                         };
-                        format!("redis://{user}:{password}@{host}{port}/")
+                        format!("{scheme}://{userinfo}{host}{port}/")
                     }
                 })
             })
@@ -276,6 +301,11 @@ pub struct Config {
     pub relay: Option<String>,
     /// Default [`Backend::Module`].
     pub backend: Backend,
+    /// Whom to trust and the client certificate for `rediss://` URLs
+    /// (TLS itself is the URL's scheme). Default: the system roots, no
+    /// client certificate; [`Tls::from_env`] reads the environment every
+    /// binary shares.
+    pub tls: Tls,
     /// Longest wait for any call to Redis; past it the call counts as failed
     /// and the fallback answers. Default 50 ms: a timeout below Redis's tail
     /// latency under load turns load into an outage of the limits (the
@@ -361,6 +391,7 @@ impl Config {
             target,
             relay: None,
             backend: Backend::Module,
+            tls: Tls::default(),
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(250),
             gateways: 1,
@@ -477,6 +508,14 @@ mod tests {
         );
         let plain = Target::from_url("redis+sentinel://h1:1,h2/m").unwrap();
         assert_eq!(plain, Target::sentinel("m", ["h1:1", "h2"]));
+        let tls = Target::from_url("rediss+sentinel://h1:1,h2/m").unwrap();
+        assert_eq!(tls, Target::sentinel("m", ["rediss://h1:1/", "rediss://h2:26379/"]));
+        let Target::Sentinel { sentinels, .. } =
+            Target::from_url("rediss+sentinel://h1/m?sentinel_password=s%3Acret").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(sentinels, ["rediss://:s%3Acret@h1:26379/"]);
         assert_eq!(Target::from_url("redis://h:1/").unwrap(), Target::Standalone("redis://h:1/".into()));
         for (url, why) in [
             ("redis+sentinel://h1", "no master name"),

@@ -50,6 +50,7 @@ use crate::config::{redacted, Config, Target};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::primary::{ConnectionStatus, Primary};
+use crate::tls::{self, Loaded, Tls};
 
 /// A connection to Redis (and, in a client, to its relay), reconnecting by
 /// itself. Cheap to clone: clones share it.
@@ -83,11 +84,13 @@ impl Connection {
     /// The connection a client with `config` uses: its target, behind its
     /// relay if it has one. Must run inside a tokio runtime.
     pub(crate) fn for_config(config: &Config) -> Result<Connection> {
-        let direct = Plain::open(&config.target, config.timeout, config.connect_timeout)?;
+        let urls = config.target.urls().chain(config.relay.as_deref());
+        let tls = tls::for_urls(&config.tls, urls)?;
+        let direct = Plain::open(&config.target, tls.as_ref(), config.timeout, config.connect_timeout)?;
         let Some(relay) = &config.relay else { return Ok(Connection(Kind::Plain(direct))) };
         // A relay answers in well under a millisecond: half the timeout
         // leaves the call's own timeout to see a hung relay counted.
-        let relay = Plain::as_given(relay, config.timeout / 2, config.connect_timeout)
+        let relay = Plain::as_given(relay, tls.as_ref(), config.timeout / 2, config.connect_timeout)
             .map_err(|e| Error::invalid(format!("config relay {:?}: {e}", redacted(relay))))?;
         Ok(Connection(Kind::Relayed(Arc::new(Relayed {
             relay,
@@ -107,7 +110,19 @@ impl Connection {
     /// `connect_timeout`. Must run inside a tokio runtime: the reconnecting
     /// machinery spawns tasks on it.
     pub fn open(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Connection> {
-        Ok(Connection(Kind::Plain(Plain::open(target, timeout, connect_timeout)?)))
+        Connection::open_with_tls(target, &Tls::default(), timeout, connect_timeout)
+    }
+
+    /// [`Connection::open`] with TLS settings for a `rediss://` target
+    /// (refused for a target without one: TLS is the URL's scheme).
+    pub fn open_with_tls(
+        target: &Target,
+        tls: &Tls,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Connection> {
+        let tls = tls::for_urls(tls, target.urls())?;
+        Ok(Connection(Kind::Plain(Plain::open(target, tls.as_ref(), timeout, connect_timeout)?)))
     }
 
     /// Sends `cmd` to the primary that serves `slot`. Callers bound the
@@ -148,9 +163,10 @@ impl Connection {
     /// used, even when it answers as a replica (an exporter of that one
     /// server); a Sentinel target still follows its master.
     pub fn open_as_given(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Connection> {
+        let tls = tls::for_urls(&Tls::default(), target.urls())?;
         let plain = match target {
-            Target::Standalone(url) => Plain::as_given(url, timeout, connect_timeout)?,
-            other => Plain::open(other, timeout, connect_timeout)?,
+            Target::Standalone(url) => Plain::as_given(url, tls.as_ref(), timeout, connect_timeout)?,
+            other => Plain::open(other, tls.as_ref(), timeout, connect_timeout)?,
         };
         Ok(Connection(Kind::Plain(plain)))
     }
@@ -197,22 +213,33 @@ impl Connection {
 }
 
 impl Plain {
-    fn open(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
+    fn open(target: &Target, tls: Option<&Arc<Loaded>>, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
         match target {
             Target::Standalone(_) | Target::Sentinel { .. } => {
-                let primary = Primary::new(Endpoint::new(target)?, target.to_string(), timeout, connect_timeout, true);
+                let endpoint = Endpoint::new(target, tls)?;
+                let primary = Primary::new(endpoint, target.to_string(), timeout, connect_timeout, true);
                 Ok(Plain::Standalone(primary))
             }
             Target::Cluster(urls) => {
                 if urls.is_empty() {
                     return Err(Error::invalid("a cluster target needs at least one node URL"));
                 }
-                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
                     .tcp_settings(TcpSettings::default().set_nodelay(true))
                     .retries(1)
                     .min_retry_wait(0)
-                    .max_retry_wait(1)
-                    .build()?;
+                    .max_retry_wait(1);
+                if let Some(tls) = tls {
+                    // Every node over TLS (redis-rs refuses a mix), with the same files.
+                    builder = builder.certs(tls.certificates());
+                    if tls.insecure() {
+                        builder = builder.tls(redis::TlsMode::Insecure);
+                    }
+                    if tls.insecure() || urls.iter().any(|u| u.ends_with("#insecure")) {
+                        tls.warn_insecure(&target.to_string());
+                    }
+                }
+                let client = builder.build()?;
                 let config = ClusterConfig::new().set_connection_timeout(connect_timeout).set_response_timeout(timeout);
                 Ok(Plain::Cluster(client.get_pending_async_connection_with_config(config), target.to_string()))
             }
@@ -221,9 +248,10 @@ impl Plain {
 
     /// A lease relay (a server that answers no `ROLE`), or a server used as
     /// given whatever its role.
-    fn as_given(url: &str, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
+    fn as_given(url: &str, tls: Option<&Arc<Loaded>>, timeout: Duration, connect_timeout: Duration) -> Result<Plain> {
         let target = Target::Standalone(url.to_owned());
-        let primary = Primary::new(Endpoint::new(&target)?, target.to_string(), timeout, connect_timeout, false);
+        let endpoint = Endpoint::new(&target, tls)?;
+        let primary = Primary::new(endpoint, target.to_string(), timeout, connect_timeout, false);
         Ok(Plain::Standalone(primary))
     }
 

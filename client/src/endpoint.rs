@@ -15,6 +15,9 @@
 //!   `redis::sentinel`: each sentinel in turn, the master it names checked
 //!   with `ROLE`), and [`watch_switches`] follows the sentinels'
 //!   `+switch-master` announcements.
+//! - A `rediss://` address is reached over TLS ([`crate::tls`]); the
+//!   primary a demoted server names, and a Sentinel's master when its
+//!   sentinels are `rediss://`, too.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,15 +25,19 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
+use redis::sentinel::{
+    Sentinel, SentinelClient, SentinelClientBuilder, SentinelNodeConnectionInfo, SentinelServerType,
+};
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, Role};
 
 use crate::config::{redacted, NodeAuth, Target, SENTINEL_PORT};
 use crate::error::{Error, Result};
+use crate::tls::Loaded;
 
-/// Where the primary is.
+/// Where the primary is. Made once per connection: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Endpoint {
-    Fixed(ConnectionInfo),
+    Fixed(ConnectionInfo, Option<Arc<Loaded>>),
     Sentinel(Sentinels),
 }
 
@@ -44,7 +51,17 @@ pub(crate) struct Sentinels {
     /// The master's database.
     db: i64,
     /// redis-rs's lookup, which keeps a connection to each sentinel.
-    lookup: tokio::sync::Mutex<Sentinel>,
+    lookup: tokio::sync::Mutex<Lookup>,
+    /// The sentinels and the master speak TLS.
+    tls: Option<Arc<Loaded>>,
+}
+
+/// redis-rs's Sentinel lookup. Over TLS, its `SentinelClient`: the one
+/// type that hands the master's connections (its `ROLE` check) the CA and
+/// the client certificate; its sentinels then share one user.
+enum Lookup {
+    Plain(Sentinel),
+    Tls(SentinelClient),
 }
 
 /// A connection to the server an endpoint resolved to.
@@ -61,10 +78,13 @@ pub(crate) struct Found {
 }
 
 impl Endpoint {
-    /// The endpoint of a standalone or Sentinel `target`.
-    pub(crate) fn new(target: &Target) -> Result<Endpoint> {
+    /// The endpoint of a standalone or Sentinel `target`; `tls`: loaded
+    /// when a URL of it is `rediss://` ([`crate::tls::for_urls`]).
+    pub(crate) fn new(target: &Target, tls: Option<&Arc<Loaded>>) -> Result<Endpoint> {
         match target {
-            Target::Standalone(url) => Ok(Endpoint::Fixed(url.as_str().into_connection_info()?)),
+            Target::Standalone(url) => {
+                Ok(Endpoint::Fixed(with_tls(url.as_str().into_connection_info()?, tls)?, tls.cloned()))
+            }
             Target::Sentinel { master, sentinels, node } => {
                 if master.is_empty() {
                     return Err(Error::invalid("a Sentinel target needs the master's name"));
@@ -74,15 +94,31 @@ impl Endpoint {
                 }
                 let sentinels = sentinels
                     .iter()
-                    .map(|s| sentinel_info(s).map_err(|e| Error::invalid(format!("sentinel '{}': {e}", redacted(s)))))
+                    .map(|s| {
+                        let info = sentinel_info(s).and_then(|info| with_tls(info, tls));
+                        info.map_err(|e| Error::invalid(format!("sentinel '{}': {e}", redacted(s))))
+                    })
                     .collect::<Result<Vec<_>>>()?;
-                let lookup = Sentinel::build(sentinels.clone())?;
+                let tls_sentinels = sentinels.iter().filter(|s| matches!(s.addr(), ConnectionAddr::TcpTls { .. }));
+                let lookup = match (tls_sentinels.count(), tls) {
+                    (0, _) => Lookup::Plain(Sentinel::build(sentinels.clone())?),
+                    (n, Some(tls)) if n == sentinels.len() => Lookup::Tls(
+                        tls_lookup(&sentinels, master, node, tls)
+                            .map_err(|e| Error::invalid(format!("the Sentinel target '{master}' over TLS: {e}")))?,
+                    ),
+                    _ => {
+                        return Err(Error::invalid(format!(
+                            "the Sentinel target '{master}': every sentinel is rediss:// or none is"
+                        )))
+                    }
+                };
                 Ok(Endpoint::Sentinel(Sentinels {
                     master: master.clone(),
                     sentinels,
                     node: node_info(node),
                     db: node.db,
                     lookup: tokio::sync::Mutex::new(lookup),
+                    tls: tls.cloned(),
                 }))
             }
             Target::Cluster(_) => Err(Error::invalid("a cluster has no single endpoint")),
@@ -100,11 +136,14 @@ impl Endpoint {
         check_role: bool,
     ) -> redis::RedisResult<Found> {
         match self {
-            Endpoint::Fixed(info) if !check_role => open(info, config).await,
-            Endpoint::Fixed(info) => fixed(info, config, last).await,
+            Endpoint::Fixed(info, tls) if !check_role => open(info, config, tls.as_deref()).await,
+            Endpoint::Fixed(info, tls) => fixed(info, config, last, tls.as_deref()).await,
             Endpoint::Sentinel(s) => {
-                let client = s.lookup.lock().await.async_master_for(&s.master, Some(&s.node)).await?;
-                open(client.get_connection_info(), config).await
+                let client = match &mut *s.lookup.lock().await {
+                    Lookup::Plain(lookup) => lookup.async_master_for(&s.master, Some(&s.node)).await?,
+                    Lookup::Tls(lookup) => lookup.async_get_client().await?,
+                };
+                open(client.get_connection_info(), config, s.tls.as_deref()).await
             }
         }
     }
@@ -112,10 +151,85 @@ impl Endpoint {
     /// The database calls run in.
     pub(crate) fn db(&self) -> i64 {
         match self {
-            Endpoint::Fixed(info) => info.redis_settings().db(),
+            Endpoint::Fixed(info, _) => info.redis_settings().db(),
             Endpoint::Sentinel(s) => s.db,
         }
     }
+}
+
+/// `info` with the TLS settings redis-rs needs for its own connections to
+/// it (pub/sub, the sentinels): a `rediss://` address only.
+fn with_tls(info: ConnectionInfo, tls: Option<&Arc<Loaded>>) -> redis::RedisResult<ConnectionInfo> {
+    let ConnectionAddr::TcpTls { host, port, insecure, .. } = info.addr().clone() else { return Ok(info) };
+    let Some(tls) = tls else {
+        return Err(RedisError::from((ErrorKind::InvalidClientConfig, "rediss:// without TLS settings")));
+    };
+    let info = redis::Client::build_with_tls(info, tls.certificates())?.get_connection_info().clone();
+    if insecure || !tls.insecure() {
+        return Ok(info);
+    }
+    // The insecure setting reaches redis-rs's connections as `#insecure`.
+    let addr = ConnectionAddr::TcpTls { host, port, insecure: true, tls_params: None };
+    Ok(info.set_addr(addr))
+}
+
+/// A Sentinel lookup over TLS: the sentinels and the master with `tls`'s
+/// files, the master with `node`'s credentials and database.
+fn tls_lookup(
+    sentinels: &[ConnectionInfo],
+    master: &str,
+    node: &NodeAuth,
+    tls: &Loaded,
+) -> redis::RedisResult<SentinelClient> {
+    let user = |info: &ConnectionInfo| {
+        let settings = info.redis_settings();
+        (settings.username().map(str::to_owned), settings.password().map(str::to_owned))
+    };
+    let (username, password) = user(&sentinels[0]);
+    if sentinels.iter().any(|s| user(s) != (username.clone(), password.clone())) {
+        return Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "the sentinels must share one user and password over TLS",
+        )));
+    }
+    let insecure =
+        tls.insecure() || sentinels.iter().any(|s| matches!(s.addr(), ConnectionAddr::TcpTls { insecure: true, .. }));
+    let mode = if insecure { redis::TlsMode::Insecure } else { redis::TlsMode::Secure };
+    if insecure {
+        tls.warn_insecure(&format!("sentinel master '{master}'"));
+    }
+    let mut builder =
+        SentinelClientBuilder::new(sentinels.iter().map(|s| s.addr().clone()), master, SentinelServerType::Master)?
+            .set_client_to_sentinel_tls_mode(mode)
+            .set_client_to_sentinel_certificates(tls.certificates())
+            .set_client_to_redis_tls_mode(mode)
+            .set_client_to_redis_certificates(tls.certificates())
+            .set_client_to_redis_db(node.db)
+            .set_client_to_redis_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    if let Some(username) = &node.username {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = &node.password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if let Some(username) = &username {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = &password {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    builder.build()
+}
+
+/// `info` moved to `host:port`, over TLS as before if it was.
+fn moved(info: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
+    let addr = match info.addr() {
+        ConnectionAddr::TcpTls { insecure, tls_params, .. } => {
+            ConnectionAddr::TcpTls { host, port, insecure: *insecure, tls_params: tls_params.clone() }
+        }
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    info.clone().set_addr(addr)
 }
 
 /// A fixed address: the server, or the primary it names when it answers
@@ -124,13 +238,14 @@ async fn fixed(
     info: &ConnectionInfo,
     config: &AsyncConnectionConfig,
     last: Option<&ConnectionInfo>,
+    tls: Option<&Loaded>,
 ) -> redis::RedisResult<Found> {
-    let mut found = match open(info, config).await {
+    let mut found = match open(info, config, tls).await {
         Ok(found) => found,
         // The configured server is unreachable; the primary it named last may not be.
         Err(e) => match last.filter(|l| l.addr() != info.addr()) {
             Some(last) => {
-                let mut found = primary(last, config).await.map_err(|_| e)?;
+                let mut found = primary(last, config, tls).await.map_err(|_| e)?;
                 found.redirected = true;
                 return Ok(found);
             }
@@ -139,8 +254,8 @@ async fn fixed(
     };
     match role(&mut found.con).await {
         Some(Role::Replica { primary_ip, primary_port, .. }) => {
-            let followed = info.clone().set_addr(ConnectionAddr::Tcp(primary_ip, primary_port));
-            let mut primary = primary(&followed, config).await.map_err(|e| {
+            let followed = moved(info, primary_ip, primary_port);
+            let mut primary = primary(&followed, config, tls).await.map_err(|e| {
                 let text = format!(
                     "{} answers as a replica of {}, which is not usable: {e}",
                     found.server,
@@ -165,8 +280,12 @@ async fn fixed(
 }
 
 /// A connection to `info`'s server if it answers as a primary (or does not say).
-async fn primary(info: &ConnectionInfo, config: &AsyncConnectionConfig) -> redis::RedisResult<Found> {
-    let mut found = open(info, config).await?;
+async fn primary(
+    info: &ConnectionInfo,
+    config: &AsyncConnectionConfig,
+    tls: Option<&Loaded>,
+) -> redis::RedisResult<Found> {
+    let mut found = open(info, config, tls).await?;
     match role(&mut found.con).await {
         Some(Role::Replica { .. } | Role::Sentinel { .. }) => {
             Err(RedisError::from((ErrorKind::Io, "wrong server", format!("{} is not a primary", found.server))))
@@ -180,40 +299,71 @@ async fn role(con: &mut MultiplexedConnection) -> Option<Role> {
     redis::cmd("ROLE").query_async::<Role>(con).await.ok()
 }
 
-/// Opens a connection to `info` with TCP_NODELAY; its reader runs as a
-/// task of its own, and marks the connection closed when it ends.
-pub(crate) async fn open(info: &ConnectionInfo, config: &AsyncConnectionConfig) -> redis::RedisResult<Found> {
+/// Opens a connection to `info` with TCP_NODELAY (over TLS for a
+/// `rediss://` address, with `tls`); its reader runs as a task of its own,
+/// and marks the connection closed when it ends.
+pub(crate) async fn open(
+    info: &ConnectionInfo,
+    config: &AsyncConnectionConfig,
+    tls: Option<&Loaded>,
+) -> redis::RedisResult<Found> {
     let closed = Arc::new(AtomicBool::new(false));
-    let flag = closed.clone();
+    let server = address(info);
     let redis = info.redis_settings();
     let con = match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             let tcp = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
             tcp.set_nodelay(true)?;
-            let (con, reader) = MultiplexedConnection::new_with_config(redis, tcp, config.clone()).await?;
-            tokio::spawn(async move {
-                reader.await;
-                flag.store(true, Ordering::Release);
-            });
-            con
+            start(redis, tcp, config, &closed).await.map_err(|e| maybe_tls_only(e, &server))?
+        }
+        ConnectionAddr::TcpTls { host, port, insecure, .. } => {
+            let Some(tls) = tls else {
+                return Err(RedisError::from((ErrorKind::InvalidClientConfig, "rediss:// without TLS settings")));
+            };
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            tcp.set_nodelay(true)?;
+            let stream = tls.handshake(tcp, host, *insecure, &server).await?;
+            start(redis, stream, config, &closed).await.map_err(|e| tls.setup_failed(e, &server))?
         }
         ConnectionAddr::Unix(path) => {
             let socket = tokio::net::UnixStream::connect(path).await?;
-            let (con, reader) = MultiplexedConnection::new_with_config(redis, socket, config.clone()).await?;
-            tokio::spawn(async move {
-                reader.await;
-                flag.store(true, Ordering::Release);
-            });
-            con
+            start(redis, socket, config, &closed).await?
         }
-        _ => {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "TLS (rediss://) is not supported: rl-client is built without TLS",
-            )))
+        other => {
+            return Err(RedisError::from((ErrorKind::InvalidClientConfig, "unsupported address", other.to_string())))
         }
     };
-    Ok(Found { con, server: address(info), info: info.clone(), redirected: false, closed })
+    Ok(Found { con, server, info: info.clone(), redirected: false, closed })
+}
+
+/// The connection on `stream`, its reader spawned: `closed` is set when it ends.
+async fn start<S>(
+    redis: &redis::RedisConnectionInfo,
+    stream: S,
+    config: &AsyncConnectionConfig,
+    closed: &Arc<AtomicBool>,
+) -> redis::RedisResult<MultiplexedConnection>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin + 'static,
+{
+    let (con, reader) = MultiplexedConnection::new_with_config(redis, stream, config.clone()).await?;
+    let flag = closed.clone();
+    tokio::spawn(async move {
+        reader.await;
+        flag.store(true, Ordering::Release);
+    });
+    Ok(con)
+}
+
+/// A plaintext connection that the server dropped while it was being set
+/// up: what a TLS-only port does. Says so.
+fn maybe_tls_only(e: RedisError, server: &str) -> RedisError {
+    if !(e.is_connection_dropped() || e.is_io_error() || e.is_unrecoverable_error()) {
+        return e;
+    }
+    let text =
+        format!("{server} closed the connection while it was set up ({e}): if it speaks TLS only, use rediss://");
+    RedisError::from((ErrorKind::Io, "connection closed", text))
 }
 
 /// `host:port`, or a socket's path: never credentials.

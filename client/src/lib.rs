@@ -15,10 +15,11 @@ mod params;
 mod primary;
 mod prometheus;
 mod slot;
+mod tls;
 
 pub use client::{Bucket, Client, Window};
 pub use clock::{Clock, ManualClock};
-pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME};
+pub use config::{redacted, Backend, Config, NodeAuth, Target, SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME};
 pub use connection::Connection;
 pub use decision::{Decision, Grant, Source};
 pub use error::{Error, Result};
@@ -27,6 +28,7 @@ pub use params::period_ms;
 pub use primary::{is_wrong_server, ConnectionStatus};
 pub use prometheus::prometheus_label;
 pub use rl_core::WindowMode;
+pub use tls::{Tls, TLS_ENV};
 
 /// What rl-gateway builds its limiter from: public for it alone (the
 /// crates are released together, one version), not a promise to anyone
@@ -38,6 +40,6 @@ pub mod internal {
     pub use crate::clock::millis;
     pub use crate::inflight::{inflight_params, new_id, validate_cost};
     pub use crate::lock::{lock, lock_waits, stripe, STRIPES};
-    pub use crate::params::{bucket_params, LUA_MAX_UNITS};
+    pub use crate::params::{bucket_params, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
     pub use crate::slot::{slot_of, SLOTS};
 }

@@ -31,3 +31,8 @@ pub fn period_ms(period: Duration) -> std::result::Result<u64, String> {
 /// token) the Lua backend computes exactly: levels stay within +-2^52, so
 /// sums of two stay below 2^53, the doubles' exact-integer range.
 pub const LUA_MAX_UNITS: u128 = 1 << 52;
+
+/// The largest EXACT limit of the Lua backend: its window script reads and
+/// writes a log whole, so it is held to the module's default
+/// `max-log-limit`.
+pub const MAX_LUA_LOG_LIMIT: u64 = 10_000;

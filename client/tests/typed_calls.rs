@@ -1,5 +1,6 @@
-//! The typed calls the Lua backend does not share: windows and CL.THROTTLE
-//! on the module, and what the Lua backend answers instead.
+//! The typed calls the Lua backend does not share (CL.THROTTLE), windows on
+//! the module, and what the Lua backend answers instead. (Windows on the Lua
+//! backend: lua_windows.rs.)
 
 use std::time::Duration;
 
@@ -63,9 +64,6 @@ async fn cl_throttle_answers_as_redis_cell() {
 async fn the_lua_backend_says_what_it_lacks() {
     let s = Server::start(&[]);
     let c = client(&s, Backend::Lua);
-    let w = [Window::new("w", 10, HOUR).unwrap()];
-    assert!(matches!(c.window(&w, 1, WindowMode::Sliding).await, Err(Error::Unsupported("RL.WINDOW"))));
-    assert!(matches!(c.window_peek(&w, 1, WindowMode::Exact).await, Err(Error::Unsupported("RL.WINDOW"))));
     assert!(matches!(c.throttle("k", 1, 1, HOUR, 1).await, Err(Error::Unsupported("CL.THROTTLE"))));
     // Beyond the exact range of doubles: refused before anything is sent.
     let huge = [Bucket::new("h", 1_000_000_000, 1, Duration::from_secs(86_400)).unwrap()];

@@ -2,7 +2,7 @@
 //! of rl-client's local fallback (client/src/fallback.rs keeps the buckets
 //! and their notes: each of `gateways` gateways enforces `slack / gateways`
 //! of the rule, one token at least), here so the scale model
-//! (relay/examples/sim_scale) sizes its fallback with the same code.
+//! (tools/sims/src/bin/sim_scale) sizes its fallback with the same code.
 
 use crate::limits::{MAX_PERIOD_MS, MAX_TOKENS};
 use crate::BucketParams;

@@ -98,8 +98,8 @@ proptest! {
         let Ok(p) = WindowParams::new(limit, w, MAX_LOG_LIMIT) else { return Ok(()) };
         let mut sorted = entries;
         sorted.sort();
-        let mut l = Log::from_entries(sorted.into_iter().map(|(t, c)| log::Entry::new(t, c))).unwrap();
-        let c = log::check(&p, Some(&l), cost.max(1), now);
+        let mut l = Log::from_entries(sorted.into_iter().map(|(t, c)| exact_log::Entry::new(t, c))).unwrap();
+        let c = exact_log::check(&p, Some(&l), cost.max(1), now);
         if c.check.admits {
             l.apply(&c.append).unwrap();
             let blob = codec::log_blob(&l);

@@ -145,7 +145,7 @@ fn limiter(exact_decides: bool, trace: &[u64]) -> Tally {
     let mut sliding: Option<WindowState> = None;
     for &t in trace {
         let now = 1_700_000_000_020 + t; // an epoch-aligned minute boundary + 20 ms
-        let e = log::check(&logged, Some(&log), 1, now);
+        let e = exact_log::check(&logged, Some(&log), 1, now);
         let s = window::check(&counter, WindowMode::Sliding, sliding.as_ref(), 1, now);
         tally.count(s.check.admits, e.check.admits);
         if (exact_decides && e.check.admits) || (!exact_decides && s.check.admits) {

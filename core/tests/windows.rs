@@ -54,7 +54,7 @@ proptest! {
         let mut now = 10_000;
         for (step, cost) in calls {
             now += step;
-            let c = log::check(&p, Some(&log), cost, now);
+            let c = exact_log::check(&p, Some(&log), cost, now);
             prop_assert_eq!(c.check.admits, exact_admits(&h, limit, w, cost, now), "at {}", now);
             if c.check.admits {
                 log.apply(&c.append).unwrap();

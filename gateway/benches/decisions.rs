@@ -15,7 +15,7 @@
 //! One more row, `Redis decision`, puts a check Redis answers (in wall
 //! time) next to them. The HTTP side of the same decisions is rl-gateway's http
 //! bench; the deciders of its layer (fixed policies, live rules) are
-//! rl-rules'.
+//! benches/live_decide.rs.
 //!
 //! The time reported is the CPU time of the thread making the decisions
 //! (`CLOCK_THREAD_CPUTIME_ID`), not wall time (but for `Redis decision`): on a shared machine wall time

@@ -3,11 +3,16 @@
 
 mod deny_cache;
 mod fallback;
+#[cfg(feature = "global")]
+pub mod global;
+pub mod guide;
 #[cfg(feature = "http")]
 pub mod http;
 mod inflight_policy;
 mod lease;
 mod limiter;
+#[cfg(feature = "live")]
+pub mod live;
 mod local_inflight;
 mod metrics;
 mod names;
@@ -18,6 +23,10 @@ mod subject;
 
 pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
 pub use limiter::{Check, Limiter, NoPermit, Permit};
+#[cfg(all(feature = "live", feature = "tower"))]
+pub use live::LiveDecide;
+#[cfg(feature = "live")]
+pub use live::{Admission, LiveRules, RedisSource, RuleSetSpec, Verdict};
 pub use metrics::{Counters, Event, Metrics};
 pub use names::validate_name;
 pub use policy::{FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};

@@ -4,7 +4,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_client::internal::{bucket_params, LUA_MAX_UNITS};
+use rl_client::internal::{bucket_params, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
 use rl_client::{period_ms, Error, Result};
 use rl_core::limits::{in_range, MAX_LOG_LIMIT};
 use rl_core::{BucketParams, WindowMode};
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::names::{validate_name, validate_rules};
 use crate::subject::validate_subject;
 
-/// What a rule does when Redis cannot answer. In rule files (rl-rules):
+/// What a rule does when Redis cannot answer. In rule files (feature live):
 /// `open` or `closed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -66,8 +66,8 @@ impl Rule {
     }
 
     /// At most `limit` requests in any `window` (SLIDING, EXACT) or per
-    /// epoch-aligned `window` (FIXED: quotas), counted by RL.WINDOW. Module
-    /// backend only; no leases (every request asks Redis, unless the deny
+    /// epoch-aligned `window` (FIXED: quotas), counted by RL.WINDOW (on the
+    /// Lua backend by its window script: an EXACT limit at most 10,000); no leases (every request asks Redis, unless the deny
     /// cache refuses it); while Redis cannot answer, a fail-open window is
     /// replaced by a local bucket that admits at most this gateway's share
     /// of `limit x slack` in any `window`. An EXACT limit is checked here
@@ -355,7 +355,13 @@ impl PolicyBuilder {
         if let Some(label) = &self.label {
             validate_name(label).map_err(|why| Error::invalid(format!("policy '{prefix}': label {why}")))?;
         }
-        let lua_fits = params.iter().all(|p| p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS);
+        // The Lua scripts count exactly below 2^52 units; an EXACT log is
+        // read and written whole by its script, so it is held to the
+        // module's default max-log-limit.
+        let lua_fits = params.iter().zip(&self.rules).all(|(p, r)| {
+            p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS
+                && (r.window != Some(WindowMode::Exact) || p.capacity() <= MAX_LUA_LOG_LIMIT)
+        });
         Ok(Policy {
             enforced: Group::split(&prefix, "enforced", &self.rules, &params, |r| !r.shadow),
             shadow: Group::split(&prefix, "shadow", &self.rules, &params, |r| r.shadow),
@@ -417,7 +423,7 @@ impl Policy {
         self.lua_fits
     }
 
-    /// Whether a rule is a window (RL.WINDOW: module only).
+    /// Whether a rule is a window (RL.WINDOW).
     pub fn has_windows(&self) -> bool {
         self.rules.iter().any(|r| r.window.is_some())
     }

@@ -1,7 +1,7 @@
 //! Subjects: who a limit is kept for. A subject goes inside a key's hash
 //! tag, so it is checked before any key is built; a client address becomes
 //! the subject of its network, an API key one that is safe to key on.
-//! rl-rules groups addresses with [`ip_subject`] too: one implementation.
+//! Live rules (feature live) group addresses with [`ip_subject`] too: one implementation.
 //! The limiter's local state (leases, deny cache, fallback) is kept per
 //! [`SubjectKey`]: a policy group and a subject.
 

@@ -114,8 +114,9 @@ async fn a_configuration_fault_is_a_500_that_says_nothing_of_the_request() {
     let s = Server::start(&[]);
     let lua = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
     let day = Duration::from_secs(86_400);
+    // An EXACT window above what the Lua backend's script holds (10,000).
     let quota =
-        Policy::builder("api").rule(Rule::window("daily", 10, day, rl_gateway::WindowMode::Fixed)).build().unwrap();
+        Policy::builder("api").rule(Rule::window("daily", 20_000, day, rl_gateway::WindowMode::Exact)).build().unwrap();
     let r = by_key(lua, quota).layer(hello()).oneshot(request(Some("secret-key"), "192.0.2.1")).await.unwrap();
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(!r.body().get_ref().contains("secret-key"));

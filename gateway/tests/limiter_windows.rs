@@ -1,5 +1,5 @@
 //! Window and quota rules through the guarded limiter: counted by
-//! RL.WINDOW, evaluated after the buckets, refused from the deny cache,
+//! RL.WINDOW (or the Lua backend's window script), evaluated after the buckets, refused from the deny cache,
 //! and answered by the fallback (or refused, fail-closed) while Redis is
 //! down.
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{calls, config, on_manual_clock, tokens};
 use rl_gateway::{Backend, Event, Limiter, Policy, Rule, Source, WindowMode};
-use testkit::Server;
+use testkit::{PlainServer, Server};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(86_400);
@@ -129,19 +129,67 @@ async fn while_redis_is_down_windows_fall_back_or_refuse() {
     assert_eq!((d.allowed, d.source, d.rule), (false, Source::FailClosed, 0));
 }
 
+/// On a server without the module (a managed Redis), window and quota
+/// rules run on the Lua backend's window script: the same quota as on the
+/// module, after the bucket, refused from memory, the refused request's
+/// bucket token given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_is_counted_by_the_lua_backend_without_the_module() {
+    let s = PlainServer::start();
+    let l = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
+    let p = Policy::builder("api")
+        .rule(Rule::per_hour("hourly", 5))
+        .rule(Rule::window("daily", 3, DAY, WindowMode::Fixed))
+        .build()
+        .unwrap();
+    for left in [2, 1, 0] {
+        let d = l.check(&p, "u").await.unwrap();
+        assert_eq!((d.allowed, d.source), (true, Source::Redis), "{d:?}");
+        assert_eq!((d.rule, d.remaining, d.limit), (1, left, 3), "the quota binds: {d:?}");
+    }
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 1, 3, Source::Redis));
+    assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO && r <= DAY), "{d:?}");
+    let d = l.check(&p, "u").await.unwrap();
+    assert_eq!((d.allowed, d.rule, d.source), (false, 1, Source::DenyCache), "{d:?}");
+    let hourly = rl_gateway::Bucket::new(p.keys("u").unwrap().remove(0), 5, 5, HOUR).unwrap();
+    assert_eq!(tokens(l.client(), &hourly).await, 2, "5 an hour, 4 taken, the one the quota refused given back");
+    // An EXACT window and a SLIDING one, each in its own policy.
+    for mode in [WindowMode::Exact, WindowMode::Sliding] {
+        let logins = Policy::builder(format!("login-{}", mode.name().to_lowercase()))
+            .rule(Rule::window("attempts", 2, HOUR, mode).fail_closed())
+            .build()
+            .unwrap();
+        assert!(l.check(&logins, "u").await.unwrap().allowed, "{mode:?}");
+        assert!(l.check(&logins, "u").await.unwrap().allowed, "{mode:?}");
+        let d = l.check(&logins, "u").await.unwrap();
+        assert_eq!((d.allowed, d.source), (false, Source::Redis), "{mode:?}: {d:?}");
+        // EXACT: when the first attempt leaves the hour; SLIDING: half way
+        // into the next hour-aligned window, when the two weigh one.
+        let (earliest, latest) = match mode {
+            WindowMode::Exact => (HOUR - Duration::from_secs(60), HOUR),
+            _ => (HOUR / 2, HOUR * 3 / 2),
+        };
+        assert!(d.retry_after.is_some_and(|r| r >= earliest && r <= latest), "{mode:?}: {d:?}");
+    }
+}
+
 #[tokio::test]
 async fn windows_are_refused_where_they_cannot_run() {
-    let s = Server::start(&[]);
+    let s = PlainServer::start();
     let lua = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
-    let p = Policy::builder("api").rule(Rule::window("daily", 10, DAY, WindowMode::Fixed)).build().unwrap();
+    // An EXACT log above 10,000: the Lua script reads and writes a log whole.
+    let p = Policy::builder("api").rule(Rule::window("hourly", 20_000, HOUR, WindowMode::Exact)).build().unwrap();
     let e = lua.check(&p, "u").await.unwrap_err().to_string();
-    assert!(e.contains("Lua backend has no RL.WINDOW"), "{e}");
-    let module = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    assert!(e.contains("an EXACT window above 10000"), "{e}");
+    let module_server = Server::start(&[]);
+    let module = Limiter::new(config(module_server.url(), Backend::Module)).unwrap();
+    let p = Policy::builder("api").rule(Rule::window("daily", 10, DAY, WindowMode::Fixed)).build().unwrap();
     let e = module.check_cost(&p, "u", 2_000_000_000_000).await.unwrap_err().to_string();
     assert!(e.contains("cost must be at most 1000000000000"), "{e}");
     let e = module.refund(&p, "u", 1).await.unwrap_err().to_string();
     assert!(e.contains("neither settled nor refunded"), "{e}");
-    assert_eq!(calls(&s, "rl.window"), 0);
+    assert_eq!(calls(&module_server, "rl.window"), 0);
 }
 
 /// The outage fallback over a whole window, not only its first burst: at

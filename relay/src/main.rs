@@ -157,6 +157,10 @@ struct RlsArgs {
     /// With --rls-tls-client-ca: the DNS name a client certificate must be valid for (GRPC_CLIENT_TLS_SAN).
     #[arg(long, requires = "rls_tls_client_ca")]
     rls_tls_client_san: Option<String>,
+    /// Usage reported on a limit already over counts nothing (envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); by default it counts in full (docs/token-budgets.md).
+    #[arg(long)]
+    rls_stop_increment_when_overlimit: bool,
 }
 
 fn near_limit_ratio(text: &str) -> Result<f64, String> {
@@ -312,6 +316,7 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
             }
             _ => None,
         },
+        stop_increment_when_overlimit: args.rls.rls_stop_increment_when_overlimit,
     };
     let config = match rl_relay::rls::watch::load(&options) {
         Ok(config) => config,

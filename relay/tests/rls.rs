@@ -180,16 +180,15 @@ async fn windows_counted_in_another_call_are_given_back() {
     // tight=r has 1 left, which the relay does not know: Redis refuses.
     let tight = "rl:rls:{api|tight=r}:fixed:hour";
     spend(&mut con, tight, 5, 4);
-    // Different costs: other calls; wide counts 2 (twice: named twice, in
-    // two calls) and exact 2 while tight refuses 3.
+    // tight and wide's first in one call (refused: counts nothing); wide's
+    // second (a key once per call) and exact (another mode) in calls of
+    // their own, each counting 2 while tight refuses 2.
     let descriptors: [&[(&str, &str)]; 4] = [&[("tight", "r")], &[("wide", "r")], &[("wide", "r")], &[("exact", "r")]];
-    let mut r = with_cost(request("api", &descriptors), 2);
-    r.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
-    let answer = ask(&mut client, r).await;
+    let answer = ask(&mut client, with_cost(request("api", &descriptors), 2)).await;
     assert_eq!((answer.overall_code, codes(&answer)), (OVER_LIMIT, vec![OVER_LIMIT, OK, OK, OK]));
     // The refunds are sent once the request is answered, one per call.
-    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 3.0, "three window refunds");
-    assert_eq!(counted(&mut con, "rl:rls:{api|wide=r}:fixed:hour", 100), 0, "wide gave its 2 + 2 back");
+    wait_for(|| relay.metric("rl_relay_rls_window_refunds_total") == 2.0, "two window refunds");
+    assert_eq!(counted(&mut con, "rl:rls:{api|wide=r}:fixed:hour", 100), 0, "wide gave its 2 back");
     assert_eq!(counted(&mut con, tight, 5), 4, "tight counted nothing");
     let exact: i64 = redis::cmd("EXISTS").arg("rl:rls:{api|exact=r}:exact:hour").query(&mut con).unwrap();
     assert_eq!(exact, 0, "the exact log gave its entry back: no key");
@@ -278,12 +277,13 @@ async fn hits_addend_per_request_and_per_descriptor() {
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
     let answer = ask(&mut client, r).await;
     assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![1]));
-    // A cost above the limit is refused and takes nothing.
-    let mut r = request("api", &[&[("wide", "b")]]);
-    r.descriptors[0].hits_addend = Some(UInt64Value { value: 1_000_000 });
+    // A request asking for more than the limit is refused and takes
+    // nothing (a descriptor's own hits_addend is usage, counted in full:
+    // rls_usage.rs).
+    let r = with_cost(request("api", &[&[("wide", "b")]]), 1_000_000);
     assert_eq!(ask(&mut client, r).await.overall_code, OVER_LIMIT);
     assert_eq!(remaining(&ask(&mut client, request("api", &[&[("wide", "b")]])).await), vec![97]);
-    // is_negative_hits: OK, takes nothing, counted.
+    // is_negative_hits: OK, gives back (rls_usage.rs), counted.
     let mut r = request("api", &[&[("tight", "b")]]);
     r.descriptors[0].is_negative_hits = true;
     r.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });

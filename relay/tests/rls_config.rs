@@ -347,7 +347,7 @@ fn extensions_load_and_their_mistakes_are_refused() {
         (
             "{ unit: second, requests_per_unit: 1, algorithm: leaky }",
             "inline.yaml:4: descriptors[0].rate_limit.algorithm: unknown algorithm 'leaky' (fixed_window, the \
-             default; token_bucket; sliding_window; exact_window)",
+             default; token_bucket; sliding_window; exact_window; concurrency)",
         ),
         (
             "{ unit: second, requests_per_unit: 1, burst: 5 }",
@@ -361,6 +361,12 @@ fn extensions_load_and_their_mistakes_are_refused() {
             "{ unit: second, requests_per_unit: 1, failure_mode: closed }",
             "inline.yaml:4: descriptors[0].rate_limit.failure_mode: unknown failure_mode 'closed' (allow, the \
              default, or deny)",
+        ),
+        (
+            "{ unit: minute, requests_per_unit: 20, algorithm: concurrency }",
+            "inline.yaml:4: descriptors[0].rate_limit.algorithm: algorithm: concurrency names a request's slot by \
+             the descriptor's last entry (its request id): put it on a nested descriptor (key: request_id under the \
+             subject's)",
         ),
         (
             "{ unlimited: true, algorithm: token_bucket }",

@@ -12,7 +12,6 @@ use common::rls::*;
 use common::{Relay, Start};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::google::protobuf::UInt64Value;
 use testkit::Server;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -66,13 +65,6 @@ fn with_cost(mut r: RateLimitRequest, hits: u32) -> RateLimitRequest {
     r
 }
 
-/// A request of one descriptor with its own `hits_addend`.
-fn costing(domain: &str, entries: &[(&str, &str)], hits: u64) -> RateLimitRequest {
-    let mut r = request(domain, &[entries]);
-    r.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
-    r
-}
-
 /// A client that counts the calls it makes.
 struct Counted {
     client: RateLimitServiceClient<Channel>,
@@ -116,7 +108,7 @@ descriptors:
     shadow_mode: true
     rate_limit: { unit: hour, requests_per_unit: 2 }
   - key: kept1
-    rate_limit: { unit: hour, requests_per_unit: 100 }
+    rate_limit: { unit: hour, requests_per_unit: 100, algorithm: sliding_window }
   - key: kept2
     rate_limit: { unit: hour, requests_per_unit: 3 }
   - key: g1
@@ -182,17 +174,14 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
         let r = c.ask(request("stats", &[&[("shadow", "s")]])).await;
         assert_eq!((r.overall_code, r.statuses[0].code), (OK, OK));
     }
-    // is_negative_hits: OK, counted apart, nothing asked.
+    // is_negative_hits: OK, counted apart, given back (a refund call).
     let mut r = request("stats", &[&[("cost", "a")]]);
     r.descriptors[0].is_negative_hits = true;
     assert_eq!(c.ask(r).await.overall_code, OK);
-    // Different costs go in different calls: kept2 (3) refuses 2 of its 1
-    // left, kept1's 1 was counted in its own call and is given back.
-    assert_eq!(c.ask(costing("stats", &[("kept2", "a")], 2)).await.overall_code, OK);
-    let mut r = request("stats", &[&[("kept1", "a")], &[("kept2", "a")]]);
-    r.descriptors[0].hits_addend = Some(UInt64Value { value: 1 });
-    r.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
-    let answer = c.ask(r).await;
+    // Different modes go in different calls: kept2 (3) refuses 2 of its 1
+    // left, kept1's 2 were counted in its own call and are given back.
+    assert_eq!(c.ask(with_cost(request("stats", &[&[("kept2", "a")]]), 2)).await.overall_code, OK);
+    let answer = c.ask(with_cost(request("stats", &[&[("kept1", "a")], &[("kept2", "a")]]), 2)).await;
     assert_eq!((answer.overall_code, answer.statuses[1].code), (OVER_LIMIT, OVER_LIMIT));
     // Two windows of one cost: one RL.WINDOW, then a peek each.
     assert_eq!(c.ask(request("stats", &[&[("g1", "a")], &[("g2", "a")]])).await.overall_code, OK);
@@ -208,7 +197,7 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
 
     // The refund is sent once the request is answered.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while relay.metric("rl_relay_rls_window_refunds_total") < 1.0 {
+    while relay.metric("rl_relay_rls_window_refunds_total") < 2.0 {
         assert!(std::time::Instant::now() < deadline, "kept1's count was not given back");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
@@ -239,7 +228,7 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
         ("domain=\"stats\",key1=\"detailed_y\"", [1, 0, 0, 1, 0]),
         ("domain=\"stats\",key1=\"g1\"", [1, 0, 0, 1, 0]),
         ("domain=\"stats\",key1=\"g2\"", [1, 0, 0, 1, 0]),
-        ("domain=\"stats\",key1=\"kept1\"", [1, 0, 0, 1, 0]),
+        ("domain=\"stats\",key1=\"kept1\"", [2, 0, 0, 2, 0]),
         ("domain=\"stats\",key1=\"kept2\"", [4, 2, 0, 2, 0]),
         ("domain=\"stats\",key1=\"near\"", [12, 2, 2, 10, 0]),
         ("domain=\"stats\",key1=\"outer\",key2=\"inner\"", [6, 1, 1, 5, 0]),
@@ -267,8 +256,9 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
 
     // The rest of envoyproxy/ratelimit's names and ours, exactly. Redis
     // calls: near 11, cost 4, outer 6, deep 3, detailed 3, v2m 3, plain 2,
-    // shadow 3, kept 3 + kept1's refund, g 1 + 2 peeks, bucket 3.
-    let redis_calls = 11 + 4 + 6 + 3 + 3 + 3 + 2 + 3 + 4 + 3 + 3;
+    // shadow 3, kept 3 + kept1's refund, g 1 + 2 peeks, bucket 3, the
+    // negative hit's refund 1.
+    let redis_calls = 11 + 4 + 6 + 3 + 3 + 3 + 2 + 3 + 4 + 3 + 3 + 1;
     for (name, labels, value) in [
         ("ratelimit_service_config_load_success_total", "", 1),
         ("ratelimit_service_config_load_error_total", "", 0),
@@ -288,7 +278,7 @@ async fn statistics_read_by_prometheus_parser_count_exactly() {
         ("rl_relay_rls_failure_denied_total", "", 0),
         ("rl_relay_rls_refunds_total", "", 0),
         ("rl_relay_rls_given_back_total", "", 0),
-        ("rl_relay_rls_window_refunds_total", "", 1),
+        ("rl_relay_rls_window_refunds_total", "", 2),
         ("rl_relay_rls_refund_errors_total", "", 0),
         ("rl_relay_rls_window_counts_kept_total", "", 0),
         ("rl_relay_rls_timeouts_total", "", 0),

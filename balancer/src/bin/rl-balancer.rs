@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use rl_balancer::{Balancer, Config, GlobalRule, Stopped};
-use rl_rules::RuleSetSpec;
+use rl_gateway::live::RuleSetSpec;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Moves each region's share of every global limit toward where the traffic
@@ -135,7 +135,7 @@ fn parse_region(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_epoch(s: &str) -> Result<u64, String> {
-    rl_balancer::epoch::parse_stored(s).map_err(|p| format!("--epoch {s} is {p}"))
+    rl_gateway::global::store::parse_stored(s).map_err(|p| format!("--epoch {s} is {p}"))
 }
 
 fn parse_delay(s: &str) -> Result<(Duration, Duration), String> {
@@ -157,7 +157,7 @@ fn global_rules(path: &Path, names: &[String]) -> Result<Vec<GlobalRule>, String
 fn config(args: &Args) -> Result<Config, String> {
     let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();
     // Before the rules are matched to the regions: they need each once.
-    rl_balancer::settings::named_once(&names)?;
+    rl_balancer::config::named_once(&names)?;
     let rules = global_rules(&args.rules, &names)?;
     let args = args.clone();
     let mut c = Config::new(args.regions, rules);

@@ -1,4 +1,9 @@
-#![doc = include_str!("../../HTTP.md")]
+//! HTTP for a gateway (feature `http`): the draft's RateLimit headers and the
+//! legacy `X-RateLimit-*` ([`headers`]), the client's IP behind trusted
+//! proxies ([`ClientIp`]), full-jitter [`Backoff`]; with feature `tower`, the
+//! rate and in-flight tower layers. How to use them: [`guide`].
+
+pub mod guide;
 
 mod backoff;
 mod client_ip;

@@ -130,17 +130,12 @@ impl Limiter {
         let lua = self.inner.client().backend() == Backend::Lua;
         if lua && !policy.fits_lua() {
             return Err(Error::invalid(format!(
-                "policy '{}' has a rule with capacity x period_ms above 2^52: the Lua backend cannot count it exactly",
+                "policy '{}' has a rule the Lua backend cannot count exactly: capacity x period_ms (limit x \
+                 window_ms) above 2^52, or an EXACT window above 10000",
                 policy.prefix()
             )));
         }
         if policy.has_windows() {
-            if lua {
-                return Err(Error::invalid(format!(
-                    "policy '{}' has window rules: the Lua backend has no RL.WINDOW",
-                    policy.prefix()
-                )));
-            }
             if let BucketOp::Take { cost } = op {
                 if cost > MAX_WINDOW_LIMIT {
                     return Err(Error::invalid(format!(

@@ -41,6 +41,7 @@ use rl_core::{BucketParams, Reply, WindowMode};
 
 use super::config::FailureMode;
 use super::fallback::{self, Fallback};
+use super::slots;
 use super::windows::{Plan as WindowPlan, Window, Windows};
 use crate::logging::line;
 use crate::pool::{Need, Plan};
@@ -54,6 +55,14 @@ pub struct Item {
     pub counter: Counter,
     /// 0: asks whether the limit has room, takes nothing.
     pub cost: u64,
+    /// Usage reported after the fact (a descriptor's own `hits_addend`):
+    /// counted in full whatever the limit answers, never given back.
+    pub usage: bool,
+    /// A negative hit (`is_negative_hits`): gives `cost` back.
+    pub refund: bool,
+    /// The slot's id of a `Counter::Slots` limit (the descriptor's last
+    /// entry), else empty.
+    pub slot: String,
     pub shadow: bool,
     pub failure: FailureMode,
 }
@@ -65,6 +74,12 @@ pub enum Counter {
         window: Window,
     },
     Bucket(BucketParams),
+    /// `algorithm: concurrency`: at most `limit` in flight, a slot held at
+    /// most `timeout_ms` (`slots.rs`).
+    Slots {
+        limit: u64,
+        timeout_ms: u64,
+    },
     /// `requests_per_unit: 0`: refuses everything, as in
     /// envoyproxy/ratelimit; `window_ms` is its unit.
     Closed {
@@ -78,6 +93,7 @@ impl Counter {
         match self {
             Counter::Window { window, .. } => window.limit,
             Counter::Bucket(p) => p.capacity(),
+            Counter::Slots { limit, .. } => *limit,
             Counter::Closed { .. } => 0,
         }
     }
@@ -121,6 +137,8 @@ enum Took {
     Pool,
     /// A bucket in Redis: RL.REFUND.
     Redis,
+    /// A slot in flight: RL.RELEASE.
+    Slot,
     /// A window's count in Redis, by a call the server decided at `at_ms`
     /// (None: a reply without it; the count is kept).
     Counted {
@@ -153,6 +171,13 @@ pub struct Engine {
     cluster: bool,
     started: Instant,
     pub counters: DecisionCounters,
+    /// Told whenever a window's lease call is answered (or failed): the
+    /// requests waiting for it decide then.
+    lease_done: tokio::sync::Notify,
+    /// `--rls-stop-increment-when-overlimit`: usage on a limit already over
+    /// counts nothing (envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    stop_increment: bool,
     /// Until when (`mono_ms`) RL.WINDOW goes without TIME, 0 while it takes
     /// it: a module older than the option refused it; windows are then
     /// counted without the server's reading, and not given back across
@@ -183,7 +208,7 @@ fn fallback_kind(counter: Counter) -> Option<fallback::Kind> {
             Some(fallback::Kind::Window { limit: window.limit, window_ms: window.window_ms })
         }
         Counter::Bucket(p) => Some(fallback::Kind::Bucket(p)),
-        Counter::Closed { .. } => None,
+        Counter::Slots { .. } | Counter::Closed { .. } => None,
     }
 }
 
@@ -233,16 +258,50 @@ fn bucket_args(name: &'static str, key: &str, p: &BucketParams, option: &'static
     args
 }
 
+/// A limit decided by a call of its own.
+#[derive(Clone, Copy)]
+enum Single {
+    WithLease(u64),
+    AfterLease,
+    Slot,
+}
+
 /// What step 2 sends for a limit.
 enum Step {
     Decided(LimitAnswer, Took),
     Window,
     Bucket(Plan),
     Peek,
+    /// A leased window memory cannot pay, with the lease it claimed: one
+    /// call counts both.
+    WindowLease(u64),
+    /// A leased window memory cannot pay while a lease call is on its way:
+    /// decided once it is answered.
+    AfterLease,
+    /// Usage to count in Redis (what memory did not pay of it).
+    Usage(u64),
+    /// A negative hit to give back in Redis.
+    Refund,
+    /// A slot to take (or look at) in Redis.
+    Slot,
+}
+
+/// An EXACT log's default ceiling (the module's `max-log-limit`): usage is
+/// counted against it, as the log cannot hold more.
+const DEFAULT_MAX_LOG_LIMIT: u64 = 10_000;
+
+/// The limit a usage charge is counted against, so that the module counts
+/// it past the real one: a FIXED or SLIDING window stores its counts, not
+/// its limit; an EXACT log holds at most its ceiling.
+fn usage_limit(mode: WindowMode, limit: u64) -> u64 {
+    match mode {
+        WindowMode::Exact => limit.max(DEFAULT_MAX_LOG_LIMIT),
+        _ => rl_core::limits::MAX_WINDOW_LIMIT,
+    }
 }
 
 impl Engine {
-    pub fn new(relay: Arc<Relay>, cluster: bool) -> Engine {
+    pub fn new(relay: Arc<Relay>, cluster: bool, stop_increment: bool) -> Engine {
         let settings = relay.pools().settings();
         Engine {
             windows: Mutex::new(Windows::new(settings)),
@@ -251,6 +310,8 @@ impl Engine {
             cluster,
             started: Instant::now(),
             counters: DecisionCounters::default(),
+            lease_done: tokio::sync::Notify::new(),
+            stop_increment,
             time_off_until: AtomicU64::new(0),
         }
     }
@@ -321,7 +382,11 @@ impl Engine {
         for (i, (step, item)) in steps.into_iter().zip(items).enumerate() {
             match step {
                 Step::Decided(outcome, took) => outcomes.push(Some((outcome, took))),
-                step if refused_early && !item.shadow => {
+                step if refused_early && !item.shadow && !item.usage && !item.refund => {
+                    if let Step::WindowLease(_) = step {
+                        self.windows().lease_failed(&item.key);
+                        self.lease_done.notify_waiters();
+                    }
                     if let Step::Bucket(plan) = step {
                         if let Plan::Answer { reply, .. } = plan {
                             if reply.granted > 0 {
@@ -376,12 +441,21 @@ impl Engine {
     /// Step 1 for one limit.
     fn in_memory(&self, item: &Item, now: u64, leases: &mut Vec<(String, Window, u64)>) -> Step {
         let limit = item.counter.limit();
+        if item.refund {
+            return Step::Refund;
+        }
         if let Counter::Closed { window_ms } = item.counter {
             let end = window_end_in(window_ms, now);
             return Step::Decided(
                 LimitAnswer { over: true, reply: refused(0, end as i64, end), source: Source::Limit },
                 Took::Nothing,
             );
+        }
+        if let Counter::Slots { .. } = item.counter {
+            return Step::Slot;
+        }
+        if item.usage {
+            return self.usage_in_memory(item, now);
         }
         if item.cost > item.counter.limit() {
             let reset = match item.counter {
@@ -399,8 +473,13 @@ impl Engine {
         match item.counter {
             Counter::Window { window, .. } => {
                 let plan = self.windows().plan(&item.key, window, item.cost, now);
-                if let Some(want) = plan.lease() {
-                    leases.push((item.key.clone(), window, want));
+                match plan {
+                    WindowPlan::Exact { lease: Some(want) } if !item.shadow => return Step::WindowLease(want),
+                    plan => {
+                        if let Some(want) = plan.lease() {
+                            leases.push((item.key.clone(), window, want));
+                        }
+                    }
                 }
                 match plan {
                     WindowPlan::Paid { reply, .. } => {
@@ -412,6 +491,7 @@ impl Engine {
                         Step::Decided(LimitAnswer { over: true, reply, source: Source::DenyCache }, Took::Nothing)
                     }
                     WindowPlan::Exact { .. } => Step::Window,
+                    WindowPlan::Wait => Step::AfterLease,
                 }
             }
             Counter::Bucket(params) => {
@@ -425,7 +505,7 @@ impl Engine {
                     plan => Step::Bucket(plan),
                 }
             }
-            Counter::Closed { .. } => unreachable!("decided above"),
+            Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided above"),
         }
     }
 
@@ -448,6 +528,11 @@ impl Engine {
         let mut windows = Vec::new();
         let mut buckets = Vec::new();
         let mut peeks = Vec::new();
+        let mut usages = Vec::new();
+        let mut refunds = Vec::new();
+        let mut with_leases = Vec::new();
+        let mut waits = Vec::new();
+        let mut slots = Vec::new();
         for (i, step) in pending {
             let item = &items[i];
             match step {
@@ -458,6 +543,11 @@ impl Engine {
                 }
                 Step::Bucket(plan) => buckets.push((i, plan)),
                 Step::Peek => peeks.push(i),
+                Step::Usage(cost) => usages.push((i, cost)),
+                Step::Refund => refunds.push(i),
+                Step::WindowLease(want) => with_leases.push((i, want)),
+                Step::AfterLease => waits.push(i),
+                Step::Slot => slots.push(i),
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
@@ -517,13 +607,40 @@ impl Engine {
             let args = match item.counter {
                 Counter::Window { mode, .. } => window_args("RL.WINDOWPEEK", &[item], 1, mode),
                 Counter::Bucket(p) => bucket_args("RL.PEEK", &item.key, &p, "COST", 1),
-                Counter::Closed { .. } => unreachable!("decided in memory"),
+                Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided in memory"),
             };
             self.counters.redis_calls.fetch_add(1, Relaxed);
             async move { self.relay.send(&args, Some(item.key.as_bytes())).await }
         });
-        let (window_replies, bucket_replies, peek_replies) =
-            futures_util::future::join3(join_all(window_calls), join_all(bucket_calls), join_all(peek_calls)).await;
+        let usage_calls = usages.iter().map(|&(i, cost)| async move { (i, self.charge(&items[i], cost).await) });
+        let refund_calls = refunds.iter().map(|&i| async move { (i, self.give_hits_back(&items[i]).await) });
+        // Calls of one limit each, answered with what they took.
+        let single = with_leases
+            .iter()
+            .map(|&(i, want)| (i, Single::WithLease(want)))
+            .chain(waits.iter().map(|&i| (i, Single::AfterLease)))
+            .chain(slots.iter().map(|&i| (i, Single::Slot)));
+        let lease_calls = single.map(|(i, single)| async move {
+            match single {
+                Single::WithLease(want) => (i, self.with_lease(&items[i], want).await),
+                Single::AfterLease => (i, self.after_lease(&items[i]).await),
+                Single::Slot => (i, self.slot(&items[i]).await),
+            }
+        });
+        let (window_replies, bucket_replies, peek_replies, (usage_answers, refund_answers, leased_answers)) =
+            futures_util::future::join4(
+                join_all(window_calls),
+                join_all(bucket_calls),
+                join_all(peek_calls),
+                futures_util::future::join3(join_all(usage_calls), join_all(refund_calls), join_all(lease_calls)),
+            )
+            .await;
+        for (i, answer) in usage_answers.into_iter().chain(refund_answers) {
+            out.push((i, answer, Took::Nothing));
+        }
+        for (i, (answer, took)) in leased_answers {
+            out.push((i, answer, took));
+        }
         let done = now_ms();
         for (((mode, cost, _), members), (reply, peeks)) in groups.into_iter().zip(window_replies) {
             let Some(r) = reply.module_reply() else {
@@ -555,7 +672,11 @@ impl Engine {
                     let reply =
                         Reply { granted: 1, remaining: own.remaining, reset_after_ms: reset, limit: window.limit, ..r };
                     windows.answered(&items[i].key, cost, reply, sent, done);
-                    let reply = Reply { remaining: (reply.remaining + held).min(window.limit), ..reply };
+                    // Never above the truth: the lowest room Redis said
+                    // (a lease landing first is counted in it), with what
+                    // is held.
+                    let room = windows.room(&items[i].key).map_or(reply.remaining, |r| r.min(reply.remaining));
+                    let reply = Reply { remaining: (room + held).min(window.limit), ..reply };
                     out.push((i, LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms }));
                 } else if let Some(reply) =
                     (members.len() == 1).then(|| windows.pay(&items[i].key, cost, done)).flatten()
@@ -600,17 +721,317 @@ impl Engine {
         }
         for (i, reply) in peeks.into_iter().zip(peek_replies) {
             match reply.module_reply() {
-                // Asked with a cost of 0: the room as it is, never over (as
-                // envoyproxy/ratelimit's INCRBY 0 of a full window).
+                // Asked with a cost of 0: the room as it is, over when none
+                // is left (spent, or past the limit by usage), as the next
+                // request would be refused.
                 Some(r) => {
-                    self.came_back(&items[i], 0, Some((room(&r, 1), r.reset_after_ms)));
-                    let reply = Reply { granted: 1, remaining: room(&r, 1), ..r };
-                    out.push((i, LimitAnswer { over: false, reply, source: Source::Redis }, Took::Nothing))
+                    let room = room(&r, 1);
+                    self.came_back(&items[i], 0, Some((room, r.reset_after_ms)));
+                    let reply = Reply { granted: u64::from(room > 0), remaining: room, ..r };
+                    out.push((i, LimitAnswer { over: room == 0, reply, source: Source::Redis }, Took::Nothing))
                 }
                 None => out.push((i, self.failed(&items[i]), Took::Nothing)),
             }
         }
         out
+    }
+
+    /// A request of a leased window memory cannot pay, with the lease it
+    /// claimed (`want`): one call counts both, so that its answer is exact
+    /// for a lone caller (a lease sent beside it could land before or
+    /// after it). When the window has less room than both, the request's
+    /// own cost is asked alone, and the room remembered for the next lease.
+    async fn with_lease(&self, item: &Item, want: u64) -> (LimitAnswer, Took) {
+        let Counter::Window { window, .. } = item.counter else { unreachable!("a window") };
+        self.counters.window_leases.fetch_add(1, Relaxed);
+        let sent = now_ms();
+        let (reply, at_ms) = self.count_window(item, item.cost + want).await;
+        let done = now_ms();
+        let reset = window_end_in(window.window_ms, done);
+        let Some(r) = reply else {
+            self.windows().lease_failed(&item.key);
+            self.lease_done.notify_waiters();
+            return (self.failed(item), Took::Nothing);
+        };
+        let r = Reply { reset_after_ms: reset, limit: window.limit, ..r };
+        self.came_back(item, item.cost + want, Some((r.remaining, reset)));
+        {
+            let mut windows = self.windows();
+            windows.leased(&item.key, want, r, sent, done);
+            self.lease_done.notify_waiters();
+            if r.granted > 0 {
+                let reply =
+                    windows.known(&item.key, window, done).unwrap_or(Reply { remaining: r.remaining + want, ..r });
+                return (LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms });
+            }
+            if r.remaining < item.cost {
+                windows.answered(&item.key, item.cost, r, sent, done);
+                return (LimitAnswer { over: true, reply: r, source: Source::Redis }, Took::Nothing);
+            }
+        }
+        self.alone(item).await
+    }
+
+    /// A request of a window memory cannot pay, after a lease call on its
+    /// way was answered (or a second, at most): paid from what it brought,
+    /// else asked of Redis as it would have been.
+    async fn after_lease(self: &Arc<Self>, item: &Item) -> (LimitAnswer, Took) {
+        let Counter::Window { window, .. } = item.counter else { unreachable!("a window") };
+        let answered = self.lease_done.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable();
+        if self.windows().leasing(&item.key) {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), answered).await;
+        }
+        let plan = self.windows().plan(&item.key, window, item.cost, now_ms());
+        match plan {
+            WindowPlan::Paid { reply, lease } => {
+                if let Some(want) = lease {
+                    self.spawn_lease(item.key.clone(), window, want);
+                }
+                self.counters.from_memory.fetch_add(1, Relaxed);
+                (LimitAnswer { over: false, reply, source: Source::Memory }, Took::WindowMemory)
+            }
+            WindowPlan::Refused { reply } => {
+                self.counters.from_deny_cache.fetch_add(1, Relaxed);
+                (LimitAnswer { over: true, reply, source: Source::DenyCache }, Took::Nothing)
+            }
+            WindowPlan::Exact { lease: Some(want) } => Box::pin(self.with_lease(item, want)).await,
+            WindowPlan::Exact { lease: None } | WindowPlan::Wait => self.alone(item).await,
+        }
+    }
+
+    /// A window's request asked of Redis alone (its own call): exact, the
+    /// room it shows never above the lowest Redis said, with what is held.
+    async fn alone(&self, item: &Item) -> (LimitAnswer, Took) {
+        let Counter::Window { window, .. } = item.counter else { unreachable!("a window") };
+        let sent = now_ms();
+        let (reply, at_ms) = self.count_window(item, item.cost).await;
+        let done = now_ms();
+        let Some(r) = reply else { return (self.failed(item), Took::Nothing) };
+        let reset = window_end_in(window.window_ms, done);
+        let r = Reply { reset_after_ms: reset, limit: window.limit, ..r };
+        self.came_back(item, item.cost, Some((r.remaining, reset)));
+        let mut windows = self.windows();
+        windows.answered(&item.key, item.cost, r, sent, done);
+        if r.granted == 0 {
+            return (LimitAnswer { over: true, reply: r, source: Source::Redis }, Took::Nothing);
+        }
+        let room = windows.room(&item.key).map_or(r.remaining, |room| room.min(r.remaining));
+        let reply = Reply { remaining: (room + windows.held(&item.key, done)).min(window.limit), ..r };
+        (LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms })
+    }
+
+    /// `RL.WINDOW` of `cost` on `item`'s window alone, with TIME while the
+    /// module takes it: its reply and the server's reading, if it answered
+    /// (a failure is logged for the probe).
+    async fn count_window(&self, item: &Item, cost: u64) -> (Option<Reply>, Option<u64>) {
+        let Counter::Window { mode, .. } = item.counter else { unreachable!("a window") };
+        let key = Some(item.key.as_bytes());
+        let mut args = window_args("RL.WINDOW", &[item], cost, mode);
+        let (time, seen) = self.window_time();
+        if time {
+            args.push(Bytes::from_static(b"TIME"));
+        }
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        self.sending(item, cost);
+        let mut reply = self.relay.send(&args, key).await;
+        if time && self.refuses_time(&reply, seen) {
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            reply = self.relay.send(&args[..args.len() - 1], key).await;
+        }
+        let answered = reply.module_reply();
+        if answered.is_none() {
+            self.came_back(item, cost, None);
+            self.relay.health.failed("RL.WINDOW", &format!("{reply:?}"));
+        }
+        (answered, reply.module_time())
+    }
+
+    /// A slot taken (`RL.ACQUIRE ... ID slot COST cost`), or looked at
+    /// (`RL.INFLIGHT`, a cost of 0: over when none is free).
+    async fn slot(&self, item: &Item) -> (LimitAnswer, Took) {
+        let Counter::Slots { limit, timeout_ms } = item.counter else { unreachable!("slots") };
+        let args = slots::acquire_args(&item.key, limit, timeout_ms, &item.slot, item.cost);
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        let resp = self.relay.send(&args, Some(item.key.as_bytes())).await;
+        let Some(r) = slots::reply(&resp) else {
+            self.relay.health.failed("RL.ACQUIRE", &format!("{resp:?}"));
+            return (self.failed(item), Took::Nothing);
+        };
+        let took = if r.granted > 0 && item.cost > 0 { Took::Slot } else { Took::Nothing };
+        (LimitAnswer { over: r.granted == 0, reply: r, source: Source::Redis }, took)
+    }
+
+    /// Step 1 for usage: a limit of 0 has nothing to count; a leased window
+    /// pays what it can from the tokens it holds (counted in Redis when
+    /// leased), the rest goes to Redis.
+    fn usage_in_memory(&self, item: &Item, now: u64) -> Step {
+        let Counter::Window { window, .. } = item.counter else { return Step::Usage(item.cost) };
+        if !window.leased {
+            return Step::Usage(item.cost);
+        }
+        let (paid, reply) = self.windows().pay_usage(&item.key, window, item.cost, now);
+        if paid < item.cost {
+            return Step::Usage(item.cost - paid);
+        }
+        self.counters.from_memory.fetch_add(1, Relaxed);
+        let over = reply.remaining == 0;
+        Step::Decided(LimitAnswer { over, reply, source: Source::Memory }, Took::Nothing)
+    }
+
+    /// Counts usage of `cost` in Redis, past the limit: a window against
+    /// [`usage_limit`] (an EXACT log full to it takes what it has room
+    /// for), a bucket with FORCE (into debt). Then a peek of one answers as
+    /// the next request would be: over when nothing is left. With
+    /// `stop_increment`, a limit the peek finds already over counts nothing.
+    async fn charge(&self, item: &Item, cost: u64) -> LimitAnswer {
+        let key = Some(item.key.as_bytes());
+        let peek = match item.counter {
+            Counter::Window { mode, .. } => window_args("RL.WINDOWPEEK", &[item], 1, mode),
+            Counter::Bucket(p) => bucket_args("RL.PEEK", &item.key, &p, "COST", 1),
+            Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided in memory"),
+        };
+        let sent = now_ms();
+        if self.stop_increment {
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            match self.relay.send(&peek, key).await.module_reply() {
+                Some(r) if r.granted == 0 => return self.charged(item, r, sent),
+                Some(_) => {}
+                None => return self.failed(item),
+            }
+        }
+        let args = |cost: u64| match item.counter {
+            Counter::Window { mode, window } => {
+                let limit = usage_limit(mode, window.limit);
+                let forced =
+                    Item { counter: Counter::Window { mode, window: Window { limit, ..window } }, ..item.clone() };
+                window_args("RL.WINDOW", &[&forced], cost, mode)
+            }
+            Counter::Bucket(p) => {
+                let mut args = bucket_args("RL.TAKE", &item.key, &p, "COST", cost);
+                args.push(Bytes::from_static(b"FORCE"));
+                args
+            }
+            Counter::Slots { .. } | Counter::Closed { .. } => unreachable!("decided in memory"),
+        };
+        self.counters.redis_calls.fetch_add(2, Relaxed);
+        self.sending(item, cost);
+        let mut reply = self.relay.send(&args(cost), key).await;
+        if let Some(r) = reply.module_reply().filter(|r| r.granted == 0 && r.remaining > 0) {
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            reply = self.relay.send(&args(r.remaining), key).await;
+        }
+        if reply.module_reply().is_none() {
+            self.came_back(item, cost, None);
+            self.relay.health.failed("usage", &format!("{reply:?}"));
+            return self.failed(item);
+        }
+        let after = self.relay.send(&peek, key).await;
+        match after.module_reply() {
+            Some(r) => {
+                let room = room(&r, 1);
+                self.came_back(item, cost, Some((room, r.reset_after_ms)));
+                self.charged(item, r, sent)
+            }
+            None => {
+                self.came_back(item, cost, None);
+                self.failed(item)
+            }
+        }
+    }
+
+    /// A negative hit: `cost` given back to the window in progress (never
+    /// more than it counts: `RL.WINDOW ... REFUND`, at now; an EXACT log
+    /// its oldest entries) or to the bucket (`RL.REFUND`, never above its
+    /// capacity). Always OK, with what is left after; memory forgets a
+    /// refusal it held for the limit. Redis down: nothing is given back
+    /// (counted in `rl_relay_rls_refund_errors_total`: under, never over).
+    async fn give_hits_back(&self, item: &Item) -> LimitAnswer {
+        let now = now_ms();
+        let mut cost = item.cost;
+        if let Counter::Window { mode: WindowMode::Exact, window } = item.counter {
+            // A log gives nothing back when asked more than it holds: asked
+            // at most what a peek against its ceiling finds.
+            let limit = usage_limit(WindowMode::Exact, window.limit);
+            let ceiling = Item {
+                counter: Counter::Window { mode: WindowMode::Exact, window: Window { limit, ..window } },
+                ..item.clone()
+            };
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            let peek = window_args("RL.WINDOWPEEK", &[&ceiling], 1, WindowMode::Exact);
+            if let Some(r) = self.relay.send(&peek, Some(item.key.as_bytes())).await.module_reply() {
+                cost = cost.min(limit.saturating_sub(room(&r, 1)));
+            }
+        }
+        if cost == 0 {
+            let reply = Reply {
+                granted: 1,
+                remaining: item.counter.limit(),
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+                limit: item.counter.limit(),
+                binding: 0,
+            };
+            return LimitAnswer { over: false, reply, source: Source::Redis };
+        }
+        let (what, args) = match item.counter {
+            Counter::Window { mode, window } => {
+                // An EXACT log gives back its oldest entries from `at` on,
+                // while `at` is in its window: a margin (half the window, at
+                // most a minute) keeps it there on the server's clock.
+                let at = match mode {
+                    WindowMode::Exact => now.saturating_sub(window.window_ms - (window.window_ms / 2).min(60_000)),
+                    _ => now,
+                };
+                let mut args = window_args("RL.WINDOW", &[item], cost, mode);
+                args.push(Bytes::from_static(b"REFUND"));
+                args.push(at.to_string().into());
+                self.counters.window_refunds.fetch_add(1, Relaxed);
+                ("RL.WINDOW REFUND", args)
+            }
+            Counter::Bucket(p) => {
+                self.counters.refunds.fetch_add(1, Relaxed);
+                ("RL.REFUND", bucket_args("RL.REFUND", &item.key, &p, "TOKENS", item.cost))
+            }
+            Counter::Slots { .. } => ("RL.RELEASE", slots::release_args(&item.key, &item.slot)),
+            Counter::Closed { .. } => {
+                let reply = refused(0, 0, 0);
+                return LimitAnswer { over: false, reply: Reply { granted: 1, ..reply }, source: Source::Limit };
+            }
+        };
+        if let Counter::Slots { .. } = item.counter {
+            // A release answers how many keys it freed: no room to show.
+            self.counters.redis_calls.fetch_add(1, Relaxed);
+            let reply = self.relay.send(&args, Some(item.key.as_bytes())).await;
+            self.released(&reply);
+            let limit = item.counter.limit();
+            let reply = Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit, binding: 0 };
+            return LimitAnswer { over: false, reply, source: Source::Redis };
+        }
+        self.counters.redis_calls.fetch_add(1, Relaxed);
+        let reply = self.relay.send(&args, Some(item.key.as_bytes())).await;
+        self.refunded(what, &reply);
+        let limit = item.counter.limit();
+        let Some(r) = reply.module_reply() else {
+            let reply = Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit, binding: 0 };
+            return LimitAnswer { over: false, reply, source: Source::Unanswered };
+        };
+        if let Counter::Window { .. } = item.counter {
+            self.windows().refunded(&item.key, r.remaining);
+        }
+        LimitAnswer { over: false, reply: Reply { granted: 1, limit, ..r }, source: Source::Redis }
+    }
+
+    /// The answer to usage from a peek of one after it (`sent_ms`: when the
+    /// first call went): a window remembers a refusal.
+    fn charged(&self, item: &Item, peek: Reply, sent_ms: u64) -> LimitAnswer {
+        let room = room(&peek, 1);
+        let reply = Reply { granted: u64::from(room > 0), remaining: room, ..peek };
+        if let Counter::Window { .. } = item.counter {
+            self.windows().answered(&item.key, 1, Reply { granted: peek.granted, ..reply }, sent_ms, now_ms());
+        }
+        LimitAnswer { over: room == 0, reply, source: Source::Redis }
     }
 
     /// Redis could not answer for `item`: its failure mode decides.
@@ -622,6 +1043,12 @@ impl Engine {
         }
         self.counters.fallback.fetch_add(1, Relaxed);
         let Some(kind) = fallback_kind(item.counter) else {
+            if let Counter::Slots { .. } = item.counter {
+                // Failing open, a request is let in without a slot (a
+                // release of it later frees nothing).
+                let reply = Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit, binding: 0 };
+                return LimitAnswer { over: false, reply, source: Source::Fallback };
+            }
             return LimitAnswer { over: true, reply: refused(0, 1000, 0), source: Source::Limit };
         };
         let mono = self.mono_ms();
@@ -694,6 +1121,17 @@ impl Engine {
             Took::Counted { .. } => {
                 self.counters.window_counts_kept.fetch_add(1, Relaxed);
             }
+            Took::Slot => {
+                self.counters.refunds.fetch_add(1, Relaxed);
+                self.counters.redis_calls.fetch_add(1, Relaxed);
+                let args = slots::release_args(&item.key, &item.slot);
+                let engine = self.clone();
+                let key = item.key.clone();
+                tokio::spawn(async move {
+                    let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
+                    engine.released(&reply);
+                });
+            }
         }
     }
 
@@ -709,6 +1147,12 @@ impl Engine {
             let mut args = window_args("RL.WINDOW", &group, cost, mode);
             args.push(Bytes::from_static(b"REFUND"));
             args.push(at.to_string().into());
+            // The room memory holds only falls but by a refund: this one.
+            let mut windows = self.windows();
+            for item in &group {
+                windows.raise_room(&item.key, cost);
+            }
+            drop(windows);
             self.counters.window_refunds.fetch_add(group.len() as u64, Relaxed);
             self.counters.redis_calls.fetch_add(1, Relaxed);
             let engine = self.clone();
@@ -745,6 +1189,15 @@ impl Engine {
         calls
     }
 
+    /// A release's reply (the keys it freed): an error is logged and
+    /// counted; the slot then heals at its deadline.
+    fn released(&self, reply: &crate::reply::Reply) {
+        if !matches!(reply, crate::reply::Reply::Int(_)) {
+            self.counters.refund_errors.fetch_add(1, Relaxed);
+            self.relay.health.failed("RL.RELEASE", &format!("{reply:?}"));
+        }
+    }
+
     /// A refund's reply: one Redis did not take is logged and counted.
     fn refunded(&self, what: &str, reply: &crate::reply::Reply) {
         if reply.module_reply().is_none() {
@@ -757,6 +1210,7 @@ impl Engine {
     fn spawn_lease(self: &Arc<Self>, key: String, window: Window, want: u64) {
         if self.relay.health.unreachable() {
             self.windows().lease_failed(&key);
+            self.lease_done.notify_waiters();
             return;
         }
         let engine = self.clone();
@@ -767,6 +1221,9 @@ impl Engine {
                 key: key.clone(),
                 counter: Counter::Window { mode: WindowMode::Fixed, window },
                 cost: want,
+                usage: false,
+                refund: false,
+                slot: String::new(),
                 shadow: false,
                 failure: FailureMode::Allow,
             };
@@ -782,6 +1239,7 @@ impl Engine {
                     None => windows.lease_failed(&key),
                 }
             }
+            engine.lease_done.notify_waiters();
             engine.came_back(&item, want, answered.map(|r| (r.remaining, r.reset_after_ms)));
         });
     }

@@ -44,6 +44,7 @@ pub fn counter_key(prefix: &str, domain: &str, entries: &[(&str, &str)], algorit
         Algorithm::TokenBucket => "bucket",
         Algorithm::SlidingWindow => "sliding",
         Algorithm::ExactWindow => "exact",
+        Algorithm::Concurrency => "inflight",
     });
     key.push(':');
     key.push_str(&unit.name().to_ascii_lowercase());

@@ -9,6 +9,7 @@
 //! windows.rs   fixed-window leases and the deny cache, pure
 //! fallback.rs  the local stand-ins while Redis cannot answer
 //! decide.rs    one request's limits, all or nothing
+//! slots.rs     algorithm: concurrency (RL.ACQUIRE / RL.RELEASE)
 //! service.rs   ShouldRateLimit: bounds, matching, the answer
 //! headers.rs   response headers (the draft's, envoyproxy/ratelimit's)
 //! stats.rs     statistics under envoyproxy/ratelimit's names
@@ -25,6 +26,7 @@ pub mod headers;
 pub mod keys;
 pub mod serve;
 pub mod service;
+pub mod slots;
 pub mod stats;
 pub mod tls;
 pub mod upstream_answer;
@@ -72,6 +74,10 @@ pub struct Options {
     pub dynamic_metadata: bool,
     /// Served over TLS (its GRPC_SERVER_USE_TLS).
     pub tls: Option<Arc<tls::Tls>>,
+    /// `--rls-stop-increment-when-overlimit`: usage reported on a limit
+    /// already over counts nothing (envoyproxy/ratelimit's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    pub stop_increment_when_overlimit: bool,
 }
 
 impl Default for Options {
@@ -91,6 +97,7 @@ impl Default for Options {
             quota_mode: false,
             dynamic_metadata: false,
             tls: None,
+            stop_increment_when_overlimit: false,
         }
     }
 }
@@ -112,8 +119,13 @@ impl Rls {
         stats.near_limit_ratio = Some(options.near_limit_ratio);
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let quota_in_config = upstream_answer::quota_anywhere(&config).into();
-        let config = RwLock::new(Arc::new(config));
-        Rls { engine: Arc::new(Engine::new(relay, cluster)), config, options, stats, quota_in_config }
+        Rls {
+            engine: Arc::new(Engine::new(relay, cluster, options.stop_increment_when_overlimit)),
+            config: RwLock::new(Arc::new(config)),
+            options,
+            stats,
+            quota_in_config,
+        }
     }
 
     pub fn relay(&self) -> &Arc<Relay> {

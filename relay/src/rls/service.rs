@@ -32,6 +32,8 @@ pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 32;
 /// Longest domain.
 pub const MAX_DOMAIN_BYTES: usize = 256;
+/// Longest id of a concurrency slot (the module's `ID`).
+pub const MAX_SLOT_ID_BYTES: usize = 64;
 
 /// The gRPC service, on the RLS front's state.
 #[derive(Clone)]
@@ -39,7 +41,7 @@ pub struct Service(pub Arc<Rls>);
 
 /// What one descriptor of the request came to before deciding.
 pub(super) enum Resolved {
-    /// OK, nothing to decide (no limit, replaced, negative hits).
+    /// OK, nothing to decide (no limit, replaced, a negative hit of 0).
     Free,
     Unlimited,
     Limited {
@@ -173,15 +175,23 @@ impl Rls {
                 resolved.push(Resolved::Unlimited);
                 continue;
             }
-            if d.is_negative_hits {
+            // A negative hit gives back (below); counted apart, not in the
+            // limit's statistics.
+            let refund = d.is_negative_hits;
+            if refund {
                 self.stats.negative_hits.fetch_add(1, Relaxed);
+            }
+            // A descriptor's own hits_addend reports usage (Envoy Gateway's
+            // cost, AI Gateway's tokens at stream end): counted in full; 0
+            // only looks. The request's asks to pass: all or nothing.
+            let (cost, usage) = match &d.hits_addend {
+                Some(n) => (n.value, n.value > 0 && !refund),
+                None => (u64::from(request.hits_addend.max(1)), false),
+            };
+            if refund && cost == 0 {
                 resolved.push(Resolved::Free);
                 continue;
             }
-            let cost = match &d.hits_addend {
-                Some(n) => n.value,
-                None => u64::from(request.hits_addend.max(1)),
-            };
             let limit = &found.limit;
             let unit = limit.unit.expect("a limited limit has a unit");
             let entries: Vec<(&str, &str)> = d
@@ -193,7 +203,26 @@ impl Rls {
                     (e.key.as_str(), shared.unwrap_or(e.value.as_str()))
                 })
                 .collect();
-            let key = counter_key(&self.options.prefix, domain, &entries, limit.algorithm, unit);
+            // A concurrency limit's last entry names the request's slot (its
+            // id), not the counter: the config puts it on a nested
+            // descriptor, so there is an entry before it.
+            let slots = limit.algorithm == Algorithm::Concurrency;
+            let (entries, slot) = match entries.split_last() {
+                Some((_, subject)) if slots => (subject, d.entries[entries.len() - 1].value.clone()),
+                _ => (&entries[..], String::new()),
+            };
+            if slots && !(1..=MAX_SLOT_ID_BYTES).contains(&slot.len()) {
+                return Err(invalid(
+                    self,
+                    format!(
+                        "descriptor {i}: its last entry names a concurrency slot (the request id): {} bytes, must be \
+                         1 to {MAX_SLOT_ID_BYTES}",
+                        slot.len()
+                    ),
+                ));
+            }
+            let usage = usage && !slots;
+            let key = counter_key(&self.options.prefix, domain, entries, limit.algorithm, unit);
             let rpu = u64::from(limit.requests_per_unit);
             let window = |leased| Window { limit: rpu, window_ms: unit.ms(), leased };
             let counter = match limit.algorithm {
@@ -201,6 +230,7 @@ impl Rls {
                 Algorithm::FixedWindow => Counter::Window { mode: WindowMode::Fixed, window: window(true) },
                 Algorithm::SlidingWindow => Counter::Window { mode: WindowMode::Sliding, window: window(false) },
                 Algorithm::ExactWindow => Counter::Window { mode: WindowMode::Exact, window: window(false) },
+                Algorithm::Concurrency => Counter::Slots { limit: rpu, timeout_ms: unit.ms() },
                 Algorithm::TokenBucket => {
                     let capacity = limit.burst.map_or(rpu, u64::from);
                     match BucketParams::new(capacity, rpu, unit.ms()) {
@@ -209,8 +239,16 @@ impl Rls {
                     }
                 }
             };
-            let shadow = limit.shadow_mode || self.quota_mode(limit);
-            items.push(Item { key, counter, cost, shadow, failure: limit.failure_mode });
+            items.push(Item {
+                key,
+                counter,
+                cost,
+                usage,
+                refund,
+                slot,
+                shadow: limit.shadow_mode || self.quota_mode(limit),
+                failure: limit.failure_mode,
+            });
             resolved.push(Resolved::Limited { found, item: items.len() - 1 });
         }
         let outcomes = self.decide(items.clone()).await;
@@ -303,7 +341,7 @@ impl Rls {
                         Source::NotAsked => Some(None),
                         _ => Some(Some(remaining)),
                     };
-                    if let Some(remaining) = known {
+                    if let Some(remaining) = known.filter(|_| !item.refund) {
                         self.stats.record(&found.stats_key, rpu, item.cost, remaining, outcome.over, item.shadow);
                     }
                     if !item.shadow {

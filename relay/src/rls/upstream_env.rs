@@ -36,10 +36,9 @@ pub struct Var {
     pub how: How,
 }
 
-/// The flag `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true` becomes, once
-/// the relay has one (issue 36 adds it): while None, the variable is named
-/// in the start's warning as not served.
-pub const STOP_INCREMENT_FLAG: Option<&str> = None;
+/// The flag `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true` becomes (while
+/// None, the variable would be named in the start's warning as not served).
+pub const STOP_INCREMENT_FLAG: Option<&str> = Some("--rls-stop-increment-when-overlimit");
 
 const FALSE: &[&str] = &["false"];
 
@@ -150,7 +149,7 @@ pub const VARS: &[Var] = &[
     var(
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         "false",
-        Differently("a refused request is never counted; the flag of issue 36 (STOP_INCREMENT_FLAG) once merged"),
+        Served("--rls-stop-increment-when-overlimit (docs/token-budgets.md)"),
     ),
     var("LIMIT_RESPONSE_HEADERS_ENABLED", "false", Served("--rls-headers envoyproxy (else off)")),
     var("LIMIT_LIMIT_HEADER", "RateLimit-Limit", Served("--rls-header-names LIMIT,REMAINING,RESET")),

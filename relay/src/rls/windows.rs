@@ -55,6 +55,11 @@ pub enum Plan {
     Refused { reply: Reply },
     /// Ask Redis for the request's cost.
     Exact { lease: Option<u64> },
+    /// Memory cannot pay while a lease call is on its way: wait for it
+    /// (asked beside it, Redis's answer could count the lease or not, and
+    /// the room it shows would be off by it). One request per lease call
+    /// waits: a lone caller's answers are exact.
+    Wait,
 }
 
 impl Plan {
@@ -63,7 +68,7 @@ impl Plan {
     pub fn lease(&self) -> Option<u64> {
         match *self {
             Plan::Paid { lease, .. } | Plan::Exact { lease } => lease,
-            Plan::Refused { .. } => None,
+            Plan::Refused { .. } | Plan::Wait => None,
         }
     }
 }
@@ -78,7 +83,14 @@ struct Entry {
     /// falls within a window), and until when that holds.
     room: Option<u64>,
     leasing: bool,
+    /// A request waits for the lease call on its way (one at most: others
+    /// ask Redis beside it, as before, and never wait a round trip more).
+    waiter: bool,
     denied: Option<Denial>,
+    /// When the refusal held in `denied` ends as Redis named it (its retry
+    /// time, from when the call was sent): the retry a refusal from memory
+    /// answers, never the hold (`max_hold_ms`, how long memory keeps it).
+    retry_at_ms: Option<u64>,
     /// Redis's last answer and when: the standing replies.
     last: Option<(Reply, u64)>,
     last_used_ms: u64,
@@ -116,10 +128,18 @@ impl Entry {
         let half = self.window.map_or(0, |w| w.window_ms / 2);
         if self.ends_ms == 0 || end > self.ends_ms.saturating_add(half) {
             self.tokens = 0;
+            self.room = None;
             self.ends_ms = end;
         } else {
             self.ends_ms = self.ends_ms.min(end);
         }
+    }
+
+    /// Redis said the window has `room` left. Within a window room only
+    /// falls (but by a refund): of answers that cross on their way, the
+    /// lowest is the latest, and it counts every lease already held.
+    fn saw_room(&mut self, room: u64) {
+        self.room = Some(self.room.map_or(room, |r| r.min(room)));
     }
 
     /// The lease call wanted at `now_ms`, claimed: when memory holds half a
@@ -195,7 +215,11 @@ impl Windows {
         let Some(entry) = self.entry(key, window, now_ms) else { return Plan::Exact { lease: None } };
         entry.roll(now_ms);
         if let Some(denied) = entry.denied.filter(|d| d.refuses(cost, now_ms)) {
-            let retry = i64::try_from(denied.retry_after_ms(now_ms)).unwrap_or(i64::MAX);
+            let retry = match entry.retry_at_ms {
+                Some(at) => at.saturating_sub(now_ms).max(1),
+                None => denied.retry_after_ms(now_ms),
+            };
+            let retry = i64::try_from(retry).unwrap_or(i64::MAX);
             return Plan::Refused { reply: entry.standing(window, 0, retry, now_ms) };
         }
         if batch <= 1 {
@@ -206,6 +230,10 @@ impl Windows {
             let reply = entry.standing(window, 1, 0, now_ms);
             return Plan::Paid { reply, lease: entry.claim(batch) };
         }
+        if entry.leasing && !entry.waiter {
+            entry.waiter = true;
+            return Plan::Wait;
+        }
         Plan::Exact { lease: entry.claim(batch) }
     }
 
@@ -214,22 +242,30 @@ impl Windows {
         let max_hold_ms = self.settings.max_hold_ms;
         let Some(entry) = self.table.get_mut(key) else { return };
         entry.leasing = false;
+        entry.waiter = false;
         entry.roll(now_ms);
         entry.last = Some((reply, now_ms));
         entry.ends_in(sent_ms, reply.reset_after_ms);
-        entry.room = Some(reply.remaining);
+        entry.saw_room(reply.remaining);
         if reply.granted > 0 {
             entry.tokens += want;
             entry.denied = None;
         } else if reply.remaining == 0 {
             entry.denied = hold(1, reply, max_hold_ms, sent_ms);
+            entry.retry_at_ms = retry_at(reply, sent_ms);
         }
+    }
+
+    /// Whether a lease call for `key` is on its way.
+    pub fn leasing(&self, key: &str) -> bool {
+        self.table.get(key).is_some_and(|e| e.leasing)
     }
 
     /// A lease call failed: the next request may send one.
     pub fn lease_failed(&mut self, key: &str) {
         if let Some(entry) = self.table.get_mut(key) {
             entry.leasing = false;
+            entry.waiter = false;
         }
     }
 
@@ -242,10 +278,11 @@ impl Windows {
         entry.last = Some((reply, now_ms));
         if entry.window.is_some_and(|w| w.leased) {
             entry.ends_in(sent_ms, reply.reset_after_ms);
-            entry.room = Some(reply.remaining);
+            entry.saw_room(reply.remaining);
         }
         if reply.granted == 0 {
             entry.denied = hold(cost, reply, max_hold_ms, sent_ms);
+            entry.retry_at_ms = retry_at(reply, sent_ms);
         }
     }
 
@@ -262,6 +299,38 @@ impl Windows {
         Some(entry.standing(window, 1, 0, now_ms))
     }
 
+    /// Usage of `cost` paid from the tokens held for `key` (at most all of
+    /// them): what was paid, and the standing reply.
+    pub fn pay_usage(&mut self, key: &str, window: Window, cost: u64, now_ms: u64) -> (u64, Reply) {
+        let Some(entry) = self.entry(key, window, now_ms) else {
+            return (0, Reply { granted: 1, remaining: 0, retry_after_ms: 0, reset_after_ms: 0, limit: 0, binding: 0 });
+        };
+        entry.roll(now_ms);
+        let paid = entry.tokens.min(cost);
+        entry.tokens -= paid;
+        (paid, entry.standing(window, 1, 0, now_ms))
+    }
+
+    /// A refund of `n` is on its way to `key`'s window: the room memory
+    /// holds (which otherwise only falls) rises by it, within the limit.
+    pub fn raise_room(&mut self, key: &str, n: u64) {
+        if let Some(entry) = self.table.get_mut(key) {
+            let limit = entry.window.map_or(0, |w| w.limit);
+            entry.room = entry.room.map(|r| r.saturating_add(n).min(limit));
+        }
+    }
+
+    /// A negative hit gave back to `key`'s window, leaving `room`: a
+    /// refusal held for it no longer stands.
+    pub fn refunded(&mut self, key: &str, room: u64) {
+        if let Some(entry) = self.table.get_mut(key) {
+            entry.denied = None;
+            if entry.room.is_some() {
+                entry.room = Some(room);
+            }
+        }
+    }
+
     /// What memory knows of a fixed window's room at `now_ms` (Redis's last
     /// word on it in the window it was said for, with the tokens held), if
     /// anything: for a limit not asked.
@@ -269,6 +338,12 @@ impl Windows {
         let entry = self.table.get(key).filter(|e| e.window == Some(window) && now_ms < e.ends_ms)?;
         entry.room?;
         Some(entry.standing(window, 1, 0, now_ms))
+    }
+
+    /// The room Redis last said `key`'s leased window has (the lowest of
+    /// its answers in the window), if known.
+    pub fn room(&self, key: &str) -> Option<u64> {
+        self.table.get(key)?.room
     }
 
     /// Tokens held for `key`'s window at `now_ms`: Redis counted them, the
@@ -322,6 +397,12 @@ impl Windows {
     }
 }
 
+/// When a refusal Redis named at `sent_ms` ends (None: never, a cost above
+/// the limit).
+fn retry_at(refused: Reply, sent_ms: u64) -> Option<u64> {
+    u64::try_from(refused.retry_after_ms).ok().map(|r| sent_ms.saturating_add(r))
+}
+
 /// A refusal of `cost` named by Redis at `sent_ms`, held until its retry
 /// time and at most `max_hold_ms`; a cost above the limit (retry -1) for
 /// `max_hold_ms`.
@@ -353,7 +434,8 @@ mod tests {
         assert_eq!(w.batch(FIXED), 10);
         // Memory holds nothing: the request asks Redis, a lease goes beside.
         assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: Some(10) });
-        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: None }, "one lease call at a time");
+        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Wait, "one lease call at a time: one request waits for it");
+        assert_eq!(w.plan("k", FIXED, 1, 5_000), Plan::Exact { lease: None }, "the others ask Redis");
         w.answered("k", 1, reply(1, 99, 0, 1000), 5_000, 5_000);
         w.leased("k", 10, reply(1, 88, 0, 1000), 5_000, 5_001);
         let mut paid = 0;
@@ -388,6 +470,7 @@ mod tests {
                 Plan::Exact { lease: None } => break,
                 Plan::Exact { lease } => lease,
                 Plan::Refused { .. } => panic!("refused with room left"),
+                Plan::Wait => panic!("no lease call on its way"),
             };
             if let Some(n) = lease {
                 assert!(n <= room.div_ceil(2), "asks at most half of what is left");
@@ -414,6 +497,8 @@ mod tests {
             paid += 1;
         }
         assert_eq!(paid, 10);
+        // The top-up the loop sent failed: nothing on its way.
+        w.lease_failed("k");
         w.give_back("k", 1, 1000);
         assert!(matches!(w.plan("k", FIXED, 1, 1000), Plan::Exact { .. }), "the window ended: dropped");
     }
@@ -425,7 +510,8 @@ mod tests {
         assert_eq!(w.batch(quiet), 1);
         assert_eq!(w.plan("q", quiet, 1, 0), Plan::Exact { lease: None });
         w.answered("q", 1, reply(0, 0, 60_000, 60_000), 0, 1);
-        assert!(matches!(w.plan("q", quiet, 2, 10), Plan::Refused { .. }));
+        // Answered with the retry Redis named, not the hold.
+        assert!(matches!(w.plan("q", quiet, 2, 10), Plan::Refused { reply } if reply.retry_after_ms == 59_990));
         // Held at most max_hold_ms (30 s by default), not the hour.
         assert_eq!(w.plan("q", quiet, 1, 30_000), Plan::Exact { lease: None });
     }

@@ -2,7 +2,7 @@
 //!
 //! Per request it extracts the [`Facts`] (the client's IP address behind
 //! trusted proxies, the API key, the route, the cost), hands them to a
-//! [`Decide`] (fixed [`Policies`] here; live rules in rl-rules), which
+//! [`Decide`] (fixed [`Policies`] here; live rules: `live::LiveDecide`, feature live), which
 //! evaluates every policy that applies in one pass
 //! ([`Limiter::check_batch`]: memory first, then one round trip per shard,
 //! all or nothing), and then either calls

@@ -128,6 +128,9 @@ pub enum Algorithm {
     SlidingWindow,
     /// A log of the requests of the last unit (RL.WINDOW ... EXACT).
     ExactWindow,
+    /// At most `requests_per_unit` in flight, a slot healing after one unit
+    /// (RL.ACQUIRE / RL.RELEASE); the descriptor's last entry names the slot.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -137,13 +140,20 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::ExactWindow => "exact_window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
     pub fn parse(text: &str) -> Option<Algorithm> {
-        [Algorithm::FixedWindow, Algorithm::TokenBucket, Algorithm::SlidingWindow, Algorithm::ExactWindow]
-            .into_iter()
-            .find(|a| a.name() == text)
+        [
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
+            Algorithm::SlidingWindow,
+            Algorithm::ExactWindow,
+            Algorithm::Concurrency,
+        ]
+        .into_iter()
+        .find(|a| a.name() == text)
     }
 }
 
@@ -465,6 +475,11 @@ fn limit(def: &DescriptorDef, r: &RateLimitDef, full_key: &str) -> Result<Limit,
         if algorithm != Algorithm::TokenBucket {
             return Err(at(line, "burst", format!("burst is for algorithm: token_bucket, not {}", algorithm.name())));
         }
+    }
+    if algorithm == Algorithm::Concurrency && !def.path.contains("].descriptors[") {
+        let reason = "algorithm: concurrency names a request's slot by the descriptor's last entry (its request id): \
+                      put it on a nested descriptor (key: request_id under the subject's)";
+        return Err(at(r.algorithm.map_or(r.line, |(_, l)| l), "algorithm", reason.into()));
     }
     if algorithm == Algorithm::ExactWindow && r.requests_per_unit > MAX_EXACT_LIMIT {
         return Err(at(

@@ -322,7 +322,7 @@ fn read_rate_limit(node: &Node, path: &str) -> Result<RateLimitDef, Problem> {
                         &here,
                         format!(
                             "unknown algorithm '{}' (fixed_window, the default; token_bucket; sliding_window; \
-                             exact_window)",
+                             exact_window; concurrency)",
                             super::cut(&text)
                         ),
                     )
