@@ -173,7 +173,11 @@ pub const VARS: &[Var] = &[
     ),
     var("REDIS_POOL_SIZE", "10", Differently("one multiplexed connection, calls batched")),
     var("REDIS_AUTH", "", Served("the password (or user:password) in --redis's URL, in memory only, never in argv")),
-    var("REDIS_TLS", "false", Refused { allowed: FALSE, why: "rl-relay is built without TLS to Redis" }),
+    var(
+        "REDIS_TLS",
+        "false",
+        Refused { allowed: FALSE, why: "the relay takes no TLS settings for Redis yet (rl-client has rediss://)" },
+    ),
     var("REDIS_TLS_CLIENT_CERT", "", With("REDIS_TLS")),
     var("REDIS_TLS_CLIENT_KEY", "", With("REDIS_TLS")),
     var("REDIS_TLS_CACERT", "", With("REDIS_TLS")),
@@ -665,6 +669,9 @@ mod tests {
         assert!(warning.contains("TRACING_ENABLED") && warning.contains("DEBUG_PORT"), "{warning}");
         assert!(!warning.contains("USE_STATSD"), "{warning}");
         assert!(translate(&env(&[("SHADOW_MODE", "maybe")])).is_err());
+        let t = translate(&env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"), ("QUOTA_MODE", "1")])).unwrap();
+        assert!(flag(&t, "--rls-stop-increment-when-overlimit").is_some() && flag(&t, "--rls-quota-mode").is_some());
+        assert!(t.warning().is_none());
     }
 
     #[test]
