@@ -47,7 +47,7 @@ fn the_list_is_what_each_component_serves() {
             global_shadow: false,
             token: None,
             poll: timeout,
-            stop_increment_when_overlimit: false,
+            ..Default::default()
         };
         let rls = rl_relay::rls::Rls::new(relay.clone(), false, Default::default(), rls_options);
         (families(&relay.metrics()), families(&rls.metrics()))

@@ -1,5 +1,8 @@
 //! Readiness, apart from liveness: the relay is ready while Redis answers
-//! its probe (a PING every second, to every primary of a cluster), on a
+//! its probe (a PING every second, to every primary of a cluster, then an
+//! `RL.PEEK` that a Redis without the module answers "unknown command": not
+//! ready then, said in the log
+//! and `rl_relay_module_missing`), on a
 //! connection of the probe's own, within the probe's own second: a stall
 //! shorter than that (a fork, a slow command, a busy host) is not an
 //! outage, however short the relay's `--timeout-ms` for its calls. A relay
@@ -11,7 +14,11 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+use redis::Value;
+
 use crate::logging::{line, Throttled};
+use crate::upstream::Upstream;
 
 /// How often Redis is probed, and how long a probe may take.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -20,6 +27,48 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 const UNKNOWN: u8 = 0;
 const READY: u8 = 1;
 const NOT_READY: u8 = 2;
+const NO_MODULE: u8 = 3;
+
+/// Why a probe found Redis unable to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unready {
+    /// No answer, or an error to the PING.
+    Unreachable(String),
+    /// Redis answers, without the module (or one too old for the relay).
+    NoModule(String),
+}
+
+/// One probe on `probe`'s connection: a PING, then a command of the
+/// module's that writes nothing (`RL.PEEK` of a key no limit uses; not a
+/// window command, whose calls the RLS front counts against Redis's),
+/// both within [`PROBE_TIMEOUT`]. Only "unknown command" means the module
+/// is missing: another refusal (an ACL without `+rl.peek`) says
+/// nothing of it.
+pub async fn probe(probe: &Upstream) -> Result<(), Unready> {
+    let ping = [Bytes::from_static(b"PING")];
+    let peek = ["RL.PEEK", "1", "rl:probe", "1", "1", "1000"].map(|a| Bytes::from_static(a.as_bytes()));
+    let both = async {
+        match probe.call(&ping, None).await {
+            Ok(Value::ServerError(e)) => return Err(Unready::Unreachable(e.to_string())),
+            Ok(_) => {}
+            Err(e) => return Err(Unready::Unreachable(e.to_string())),
+        }
+        match probe.call(&peek, Some(b"rl:probe")).await {
+            Ok(Value::ServerError(e)) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
+                Err(Unready::NoModule(e.to_string()))
+            }
+            Err(e) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
+                Err(Unready::NoModule(e.to_string()))
+            }
+            Err(e) => Err(Unready::Unreachable(e.to_string())),
+            Ok(_) => Ok(()),
+        }
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, both).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Unready::Unreachable(format!("no answer in {PROBE_TIMEOUT:?}"))),
+    }
+}
 
 #[derive(Debug)]
 pub struct Health {
@@ -40,18 +89,41 @@ impl Health {
     }
 
     /// Whether the last probe failed (false before the first): a front
-    /// that must answer at once decides without Redis meanwhile.
+    /// that must answer at once decides without Redis meanwhile (Redis
+    /// without the module cannot decide either).
     pub fn unreachable(&self) -> bool {
-        self.state.load(Ordering::Relaxed) == NOT_READY
+        matches!(self.state.load(Ordering::Relaxed), NOT_READY | NO_MODULE)
+    }
+
+    /// Whether the last probe found Redis without the module.
+    pub fn module_missing(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == NO_MODULE
+    }
+
+    /// Why the relay is not ready, for `/ready`.
+    pub fn why_not_ready(&self) -> &'static str {
+        match self.state.load(Ordering::Relaxed) {
+            NO_MODULE => "Redis answers without the redis-rl module",
+            READY => "",
+            _ => "Redis does not answer",
+        }
     }
 
     /// A probe's outcome; a change is logged.
-    pub fn probed(&self, outcome: Result<(), String>) {
-        let new = if outcome.is_ok() { READY } else { NOT_READY };
+    pub fn probed(&self, outcome: Result<(), Unready>) {
+        let new = match &outcome {
+            Ok(()) => READY,
+            Err(Unready::Unreachable(_)) => NOT_READY,
+            Err(Unready::NoModule(_)) => NO_MODULE,
+        };
         if self.state.swap(new, Ordering::Relaxed) != new {
             match outcome {
-                Ok(()) => line("Redis is reachable: ready"),
-                Err(e) => line(format_args!("Redis is unreachable: not ready ({e})")),
+                Ok(()) => line("Redis is reachable, with the module: ready"),
+                Err(Unready::Unreachable(e)) => line(format_args!("Redis is unreachable: not ready ({e})")),
+                Err(Unready::NoModule(e)) => line(format_args!(
+                    "Redis answers without the redis-rl module: not ready \
+                     ({e}); load it (loadmodule in redis.conf, or MODULE LOAD)"
+                )),
             }
         }
     }

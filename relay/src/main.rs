@@ -10,7 +10,7 @@ use rl_relay::limits::Limits;
 use rl_relay::logging::{line, redact};
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
-use rl_relay::rls::Rls;
+use rl_relay::rls::{upstream_env, Rls};
 use rl_relay::upstream::Upstream;
 use tokio::net::TcpListener;
 
@@ -22,9 +22,15 @@ const RESERVED_FDS: u64 = 32 + rl_relay::operator_endpoint::MAX_CONNECTIONS as u
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Address gateways connect to.
-    #[arg(long, default_value = "127.0.0.1:6380")]
-    listen: String,
+    /// Address gateways connect to (127.0.0.1:6380 unless started with
+    /// envoyproxy/ratelimit's environment, where only the Envoy front serves
+    /// unless this is given).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Read envoyproxy/ratelimit's environment variables (as when started with
+    /// no argument), the flags given winning over them (docs/envoy.md).
+    #[arg(long)]
+    envoyproxy_env: bool,
     /// Redis URL (repeat with --cluster for a cluster's seed nodes).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis: Vec<String>,
@@ -82,6 +88,10 @@ struct Args {
     /// Serve /metrics, /ready and /live over HTTP on this address.
     #[arg(long)]
     metrics: Option<String>,
+    /// The same endpoint on another address too (envoyproxy/ratelimit's
+    /// PROMETHEUS_ADDR).
+    #[arg(long)]
+    prometheus_listen: Option<String>,
     #[command(flatten)]
     rls: RlsArgs,
 }
@@ -105,9 +115,9 @@ struct RlsArgs {
     /// Longest a decision waits for Redis before the failure modes answer.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     rls_timeout_ms: u64,
-    /// Response headers: draft (RateLimit, RateLimit-Policy, Retry-After), envoyproxy (RateLimit-Limit,
-    /// -Remaining, -Reset) or off.
-    #[arg(long, default_value = "draft", value_parser = rl_relay::rls::headers::Style::parse)]
+    /// Response headers: off (as envoyproxy/ratelimit by default), draft (RateLimit, RateLimit-Policy,
+    /// Retry-After) or envoyproxy (RateLimit-Limit, -Remaining, -Reset).
+    #[arg(long, default_value = "off", value_parser = rl_relay::rls::headers::Style::parse)]
     rls_headers: rl_relay::rls::headers::Style,
     /// Answer every OVER_LIMIT as OK (statuses kept), as envoyproxy/ratelimit's SHADOW_MODE.
     #[arg(long)]
@@ -115,19 +125,85 @@ struct RlsArgs {
     /// A file holding a token callers must send as `authorization: Bearer TOKEN`.
     #[arg(long)]
     rls_token_file: Option<PathBuf>,
+    /// Hits admitted past this share of a limit count as near_limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+    #[arg(long, default_value_t = 0.8, value_parser = near_limit_ratio)]
+    rls_near_limit_ratio: f64,
+    /// The names of `--rls-headers envoyproxy`'s three headers: LIMIT,REMAINING,RESET.
+    #[arg(long, default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", value_parser = rl_relay::rls::headers::Names::parse)]
+    rls_header_names: rl_relay::rls::headers::Names,
+    /// Ready with a config of no domain (envoyproxy/ratelimit's default; else not ready until one is loaded).
+    #[arg(long)]
+    rls_ready_without_config: bool,
+    /// Start on a missing or empty --rls-config folder, unknown domains answered OK until files come
+    /// (envoyproxy/ratelimit's FORCE_START_WITHOUT_INITIAL_CONFIG).
+    #[arg(long)]
+    rls_start_without_config: bool,
+    /// Every limit in quota mode, as `quota_mode: true` makes one (envoyproxy/ratelimit's QUOTA_MODE).
+    #[arg(long)]
+    rls_quota_mode: bool,
+    /// Answers carry dynamic_metadata: the request and the config's metadata of the limits that admitted it
+    /// (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long)]
+    rls_dynamic_metadata: bool,
+    /// Serve the RLS front over TLS with this certificate chain (PEM; envoyproxy/ratelimit's GRPC_SERVER_TLS_CERT).
+    #[arg(long, requires = "rls_tls_key")]
+    rls_tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "rls_tls_cert")]
+    rls_tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate this CA (PEM) signed (GRPC_CLIENT_TLS_CACERT).
+    #[arg(long, requires = "rls_tls_cert")]
+    rls_tls_client_ca: Option<PathBuf>,
+    /// With --rls-tls-client-ca: the DNS name a client certificate must be valid for (GRPC_CLIENT_TLS_SAN).
+    #[arg(long, requires = "rls_tls_client_ca")]
+    rls_tls_client_san: Option<String>,
     /// Usage reported on a limit already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); by default it counts in full (docs/token-budgets.md).
     #[arg(long)]
     rls_stop_increment_when_overlimit: bool,
 }
 
+fn near_limit_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("'{text}': a ratio from 0 to 1")),
+    }
+}
+
 #[tokio::main]
 async fn main() {
-    let args = Args::parse();
+    let args = match parse() {
+        Ok(args) => args,
+        Err(e) => {
+            line(e);
+            std::process::exit(2);
+        }
+    };
     if let Err(e) = run(args).await {
         line(e);
         std::process::exit(2);
     }
+}
+
+/// The command line; with no argument or `--envoyproxy-env`, after the
+/// flags envoyproxy/ratelimit's environment comes to (the command line's
+/// own win), its variables set and not served named in a warning.
+fn parse() -> Result<Args, String> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let given = &argv[1.min(argv.len())..];
+    if !given.is_empty() && !given.iter().any(|a| a == "--envoyproxy-env") {
+        return Ok(Args::parse());
+    }
+    let translated = upstream_env::translate(&|name| std::env::var(name).ok())?;
+    if let Some(warning) = translated.warning() {
+        line(warning);
+    }
+    let names: Vec<String> = given.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let program = argv.first().cloned().unwrap_or_else(|| "rl-relay".into());
+    let mut words: Vec<std::ffi::OsString> = vec![program, "--envoyproxy-env".into()];
+    words.extend(translated.args(&names).into_iter().map(Into::into));
+    words.extend(given.iter().cloned());
+    Ok(Args::parse_from(words))
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -142,11 +218,18 @@ async fn run(args: Args) -> Result<(), String> {
             args.max_request_bytes, args.max_pending_bytes
         ));
     }
+    // The RESP front: always, but as envoyproxy/ratelimit's drop-in unless asked for.
+    let listen = match (&args.listen, args.envoyproxy_env) {
+        (Some(address), _) => Some(address.clone()),
+        (None, false) => Some("127.0.0.1:6380".to_string()),
+        (None, true) => None,
+    };
+    let fronts = u64::from(listen.is_some()) + u64::from(args.rls.rls_listen.is_some());
     let limits = Limits {
         max_request_bytes: args.max_request_bytes as usize,
         max_arguments: args.max_arguments as usize,
         max_pending_bytes: args.max_pending_bytes as usize,
-        max_clients: fit_max_clients(args.max_clients, 1 + u64::from(args.rls.rls_listen.is_some())) as usize,
+        max_clients: fit_max_clients(args.max_clients, fronts.max(1)) as usize,
         auth_timeout: Duration::from_millis(args.auth_timeout_ms),
     };
     let settings = Settings {
@@ -158,11 +241,15 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let options = Options { timeout, limits, credentials, show_subjects: args.show_subjects };
     let relay = Arc::new(Relay::new(Pools::new(settings), upstream, options));
-    let listener = TcpListener::bind(&args.listen).await.map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let listener = match &listen {
+        Some(address) => Some(TcpListener::bind(address).await.map_err(|e| format!("--listen {address}: {e}"))?),
+        None => None,
+    };
     let fence = rl_relay::resp::fence::Fence::new(&args.rls.rls_prefix)?;
     let rls = rls_front(&args, &relay).await?;
-    if let Some(address) = &args.metrics {
-        let metrics = TcpListener::bind(address).await.map_err(|e| format!("--metrics {address}: {e}"))?;
+    for (flag, address) in [("--metrics", &args.metrics), ("--prometheus-listen", &args.prometheus_listen)] {
+        let Some(address) = address else { continue };
+        let metrics = TcpListener::bind(address).await.map_err(|e| format!("{flag} {address}: {e}"))?;
         tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), metrics, rls.as_ref().map(|(r, _)| r.clone())));
     }
     if let Some((rls, listener)) = rls {
@@ -174,6 +261,10 @@ async fn run(args: Args) -> Result<(), String> {
         });
     }
     tokio::spawn(relay.clone().probe_forever(probe));
+    let Some(listener) = listener else {
+        line(format_args!("serving the Envoy front only, for {}", urls.join(" ")));
+        return std::future::pending().await;
+    };
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
     line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
@@ -205,13 +296,44 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         merge_domains: args.rls.rls_merge_domains,
         prefix: args.rls.rls_prefix.clone(),
         timeout: Duration::from_millis(args.rls.rls_timeout_ms),
-        headers: args.rls.rls_headers,
+        headers: args.rls.rls_headers.named(args.rls.rls_header_names),
         global_shadow: args.rls.rls_shadow_mode,
         token,
         poll: Duration::from_secs(1),
+        near_limit_ratio: args.rls.rls_near_limit_ratio,
+        ready_without_config: args.rls.rls_ready_without_config,
+        quota_mode: args.rls.rls_quota_mode,
+        dynamic_metadata: args.rls.rls_dynamic_metadata,
+        tls: match (&args.rls.rls_tls_cert, &args.rls.rls_tls_key) {
+            (Some(cert), Some(key)) => {
+                let tls = rl_relay::rls::tls::Tls::load(
+                    cert,
+                    key,
+                    args.rls.rls_tls_client_ca.as_deref(),
+                    args.rls.rls_tls_client_san.clone(),
+                )?;
+                Some(Arc::new(tls))
+            }
+            _ => None,
+        },
         stop_increment_when_overlimit: args.rls.rls_stop_increment_when_overlimit,
     };
-    let config = rl_relay::rls::watch::load(&options).map_err(|e| format!("--rls-config: {e}"))?;
+    let config = match rl_relay::rls::watch::load(&options) {
+        Ok(config) => config,
+        // A folder that is missing or holds no file (one that holds a bad
+        // file is refused still).
+        Err(e)
+            if args.rls.rls_start_without_config
+                && rl_relay::rls::config::config_files(path).map_or(!path.exists(), |f| f.is_empty()) =>
+        {
+            line(format_args!(
+                "--rls-config: {e}: started without a config (--rls-start-without-config): unknown domains are \
+                 answered OK until files come"
+            ));
+            rl_relay::rls::config::RlsConfig::default()
+        }
+        Err(e) => return Err(format!("--rls-config: {e}")),
+    };
     let listener = TcpListener::bind(address).await.map_err(|e| format!("--rls-listen {address}: {e}"))?;
     Ok(Some((Arc::new(Rls::new(relay.clone(), args.cluster, config, options)), listener)))
 }

@@ -167,7 +167,7 @@ async fn answer(
         "/healthcheck" if rls.is_some_and(Rls::ready) => ("200 OK", "text/plain", "OK".into()),
         "/healthcheck" if rls.is_some() => ("500 Internal Server Error", "text/plain", String::new()),
         "/ready" if relay.health.ready() => ("200 OK", "text/plain", "ready\n".into()),
-        "/ready" => ("503 Service Unavailable", "text/plain", "not ready: Redis does not answer\n".into()),
+        "/ready" => ("503 Service Unavailable", "text/plain", format!("not ready: {}\n", relay.health.why_not_ready())),
         "/live" => ("200 OK", "text/plain", "live\n".into()),
         _ => ("404 Not Found", "text/plain", "not found: /metrics, /ready or /live\n".into()),
     };

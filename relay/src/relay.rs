@@ -8,11 +8,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use redis::Value;
 
 use crate::auth::Credentials;
 use crate::command::{self, Call};
-use crate::health::{Health, PROBE_EVERY, PROBE_TIMEOUT};
+use crate::health::{Health, PROBE_EVERY};
 use crate::limits::Limits;
 use crate::pool::{Need, Plan, Pools};
 use crate::reply::Reply;
@@ -100,6 +99,7 @@ impl Relay {
             pools,
             names: &self.names,
             ready: self.health.ready(),
+            module_missing: self.health.module_missing(),
             max_clients: self.limits.max_clients,
         }
     }
@@ -107,15 +107,8 @@ impl Relay {
     /// Probes Redis every second until the process ends, on the probe's
     /// own connection ([`Upstream::probe`]): readiness.
     pub async fn probe_forever(self: Arc<Self>, probe: Upstream) {
-        let ping = [Bytes::from_static(b"PING")];
         loop {
-            let outcome = match tokio::time::timeout(PROBE_TIMEOUT, probe.call(&ping, None)).await {
-                Ok(Ok(Value::ServerError(e))) => Err(e.to_string()),
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("no answer in {PROBE_TIMEOUT:?}")),
-            };
-            self.health.probed(outcome);
+            self.health.probed(crate::health::probe(&probe).await);
             tokio::time::sleep(PROBE_EVERY).await;
         }
     }

@@ -114,6 +114,8 @@ pub struct View<'a> {
     pub names: &'a SubjectNames,
     /// Redis answers the readiness probe.
     pub ready: bool,
+    /// Redis answers it without the module.
+    pub module_missing: bool,
     pub max_clients: usize,
 }
 
@@ -299,6 +301,11 @@ pub fn metrics(view: &View) -> String {
     );
     for (name, help, value) in [
         ("rl_relay_ready", "1 while Redis answers the relay's probe, else 0", u64::from(view.ready)),
+        (
+            "rl_relay_module_missing",
+            "1 while Redis answers the probe without the redis-rl module: not ready",
+            u64::from(view.module_missing),
+        ),
         ("rl_relay_connected_clients", "client connections now", c.connected_clients.load(Relaxed)),
         ("rl_relay_max_clients", "most client connections at once", view.max_clients as u64),
         ("rl_relay_subjects", "subjects held in the table", view.pools.len() as u64),

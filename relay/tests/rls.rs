@@ -13,8 +13,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use testkit::{Cluster, Server};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(format!("{}/tests/rls_config/{name}", env!("CARGO_MANIFEST_DIR")))
@@ -331,11 +329,18 @@ async fn shadow_mode_unlimited_and_replaces() {
 async fn response_headers_draft_envoyproxy_and_off() {
     let server = Server::start(&[]);
     let (_dir, config) = config_file(API);
+    // None by default, as envoyproxy/ratelimit.
     let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    let mut client = relay.client().await;
+    let r = ask(&mut client, request("api", &[&[("tight", "d")]])).await;
+    assert!(r.response_headers_to_add.is_empty(), "{:?}", r.response_headers_to_add);
+
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--rls-headers", "draft"]);
     let mut client = relay.client().await;
     let r = ask(&mut client, with_cost(request("api", &[&[("tight", "h")], &[("old", "h")]]), 1)).await;
     assert_eq!(r.overall_code, OK);
-    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"api.tight\";q=5;w=3600, \"old\";q=1;w=3600"));
+    // An unnamed limit is named by its quota, never by its descriptor.
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"5-per-hour\";q=5;w=3600, \"old\";q=1;w=3600"));
     let binding = header(&r, "RateLimit").unwrap();
     assert!(binding.starts_with("\"old\";r=0;t="), "{binding}");
     assert_eq!(header(&r, "Retry-After"), None);
@@ -498,22 +503,6 @@ async fn the_front_bounds_what_a_caller_sends() {
     r.metadata_mut().insert("authorization", "Bearer s3cret".parse().unwrap());
     assert_eq!(client.should_rate_limit(r).await.unwrap().into_inner().overall_code, OK);
     assert!(!relay.relay.log().contains("s3cret"), "no secret in the log");
-}
-
-async fn health(relay: &RlsRelay, service: &str) -> i32 {
-    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap();
-    let mut client = HealthClient::new(channel.connect().await.unwrap());
-    let r = client.check(HealthCheckRequest { service: service.into() }).await.unwrap();
-    r.into_inner().status
-}
-
-/// Waits until the gRPC health service says `status` for "".
-async fn wait_health(relay: &RlsRelay, status: ServingStatus) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while health(relay, "").await != status as i32 {
-        assert!(Instant::now() < deadline, "gRPC health never said {status:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

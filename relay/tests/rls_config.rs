@@ -304,10 +304,14 @@ fn a_key_given_twice_is_refused() {
 }
 
 #[test]
-fn quota_mode_is_refused() {
-    assert!(inline(&format!("{HEAD}    quota_mode: false\n")).is_ok());
-    let e = inline_refusal(&format!("{HEAD}    quota_mode: true\n"));
-    assert!(e.starts_with("inline.yaml:3: descriptors[0].quota_mode: quota_mode is not served by rl-relay"), "{e}");
+fn quota_mode_and_metadata_are_read_as_envoyproxy_ratelimit_reads_them() {
+    let config = load(&["example/config.yaml", "example/example.yaml"], false).unwrap();
+    let found = find(&config, "rl", &[("service", "service_1")]).unwrap();
+    assert!(found.limit.quota_mode);
+    let metadata = found.limit.metadata.as_ref().expect("its metadata");
+    assert!(metadata.0.fields.contains_key("service_with_quota"), "{metadata:?}");
+    let plain = find(&config, "rl", &[("foo", "x")]).unwrap();
+    assert!(!plain.limit.quota_mode && plain.limit.metadata.is_none());
 }
 
 #[test]

@@ -344,7 +344,8 @@ async fn refusals_from_memory_carry_the_real_reset() {
          rate_limit: { unit: day, requests_per_unit: 10 }\n  - key: exact\n    rate_limit: { unit: hour, \
          requests_per_unit: 10, algorithm: exact_window }\n",
     );
-    let relay = RlsRelay::start(&[server.url()], false, &config, &[]);
+    // Retry-After is the draft's (headers are off by default).
+    let relay = RlsRelay::start(&[server.url()], false, &config, &["--rls-headers", "draft"]);
     let mut client = relay.client().await;
     for (k, window_ms) in [("hour", 3_600_000u64), ("day", 86_400_000), ("exact", 3_600_000)] {
         let first = now_ms();

@@ -538,7 +538,8 @@ impl Engine {
             match step {
                 Step::Window => {
                     let Counter::Window { mode, .. } = item.counter else { continue };
-                    windows.push(((mode, item.cost, item.shadow), i));
+                    // A shadow (or quota) limit goes alone: counted whatever the others say.
+                    windows.push(((mode, item.cost, item.shadow.then_some(i)), i));
                 }
                 Step::Bucket(plan) => buckets.push((i, plan)),
                 Step::Peek => peeks.push(i),
@@ -550,7 +551,7 @@ impl Engine {
                 Step::Decided(..) => unreachable!("decided in memory"),
             }
         }
-        // Windows grouped by (mode, cost, shadow).
+        // Windows grouped by (mode, cost), shadow ones alone.
         let groups = self.window_calls(windows, |&j| items[j].key.as_str());
         let sent = now_ms();
         let window_calls = groups.iter().map(|((mode, cost, _), members)| {

@@ -1,18 +1,21 @@
 //! Response headers the RLS front asks Envoy to add
 //! (`response_headers_to_add`), built from a request's limits:
 //!
-//! - `draft` (the default): the IETF draft's `RateLimit-Policy` (every
+//! - `off` (the default, as envoyproxy/ratelimit without
+//!   LIMIT_RESPONSE_HEADERS_ENABLED): none. (Envoy makes `x-ratelimit-*`
+//!   itself from the statuses with `enable_x_ratelimit_headers`.)
+//! - `draft`: the IETF draft's `RateLimit-Policy` (every
 //!   enforced limit: `"name";q=<requests_per_unit>;w=<unit seconds>`) and
 //!   `RateLimit` (the binding limit: `"name";r=<left>;t=<seconds until
 //!   more quota>`), and `Retry-After` on OVER_LIMIT (whole seconds,
 //!   rounded up, at least one), the longest wait of the refusing limits. A
-//!   limit is named by its `name`, else by its statistics key.
+//!   limit is named by its `name`, else by its quota (`"100-per-minute"`):
+//!   never by its descriptor, whose values (a tenant, a user) are not the
+//!   client's to read.
 //! - `envoyproxy`: envoyproxy/ratelimit's three (`RateLimit-Limit`,
 //!   `RateLimit-Remaining`, `RateLimit-Reset`, the names of its
-//!   LIMIT_RESPONSE_HEADERS_ENABLED), for the limit it picks: the fewest
-//!   left, a refusing one over any other.
-//! - `off`: none. (Envoy makes `x-ratelimit-*` itself from the statuses
-//!   with `enable_x_ratelimit_headers`.)
+//!   LIMIT_RESPONSE_HEADERS_ENABLED, named as its LIMIT_*_HEADER), for the
+//!   limit it picks: the fewest left, a refusing one over any other.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
@@ -20,9 +23,9 @@ use rl_core::ratelimit_header::{push_limit_member, push_policy_member};
 /// Which headers to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Style {
-    #[default]
     Draft,
-    Envoyproxy,
+    Envoyproxy(Names),
+    #[default]
     Off,
 }
 
@@ -30,9 +33,51 @@ impl Style {
     pub fn parse(text: &str) -> Result<Style, String> {
         match text {
             "draft" => Ok(Style::Draft),
-            "envoyproxy" => Ok(Style::Envoyproxy),
+            "envoyproxy" => Ok(Style::Envoyproxy(Names::default())),
             "off" => Ok(Style::Off),
             _ => Err(format!("'{text}': draft, envoyproxy or off")),
+        }
+    }
+
+    /// The style with `names` for envoyproxy/ratelimit's three headers.
+    pub fn named(self, names: Names) -> Style {
+        match self {
+            Style::Envoyproxy(_) => Style::Envoyproxy(names),
+            other => other,
+        }
+    }
+}
+
+/// The names of envoyproxy/ratelimit's three headers (its
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+/// Read once at start and kept for the process's life (so a style is
+/// `Copy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub limit: &'static str,
+    pub remaining: &'static str,
+    pub reset: &'static str,
+}
+
+impl Default for Names {
+    fn default() -> Names {
+        Names { limit: "RateLimit-Limit", remaining: "RateLimit-Remaining", reset: "RateLimit-Reset" }
+    }
+}
+
+impl Names {
+    /// `LIMIT,REMAINING,RESET`: three header names (RFC 9110 tokens).
+    pub fn parse(text: &str) -> Result<Names, String> {
+        let names: Vec<&str> = text.split(',').map(str::trim).collect();
+        let token =
+            |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        match names[..] {
+            [limit, remaining, reset] if names.iter().all(|n| token(n)) => Ok(Names {
+                limit: Box::leak(limit.into()),
+                remaining: Box::leak(remaining.into()),
+                reset: Box::leak(reset.into()),
+            }),
+            _ => Err(format!("'{text}': three header names, LIMIT,REMAINING,RESET")),
         }
     }
 }
@@ -40,6 +85,7 @@ impl Style {
 /// One limited descriptor of the answer, as the headers see it.
 #[derive(Clone, Debug)]
 pub struct Limited<'a> {
+    /// The limit's `name` (empty: none; it is then named by its quota).
     pub name: &'a str,
     pub requests_per_unit: u32,
     pub unit_seconds: u64,
@@ -50,6 +96,24 @@ pub struct Limited<'a> {
     pub wait_ms: u64,
     /// Ms until its window resets.
     pub reset_ms: u64,
+}
+
+/// A limit's name in the draft's headers: its `name`, else its quota.
+fn policy_name(l: &Limited) -> String {
+    if !l.name.is_empty() {
+        return l.name.to_string();
+    }
+    let unit = match l.unit_seconds {
+        1 => "second",
+        60 => "minute",
+        3600 => "hour",
+        86_400 => "day",
+        604_800 => "week",
+        2_592_000 => "month",
+        31_536_000 => "year",
+        _ => return format!("{}-per-{}s", l.requests_per_unit, l.unit_seconds),
+    };
+    format!("{}-per-{unit}", l.requests_per_unit)
 }
 
 fn seconds_up(ms: u64) -> u64 {
@@ -67,7 +131,7 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
     }
     match style {
         Style::Off => Vec::new(),
-        Style::Envoyproxy => {
+        Style::Envoyproxy(names) => {
             // envoyproxy/ratelimit's pick: the fewest left (the first on
             // ties), and any refusing limit over that (the last one met).
             let mut pick: Option<&Limited> = None;
@@ -78,16 +142,16 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
             }
             let Some(l) = pick else { return Vec::new() };
             vec![
-                header("RateLimit-Limit", l.requests_per_unit.to_string()),
-                header("RateLimit-Remaining", l.remaining.to_string()),
-                header("RateLimit-Reset", seconds_up(l.reset_ms).to_string()),
+                header(names.limit, l.requests_per_unit.to_string()),
+                header(names.remaining, l.remaining.to_string()),
+                header(names.reset, seconds_up(l.reset_ms).to_string()),
             ]
         }
         Style::Draft => {
             let mut policy = Vec::new();
             for l in limits {
                 let mut item = String::new();
-                push_policy_member(&mut item, l.name, l.requests_per_unit.into(), Some(l.unit_seconds), None);
+                push_policy_member(&mut item, &policy_name(l), l.requests_per_unit.into(), Some(l.unit_seconds), None);
                 if !policy.contains(&item) {
                     policy.push(item);
                 }
@@ -103,7 +167,7 @@ pub fn headers(style: Style, limits: &[Limited], refused: bool) -> Vec<HeaderVal
             if let Some(b) = binding {
                 let remaining = if refused { 0 } else { b.remaining };
                 let mut member = String::new();
-                push_limit_member(&mut member, b.name, remaining, Some(seconds_up(b.wait_ms)));
+                push_limit_member(&mut member, &policy_name(b), remaining, Some(seconds_up(b.wait_ms)));
                 out.push(header("RateLimit", member));
                 if refused {
                     out.push(header("Retry-After", seconds_up(b.wait_ms).max(1).to_string()));
@@ -139,6 +203,9 @@ mod tests {
             ["RateLimit-Policy: \"a\";q=10;w=60, \"b\";q=10;w=60", "RateLimit: \"b\";r=0;t=1", "Retry-After: 1"]
         );
         assert!(headers(Style::Off, &limits, true).is_empty());
+        assert_eq!(Style::default(), Style::Off);
+        let unnamed = [limited("", 3, false, 1_000)];
+        assert_eq!(text(&headers(Style::Draft, &unnamed, false))[0], "RateLimit-Policy: \"10-per-minute\";q=10;w=60");
         assert!(headers(Style::Draft, &[], true).is_empty());
     }
 
@@ -146,10 +213,13 @@ mod tests {
     fn envoyproxy_ratelimit_picks_as_it_does() {
         let limits = [limited("a", 0, true, 58_000), limited("b", 5, false, 58_000)];
         assert_eq!(
-            text(&headers(Style::Envoyproxy, &limits, true)),
+            text(&headers(Style::Envoyproxy(Names::default()), &limits, true)),
             ["RateLimit-Limit: 10", "RateLimit-Remaining: 0", "RateLimit-Reset: 58"]
         );
         let limits = [limited("a", 4, false, 1), limited("b", 4, false, 1), limited("c", 2, false, 1)];
-        assert_eq!(text(&headers(Style::Envoyproxy, &limits, false))[1], "RateLimit-Remaining: 2");
+        assert_eq!(text(&headers(Style::Envoyproxy(Names::default()), &limits, false))[1], "RateLimit-Remaining: 2");
+        let names = Names::parse("X-Limit, X-Left,X-Reset").unwrap();
+        assert_eq!(text(&headers(Style::Envoyproxy(names), &limits, false))[1], "X-Left: 2");
+        assert!(Names::parse("a,b").is_err() && Names::parse("a,b c,d").is_err() && Names::parse("a,,c").is_err());
     }
 }

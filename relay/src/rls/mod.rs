@@ -15,6 +15,9 @@
 //! stats.rs     statistics under envoyproxy/ratelimit's names
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
+//! tls.rs       its TLS and mutual TLS
+//! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
+//! upstream_answer.rs  its quota mode and dynamic metadata on an answer
 
 pub mod config;
 pub mod decide;
@@ -25,6 +28,9 @@ pub mod serve;
 pub mod service;
 pub mod slots;
 pub mod stats;
+pub mod tls;
+pub mod upstream_answer;
+pub mod upstream_env;
 pub mod watch;
 pub mod windows;
 
@@ -58,10 +64,42 @@ pub struct Options {
     pub token: Option<String>,
     /// How often the config files are looked at.
     pub poll: Duration,
+    /// Hits past this share of a limit count as near_limit.
+    pub near_limit_ratio: f64,
+    /// Ready with a config of no domain (envoyproxy/ratelimit's default).
+    pub ready_without_config: bool,
+    /// Every limit in quota mode (envoyproxy/ratelimit's QUOTA_MODE).
+    pub quota_mode: bool,
+    /// Answers carry `dynamic_metadata` (its RESPONSE_DYNAMIC_METADATA).
+    pub dynamic_metadata: bool,
+    /// Served over TLS (its GRPC_SERVER_USE_TLS).
+    pub tls: Option<Arc<tls::Tls>>,
     /// `--rls-stop-increment-when-overlimit`: usage reported on a limit
     /// already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     pub stop_increment_when_overlimit: bool,
+}
+
+impl Default for Options {
+    /// The flags' defaults, on `rls.yaml`.
+    fn default() -> Options {
+        Options {
+            config_path: "rls.yaml".into(),
+            merge_domains: false,
+            prefix: "rl:rls:".into(),
+            timeout: Duration::from_millis(15),
+            headers: headers::Style::default(),
+            global_shadow: false,
+            token: None,
+            poll: Duration::from_secs(1),
+            near_limit_ratio: 0.8,
+            ready_without_config: false,
+            quota_mode: false,
+            dynamic_metadata: false,
+            tls: None,
+            stop_increment_when_overlimit: false,
+        }
+    }
 }
 
 /// The RLS front's state.
@@ -70,18 +108,23 @@ pub struct Rls {
     config: RwLock<Arc<RlsConfig>>,
     pub options: Options,
     pub stats: Stats,
+    /// A descriptor of the config in force is in quota mode.
+    quota_in_config: std::sync::atomic::AtomicBool,
 }
 
 impl Rls {
     /// The front with its first config (read and checked by the caller).
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
-        let stats = Stats::default();
+        let mut stats = Stats::default();
+        stats.near_limit_ratio = Some(options.near_limit_ratio);
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let quota_in_config = upstream_answer::quota_anywhere(&config).into();
         Rls {
             engine: Arc::new(Engine::new(relay, cluster, options.stop_increment_when_overlimit)),
             config: RwLock::new(Arc::new(config)),
             options,
             stats,
+            quota_in_config,
         }
     }
 
@@ -95,13 +138,15 @@ impl Rls {
     }
 
     fn set_config(&self, config: RlsConfig) {
+        let quota = upstream_answer::quota_anywhere(&config);
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        self.quota_in_config.store(quota, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Ready: a config is in force (always, once started) with a domain,
-    /// and Redis answers the relay's probe.
+    /// Ready: a config with a domain is in force (or any config, with
+    /// `ready_without_config`), and Redis answers the relay's probe.
     pub fn ready(&self) -> bool {
-        !self.config().domains.is_empty() && self.relay().health.ready()
+        (self.options.ready_without_config || !self.config().domains.is_empty()) && self.relay().health.ready()
     }
 
     /// Whether a call's metadata carries the token (when one is set).

@@ -14,7 +14,7 @@
 //! token: answered on any connection, and a token-less connection that
 //! only checked health is kept past its deadline on a budget of its own
 //! ([`HEALTH_CONNECTIONS`], apart from `--max-clients`), where it is served
-//! health checks only.
+//! health checks only. With `--rls-tls-cert`, over TLS (`tls.rs`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -65,6 +65,8 @@ struct Front {
     deadline: Duration,
     closed: Throttled,
     slow_bodies: Throttled,
+    san_refused: Throttled,
+    tls_failures: Throttled,
 }
 
 /// What one connection has done, noted by its calls (they find it in
@@ -79,6 +81,11 @@ struct Conduct {
     called_without_token: AtomicBool,
     /// Kept past the deadline on the health budget: health checks only.
     health_only: AtomicBool,
+    /// Its client certificate is valid for `--rls-tls-client-san` (set at
+    /// the TLS handshake).
+    san_allowed: std::sync::OnceLock<bool>,
+    /// Its refusal for the SAN is counted.
+    san_counted: AtomicBool,
 }
 
 /// tonic's connect info of a connection: its conduct.
@@ -239,23 +246,110 @@ fn incoming(
     listener: TcpListener,
     slots: Arc<Semaphore>,
     front: Arc<Front>,
-) -> impl futures_util::Stream<Item = Result<Bounded, io::Error>> {
+) -> impl futures_util::Stream<Item = Result<Conn, io::Error>> {
     let max = front.rls.relay().limits.max_clients.max(1);
     let handshake = HANDSHAKE_TIMEOUT.min(front.deadline);
     accepted(listener, slots, front)
         .map(move |conn| async move {
-            match tokio::time::timeout(handshake, sends_preface(&conn.stream)).await {
-                Ok(true) => Some(Ok(conn)),
+            let deadline = tokio::time::Instant::now() + handshake;
+            match tokio::time::timeout_at(deadline, sends_preface(&conn.stream)).await {
+                Ok(true) => {}
                 // Closed by the peer (a port probe): nothing to count.
-                Ok(false) => None,
+                Ok(false) => return None,
                 Err(_) => {
                     conn.front.rls.stats.handshake_timeouts.fetch_add(1, Relaxed);
+                    return None;
+                }
+            }
+            let Some(tls) = conn.front.rls.options.tls.clone() else { return Some(Ok(Conn::Plain(conn))) };
+            let front = conn.front.clone();
+            match tokio::time::timeout_at(deadline, tls.acceptor().accept(conn)).await {
+                Ok(Ok(stream)) => {
+                    let (conn, session) = stream.get_ref();
+                    let allowed = tls.client_allowed(session.peer_certificates());
+                    let _ = conn.conduct.san_allowed.set(allowed);
+                    Some(Ok(Conn::Tls(Box::new(stream))))
+                }
+                Ok(Err(e)) => {
+                    front.rls.stats.tls_handshake_failures.fetch_add(1, Relaxed);
+                    front.tls_failures.log(|| format!("RLS front: a TLS handshake failed: {e}"));
+                    None
+                }
+                Err(_) => {
+                    front.rls.stats.handshake_timeouts.fetch_add(1, Relaxed);
                     None
                 }
             }
         })
         .buffer_unordered(max)
         .filter_map(std::future::ready)
+}
+
+/// A connection served: plain text, or over TLS (`--rls-tls-cert`).
+enum Conn {
+    Plain(Bounded),
+    Tls(Box<tokio_rustls::server::TlsStream<Bounded>>),
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Conn::Plain(conn) => conn.connect_info(),
+            Conn::Tls(stream) => stream.get_ref().0.connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
+            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(conn) => Pin::new(conn).poll_write(cx, buf),
+            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(conn) => Pin::new(conn).poll_flush(cx),
+            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(conn) => Pin::new(conn).poll_shutdown(cx),
+            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(conn) => Pin::new(conn).poll_write_vectored(cx, bufs),
+            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(conn) => conn.is_write_vectored(),
+            Conn::Tls(stream) => stream.is_write_vectored(),
+        }
+    }
 }
 
 /// Connections as they are accepted, each holding a slot, their deadline
@@ -327,6 +421,9 @@ where
         let Some(ConnInfo(conduct)) = request.extensions().get::<ConnInfo>().cloned() else {
             return Box::pin(self.inner.call(request));
         };
+        if let Some(refused) = self.front.refused_by_san(&conduct) {
+            return Box::pin(std::future::ready(Ok(refused.into_http())));
+        }
         if conduct.health_only.load(Relaxed) && !health {
             let refused = Status::unauthenticated(
                 "rl-relay: this connection sent no call with the token within --auth-timeout-ms: it is kept for \
@@ -349,6 +446,28 @@ where
             Body::new(Deadlined { body, due, timer: None, call: Some(call), front: self.front.clone() })
         };
         Box::pin(self.inner.call(http::Request::from_parts(parts, body)))
+    }
+}
+
+impl Front {
+    /// With `--rls-tls-client-san`: the refusal of a call on a connection
+    /// whose client certificate is not valid for it (the connection
+    /// counted and logged at its first call).
+    fn refused_by_san(&self, conduct: &Conduct) -> Option<Status> {
+        let tls = self.rls.options.tls.as_ref()?;
+        let san = tls.client_san.as_ref()?;
+        if conduct.san_allowed.get() == Some(&true) {
+            return None;
+        }
+        if !conduct.san_counted.swap(true, Relaxed) {
+            self.rls.stats.san_refused.fetch_add(1, Relaxed);
+            self.san_refused.log(|| {
+                format!("RLS front: refused a client whose certificate is not valid for {san} (--rls-tls-client-san)")
+            });
+        }
+        Some(Status::unauthenticated(format!(
+            "rl-relay: the client certificate is not valid for {san} (--rls-tls-client-san)"
+        )))
     }
 }
 
@@ -463,7 +582,12 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
         deadline: limits.auth_timeout,
         closed: Throttled::new(Duration::from_secs(10)),
         slow_bodies: Throttled::new(Duration::from_secs(10)),
+        san_refused: Throttled::new(Duration::from_secs(10)),
+        tls_failures: Throttled::new(Duration::from_secs(10)),
     });
+    if let Some(tls) = &rls.options.tls {
+        tokio::spawn(tls.clone().watch(rls.clone()));
+    }
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };
     line(format_args!("RLS listening on {local}, {token}, config {}", rls.options.config_path.display()));

@@ -40,7 +40,7 @@ pub const MAX_SLOT_ID_BYTES: usize = 64;
 pub struct Service(pub Arc<Rls>);
 
 /// What one descriptor of the request came to before deciding.
-enum Resolved {
+pub(super) enum Resolved {
     /// OK, nothing to decide (no limit, replaced, a negative hit of 0).
     Free,
     Unlimited,
@@ -246,13 +246,13 @@ impl Rls {
                 usage,
                 refund,
                 slot,
-                shadow: limit.shadow_mode,
+                shadow: limit.shadow_mode || self.quota_mode(limit),
                 failure: limit.failure_mode,
             });
             resolved.push(Resolved::Limited { found, item: items.len() - 1 });
         }
         let outcomes = self.decide(items.clone()).await;
-        Ok(self.respond(&resolved, &items, &outcomes))
+        Ok(self.upstream_finish(&request, &resolved, &outcomes, self.respond(&resolved, &items, &outcomes)))
     }
 
     /// The limits' outcomes within the deadline; past it (Redis slow), the
@@ -345,9 +345,8 @@ impl Rls {
                         self.stats.record(&found.stats_key, rpu, item.cost, remaining, outcome.over, item.shadow);
                     }
                     if !item.shadow {
-                        let name = if limit.name.is_empty() { found.stats_key.as_str() } else { limit.name.as_str() };
                         limited.push(Limited {
-                            name,
+                            name: &limit.name,
                             requests_per_unit: limit.requests_per_unit,
                             unit_seconds: unit.seconds(),
                             remaining,

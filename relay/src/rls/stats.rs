@@ -67,8 +67,16 @@ pub struct Stats {
     pub body_timeouts: AtomicU64,
     /// Token-less connections kept for health checks only.
     pub health_connections: AtomicU64,
+    /// Connections refused for a client certificate not valid for
+    /// --rls-tls-client-san.
+    pub san_refused: AtomicU64,
+    /// TLS handshakes that failed, and certificate reloads refused.
+    pub tls_handshake_failures: AtomicU64,
+    pub tls_reload_errors: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
+    /// NEAR_LIMIT_RATIO as configured (None: its default).
+    pub near_limit_ratio: Option<f64>,
 }
 
 /// `:` and `|` as `_`, and the dots of every IPv4-shaped run
@@ -144,7 +152,7 @@ impl Stats {
         }
         s.within_limit += cost;
         let Some(remaining) = remaining else { return };
-        let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+        let near = (limit as f64 * self.near_limit_ratio.unwrap_or(NEAR_LIMIT_RATIO)).floor() as u64;
         let after = limit.saturating_sub(remaining);
         let before = after.saturating_sub(cost);
         if after > near {
@@ -314,6 +322,21 @@ impl Stats {
                 "connections closed at --auth-timeout-ms of their accept without a complete call carrying the token \
                  (any complete call, without --rls-token-file; their slot freed)",
                 self.auth_timeouts.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_tls_handshake_failures_total",
+                "TLS handshakes that failed (with --rls-tls-client-ca: a client without a certificate the CA signed)",
+                self.tls_handshake_failures.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_tls_reload_errors_total",
+                "changed TLS files refused (the certificates in force kept)",
+                self.tls_reload_errors.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_san_refused_total",
+                "connections whose client certificate is not valid for --rls-tls-client-san (every call refused)",
+                self.san_refused.load(Relaxed),
             ),
             (
                 "rl_relay_rls_body_timeouts_total",

@@ -35,6 +35,10 @@ pub struct Start<'a> {
     pub max_memory_mib: Option<u64>,
     /// Wait until it listens (false: for a relay that must refuse to start).
     pub no_wait: bool,
+    /// As envoyproxy/ratelimit is started: no argument at all (not even
+    /// `--listen`, so nothing is waited for) and only `env` in its
+    /// environment.
+    pub bare: bool,
 }
 
 impl<'a> Start<'a> {
@@ -73,7 +77,12 @@ impl Relay {
             c.arg("-c").arg(format!("{} && exec \"$0\" \"$@\"", ulimits.join(" && "))).arg(&bin);
             c
         };
-        cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).args(&start.args);
+        if start.bare {
+            cmd.env_clear();
+        } else {
+            cmd.arg("--listen").arg(format!("127.0.0.1:{port}"));
+        }
+        cmd.args(&start.args);
         cmd.env_remove("RL_RELAY_AUTH");
         for (k, v) in &start.env {
             cmd.env(k, v);
@@ -92,7 +101,7 @@ impl Relay {
             }
         });
         let mut relay = Relay { child, port, log, auth: None };
-        if !start.no_wait {
+        if !start.no_wait && !start.bare {
             relay.wait_listening();
         }
         relay

@@ -14,6 +14,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use testkit::free_port;
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 use super::{Relay, Start};
 
@@ -144,4 +147,21 @@ pub fn calls(con: &mut redis::Connection, command: &str) -> u64 {
     info.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// The gRPC health service's status for `service`.
+pub async fn health(relay: &RlsRelay, service: &str) -> i32 {
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", relay.rls_port)).unwrap();
+    let mut client = HealthClient::new(channel.connect().await.unwrap());
+    let r = client.check(HealthCheckRequest { service: service.into() }).await.unwrap();
+    r.into_inner().status
+}
+
+/// Waits (20 s at most) until the gRPC health service says `status` for "".
+pub async fn wait_health(relay: &RlsRelay, status: ServingStatus) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while health(relay, "").await != status as i32 {
+        assert!(Instant::now() < deadline, "gRPC health never said {status:?}: {}", relay.relay.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

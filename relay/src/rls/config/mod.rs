@@ -188,6 +188,10 @@ pub struct Limit {
     pub failure_mode: FailureMode,
     /// Its stats key as configured: `domain.key1_value1.subkey1`.
     pub full_key: String,
+    /// envoyproxy/ratelimit's `quota_mode` and `metadata` of its descriptor
+    /// (`upstream_answer.rs`).
+    pub quota_mode: bool,
+    pub metadata: Option<crate::rls::upstream_answer::Metadata>,
 }
 
 impl Limit {
@@ -205,6 +209,8 @@ impl Limit {
             burst: None,
             failure_mode: FailureMode::Allow,
             full_key,
+            quota_mode: false,
+            metadata: None,
         }
     }
 }
@@ -400,15 +406,6 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
                 cut(&composite)
             )));
         }
-        if def.quota_mode {
-            return Err(Problem {
-                line: def.line,
-                path: format!("{}.quota_mode", def.path),
-                reason: "quota_mode is not served by rl-relay: a request is refused when any of its limits \
-                         refuses (all or nothing)"
-                    .into(),
-            });
-        }
         let mut child = Descriptor {
             limit,
             value_to_metric: def.value_to_metric,
@@ -507,6 +504,8 @@ fn limit(def: &DescriptorDef, r: &RateLimitDef, full_key: &str) -> Result<Limit,
         burst: r.burst.map(|(b, _)| b),
         failure_mode: r.failure_mode,
         full_key: full_key.to_string(),
+        quota_mode: def.quota_mode,
+        metadata: def.metadata.clone(),
     })
 }
 

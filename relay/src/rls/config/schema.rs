@@ -73,6 +73,7 @@ pub struct DescriptorDef {
     pub detailed_metric: bool,
     pub value_to_metric: bool,
     pub share_threshold: bool,
+    pub metadata: Option<crate::rls::upstream_answer::Metadata>,
 }
 
 #[derive(Debug, Default)]
@@ -283,7 +284,10 @@ fn read_descriptor(node: &Node, path: &str) -> Result<DescriptorDef, Problem> {
             "detailed_metric" => d.detailed_metric = boolean(value, &here)?,
             "value_to_metric" => d.value_to_metric = boolean(value, &here)?,
             "share_threshold" => d.share_threshold = boolean(value, &here)?,
-            _ => check_metadata(value, &here)?,
+            _ => {
+                check_metadata(value, &here)?;
+                d.metadata = crate::rls::upstream_answer::metadata(value);
+            }
         }
     }
     Ok(d)
