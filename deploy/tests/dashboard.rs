@@ -33,8 +33,13 @@ fn the_list_is_what_each_component_serves() {
     assert_eq!(sorted(gateway), sorted(section(&sections, "gateway").to_vec()), "rl-client's events");
     let relay = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
         let timeout = Duration::from_millis(50);
-        let upstream =
-            rl_relay::upstream::Upstream::open(&["redis://127.0.0.1:1/".to_owned()], false, timeout).unwrap();
+        let upstream = rl_relay::upstream::Upstream::open(
+            &["redis://127.0.0.1:1/".to_owned()],
+            false,
+            &Default::default(),
+            timeout,
+        )
+        .unwrap();
         let options = rl_relay::relay::Options { timeout, ..Default::default() };
         let relay =
             std::sync::Arc::new(rl_relay::relay::Relay::new(rl_relay::pool::Pools::default(), upstream, options));

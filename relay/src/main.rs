@@ -37,6 +37,21 @@ struct Args {
     /// The --redis URLs are nodes of a Redis Cluster.
     #[arg(long)]
     cluster: bool,
+    /// For rediss:// URLs: PEM file of the CA that signed Redis's
+    /// certificates, trusted instead of the system roots (SSL_CERT_FILE).
+    #[arg(long, env = "RL_TLS_CA_FILE", value_name = "FILE")]
+    tls_ca_file: Option<PathBuf>,
+    /// For rediss:// URLs: PEM file of the client certificate, for a Redis
+    /// that requires one (tls-auth-clients yes); with --tls-key-file.
+    #[arg(long, env = "RL_TLS_CERT_FILE", value_name = "FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// For rediss:// URLs: PEM file of the client certificate's key.
+    #[arg(long, env = "RL_TLS_KEY_FILE", value_name = "FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// For rediss:// URLs: accept any certificate Redis shows, unverified.
+    /// Tests only: anyone on the path can read and change the calls.
+    #[arg(long, env = "RL_TLS_INSECURE")]
+    tls_insecure: bool,
     /// Relays sharing the limits (one per data centre group): a batch is
     /// the relay's share, rate / relays.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -210,8 +225,15 @@ async fn run(args: Args) -> Result<(), String> {
     let credentials = Credentials::load(args.auth_file.as_deref(), std::env::var(auth::ENV).ok())?;
     let urls: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
     let timeout = Duration::from_millis(args.timeout_ms);
-    let upstream = Upstream::open(&args.redis, args.cluster, timeout).map_err(|e| format!("--redis {urls:?}: {e}"))?;
-    let probe = Upstream::probe(&args.redis, args.cluster).map_err(|e| format!("--redis {urls:?}: {e}"))?;
+    let tls = rl_client::Tls {
+        ca_file: args.tls_ca_file.clone(),
+        cert_file: args.tls_cert_file.clone(),
+        key_file: args.tls_key_file.clone(),
+        insecure: args.tls_insecure,
+    };
+    let upstream =
+        Upstream::open(&args.redis, args.cluster, &tls, timeout).map_err(|e| format!("--redis {urls:?}: {e}"))?;
+    let probe = Upstream::probe(&args.redis, args.cluster, &tls).map_err(|e| format!("--redis {urls:?}: {e}"))?;
     if args.max_request_bytes > args.max_pending_bytes {
         return Err(format!(
             "--max-request-bytes {} is above --max-pending-bytes {}: a command could never be read",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{Cmd, RedisResult, Value};
-use rl_client::{Connection, ConnectionStatus, Target};
+use rl_client::{Connection, ConnectionStatus, Target, Tls};
 
 use crate::health::PROBE_TIMEOUT;
 use crate::logging::line;
@@ -18,10 +18,10 @@ pub struct Upstream(Connection);
 impl Upstream {
     /// One server at `urls[0]` (a `redis+sentinel://` URL: the master its
     /// sentinels name), or a cluster discovered from `urls` when `cluster`
-    /// is set. Lazy: the relay starts while Redis is down. Call it inside a
-    /// tokio runtime.
-    pub fn open(urls: &[String], cluster: bool, timeout: Duration) -> rl_client::Result<Upstream> {
-        let connection = Connection::open(&target(urls, cluster)?, timeout, timeout)?;
+    /// is set; `tls` for `rediss://` URLs. Lazy: the relay starts while
+    /// Redis is down. Call it inside a tokio runtime.
+    pub fn open(urls: &[String], cluster: bool, tls: &Tls, timeout: Duration) -> rl_client::Result<Upstream> {
+        let connection = Connection::open_with_tls(&target(urls, cluster)?, tls, timeout, timeout)?;
         connection.on_switch(log_switch);
         Ok(Upstream(connection))
     }
@@ -30,8 +30,8 @@ impl Upstream {
     /// probe's own timeouts: the calls' connection may be dropped and
     /// made again within `--timeout-ms` (three calls timed out in a row
     /// during a stall), which must not make a stall look like an outage.
-    pub fn probe(urls: &[String], cluster: bool) -> rl_client::Result<Upstream> {
-        Ok(Upstream(Connection::open(&target(urls, cluster)?, PROBE_TIMEOUT, PROBE_TIMEOUT)?))
+    pub fn probe(urls: &[String], cluster: bool, tls: &Tls) -> rl_client::Result<Upstream> {
+        Ok(Upstream(Connection::open_with_tls(&target(urls, cluster)?, tls, PROBE_TIMEOUT, PROBE_TIMEOUT)?))
     }
 
     /// Sends `args`; in a cluster, to the primary of `key`'s slot (RL.*
@@ -56,7 +56,7 @@ fn target(urls: &[String], cluster: bool) -> rl_client::Result<Target> {
     if !cluster {
         return Target::from_url(urls.first().map_or("redis://127.0.0.1:6379/", String::as_str));
     }
-    if urls.iter().any(|u| u.starts_with(rl_client::SENTINEL_SCHEME)) {
+    if urls.iter().any(|u| u.starts_with(rl_client::SENTINEL_SCHEME) || u.starts_with(rl_client::SENTINEL_TLS_SCHEME)) {
         return Err(rl_client::Error::invalid("a cluster is not reached through Sentinel: drop --cluster"));
     }
     Ok(Target::Cluster(urls.to_vec()))

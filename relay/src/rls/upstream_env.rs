@@ -173,15 +173,18 @@ pub const VARS: &[Var] = &[
     ),
     var("REDIS_POOL_SIZE", "10", Differently("one multiplexed connection, calls batched")),
     var("REDIS_AUTH", "", Served("the password (or user:password) in --redis's URL, in memory only, never in argv")),
+    var("REDIS_TLS", "false", Served("rediss:// for every REDIS_URL server (and sentinel)")),
+    var("REDIS_TLS_CLIENT_CERT", "", Served("--tls-cert-file")),
+    var("REDIS_TLS_CLIENT_KEY", "", Served("--tls-key-file")),
+    var("REDIS_TLS_CACERT", "", Served("--tls-ca-file (else the system roots)")),
     var(
-        "REDIS_TLS",
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         "false",
-        Refused { allowed: FALSE, why: "the relay takes no TLS settings for Redis yet (rl-client has rediss://)" },
+        Refused {
+            allowed: FALSE,
+            why: "rustls checks a certificate's name with its chain; --tls-insecure (tests only) skips both",
+        },
     ),
-    var("REDIS_TLS_CLIENT_CERT", "", With("REDIS_TLS")),
-    var("REDIS_TLS_CLIENT_KEY", "", With("REDIS_TLS")),
-    var("REDIS_TLS_CACERT", "", With("REDIS_TLS")),
-    var("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false", With("REDIS_TLS")),
     var("REDIS_PIPELINE_WINDOW", "0", Differently("calls are batched by the relay (one RL.WINDOW per request)")),
     var("REDIS_PIPELINE_LIMIT", "0", Differently("deprecated upstream; calls batched by the relay")),
     var("REDIS_CLUSTER_PIPELINE_PARALLELISM", "1", Differently("calls to a cluster's nodes go in parallel")),
@@ -432,11 +435,34 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
 
     let (url, socket, auth) = (value("REDIS_URL"), get("REDIS_SOCKET_TYPE").unwrap_or_default(), value("REDIS_AUTH"));
     let kind = value("REDIS_TYPE");
+    let tls = enabled("REDIS_TLS")?;
+    if tls {
+        for (variable, flag) in [
+            ("REDIS_TLS_CACERT", "--tls-ca-file"),
+            ("REDIS_TLS_CLIENT_CERT", "--tls-cert-file"),
+            ("REDIS_TLS_CLIENT_KEY", "--tls-key-file"),
+        ] {
+            if let Some(file) = set(variable) {
+                out.flag(flag, file);
+            }
+        }
+    }
+    // REDIS_TLS: every server's URL over TLS (upstream's host:port form).
+    let server = |address: &str, socket: &str| -> Result<String, String> {
+        let url = server_url(address, socket, &auth)?;
+        match url.strip_prefix("redis://") {
+            Some(rest) if tls => Ok(format!("rediss://{rest}")),
+            _ if tls && url.starts_with("redis+unix://") => {
+                Err(format!("REDIS_TLS=true with a socket path ({address}): TLS is for host:port"))
+            }
+            _ => Ok(url),
+        }
+    };
     if kind.eq_ignore_ascii_case("single") {
-        out.flag("--redis", server_url(&url, &socket, &auth)?);
+        out.flag("--redis", server(&url, &socket)?);
     } else if kind.eq_ignore_ascii_case("cluster") {
         for node in url.split(',') {
-            out.flag("--redis", server_url(node.trim(), "tcp", &auth)?);
+            out.flag("--redis", server(node.trim(), "tcp")?);
         }
         out.switch("--cluster");
     } else if kind.eq_ignore_ascii_case("sentinel") {
@@ -458,7 +484,7 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
             "--redis",
             format!(
                 "{}://{}{}/{}{query}",
-                rl_client::SENTINEL_SCHEME,
+                if tls { rl_client::SENTINEL_TLS_SCHEME } else { rl_client::SENTINEL_SCHEME },
                 userinfo(&auth),
                 sentinels.join(","),
                 escaped(master)
@@ -660,7 +686,22 @@ mod tests {
         let refused = translate(&env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")])).unwrap_err();
         assert!(refused.contains("CONFIG_TYPE=GRPC_XDS_SOTW") && refused.contains("xDS"), "{refused}");
         assert!(translate(&env(&[("CONFIG_TYPE", "file")])).is_ok());
-        assert!(translate(&env(&[("REDIS_TLS", "true")])).is_err());
+        let t = translate(&env(&[("REDIS_TLS", "true"), ("REDIS_URL", "h:6379"), ("REDIS_TLS_CACERT", "/ca.pem")]))
+            .unwrap();
+        assert_eq!(flag(&t, "--redis").as_deref(), Some("rediss://h:6379/"));
+        assert_eq!(flag(&t, "--tls-ca-file").as_deref(), Some("/ca.pem"));
+        let t = translate(&env(&[
+            ("REDIS_TLS", "true"),
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_TLS_CLIENT_CERT", "/c.pem"),
+            ("REDIS_TLS_CLIENT_KEY", "/k.pem"),
+        ]))
+        .unwrap();
+        assert_eq!(flag(&t, "--redis").as_deref(), Some("rediss+sentinel://s1:26379,s2:26379/mymaster"));
+        assert_eq!(flag(&t, "--tls-cert-file").as_deref(), Some("/c.pem"));
+        let e = translate(&env(&[("REDIS_TLS", "true"), ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")]));
+        assert!(e.unwrap_err().contains("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"));
         assert!(translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).is_err(), "no certificate");
         assert!(translate(&env(&[("REDIS_TLS", "0")])).is_ok());
         assert!(translate(&env(&[("BACKEND_TYPE", "memcache")])).is_err());
