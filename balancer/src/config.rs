@@ -109,6 +109,8 @@ pub struct Config {
     /// each region replaces whatever epoch is stored (higher, corrupt or
     /// above the ceiling). Only when no other balancer runs.
     pub take_over: bool,
+    /// TLS settings for the regions' `rediss://` URLs (one set for all).
+    pub tls: rl_gateway::Tls,
 }
 
 impl Config {
@@ -130,6 +132,7 @@ impl Config {
             key: rl_gateway::global::store::DEFAULT_KEY.to_string(),
             epoch: None,
             take_over: false,
+            tls: rl_gateway::Tls::default(),
         }
     }
 }

@@ -58,19 +58,21 @@ pub struct Link {
 }
 
 impl Link {
-    /// A region at `url` (`redis://` or `redis+sentinel://`; not connected
+    /// A region at `url` (`redis://`, `rediss://` with `tls`, or `redis+sentinel://`; not connected
     /// yet); `key`: the share table's hash; `delay`: an injected wait drawn
     /// from this range before every call. Must run inside a tokio runtime.
     pub fn new(
         name: &str,
         url: &str,
         key: &str,
+        tls: &rl_gateway::Tls,
         timeout: Duration,
         delay: Option<(Duration, Duration)>,
     ) -> Result<Link, String> {
         // The URL may carry a password: the message names the region only.
         let bad = |e: rl_gateway::Error| format!("region {name}: bad Redis URL: {e}");
-        let con = Connection::open(&Target::from_url(url).map_err(bad)?, timeout, timeout).map_err(bad)?;
+        let target = Target::from_url(url).map_err(bad)?;
+        let con = Connection::open_with_tls(&target, tls, timeout, timeout).map_err(bad)?;
         Ok(Link { name: name.to_string(), con, key: key.to_string(), timeout, delay })
     }
 

@@ -129,7 +129,8 @@ impl Balancer {
         let spans = Spans::of(&config);
         let mut regions = Vec::with_capacity(config.regions.len());
         for (name, url) in &config.regions {
-            let link = Link::new(name, url, &config.key, config.timeout, config.delay).map_err(Stopped::Config)?;
+            let link = Link::new(name, url, &config.key, &config.tls, config.timeout, config.delay)
+                .map_err(Stopped::Config)?;
             regions.push(Region {
                 link,
                 last: None,

@@ -64,7 +64,7 @@ async fn followed(link: &Link, shares: &RegionShares, new: &Server) {
 async fn a_region_through_sentinel_is_written_on_the_new_primary() {
     let set = SentinelSet::start(1);
     let url = format!("redis+sentinel://{}/{MASTER}", set.addresses().join(","));
-    let link = Link::new("eu", &url, DEFAULT_KEY, TIMEOUT, None).unwrap();
+    let link = Link::new("eu", &url, DEFAULT_KEY, &Default::default(), TIMEOUT, None).unwrap();
     let shares = RegionShares::new(GatewayConfig::new("eu", url.as_str())).unwrap();
     let old = set.primary().port;
     written_and_read(&link, &shares, set.primary()).await;
@@ -87,7 +87,7 @@ async fn a_region_through_sentinel_is_written_on_the_new_primary() {
 async fn a_region_on_a_fixed_address_leaves_a_primary_demoted_by_failover() {
     let primary = Server::start(&[]);
     let replica = primary.replica(&[]);
-    let link = Link::new("eu", &primary.url(), DEFAULT_KEY, TIMEOUT, None).unwrap();
+    let link = Link::new("eu", &primary.url(), DEFAULT_KEY, &Default::default(), TIMEOUT, None).unwrap();
     let shares = RegionShares::new(GatewayConfig::new("eu", primary.url())).unwrap();
     written_and_read(&link, &shares, &primary).await;
 

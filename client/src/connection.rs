@@ -163,7 +163,17 @@ impl Connection {
     /// used, even when it answers as a replica (an exporter of that one
     /// server); a Sentinel target still follows its master.
     pub fn open_as_given(target: &Target, timeout: Duration, connect_timeout: Duration) -> Result<Connection> {
-        let tls = tls::for_urls(&Tls::default(), target.urls())?;
+        Connection::open_as_given_with_tls(target, &Tls::default(), timeout, connect_timeout)
+    }
+
+    /// [`Connection::open_as_given`] with TLS settings for a `rediss://` target.
+    pub fn open_as_given_with_tls(
+        target: &Target,
+        tls: &Tls,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Connection> {
+        let tls = tls::for_urls(tls, target.urls())?;
         let plain = match target {
             Target::Standalone(url) => Plain::as_given(url, tls.as_ref(), timeout, connect_timeout)?,
             other => Plain::open(other, tls.as_ref(), timeout, connect_timeout)?,

@@ -22,7 +22,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
 use redis::aio::ConnectionLike;
-use rl_gateway::{prometheus_label as label, Connection, Target};
+use rl_gateway::{prometheus_label as label, Connection, Target, Tls};
 use tokio::net::TcpListener;
 
 /// What one scrape asks the server for: an ACL user for the exporter needs
@@ -254,12 +254,12 @@ impl ScrapeLog {
 
 /// Serves `/metrics` on `listener` for the server at `redis_url`, until the
 /// task is dropped. Scrape failures go to stderr (see [`redacted`]).
-pub async fn serve(redis_url: &str, listener: TcpListener) -> Result<(), String> {
+pub async fn serve(redis_url: &str, tls: &Tls, listener: TcpListener) -> Result<(), String> {
     let server = redacted(redis_url);
     // redis-rs's own error repeats nothing of the URL's secret; the URL
     // itself is shown redacted.
     let target = Target::from_url(redis_url).map_err(|e| format!("bad Redis URL '{server}': {e}"))?;
-    let client = Connection::open_as_given(&target, SCRAPE_TIMEOUT, SCRAPE_TIMEOUT)
+    let client = Connection::open_as_given_with_tls(&target, tls, SCRAPE_TIMEOUT, SCRAPE_TIMEOUT)
         .map_err(|e| format!("bad Redis URL '{server}': {e}"))?;
     client.on_switch(|status| {
         let now = status.server.as_deref().unwrap_or("none");

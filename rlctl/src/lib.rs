@@ -3,3 +3,4 @@
 //! is its binary (src/main.rs), on rl-gateway's live rules.
 
 pub mod exporter;
+pub mod tls_flags;

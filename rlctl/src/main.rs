@@ -19,6 +19,8 @@ use rl_gateway::{Backend, Error, FailMode};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    tls: rlctl::tls_flags::TlsFlags,
 }
 
 #[derive(Args)]
@@ -201,6 +203,7 @@ struct AddOverride {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    TLS.get_or_init(|| cli.tls.tls());
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start: {e}")),
@@ -321,7 +324,7 @@ async fn run(command: Command) -> Result<Output, Error> {
                 .map_err(|e| Error::invalid(format!("cannot listen on {listen}: {e}")))?;
             let at = listener.local_addr().map_or(listen, |a| a.to_string());
             eprintln!("rlctl: serving http://{at}/metrics for {}", rl_gateway::redacted(&redis));
-            rlctl::exporter::serve(&redis, listener).await.map_err(Error::invalid)?;
+            rlctl::exporter::serve(&redis, &tls(), listener).await.map_err(Error::invalid)?;
             Ok((String::new(), None))
         }
         Command::Override(OverrideCommand::Add(add)) => {
@@ -358,7 +361,7 @@ async fn run(command: Command) -> Result<Output, Error> {
 /// server cannot be asked, `validate` (`strict`) fails and `publish` goes
 /// on (its gateways ask their own servers before installing).
 async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<(), Error> {
-    let config = rl_gateway::Config { backend, ..rl_gateway::Config::standalone(url) };
+    let config = rl_gateway::Config { backend, tls: tls(), ..rl_gateway::Config::standalone(url) };
     let client = rl_gateway::Client::new(&config)?;
     match rl_gateway::live::server_refusals(&client, snapshot).await {
         Ok(faults) if faults.is_empty() => Ok(()),
@@ -403,8 +406,15 @@ fn invalid_problem(stored: &Stored) -> Option<String> {
     })
 }
 
+/// The TLS settings of this run (`--tls-*`, `RL_TLS_*`), for every server it calls.
+static TLS: std::sync::OnceLock<rl_gateway::Tls> = std::sync::OnceLock::new();
+
+fn tls() -> rl_gateway::Tls {
+    TLS.get().cloned().unwrap_or_default()
+}
+
 fn open(store: &Store) -> Result<RulesStore, Error> {
-    RulesStore::new(&store.redis, &store.key, Duration::from_secs(5))
+    RulesStore::with_tls(&store.redis, &store.key, &tls(), Duration::from_secs(5))
 }
 
 fn override_rule(add: &AddOverride) -> Result<RuleSpec, Error> {

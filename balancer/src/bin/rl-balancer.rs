@@ -38,6 +38,8 @@ use tokio::signal::unix::{signal, SignalKind};
 #[derive(Parser, Debug, Clone)]
 #[command(name = "rl-balancer", version, verbatim_doc_comment)]
 struct Args {
+    #[command(flatten)]
+    tls: rlctl::tls_flags::TlsFlags,
     /// A region and its Redis, e.g. `eu=redis://10.0.0.5:6379`, or the
     /// master its sentinels name, followed across a failover:
     /// `eu=redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster`. Repeat
@@ -173,6 +175,7 @@ fn config(args: &Args) -> Result<Config, String> {
     c.key = args.key;
     c.epoch = args.epoch;
     c.take_over = args.take_over;
+    c.tls = args.tls.tls();
     c.delay = args.inject_delay;
     Ok(c)
 }

@@ -62,6 +62,8 @@ pub struct GatewayConfig {
     /// The clock table ages grow by between reads (rl-client's: a
     /// simulation or a test hands it a manual clock).
     pub clock: Clock,
+    /// TLS settings for a `rediss://` URL (the limiter's `Config::tls`).
+    pub tls: crate::Tls,
 }
 
 /// The URL without its password: a config may be logged.
@@ -96,6 +98,7 @@ impl GatewayConfig {
             settle: Duration::from_secs(10),
             warn_after: Duration::from_secs(60),
             clock: Clock::System,
+            tls: crate::Tls::default(),
         }
     }
 }
@@ -179,7 +182,7 @@ impl RegionShares {
         };
         let target = Target::from_url(&config.redis_url).map_err(bad)?;
         Ok(RegionShares {
-            con: Connection::open(&target, config.timeout, config.timeout).map_err(bad)?,
+            con: Connection::open_with_tls(&target, &config.tls, config.timeout, config.timeout).map_err(bad)?,
             id: format!("{}-{:016x}", config.region, fastrand::u64(..)),
             syncing: tokio::sync::Mutex::new(()),
             config,

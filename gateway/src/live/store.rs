@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use crate::{Connection, ConnectionStatus, Error, Result, Target};
+use crate::{Connection, ConnectionStatus, Error, Result, Target, Tls};
 
 use crate::live::compile::{parse_network, refused};
 use crate::live::fleet::{new_lineage, GatewayReport, Origin};
@@ -210,10 +210,16 @@ impl RulesStore {
     /// also leaves a demoted primary); each call waits at most `timeout`.
     /// Call it inside a tokio runtime.
     pub fn new(url: &str, key: &str, timeout: Duration) -> Result<RulesStore> {
+        RulesStore::with_tls(url, key, &Tls::default(), timeout)
+    }
+
+    /// [`RulesStore::new`] with TLS settings for a `rediss://` (or
+    /// `rediss+sentinel://`) URL.
+    pub fn with_tls(url: &str, key: &str, tls: &Tls, timeout: Duration) -> Result<RulesStore> {
         if key.is_empty() {
             return Err(Error::invalid("the rules key must not be empty"));
         }
-        let con = Connection::open(&Target::from_url(url)?, timeout, timeout)?;
+        let con = Connection::open_with_tls(&Target::from_url(url)?, tls, timeout, timeout)?;
         Ok(RulesStore { con, key: key.to_owned(), url: url.to_owned() })
     }
 

@@ -44,6 +44,9 @@ pub struct RedisSource {
     /// The name this gateway reports under in `<key>:gateways` (what
     /// `rlctl status` lists). Default: the host name, `:`, the process id.
     pub gateway: Option<String>,
+    /// TLS settings for a `rediss://` URL (the limiter's `Config::tls`
+    /// when the rules are on the same server). Default none.
+    pub tls: crate::Tls,
 }
 
 /// The URL without its password: a source may be logged.
@@ -68,6 +71,7 @@ impl RedisSource {
             poll_every: Duration::from_secs(5),
             timeout: Duration::from_secs(2),
             gateway: None,
+            tls: crate::Tls::default(),
         }
     }
 }
@@ -103,7 +107,7 @@ impl LiveRules {
             return Err(Error::invalid("a rules source needs poll_every and timeout above zero"));
         }
         let runtime = runtime()?;
-        let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
+        let store = RulesStore::with_tls(&source.url, &source.key, &source.tls, source.timeout)?;
         self.follow("Redis")?;
         let rules = self.clone();
         Ok(Watcher { task: runtime.spawn(watch_redis(rules, store, source)), rules: self.clone() })
@@ -138,7 +142,7 @@ impl LiveRules {
     ) -> Result<(LiveRules, Watcher)> {
         let path = bootstrap.as_ref();
         let file = RuleSetSpec::from_file(path);
-        let store = RulesStore::new(&source.url, &source.key, source.timeout)?;
+        let store = RulesStore::with_tls(&source.url, &source.key, &source.tls, source.timeout)?;
         let stored = match timeout(source.timeout, store.read()).await {
             Ok(Ok(stored)) => stored.check_overrides().map(|()| stored),
             Ok(Err(e)) => Err(e),
