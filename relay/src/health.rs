@@ -18,11 +18,10 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::logging::{line, Throttled};
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, PROBE_TIMEOUT};
 
-/// How often Redis is probed, and how long a probe may take.
+/// How often Redis is probed (a probe may take [`PROBE_TIMEOUT`]).
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 const UNKNOWN: u8 = 0;
 const READY: u8 = 1;

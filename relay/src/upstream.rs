@@ -9,8 +9,10 @@ use bytes::Bytes;
 use redis::{Cmd, RedisResult, Value};
 use rl_client::{Connection, ConnectionStatus, Target, Tls};
 
-use crate::health::PROBE_TIMEOUT;
 use crate::logging::line;
+
+/// How long a readiness probe may take (its connection's own timeouts).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Upstream(Connection);

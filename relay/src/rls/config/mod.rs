@@ -10,6 +10,7 @@
 //! `replaces` are checked. Matching a request is `matching.rs`.
 
 pub mod matching;
+pub mod metadata;
 pub mod schema;
 pub mod yaml;
 
@@ -189,9 +190,9 @@ pub struct Limit {
     /// Its stats key as configured: `domain.key1_value1.subkey1`.
     pub full_key: String,
     /// envoyproxy/ratelimit's `quota_mode` and `metadata` of its descriptor
-    /// (`upstream_answer.rs`).
+    /// (`metadata.rs`, merged by `upstream_answer.rs`).
     pub quota_mode: bool,
-    pub metadata: Option<crate::rls::upstream_answer::Metadata>,
+    pub metadata: Option<metadata::Metadata>,
 }
 
 impl Limit {

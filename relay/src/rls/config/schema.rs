@@ -73,7 +73,7 @@ pub struct DescriptorDef {
     pub detailed_metric: bool,
     pub value_to_metric: bool,
     pub share_threshold: bool,
-    pub metadata: Option<crate::rls::upstream_answer::Metadata>,
+    pub metadata: Option<super::metadata::Metadata>,
 }
 
 #[derive(Debug, Default)]
@@ -286,7 +286,7 @@ fn read_descriptor(node: &Node, path: &str) -> Result<DescriptorDef, Problem> {
             "share_threshold" => d.share_threshold = boolean(value, &here)?,
             _ => {
                 check_metadata(value, &here)?;
-                d.metadata = crate::rls::upstream_answer::metadata(value);
+                d.metadata = super::metadata::metadata(value);
             }
         }
     }

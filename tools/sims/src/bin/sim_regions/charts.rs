@@ -6,7 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use rl_sims::kit::chart;
 
-use crate::gateways::RATE;
+use crate::rules::RATE;
 use crate::traffic::{Recording, BUCKET, REGIONS};
 
 const COLORS: [RGBColor; 3] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44)];

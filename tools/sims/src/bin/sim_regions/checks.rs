@@ -1,7 +1,7 @@
 //! The scenarios' checks: never over the allowance in any window, rates
 //! over a stretch, time until back near the limit.
 
-use crate::gateways::{BURST, RATE};
+use crate::rules::{BURST, RATE};
 use crate::traffic::{Recording, BUCKET};
 
 /// One check: passed or failed, with what was measured.

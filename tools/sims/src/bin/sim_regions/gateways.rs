@@ -6,34 +6,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_gateway::global::{GatewayConfig, RegionShares};
-use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
+use rl_gateway::live::{LiveRules, Request};
 use rl_gateway::{Config, Limiter, Source};
 use tokio::task::JoinHandle;
 
+use crate::rules::rules;
 use crate::timing::Timing;
 use crate::traffic::{Demand, Recorder, REGIONS};
 
-/// The global rule every gateway enforces: the busy customer's limit is
-/// `RATE` a second with a burst of `BURST`, split between the regions.
-pub const RATE: u64 = 1000;
-pub const BURST: u64 = 200;
-pub const FLOOR: f64 = 0.05;
 /// The gateways' lease window (rl-client's default is 1 s).
 pub const LEASE_WINDOW: Duration = Duration::from_millis(1);
-
-pub fn rules() -> RuleSetSpec {
-    RuleSetSpec::from_toml(&format!(
-        r#"
-key_prefix = "sim"
-[[rules]]
-id = "api"
-reason = "one customer limit across three regions (the simulation)"
-limits = [{{ name = "per_second", rate = {RATE}, per = "1s", burst = {BURST} }}]
-global = {{ regions = ["eu", "us", "ap"], floor = {FLOOR} }}
-"#
-    ))
-    .expect("the simulation's rules are valid")
-}
 
 /// One region's running gateways.
 pub struct Fleet {

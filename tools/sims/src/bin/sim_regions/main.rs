@@ -12,6 +12,7 @@ mod charts;
 mod checks;
 mod gateways;
 mod report;
+mod rules;
 mod scenarios;
 mod servers;
 mod timing;

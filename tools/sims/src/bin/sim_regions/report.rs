@@ -6,7 +6,7 @@ use std::fmt::Write;
 use rl_sims::kit::machine::{cores, load, utc_now};
 use rl_sims::kit::text::{head, pass, row};
 
-use crate::gateways::{BURST, FLOOR, RATE};
+use crate::rules::{BURST, FLOOR, RATE};
 use crate::scenarios::Outcome;
 use crate::timing::Timing;
 use crate::Settings;

@@ -8,7 +8,8 @@ use testkit::Server;
 use tokio::task::JoinHandle;
 
 use crate::checks::{self, Check};
-use crate::gateways::{self, Fleet, FLOOR, RATE};
+use crate::gateways::{self, Fleet};
+use crate::rules::{FLOOR, RATE};
 use crate::servers::{self, Running};
 use crate::timing::Timing;
 use crate::traffic::{Demand, Recorder, Recording};
@@ -45,7 +46,7 @@ impl World {
         let demand = Arc::new(Demand::new(busy, settings.quiet_each, settings.quiet_subjects));
         let rec = Arc::new(Recorder::new(length));
         let probes: Arc<std::sync::Mutex<[Option<_>; 3]>> = Arc::default();
-        let global: GlobalSpec = rl_gateway::live::global_rules(&gateways::rules()).remove(0).1;
+        let global: GlobalSpec = rl_gateway::live::global_rules(&crate::rules::rules()).remove(0).1;
         let sampler = {
             let (rec, probes) = (rec.clone(), probes.clone());
             tokio::spawn(async move {

@@ -42,8 +42,7 @@ impl Timing {
     /// The balancer's configuration for these regions.
     pub fn balancer(&self, regions: Vec<(String, String)>) -> rl_balancer::Config {
         let names: Vec<String> = regions.iter().map(|r| r.0.clone()).collect();
-        let rules =
-            rl_balancer::rules::from_spec(&crate::gateways::rules(), &names).expect("the rules span the regions");
+        let rules = rl_balancer::rules::from_spec(&crate::rules::rules(), &names).expect("the rules span the regions");
         rl_balancer::Config {
             interval: self.interval,
             gateway_refresh: self.gateway_refresh,
