@@ -103,7 +103,8 @@ async fn short_stalls_never_turn_into_over_admission() {
     let elapsed = started.elapsed().as_secs_f64();
     assert_eq!(wall_ms() / 60_000, window_of_start, "the run stayed in one minute");
     let fallback = relay.metric("rl_relay_rls_fallback_total");
-    eprintln!("admitted {admitted:?} in {elapsed:.1} s, {fallback} answered by the fallback");
+    let connections = server.info("stats", "total_connections_received");
+    eprintln!("admitted {admitted:?} in {elapsed:.1} s, {fallback} answered by the fallback, {connections} connections to Redis");
     // A token bucket: its capacity, plus its rate over the run.
     let bucket_bound = ((100.0 + 100.0 * elapsed / 60.0) * 1.02).floor() as u64;
     assert!(admitted.0 <= bucket_bound, "bucket: {} admitted, at most {bucket_bound}", admitted.0);
