@@ -161,6 +161,9 @@ pub struct DecisionCounters {
     pub refund_errors: AtomicU64,
     pub given_back: AtomicU64,
     pub window_counts_kept: AtomicU64,
+    /// Window counts Redis made that paid for what the fallback admitted
+    /// (a lease's tokens fewer, or a request refused).
+    pub fallback_repaid: AtomicU64,
 }
 
 pub struct Engine {
@@ -183,6 +186,8 @@ pub struct Engine {
     /// counted without the server's reading, and not given back across
     /// calls. Tried again every [`TIME_RETRY_MS`] (the module upgraded).
     time_off_until: AtomicU64,
+    /// The line saying a request was refused to pay for the fallback's.
+    repaid_log: crate::logging::Throttled,
 }
 
 /// How long window calls go without TIME after a module refused it.
@@ -313,6 +318,7 @@ impl Engine {
             lease_done: tokio::sync::Notify::new(),
             stop_increment,
             time_off_until: AtomicU64::new(0),
+            repaid_log: crate::logging::Throttled::new(std::time::Duration::from_secs(10)),
         }
     }
 
@@ -435,7 +441,50 @@ impl Engine {
             }
             self.refund_windows(&counted);
         }
+        if late.load(Relaxed) {
+            self.settle_late(items, &outcomes);
+        }
         outcomes.into_iter().map(|(o, _)| o).collect()
+    }
+
+    /// A decision finished past its deadline (the fallback answered it):
+    /// what it admitted nobody saw. Its own fallback admissions are not
+    /// owed; tokens it took from memory (counted by Redis) pay what is.
+    fn settle_late(&self, items: &[Item], outcomes: &[(LimitAnswer, Took)]) {
+        let now = now_ms();
+        let mut windows = self.windows();
+        for ((o, took), item) in outcomes.iter().zip(items) {
+            if item.shadow || o.over || !matches!(item.counter, Counter::Window { .. }) {
+                continue;
+            }
+            match (o.source, took) {
+                (Source::Fallback, _) => windows.forgive(&item.key, item.cost),
+                (_, Took::WindowMemory) => {
+                    let paid = windows.repay(&item.key, item.cost, now);
+                    self.counters.fallback_repaid.fetch_add(paid, Relaxed);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A count of `item`'s window Redis granted: when it pays for what the
+    /// fallback admitted, the request's refusal (the count stands).
+    fn repaid(&self, windows: &mut Windows, item: &Item, reply: Reply, now: u64) -> Option<LimitAnswer> {
+        let paid = windows.repay(&item.key, item.cost, now);
+        if paid == 0 {
+            return None;
+        }
+        self.counters.fallback_repaid.fetch_add(paid, Relaxed);
+        self.repaid_log.log(|| {
+            format!(
+                "a request Redis granted refused: its count pays for what the local fallback admitted while Redis \
+                 stalled (rl_relay_rls_fallback_repaid_total; key {})",
+                item.key
+            )
+        });
+        let reply = Reply { granted: 0, remaining: 0, retry_after_ms: 1000, ..reply };
+        Some(LimitAnswer { over: true, reply, source: Source::Redis })
     }
 
     /// Step 1 for one limit.
@@ -672,6 +721,10 @@ impl Engine {
                     let reply =
                         Reply { granted: 1, remaining: own.remaining, reset_after_ms: reset, limit: window.limit, ..r };
                     windows.answered(&items[i].key, cost, reply, sent, done);
+                    if let Some(answer) = self.repaid(&mut windows, &items[i], reply, done) {
+                        out.push((i, answer, Took::Nothing));
+                        continue;
+                    }
                     // Never above the truth: the lowest room Redis said
                     // (a lease landing first is counted in it), with what
                     // is held.
@@ -757,9 +810,13 @@ impl Engine {
         self.came_back(item, item.cost + want, Some((r.remaining, reset)));
         {
             let mut windows = self.windows();
-            windows.leased(&item.key, want, r, sent, done);
+            let paid = windows.leased(&item.key, want, r, sent, done);
+            self.counters.fallback_repaid.fetch_add(paid, Relaxed);
             self.lease_done.notify_waiters();
             if r.granted > 0 {
+                if let Some(answer) = self.repaid(&mut windows, item, r, done) {
+                    return (answer, Took::Nothing);
+                }
                 let reply =
                     windows.known(&item.key, window, done).unwrap_or(Reply { remaining: r.remaining + want, ..r });
                 return (LimitAnswer { over: false, reply, source: Source::Redis }, Took::Counted { at_ms });
@@ -816,6 +873,9 @@ impl Engine {
         windows.answered(&item.key, item.cost, r, sent, done);
         if r.granted == 0 {
             return (LimitAnswer { over: true, reply: r, source: Source::Redis }, Took::Nothing);
+        }
+        if let Some(answer) = self.repaid(&mut windows, item, r, done) {
+            return (answer, Took::Nothing);
         }
         let room = windows.room(&item.key).map_or(r.remaining, |room| room.min(r.remaining));
         let reply = Reply { remaining: (room + windows.held(&item.key, done)).min(window.limit), ..r };
@@ -1068,6 +1128,19 @@ impl Engine {
             leasing = pooled.leasing;
         }
         let r = fallback.take(&item.key, kind, item.cost, leasing, mono);
+        drop(fallback);
+        if let Counter::Window { mode, window } = item.counter {
+            if r.granted > 0 && item.cost > 0 && !item.shadow {
+                // Owed to the window until it ends: the call that would
+                // count it may never reach Redis.
+                let now = now_ms();
+                let until = match mode {
+                    WindowMode::Fixed => now + window_end_in(window.window_ms, now),
+                    _ => now + window.window_ms,
+                };
+                self.windows().owe(&item.key, window, item.cost, until, now);
+            }
+        }
         // Never announce the stand-in's scaled numbers as the limit's.
         let reply = Reply { remaining: r.remaining.min(limit), limit, ..r };
         LimitAnswer { over: r.granted == 0 && item.cost > 0, reply, source: Source::Fallback }
@@ -1235,7 +1308,10 @@ impl Engine {
             {
                 let mut windows = engine.windows();
                 match answered {
-                    Some(r) => windows.leased(&key, want, r, sent, now_ms()),
+                    Some(r) => {
+                        let paid = windows.leased(&key, want, r, sent, now_ms());
+                        engine.counters.fallback_repaid.fetch_add(paid, Relaxed);
+                    }
                     None => windows.lease_failed(&key),
                 }
             }

@@ -312,6 +312,11 @@ impl Stats {
                 d.window_counts_kept.load(Relaxed),
             ),
             (
+                "rl_relay_rls_fallback_repaid_total",
+                "window counts Redis granted that paid for what the fallback admitted in a stall",
+                d.fallback_repaid.load(Relaxed),
+            ),
+            (
                 "rl_relay_rls_handshake_timeouts_total",
                 "connections closed for sending no HTTP/2 preface within 10 s or --auth-timeout-ms if shorter (their \
                  slot freed)",

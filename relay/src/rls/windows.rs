@@ -24,6 +24,14 @@
 //! take room, so until that time Redis would refuse it too; only refusals
 //! are added: never over.
 //!
+//! What the local fallback admitted on a window is owed to it ([`Windows::owe`])
+//! until the window ends: the late call that would have counted it may never
+//! reach Redis (a connection dropped after timeouts in a row takes the calls
+//! waiting on it with it). The next counts Redis grants pay for it first: a
+//! lease brings that many tokens fewer, a request's own count is refused to
+//! it. So the window admits no more than Redis counts (under by what was
+//! counted twice, never over).
+//!
 //! The table is bounded (`max_subjects`): a new window takes the place of
 //! the least recently used of a few sampled entries that have no call on
 //! its way (tokens an evicted entry held are lost: under); if none is
@@ -93,6 +101,10 @@ struct Entry {
     retry_at_ms: Option<u64>,
     /// Redis's last answer and when: the standing replies.
     last: Option<(Reply, u64)>,
+    /// What the fallback admitted that no count Redis made paid for yet,
+    /// and until when it is owed (the end of the window it was admitted in).
+    owed: u64,
+    owed_until_ms: u64,
     last_used_ms: u64,
 }
 
@@ -140,6 +152,17 @@ impl Entry {
     /// lowest is the latest, and it counts every lease already held.
     fn saw_room(&mut self, room: u64) {
         self.room = Some(self.room.map_or(room, |r| r.min(room)));
+    }
+
+    /// Pays what is owed from `counted` (counts Redis made that nobody was
+    /// admitted for): the part paid.
+    fn repay(&mut self, counted: u64, now_ms: u64) -> u64 {
+        if now_ms >= self.owed_until_ms {
+            self.owed = 0;
+        }
+        let paid = self.owed.min(counted);
+        self.owed -= paid;
+        paid
     }
 
     /// The lease call wanted at `now_ms`, claimed: when memory holds half a
@@ -237,22 +260,51 @@ impl Windows {
         Plan::Exact { lease: entry.claim(batch) }
     }
 
-    /// Redis answered a lease call of `want` sent at `sent_ms`.
-    pub fn leased(&mut self, key: &str, want: u64, reply: Reply, sent_ms: u64, now_ms: u64) {
+    /// Redis answered a lease call of `want` sent at `sent_ms`: what of
+    /// the batch paid for what the fallback admitted.
+    pub fn leased(&mut self, key: &str, want: u64, reply: Reply, sent_ms: u64, now_ms: u64) -> u64 {
         let max_hold_ms = self.settings.max_hold_ms;
-        let Some(entry) = self.table.get_mut(key) else { return };
+        let Some(entry) = self.table.get_mut(key) else { return 0 };
         entry.leasing = false;
         entry.waiter = false;
         entry.roll(now_ms);
         entry.last = Some((reply, now_ms));
         entry.ends_in(sent_ms, reply.reset_after_ms);
         entry.saw_room(reply.remaining);
-        if reply.granted > 0 {
-            entry.tokens += want;
-            entry.denied = None;
-        } else if reply.remaining == 0 {
-            entry.denied = hold(1, reply, max_hold_ms, sent_ms);
-            entry.retry_at_ms = retry_at(reply, sent_ms);
+        if reply.granted == 0 {
+            if reply.remaining == 0 {
+                entry.denied = hold(1, reply, max_hold_ms, sent_ms);
+                entry.retry_at_ms = retry_at(reply, sent_ms);
+            }
+            return 0;
+        }
+        let paid = entry.repay(want, now_ms);
+        entry.tokens += want - paid;
+        entry.denied = None;
+        paid
+    }
+
+    /// The fallback admitted `cost` on `window` at `now_ms`, owed until
+    /// `until_ms` (when the window it was admitted in ends).
+    pub fn owe(&mut self, key: &str, window: Window, cost: u64, until_ms: u64, now_ms: u64) {
+        let Some(entry) = self.entry(key, window, now_ms) else { return };
+        if now_ms >= entry.owed_until_ms {
+            entry.owed = 0;
+        }
+        entry.owed = entry.owed.saturating_add(cost);
+        entry.owed_until_ms = entry.owed_until_ms.max(until_ms);
+    }
+
+    /// `counted` of `key`'s window that Redis counted for nobody admitted
+    /// (or is about to admit): the part that paid what the fallback owes.
+    pub fn repay(&mut self, key: &str, counted: u64, now_ms: u64) -> u64 {
+        self.table.get_mut(key).map_or(0, |e| e.repay(counted, now_ms))
+    }
+
+    /// A fallback admission nobody saw (a late decision's own): not owed.
+    pub fn forgive(&mut self, key: &str, cost: u64) {
+        if let Some(entry) = self.table.get_mut(key) {
+            entry.owed = entry.owed.saturating_sub(cost);
         }
     }
 
@@ -372,7 +424,7 @@ impl Windows {
         for _ in 0..EVICTION_SAMPLES.min(len) {
             let i = (self.next_random() % len as u64) as usize;
             let e = &self.table[i];
-            if e.leasing {
+            if e.leasing || (e.owed > 0 && now_ms < e.owed_until_ms) {
                 continue;
             }
             // Held tokens are worth keeping while they are fresh.
@@ -501,6 +553,24 @@ mod tests {
         w.lease_failed("k");
         w.give_back("k", 1, 1000);
         assert!(matches!(w.plan("k", FIXED, 1, 1000), Plan::Exact { .. }), "the window ended: dropped");
+    }
+
+    #[test]
+    fn what_the_fallback_admitted_is_paid_by_the_next_counts_until_its_window_ends() {
+        let mut w = windows();
+        w.owe("k", FIXED, 3, 1000, 0);
+        w.owe("k", FIXED, 2, 1000, 1);
+        // A lease of 10 brings 5 tokens: the other 5 paid what was owed.
+        assert_eq!(w.plan("k", FIXED, 1, 2), Plan::Exact { lease: Some(10) });
+        assert_eq!(w.leased("k", 10, reply(1, 80, 0, 998), 2, 2), 5);
+        assert_eq!(w.held("k", 3), 5);
+        assert_eq!(w.repay("k", 1, 3), 0, "nothing owed any more");
+        // Owed in a window that ended: nothing to pay.
+        w.owe("k", FIXED, 4, 1000, 500);
+        w.forgive("k", 1);
+        assert_eq!(w.repay("k", 10, 999), 3);
+        w.owe("k", FIXED, 4, 1000, 999);
+        assert_eq!(w.repay("k", 10, 1000), 0, "the window it was owed to ended");
     }
 
     #[test]
