@@ -172,13 +172,14 @@ async fn a_refused_publication_ages_the_status_until_a_good_one() {
     let s = Server::start(&[]);
     let store = RulesStore::new(&s.url(), DEFAULT_KEY, Duration::from_secs(2)).unwrap();
     store.publish(&set("one", None)).await.unwrap();
-    // A Lua gateway refuses a set with a window it was not declared for.
+    // A Lua gateway refuses a set it cannot count exactly (an exact window
+    // above the script's 10,000) that was not declared for it.
     let lua = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
     let rules = LiveRules::new(lua, &set("boot", None)).unwrap();
     let _watcher = rules.watch_redis(fast(s.url())).unwrap();
     eventually(Duration::from_secs(10), "version 1", || rules.snapshot().version() == 1).await;
     let window = RuleSetSpec::from_toml(
-        "[[rules]]\nid = \"w\"\nreason = \"r\"\nlimits = [{ name = \"m\", kind = \"window\", limit = 5, per = \"1m\" }]\n",
+        "[[rules]]\nid = \"w\"\nreason = \"r\"\nlimits = [{ name = \"m\", kind = \"exact\", limit = 20000, per = \"1m\" }]\n",
     )
     .unwrap();
     assert_eq!(store.publish(&window).await.unwrap(), 2);
