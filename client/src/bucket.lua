@@ -26,17 +26,6 @@ local MAX_WAIT = {{MAX_WAIT_MS}}
 local MAX_KEYS = {{MAX_KEYS}}
 local EXACT = {{LUA_MAX_UNITS}} -- 2^52
 
--- floor(a / b) for integers |a| <= 2^53, 0 < b: a correctly rounded
--- quotient of such integers never crosses an integer, so floor is exact.
-local function fdiv(a, b)
-  return math.floor(a / b)
-end
-
-local function ceil_div(a, b)
-  local q = fdiv(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
 
 local op = ARGV[1]
 if op ~= 'take' and op ~= 'peek' and op ~= 'force' and op ~= 'lease' and op ~= 'refund' then

@@ -1,5 +1,6 @@
 -- Shared by the Lua backend's scripts (put before each by the client):
--- an error reply naming what is wrong, and an integer argument in range.
+-- an error reply naming what is wrong, an integer argument in range, and
+-- exact integer division.
 local function fail(msg)
   error({ err = 'ERR ' .. msg })
 end
@@ -11,4 +12,16 @@ local function int_arg(i, what, lo, hi)
       string.format('%d', hi) .. ", got '" .. tostring(ARGV[i]) .. "'")
   end
   return v
+end
+
+-- floor(a / b) for integers |a| <= 2^53, 0 < b: a correctly rounded
+-- quotient of such integers never crosses an integer, so floor is exact.
+local function fdiv(a, b)
+  return math.floor(a / b)
+end
+
+local function ceil_div(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
 end

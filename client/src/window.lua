@@ -30,15 +30,6 @@ local MAX_KEYS = {{MAX_KEYS}}
 local MAX_AHEAD = {{MAX_CLOCK_AHEAD_MS}}
 local EXACT = {{LUA_MAX_UNITS}} -- 2^52
 
-local function fdiv(a, b)
-  return math.floor(a / b)
-end
-
-local function ceil_div(a, b)
-  local q = fdiv(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
 
 local mode = ARGV[1]
 if mode ~= 'sliding' and mode ~= 'exact' and mode ~= 'fixed' then
