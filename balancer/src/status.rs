@@ -189,7 +189,8 @@ impl Status {
         ];
         let mut text = String::new();
         for (name, kind, help, value) in families {
-            let _ = write!(text, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n");
+            rl_gateway::prometheus_family(&mut text, name, kind, help);
+            let _ = writeln!(text, "{name} {value}");
         }
         text
     }

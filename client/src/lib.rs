@@ -26,7 +26,7 @@ pub use error::{Error, Result};
 pub use inflight::{Acquired, Inflight};
 pub use params::period_ms;
 pub use primary::{is_wrong_server, ConnectionStatus};
-pub use prometheus::prometheus_label;
+pub use prometheus::{prometheus_family, prometheus_label};
 pub use rl_core::WindowMode;
 pub use tls::{Tls, TLS_ENV};
 

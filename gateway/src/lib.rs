@@ -34,7 +34,7 @@ pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};
 
 // The client's names a gateway uses with the limiter: one crate to add.
 pub use rl_client::{
-    is_wrong_server, period_ms, prometheus_label, redacted, Acquired, Backend, Bucket, Client, Clock, Config,
-    Connection, ConnectionStatus, Decision, Error, Grant, Inflight, ManualClock, NodeAuth, Result, Source, Target, Tls,
-    Window, WindowMode, SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME, TLS_ENV,
+    is_wrong_server, period_ms, prometheus_family, prometheus_label, redacted, Acquired, Backend, Bucket, Client,
+    Clock, Config, Connection, ConnectionStatus, Decision, Error, Grant, Inflight, ManualClock, NodeAuth, Result,
+    Source, Target, Tls, Window, WindowMode, SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME, TLS_ENV,
 };

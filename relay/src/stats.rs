@@ -253,7 +253,7 @@ pub fn info(view: &View) -> String {
 
 /// One family: HELP, TYPE, then its samples, together.
 fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, String)>) {
-    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+    rl_client::prometheus_family(out, name, kind, help);
     for (labels, value) in samples {
         let _ = writeln!(out, "{name}{labels} {value}");
     }

@@ -14,7 +14,6 @@
 //! version too: the balancer's heartbeat, on the server's clock.
 
 use std::convert::Infallible;
-use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -175,7 +174,7 @@ pub fn render(rl: &str, server: &str, shares: Option<SharesSeen>) -> String {
     }
     let mut out = String::new();
     for f in &all {
-        let _ = writeln!(out, "# HELP {} {}\n# TYPE {} {}", f.name, f.help, f.name, f.kind);
+        rl_gateway::prometheus_family(&mut out, f.name, f.kind, f.help);
         for s in &f.samples {
             out.push_str(s);
             out.push('\n');

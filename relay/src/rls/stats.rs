@@ -177,9 +177,7 @@ impl Stats {
     /// The Prometheus text of the RLS front.
     pub fn metrics(&self, decisions: &DecisionCounters, gauges: &[(&str, &str, u64)]) -> String {
         let mut out = String::new();
-        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
-        };
+        let family = rl_client::prometheus_family;
         {
             let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
             let mut sorted: Vec<(&Labels, &Series)> = series.iter().collect();
