@@ -235,8 +235,15 @@ fn hostile_calls_are_answered_and_leave_no_memory_behind() {
     // tables, buffer pools, stats); after them, the same round must leave
     // nothing behind. (Without the huge arguments: Valkey keeps buffers for
     // those in pools of its own that grow from round to round.)
-    round(&s, false);
-    let baseline = flushed_memory(&s);
+    // The baseline is the smallest of two rounds, as the rounds after it are
+    // read: one sample of a wandering allocator may sit at its low end.
+    let baseline = (0..2)
+        .map(|_| {
+            round(&s, false);
+            flushed_memory(&s)
+        })
+        .min()
+        .unwrap_or(0);
     // The same calls again (answers may differ where expiry raced the clock),
     // three times. Redis returns to the byte; Valkey (libc malloc) wanders
     // by up to ~30 KB from one round to the next and back. A leak only
@@ -249,6 +256,8 @@ fn hostile_calls_are_answered_and_leave_no_memory_behind() {
         })
         .min()
         .unwrap_or(i64::MAX);
-    eprintln!("used_memory after FLUSHALL: {baseline} after round 2, at least {after} after rounds 3 to 5");
+    eprintln!(
+        "used_memory after FLUSHALL: at least {baseline} after rounds 2 and 3, at least {after} after rounds 4 to 6"
+    );
     assert!(after <= baseline + 16 * 1024, "used_memory {baseline} -> {after} after FLUSHALL");
 }
