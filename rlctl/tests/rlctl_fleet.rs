@@ -76,11 +76,12 @@ async fn status_shows_the_fleets_spread_and_warns_on_a_gateway_behind() {
     assert!(out.contains(&format!("gateways: 2 reporting; version 1 of lineage {lineage}: 2")), "{out}");
     assert!(out.contains("  gw-lua: version 1 of lineage") && out.contains("  gw-module: version 1"), "{out}");
 
-    // A window the Lua gateway cannot count (an exact one above its script's
-    // 10,000; the set does not declare the Lua backend): it refuses version 2
-    // and stays on version 1.
+    // A window the Lua gateway cannot count (a billion a day: limit x ms
+    // above the 2^52 its script counts exactly in doubles; the module takes
+    // it, and the set does not declare the Lua backend): it refuses version
+    // 2 and stays on version 1.
     let window = "[[rules]]\nid = \"default\"\nreason = \"everyone\"\n\
-                  limits = [{ name = \"m\", kind = \"exact\", limit = 20000, per = \"1m\" }]\n";
+                  limits = [{ name = \"m\", kind = \"window\", limit = 1000000000, per = \"1d\" }]\n";
     ok(&url, &["publish", &write(dir.path(), "w.toml", window)]).await;
     reached(&module, 2).await;
     // Past two polls and 2 s: no longer catching up.

@@ -23,7 +23,9 @@
 //! caller sees it, with `CALLERS` callers at once (closed loop). Then the
 //! relay's hot descriptor alone: one caller, and rounds of an open loop at
 //! 10,000 a second beside a probe of the machine's own pauses
-//! (`cargo run --release -- paced` runs only these).
+//! (`cargo run --release -- paced` runs only these). `cargo run --release
+//! -- relay` runs the relay's cases and exactness alone (two builds side by
+//! side with RL_RELAY_BIN).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -686,6 +688,33 @@ async fn main() {
         run_relay(channel.clone(), Case::Hot, 2_000).await;
         let one_caller = run_relay_one_caller(channel.clone()).await;
         print_paced(&one_caller, &tokio::task::block_in_place(|| paced_rounds(relay.rls_port)));
+        return;
+    }
+    if std::env::args().nth(1).as_deref() == Some("relay") {
+        // `cargo run --release -- relay`: the relay's three cases and its
+        // exactness alone, to set two builds side by side (RL_RELAY_BIN).
+        let mut rows = Vec::new();
+        for case in [Case::Hot, Case::Quiet, Case::Three] {
+            run_relay(channel.clone(), case, 2_000).await;
+            let before = Reading::take(&mut con, relay.child.id());
+            let (lat, _, wall) = run_relay(channel.clone(), case, DECISIONS).await;
+            rows.push(row("rl-relay", case.name(), lat, wall, Reading::take(&mut con, relay.child.id()).since(&before)));
+        }
+        let (_, admitted, _) = run_relay(channel.clone(), Case::Exact, 2_000).await;
+        println!("| case | decisions/s | decisions per CPU second | p50 | p99 | Redis calls per decision |");
+        println!("|---|---|---|---|---|---|");
+        for r in &rows {
+            println!(
+                "| {} | {:.0} | {:.0} | {:.3} ms | {:.3} ms | {:.4} |",
+                r.case,
+                r.per_second,
+                r.per_cpu_second,
+                r.p50.as_secs_f64() * 1e3,
+                r.p99.as_secs_f64() * 1e3,
+                r.calls_per_decision
+            );
+        }
+        println!("\nexactness: {admitted} admitted of 2,000 requests, {CALLERS} callers, limit 1,000");
         return;
     }
     // Limitador: the same limits in a namespace of each storage's own, so
