@@ -14,11 +14,9 @@ use testkit::{PlainServer, Server};
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(86_400);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quota_is_counted_by_the_module_after_the_bucket() {
-    let s = Server::start(&[]);
-    let l = Limiter::new(config(s.url(), Backend::Module)).unwrap();
-    // 5 an hour of burst, and a quota of 3 a day.
+/// 5 an hour of burst, and a quota of 3 a day: three requests admitted by
+/// Redis, the quota binding, then the fourth refused by Redis. The policy.
+async fn spend_the_daily_quota(l: &Limiter) -> Policy {
     let p = Policy::builder("api")
         .rule(Rule::per_hour("hourly", 5))
         .rule(Rule::window("daily", 3, DAY, WindowMode::Fixed))
@@ -32,6 +30,14 @@ async fn a_quota_is_counted_by_the_module_after_the_bucket() {
     let d = l.check(&p, "u").await.unwrap();
     assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 1, 3, Source::Redis));
     assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO && r <= DAY), "{d:?}");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_is_counted_by_the_module_after_the_bucket() {
+    let s = Server::start(&[]);
+    let l = Limiter::new(config(s.url(), Backend::Module)).unwrap();
+    let p = spend_the_daily_quota(&l).await;
     assert_eq!((calls(&s, "rl.take"), calls(&s, "rl.window")), (4, 4));
     // Refused again from memory until the quota's window ends: no RL.TAKE
     // either, and no bucket token spent on a request that cannot pass.
@@ -137,19 +143,7 @@ async fn while_redis_is_down_windows_fall_back_or_refuse() {
 async fn a_quota_is_counted_by_the_lua_backend_without_the_module() {
     let s = PlainServer::start();
     let l = Limiter::new(config(s.url(), Backend::Lua)).unwrap();
-    let p = Policy::builder("api")
-        .rule(Rule::per_hour("hourly", 5))
-        .rule(Rule::window("daily", 3, DAY, WindowMode::Fixed))
-        .build()
-        .unwrap();
-    for left in [2, 1, 0] {
-        let d = l.check(&p, "u").await.unwrap();
-        assert_eq!((d.allowed, d.source), (true, Source::Redis), "{d:?}");
-        assert_eq!((d.rule, d.remaining, d.limit), (1, left, 3), "the quota binds: {d:?}");
-    }
-    let d = l.check(&p, "u").await.unwrap();
-    assert_eq!((d.allowed, d.rule, d.limit, d.source), (false, 1, 3, Source::Redis));
-    assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO && r <= DAY), "{d:?}");
+    let p = spend_the_daily_quota(&l).await;
     let d = l.check(&p, "u").await.unwrap();
     assert_eq!((d.allowed, d.rule, d.source), (false, 1, Source::DenyCache), "{d:?}");
     let hourly = rl_gateway::Bucket::new(p.keys("u").unwrap().remove(0), 5, 5, HOUR).unwrap();
