@@ -340,9 +340,19 @@ async fn versions_are_applied_a_bad_one_nacked_and_the_server_may_go_away() {
     assert!(nack.contains("edge-config") && nack.contains("rate_limit") && nack.contains("UNKNOWN"), "{nack}");
     assert!(nack.ends_with("(version_info '2')"), "the version in force: {nack}");
     assert_eq!(codes(&mut client, "cy", 4).await, [OK, OK, OK, OVER_LIMIT], "still per v2");
+    // Bytes that are no RateLimitConfig, and a resource of another type.
+    ads.push("3b", vec![Any { type_url: TYPE_URL.into(), value: vec![0x0a, 0xff] }]);
+    let nack = ads.answer("3b", &mut relay).await.expect("3b NACKed");
+    assert!(nack.contains("resources[0]") && nack.contains("not a RateLimitConfig"), "{nack}");
+    let cluster = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    ads.push("3c", vec![Any { type_url: cluster.into(), value: Vec::new() }]);
+    let nack = ads.answer("3c", &mut relay).await.expect("3c NACKed");
+    assert!(nack.contains(cluster) && nack.ends_with("(version_info '2')"), "{nack}");
+    assert_eq!(codes(&mut client, "cyd", 4).await, [OK, OK, OK, OVER_LIMIT], "still per v2");
     assert_eq!(metric(metrics, "rl_relay_rls_xds_versions_applied_total"), 2.0);
-    assert_eq!(metric(metrics, "rl_relay_rls_xds_nacks_total"), 1.0);
-    assert_eq!(metric(metrics, "ratelimit_service_config_load_error"), 1.0);
+    assert_eq!(metric(metrics, "rl_relay_rls_xds_nacks_total"), 3.0);
+    assert_eq!(metric(metrics, "ratelimit_service_config_load_error"), 3.0);
+    assert_eq!(metric(metrics, "ratelimit_service_config_load_success"), 2.0);
     assert!(relay.log().contains("refused (NACK)"), "{}", relay.log());
 
     // The server goes away: v2 stays in force meanwhile.

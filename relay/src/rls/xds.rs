@@ -214,12 +214,13 @@ impl XdsOptions {
 }
 
 /// What a stream's life left: the version in force, and lines of one kind
-/// rate limited.
+/// rate limited (a server may push versions as fast as it likes).
 struct Client {
     rls: Arc<Rls>,
     options: XdsOptions,
     in_force: String,
     ended: Throttled,
+    applied: Throttled,
     refused: Throttled,
 }
 
@@ -227,8 +228,14 @@ struct Client {
 pub async fn run(rls: Arc<Rls>, options: XdsOptions) {
     let mut backoff = options.backoff_initial;
     let every = Duration::from_secs(10);
-    let mut client =
-        Client { rls, options, in_force: String::new(), ended: Throttled::new(every), refused: Throttled::new(every) };
+    let mut client = Client {
+        rls,
+        options,
+        in_force: String::new(),
+        ended: Throttled::new(every),
+        applied: Throttled::new(every),
+        refused: Throttled::new(every),
+    };
     loop {
         let (mut connected, mut delivered) = (false, false);
         let why = client.stream(&mut connected, &mut delivered).await;
@@ -322,10 +329,12 @@ impl Client {
                 self.in_force = version.clone();
                 self.rls.first_config_pending.store(false, Relaxed);
                 self.rls.stats.xds_versions_applied.fetch_add(1, Relaxed);
-                line(format_args!(
-                    "xDS: config version '{}' applied: {resources} RateLimitConfigs, {domains} domains",
-                    cut(version)
-                ));
+                self.applied.log(|| {
+                    format!(
+                        "xDS: config version '{}' applied: {resources} RateLimitConfigs, {domains} domains",
+                        cut(version)
+                    )
+                });
             }
             Err(e) => {
                 self.rls.stats.xds_nacks.fetch_add(1, Relaxed);
