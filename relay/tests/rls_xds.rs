@@ -452,3 +452,51 @@ async fn forced_to_start_it_is_ready_before_the_first_version() {
     let mut client = client(rls_port, None).await;
     assert_eq!(codes(&mut client, "ann", 1).await, [OK], "an unknown domain answered OK, as upstream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_xds_servers_tls_is_checked_both_ways() {
+    let redis = Server::start(&[]);
+    let certs = tempfile::tempdir().unwrap();
+    certificates(certs.path());
+    let file = |n: &str| certs.path().join(n).display().to_string();
+    let ads_port = free_port();
+    let ads = Ads::new();
+    ads.push("1", version(1));
+    let _server = ads.serve(ads_port, certs.path());
+    let start = |extra: &[&str]| {
+        let (redis, rls, url) = (redis.url(), format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{ads_port}"));
+        let mut args =
+            vec!["--redis", &redis, "--rls-listen", &rls, "--rls-xds", &url, "--rls-xds-connect-retry-ms", "100"];
+        args.extend_from_slice(extra);
+        Relay::spawn(Start { no_wait: true, ..Start::args(&args) })
+    };
+    // No client certificate (the server asks for one), and a server name
+    // its certificate does not hold: no stream, no request seen.
+    let ca = file("ca.crt");
+    let mut anonymous = start(&["--rls-xds-tls", "--rls-xds-tls-ca", &ca]);
+    let (cert, key) = (file("relay.crt"), file("relay.key"));
+    let mut misnamed = start(&[
+        "--rls-xds-tls",
+        "--rls-xds-tls-ca",
+        &ca,
+        "--rls-xds-tls-cert",
+        &cert,
+        "--rls-xds-tls-key",
+        &key,
+        "--rls-xds-tls-san",
+        "elsewhere.example",
+    ]);
+    for relay in [&mut anonymous, &mut misnamed] {
+        until(relay, "a failed try logged", |r| r.log().contains("no config stream from")).await;
+    }
+    assert!(ads.seen.lock().unwrap().is_empty(), "{}\n{}", anonymous.log(), misnamed.log());
+    assert!(
+        misnamed.log().contains("elsewhere.example") || misnamed.log().contains("NotValidForName"),
+        "{}",
+        misnamed.log()
+    );
+    // A CA file that cannot be read refuses the start, named.
+    let mut refused = start(&["--rls-xds-tls", "--rls-xds-tls-ca", "/nonexistent/ca.crt"]);
+    assert_eq!(refused.exit_code(), Some(2), "{}", refused.log());
+    assert!(refused.log().contains("--rls-xds-tls-ca /nonexistent/ca.crt"), "{}", refused.log());
+}

@@ -134,16 +134,28 @@ impl ClientTls {
     }
 }
 
-/// An error with its sources (tonic's transport errors say little alone).
+/// An error with its sources (tonic's errors say little alone), each
+/// source once.
 fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
+    with_sources(e.to_string(), e)
+}
+
+fn with_sources(mut text: String, e: &dyn std::error::Error) -> String {
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let shown = s.to_string();
+        if !text.contains(&shown) {
+            text.push_str(": ");
+            text.push_str(&shown);
+        }
         source = s.source();
     }
     text
+}
+
+/// A call's status: its code, message and what caused it.
+fn status(s: &tonic::Status) -> String {
+    with_sources(format!("{:?}: {}", s.code(), s.message()), s)
 }
 
 impl XdsOptions {
@@ -296,7 +308,7 @@ impl Client {
         *request.metadata_mut() = metadata;
         let mut responses = match ads.stream_aggregated_resources(request).await {
             Ok(r) => r.into_inner(),
-            Err(status) => return format!("{:?}: {}", status.code(), status.message()),
+            Err(s) => return status(&s),
         };
         *connected = true;
         self.rls.stats.xds_connected.store(1, Relaxed);
@@ -305,7 +317,7 @@ impl Client {
             let response = match responses.message().await {
                 Ok(Some(response)) => response,
                 Ok(None) => return "the server ended the stream".into(),
-                Err(status) => return format!("{:?}: {}", status.code(), status.message()),
+                Err(s) => return status(&s),
             };
             *delivered = true;
             let answer = self.answer(&response).await;
