@@ -285,6 +285,8 @@ async fn versions_are_applied_a_bad_one_nacked_and_the_server_may_go_away() {
         &format!("127.0.0.1:{rls_port}"),
         "--metrics",
         &format!("127.0.0.1:{metrics}"),
+        "--timeout-ms",
+        "1000",
         "--rls-timeout-ms",
         "2000",
         "--rls-xds",
@@ -419,7 +421,20 @@ async fn started_as_envoy_gateway_deploys_it_config_over_xds_and_grpc_tls() {
     assert_eq!(ads.answer("v1", &mut relay).await, None);
     until(&mut relay, "healthy", |_| get(health, "/healthcheck").0 == 200).await;
     let mut client = client(grpc, Some(certs.path())).await;
-    assert_eq!(codes(&mut client, "ann", 3).await, [OK, OK, OVER_LIMIT], "{}", relay.log());
+    // Per v1, 2 a minute, decided by Redis. Started with no argument, a
+    // decision waits the default 15 ms for Redis: on a loaded machine the
+    // fallback may answer one (counted); such a try is taken again with
+    // another user, five tries at most.
+    let disturbed = || metric(health, "rl_relay_rls_fallback_total") + metric(health, "rl_relay_rls_timeouts_total");
+    for tries in 1.. {
+        let before = disturbed();
+        let got = codes(&mut client, &format!("ann{tries}"), 3).await;
+        if disturbed() == before {
+            assert_eq!(got, [OK, OK, OVER_LIMIT], "{}", relay.log());
+            break;
+        }
+        assert!(tries < 5, "every try answered by the fallback: {}", relay.log());
+    }
     let log = relay.log();
     assert!(!log.contains("not served"), "every variable set is served: {log}");
     assert!(!log.contains("PRIVATE KEY"), "{log}");
@@ -439,6 +454,10 @@ async fn forced_to_start_it_is_ready_before_the_first_version() {
         &format!("127.0.0.1:{metrics}"),
         "--rls-xds",
         &format!("127.0.0.1:{}", free_port()),
+        "--timeout-ms",
+        "1000",
+        "--rls-timeout-ms",
+        "2000",
         "--rls-start-without-config",
         "--rls-ready-without-config",
         "--rls-xds-connect-retry-ms",
