@@ -421,8 +421,8 @@ fn xds_options(rls: &RlsArgs) -> Result<Option<rl_relay::rls::xds::XdsOptions>, 
     let options = xds::XdsOptions {
         url: url.clone(),
         node_id: rls.rls_xds_node_id.clone(),
-        node_metadata: xds::pairs("--rls-xds-node-metadata", &rls.rls_xds_node_metadata, '=')?,
-        headers: xds::pairs("--rls-xds-headers", &rls.rls_xds_headers, ':')?,
+        node_metadata: xds::pairs("--rls-xds-node-metadata", &rls.rls_xds_node_metadata, '=', false)?,
+        headers: xds::pairs("--rls-xds-headers", &rls.rls_xds_headers, ':', true)?,
         tls: rls.rls_xds_tls.then(|| xds::ClientTls {
             cert: rls.rls_xds_tls_cert.clone(),
             key: rls.rls_xds_tls_key.clone(),

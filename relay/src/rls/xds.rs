@@ -20,7 +20,7 @@
 
 use std::fmt;
 use std::hash::BuildHasher;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,12 +35,10 @@ use tonic::metadata::{AsciiMetadataValue, MetadataKey, MetadataMap};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::config::{cut, ConfigError, RlsConfig, MAX_TOTAL_BYTES};
+use super::tls::read;
 use super::xds_proto::{RateLimitConfig, TYPE_URL};
 use super::Rls;
 use crate::logging::{line, Throttled};
-
-/// The largest certificate or key file read.
-const MAX_PEM_BYTES: usize = 1 << 20;
 
 /// TLS to the xDS server: its CA (else the system's roots), the DNS name
 /// its certificate must be valid for (else the URL's host), and the
@@ -94,20 +92,21 @@ impl fmt::Debug for XdsOptions {
 }
 
 /// `k1=v1,k2=v2` (`sep` '=') or `k1:v1,k2:v2` (':'), as upstream reads its
-/// node metadata and its extra headers; an entry without `sep` refused.
-pub fn pairs(flag: &str, text: &str, sep: char) -> Result<Vec<(String, String)>, String> {
+/// node metadata and its extra headers; an entry without `sep` refused,
+/// named by its text (by its place when `secret`: a header may be a
+/// credential).
+pub fn pairs(flag: &str, text: &str, sep: char, secret: bool) -> Result<Vec<(String, String)>, String> {
     text.split(',')
         .filter(|entry| !entry.trim().is_empty())
-        .map(|entry| match entry.split_once(sep) {
+        .enumerate()
+        .map(|(i, entry)| match entry.split_once(sep) {
             Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-            _ => Err(format!("{flag}: '{}' is not key{sep}value (entries separated by commas)", cut(entry))),
+            _ => {
+                let shown = if secret { format!("entry {}", i + 1) } else { format!("'{}'", cut(entry)) };
+                Err(format!("{flag}: {shown} is not key{sep}value (entries separated by commas)"))
+            }
         })
         .collect()
-}
-
-fn read(flag: &str, path: &Path) -> Result<String, String> {
-    crate::files::read_bounded(path, MAX_PEM_BYTES, "a PEM file (1 MiB)")
-        .map_err(|e| format!("{flag} {}: {e}", path.display()))
 }
 
 impl ClientTls {
@@ -423,12 +422,14 @@ mod tests {
     #[test]
     fn pairs_as_upstream_writes_them() {
         assert_eq!(
-            pairs("f", "a=1, b=x=y,", '=').unwrap(),
+            pairs("f", "a=1, b=x=y,", '=', false).unwrap(),
             [("a".to_string(), "1".to_string()), ("b".to_string(), "x=y".to_string())]
         );
-        assert_eq!(pairs("f", "", ':').unwrap(), []);
-        let e = pairs("--rls-xds-node-metadata", "a=1,oops", '=').unwrap_err();
+        assert_eq!(pairs("f", "", ':', false).unwrap(), []);
+        let e = pairs("--rls-xds-node-metadata", "a=1,oops", '=', false).unwrap_err();
         assert!(e.contains("--rls-xds-node-metadata") && e.contains("'oops'"), "{e}");
+        let e = pairs("--rls-xds-headers", "x:1,Bearer s3cret", ':', true).unwrap_err();
+        assert!(e.contains("entry 2") && !e.contains("s3cret"), "{e}");
     }
 
     #[test]
