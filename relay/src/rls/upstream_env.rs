@@ -9,8 +9,8 @@
 //! The variables become flags ([`translate`]), placed before the command
 //! line's own, so a flag given wins over its variable. A variable that is
 //! set and not served is named in one warning line at start; one whose
-//! value would be served wrongly (a config over xDS, another backend, TLS
-//! to Redis) refuses the start with a message naming it.
+//! value would be served wrongly (another backend, a `CONFIG_TYPE` but
+//! FILE and GRPC_XDS_SOTW) refuses the start with a message naming it.
 
 /// How one variable is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
