@@ -18,6 +18,8 @@
 //! tls.rs       its TLS and mutual TLS
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
+//! xds.rs       the config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW)
+//! xds_proto.rs its messages (rls_conf.proto), read as YAML files
 
 pub mod config;
 pub mod decide;
@@ -33,6 +35,8 @@ pub mod upstream_answer;
 pub mod upstream_env;
 pub mod watch;
 pub mod windows;
+pub mod xds;
+pub mod xds_proto;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -78,6 +82,8 @@ pub struct Options {
     /// already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     pub stop_increment_when_overlimit: bool,
+    /// The config over xDS instead of `config_path`'s files.
+    pub xds: Option<xds::XdsOptions>,
 }
 
 impl Default for Options {
@@ -98,6 +104,7 @@ impl Default for Options {
             dynamic_metadata: false,
             tls: None,
             stop_increment_when_overlimit: false,
+            xds: None,
         }
     }
 }
@@ -110,6 +117,9 @@ pub struct Rls {
     pub stats: Stats,
     /// A descriptor of the config in force is in quota mode.
     quota_in_config: std::sync::atomic::AtomicBool,
+    /// Over xDS, until a first version is applied (unless started
+    /// without a config): not ready.
+    first_config_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Rls {
@@ -117,7 +127,11 @@ impl Rls {
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
         let mut stats = Stats::default();
         stats.near_limit_ratio = Some(options.near_limit_ratio);
-        stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The files read at start are a load; over xDS, the first version is.
+        if options.xds.is_none() {
+            stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let first_config_pending = options.xds.as_ref().is_some_and(|x| !x.force_start).into();
         let quota_in_config = upstream_answer::quota_anywhere(&config).into();
         Rls {
             engine: Arc::new(Engine::new(relay, cluster, options.stop_increment_when_overlimit)),
@@ -125,6 +139,7 @@ impl Rls {
             options,
             stats,
             quota_in_config,
+            first_config_pending,
         }
     }
 
@@ -144,9 +159,12 @@ impl Rls {
     }
 
     /// Ready: a config with a domain is in force (or any config, with
-    /// `ready_without_config`), and Redis answers the relay's probe.
+    /// `ready_without_config`; over xDS, once one came), and Redis answers
+    /// the relay's probe.
     pub fn ready(&self) -> bool {
-        (self.options.ready_without_config || !self.config().domains.is_empty()) && self.relay().health.ready()
+        !self.first_config_pending.load(std::sync::atomic::Ordering::Relaxed)
+            && (self.options.ready_without_config || !self.config().domains.is_empty())
+            && self.relay().health.ready()
     }
 
     /// Whether a call's metadata carries the token (when one is set).
@@ -192,6 +210,11 @@ impl Rls {
                 "1 while RL.WINDOW gives the server's reading (TIME), 0 since a module older than it refused (tried \
                  again every minute): a refused request's windows counted in other calls are then not given back",
                 u64::from(self.engine.window_time_taken()),
+            ),
+            (
+                "rl_relay_rls_xds_connected",
+                "1 while the config stream to the xDS server (--rls-xds) is open, else 0",
+                self.stats.xds_connected.load(std::sync::atomic::Ordering::Relaxed),
             ),
         ];
         drop(windows);
