@@ -221,7 +221,7 @@ fn the_resp_front_answers_and_counts_the_same_on_the_scripts() {
     let mut con = plain.con();
     assert!(calls(&mut con, "evalsha") > 0);
     assert_eq!(calls(&mut con, "rl.lease"), 0);
-    assert!(lua.log().contains("--redis-backend lua"), "{}", lua.log());
+    wait_log(&lua, "--redis-backend lua");
 }
 
 #[test]
@@ -263,17 +263,27 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
     (code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
 }
 
-/// Polls `/ready` until its status is `code`, 20 s at most: its body.
-fn wait_ready(port: u16, code: u16, log: impl Fn() -> String) -> String {
+/// Polls until `done`, 20 s at most; the relay's log if it never is.
+fn wait_for(relay: &Relay, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = http_get(port, "/ready");
-        if status == code {
-            return body;
-        }
-        assert!(Instant::now() < deadline, "/ready never answered {code}: {body} {}", log());
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {}", relay.log());
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Polls `/ready` until its status is `code` and its body says `says`
+/// (before the first probe it is 503 "Redis does not answer").
+fn wait_ready(relay: &Relay, port: u16, code: u16, says: &str) {
+    wait_for(relay, &format!("/ready {code} {says:?}"), || {
+        let (status, body) = http_get(port, "/ready");
+        status == code && body.contains(says)
+    });
+}
+
+/// Waits until the relay's log says `says`.
+fn wait_log(relay: &Relay, says: &str) {
+    wait_for(relay, says, || relay.log().contains(says));
 }
 
 fn metrics_relay(url: &str, backend: &str) -> (Relay, u16) {
@@ -286,31 +296,28 @@ fn metrics_relay(url: &str, backend: &str) -> (Relay, u16) {
 fn on_a_plain_redis_lua_and_auto_are_ready_module_is_not() {
     let plain = PlainServer::start();
     let (lua, lua_port) = metrics_relay(&plain.url(), "lua");
-    let body = wait_ready(lua_port, 200, || lua.log());
-    assert!(body.contains("redis backend: lua"), "{body}");
+    wait_ready(&lua, lua_port, 200, "ready (redis backend: lua)");
     let (_, metrics) = http_get(lua_port, "/metrics");
     assert!(metrics.contains("rl_relay_redis_backend{backend=\"lua\"} 1\n"), "{metrics}");
     assert!(metrics.contains("rl_relay_redis_backend{backend=\"module\"} 0\n"), "{metrics}");
     assert!(metrics.contains("rl_relay_ready 1\n"), "{metrics}");
-    assert!(lua.log().contains("on the lua backend: ready"), "{}", lua.log());
+    wait_log(&lua, "on the lua backend: ready");
 
     // Today's behaviour kept: the module asked for, and missing.
     let (module, module_port) = metrics_relay(&plain.url(), "module");
-    let body = wait_ready(module_port, 503, || module.log());
-    assert!(body.contains("without the redis-rl module") && body.contains("redis backend: module"), "{body}");
+    let says = "not ready: Redis answers without the redis-rl module (redis backend: module)";
+    wait_ready(&module, module_port, 503, says);
     let (_, metrics) = http_get(module_port, "/metrics");
     assert!(metrics.contains("rl_relay_module_missing 1\n"), "{metrics}");
     assert!(module.info().contains("redis_backend:module\r\n"));
 
     // auto: detected at start, said.
     let (auto, auto_port) = metrics_relay(&plain.url(), "auto");
-    let body = wait_ready(auto_port, 200, || auto.log());
-    assert!(body.contains("redis backend: lua"), "{body}");
-    assert!(auto.log().contains("without the redis-rl module: rl-client's Lua scripts serve"), "{}", auto.log());
+    wait_ready(&auto, auto_port, 200, "ready (redis backend: lua)");
+    wait_log(&auto, "without the redis-rl module: rl-client's Lua scripts serve");
     let server = Server::start(&[]);
     let (auto, auto_port) = metrics_relay(&server.url(), "auto");
-    let body = wait_ready(auto_port, 200, || auto.log());
-    assert!(body.contains("redis backend: module"), "{body}");
+    wait_ready(&auto, auto_port, 200, "ready (redis backend: module)");
     assert!(auto.info().contains("redis_backend:module\r\n"));
 }
 
