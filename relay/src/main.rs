@@ -243,7 +243,7 @@ async fn run(args: Args) -> Result<(), String> {
     let probe =
         Upstream::probe(&args.redis, args.cluster, &tls).map_err(|e| format!("--redis {urls:?}: {e}"))?.on(&backend);
     line(match args.redis_backend {
-        Backend::Module => "--redis-backend module: the redis-rl module's commands (a Redis without it: not ready)",
+        Backend::Module => "--redis-backend module: the redis-rl module's commands (Redis must have the module loaded)",
         Backend::Lua => "--redis-backend lua: rl-client's Lua scripts, no module needed (docs/error-bounds.md)",
         Backend::Auto => "--redis-backend auto: the module if Redis has it, else the Lua scripts, decided at start",
     });
