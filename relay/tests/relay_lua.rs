@@ -428,3 +428,42 @@ async fn the_envoy_front_answers_and_counts_the_same_on_the_scripts() {
     assert_eq!(lua.metric("rl_relay_redis_backend{backend=\"lua\"}"), 1.0);
     assert_eq!(module.metric("rl_relay_redis_backend{backend=\"module\"}"), 1.0);
 }
+
+#[test]
+fn the_documented_acl_user_serves_on_the_scripts() {
+    let plain = PlainServer::start();
+    let mut admin = plain.con();
+    let _: () = common::acl_recipe("relay.md", "rl-relay-lua", &mut admin, "pw").query(&mut admin).unwrap();
+    let url = format!("redis://rl-relay-lua:pw@127.0.0.1:{}/", plain.port);
+    let port = testkit::free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let relay = Relay::start(&url, &["--redis-backend", "lua", "--metrics", &metrics]);
+    wait_ready(&relay, port, 200, "ready (redis backend: lua)");
+    let mut s = relay.raw();
+    for (line, granted) in [
+        ("RL.TAKE 1 rl:b 10 10 86400000 COST 2", 1),
+        ("RL.REFUND 1 rl:b 10 10 86400000 TOKENS 1", 1),
+        // Refusals: their scripts look at and may move expiries (PTTL, PEXPIRE).
+        ("RL.TAKE 1 rl:b 10 10 86400000 COST 10", 0),
+        ("RL.PEEK 1 rl:b 10 10 86400000", 1),
+        ("RL.WINDOW 1 rl:w 5 86400000 COST 2 EXACT", 1),
+        ("RL.WINDOW 1 rl:w 5 86400000 COST 4 EXACT", 0),
+        ("RL.WINDOW 1 rl:f 5 86400000 COST 2 FIXED", 1),
+        ("RL.WINDOWPEEK 1 rl:f 5 86400000 COST 4 FIXED", 0),
+        ("RL.ACQUIRE 1 rl:i 2 60000 ID r1", 1),
+        ("RL.INFLIGHT 1 rl:i 2 60000 COST 2", 0),
+    ] {
+        let reply = call(&mut s, line);
+        assert_eq!(ints(&reply)[0], granted, "{line}: {reply:?}");
+    }
+    assert_eq!(call(&mut s, "RL.RELEASE 1 rl:i ID r1"), Resp::Int(1));
+    // A key outside the recipe's ~rl:* is Redis's refusal, as on the module.
+    let e = call(&mut s, "RL.TAKE 1 other 10 10 86400000");
+    assert!(e.error().contains("NOPERM") || e.error().contains("no permissions"), "{e:?}");
+    let log: Vec<String> = redis::cmd("ACL")
+        .arg("LOG")
+        .query::<Vec<redis::Value>>(&mut admin)
+        .map(|v| v.iter().map(|e| format!("{e:?}")).collect())
+        .unwrap();
+    assert!(log.iter().all(|e| e.contains("other")), "only the key outside ~rl:* refused: {log:?}");
+}

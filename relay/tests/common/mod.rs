@@ -404,11 +404,16 @@ pub fn closed(s: &mut TcpStream) -> bool {
 /// on Redis 7.0, which has no `CLIENT SETINFO`, without `+client|setinfo`,
 /// as the page says.
 pub fn relay_acl_recipe(con: &mut redis::Connection, password: &str) -> redis::Cmd {
-    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md")).unwrap();
-    let line = page
+    acl_recipe("security.md", "rl-relay", con, password)
+}
+
+/// The `ACL SETUSER user ...` line of docs/`page`, as [`relay_acl_recipe`].
+pub fn acl_recipe(page: &str, user: &str, con: &mut redis::Connection, password: &str) -> redis::Cmd {
+    let text = std::fs::read_to_string(format!("{}/../docs/{page}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let line = text
         .lines()
-        .find(|l| l.starts_with("ACL SETUSER rl-relay "))
-        .expect("docs/security.md has the relay's ACL recipe");
+        .find(|l| l.trim_start().starts_with(&format!("ACL SETUSER {user} ")))
+        .unwrap_or_else(|| panic!("docs/{page} has the ACL recipe of {user}"));
     let info: String = redis::cmd("INFO").arg("server").query(con).unwrap();
     let seven_oh = info.lines().any(|l| l.starts_with("redis_version:7.0."));
     let mut cmd = redis::Cmd::new();
