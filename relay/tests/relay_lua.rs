@@ -9,7 +9,9 @@
 //! that reads the server's clock (a retry or reset time) is compared within
 //! the time between the two relays' decisions of the same call (at most
 //! twice the time since the run began). Limits refill a token in half an
-//! hour or more, so no refill lands within a run; windows are a day long.
+//! hour or more, so no refill lands within a run; windows are a day long
+//! (a run does not start within a minute of UTC midnight, where FIXED ones
+//! end).
 
 mod common;
 
@@ -17,7 +19,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::rls::*;
-use common::{call, Relay, Resp};
+use common::{away_from_midnight, call, Relay, Resp};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use testkit::{PlainServer, Server};
@@ -141,6 +143,7 @@ fn traffic(seed: u64, n: usize) -> Vec<Step> {
 
 #[test]
 fn the_resp_front_answers_and_counts_the_same_on_the_scripts() {
+    away_from_midnight();
     let server = Server::start(&[]);
     let plain = PlainServer::start();
     let module = Relay::start(&server.url(), &LEASES);
@@ -369,6 +372,7 @@ fn same_answer(what: &str, a: &RateLimitResponse, b: &RateLimitResponse, skew: i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_envoy_front_answers_and_counts_the_same_on_the_scripts() {
+    away_from_midnight();
     let server = Server::start(&[]);
     let plain = PlainServer::start();
     let (_dir, config) = config_file(RLS_CONFIG);
@@ -466,4 +470,40 @@ fn the_documented_acl_user_serves_on_the_scripts() {
         .map(|v| v.iter().map(|e| format!("{e:?}")).collect())
         .unwrap();
     assert!(log.iter().all(|e| e.contains("other")), "only the key outside ~rl:* refused: {log:?}");
+}
+
+/// In a cluster each script call goes to its key's primary, which is
+/// given the script the first time it answers NOSCRIPT. (The nodes carry
+/// the module, which the scripts leave alone: testkit's cluster loads it.)
+#[test]
+fn on_a_cluster_each_script_call_goes_to_its_keys_node() {
+    let cluster = testkit::Cluster::start(3);
+    let urls = cluster.urls();
+    let mut extra: Vec<&str> = vec!["--cluster", "--redis-backend", "lua"];
+    for url in &urls[1..] {
+        extra.extend(["--redis", url.as_str()]);
+    }
+    let relay = Relay::start(&urls[0], &extra);
+    // One key per node.
+    let mut keys: Vec<String> = Vec::new();
+    for tag in 0..100 {
+        let key = format!("rl:{{t{tag}}}:b");
+        let port = cluster.node_for(&key).port;
+        if keys.iter().all(|k| cluster.node_for(k).port != port) {
+            keys.push(key);
+        }
+    }
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let mut s = relay.raw();
+    for key in &keys {
+        assert_eq!(ints(&call(&mut s, &format!("RL.TAKE 1 {key} 5 5 86400000 COST 5")))[0], 1, "{key}");
+        assert_eq!(ints(&call(&mut s, &format!("RL.TAKE 1 {key} 5 5 86400000")))[0], 0, "{key}: exact");
+        let window = key.replace(":b", ":w");
+        assert_eq!(ints(&call(&mut s, &format!("RL.WINDOW 1 {window} 3 86400000 COST 3 EXACT")))[0], 1);
+        assert_eq!(ints(&call(&mut s, &format!("RL.WINDOW 1 {window} 3 86400000 EXACT")))[0], 0, "{window}");
+        let node = cluster.node_for(key);
+        let mut con = node.con();
+        assert_eq!(redis::cmd("EXISTS").arg(key).arg(&window).query::<i64>(&mut con).unwrap(), 2, "{key} on its node");
+        assert!(calls(&mut con, "evalsha") >= 4, "{key}'s node ran the scripts");
+    }
 }

@@ -399,6 +399,15 @@ pub fn closed(s: &mut TcpStream) -> bool {
     false
 }
 
+/// Waits past UTC midnight if it is less than a minute away: the day's
+/// window must not end between a test's first use of it and its last check.
+pub fn away_from_midnight() {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if secs % 86_400 > 86_400 - 60 {
+        std::thread::sleep(std::time::Duration::from_secs(86_400 - secs % 86_400 + 1));
+    }
+}
+
 /// The relay's Redis user as docs/security.md creates it (`ACL SETUSER
 /// rl-relay ...`, its password replaced by `password`), for `con`'s server:
 /// on Redis 7.0, which has no `CLIENT SETINFO`, without `+client|setinfo`,
