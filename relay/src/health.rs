@@ -111,17 +111,15 @@ fn refused_scripts(e: String, code: Option<&str>) -> Unready {
 
 /// With the module: its peek.
 async fn module(probe: &Upstream) -> Result<(), Unready> {
-    {
-        match probe.call(&peek(), Some(b"rl:probe")).await {
-            Ok(Value::ServerError(e)) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
-                Err(Unready::NoModule(e.to_string()))
-            }
-            Err(e) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
-                Err(Unready::NoModule(e.to_string()))
-            }
-            Err(e) => Err(Unready::Unreachable(e.to_string())),
-            Ok(_) => Ok(()),
+    match probe.call(&peek(), Some(b"rl:probe")).await {
+        Ok(Value::ServerError(e)) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
+            Err(Unready::NoModule(e.to_string()))
         }
+        Err(e) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
+            Err(Unready::NoModule(e.to_string()))
+        }
+        Err(e) => Err(Unready::Unreachable(e.to_string())),
+        Ok(_) => Ok(()),
     }
 }
 
@@ -184,7 +182,7 @@ impl Health {
                 )),
                 Err(Unready::NoScripts(e)) => line(format_args!(
                     "Redis refuses the Lua scripts: not ready ({e}); the relay's ACL user needs EVALSHA and \
-                     SCRIPT LOAD (docs/security.md)"
+                     SCRIPT LOAD and the commands the scripts call (docs/relay.md)"
                 )),
             }
         }

@@ -507,3 +507,24 @@ fn on_a_cluster_each_script_call_goes_to_its_keys_node() {
         assert!(calls(&mut con, "evalsha") >= 4, "{key}'s node ran the scripts");
     }
 }
+
+#[test]
+fn a_redis_that_refuses_the_scripts_is_not_ready_and_says_why() {
+    let plain = PlainServer::start();
+    let mut admin = plain.con();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noscripts")
+        .arg("on")
+        .arg(">pw")
+        .arg("~rl:*")
+        .arg("-@all")
+        .arg("+ping")
+        .arg("+role")
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("redis://noscripts:pw@127.0.0.1:{}/", plain.port);
+    let (relay, port) = metrics_relay(&url, "lua");
+    wait_ready(&relay, port, 503, "not ready: Redis refuses the Lua scripts (--redis-backend lua)");
+    wait_log(&relay, "Redis refuses the Lua scripts: not ready");
+}
