@@ -528,3 +528,23 @@ fn a_redis_that_refuses_the_scripts_is_not_ready_and_says_why() {
     wait_ready(&relay, port, 503, "not ready: Redis refuses the Lua scripts (--redis-backend lua)");
     wait_log(&relay, "Redis refuses the Lua scripts: not ready");
 }
+
+/// A limit beyond the scripts' exact range (limit x window_ms above 2^52):
+/// the Envoy front answers it by its failure mode, counted and logged with
+/// the script's words, as docs/relay.md says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_limit_beyond_the_scripts_follows_its_failure_mode_logged() {
+    let plain = PlainServer::start();
+    let (_dir, config) = config_file(
+        "domain: d\ndescriptors:\n  - key: open\n    rate_limit: { unit: day, requests_per_unit: 1000000000 }\n  \
+         - key: closed\n    rate_limit: { unit: day, requests_per_unit: 1000000000, failure_mode: deny }\n",
+    );
+    let lua = RlsRelay::start(&[plain.url()], false, &config, &["--redis-backend", "lua"]);
+    wait_health(&lua, tonic_health::pb::health_check_response::ServingStatus::Serving).await;
+    let mut client = lua.client().await;
+    assert_eq!(ask(&mut client, request("d", &[&[("open", "a")]])).await.overall_code, OK);
+    assert_eq!(ask(&mut client, request("d", &[&[("closed", "a")]])).await.overall_code, OVER_LIMIT);
+    wait_log(&lua.relay, "must be at most 2^52 for the Lua backend");
+    assert_eq!(lua.metric("rl_relay_rls_fallback_total"), 1.0);
+    assert_eq!(lua.metric("rl_relay_rls_failure_denied_total"), 1.0);
+}
