@@ -111,6 +111,35 @@ pub struct Config {
     pub take_over: bool,
     /// TLS settings for the regions' `rediss://` URLs (one set for all).
     pub tls: rl_gateway::Tls,
+    /// What the regions' gateways enforce shares with (`--redis-backend`).
+    pub backend: RedisBackend,
+}
+
+/// What the regions' gateways enforce their shares with, which the
+/// balancer checks in each region before writing there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RedisBackend {
+    /// The redis-rl module: a region whose server lacks it is refused.
+    #[default]
+    Module,
+    /// rl-client's Lua scripts (gateways with `backend = "lua"`): any
+    /// Redis, no module check.
+    Lua,
+    /// Either, region by region: a server without the module is taken,
+    /// logged as one whose gateways must run the Lua scripts.
+    Auto,
+}
+
+impl RedisBackend {
+    /// `module`, `lua` or `auto` (the flag's and `RL_REDIS_BACKEND`'s values).
+    pub fn parse(text: &str) -> Result<RedisBackend, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "module" => Ok(RedisBackend::Module),
+            "lua" => Ok(RedisBackend::Lua),
+            "auto" => Ok(RedisBackend::Auto),
+            _ => Err(format!("'{text}': one of module, lua, auto")),
+        }
+    }
 }
 
 impl Config {
@@ -133,6 +162,7 @@ impl Config {
             epoch: None,
             take_over: false,
             tls: rl_gateway::Tls::default(),
+            backend: RedisBackend::Module,
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod status;
 pub mod store;
 pub mod transition;
 
-pub use config::{Config, Spans};
+pub use config::{Config, RedisBackend, Spans};
 pub use round::{plan_round, GlobalRule, RoundTables};
 pub use run::{Balancer, RuleReloads, Stopped};
 pub use status::RoundReport;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, Spans};
+use crate::config::{Config, RedisBackend, Spans};
 use crate::epoch;
 use crate::link::{CallError, Link};
 use crate::round::{plan_round, GlobalRule};
@@ -66,8 +66,10 @@ struct Region {
     /// Whether this balancer's claim landed here once (until then
     /// `--take-over` applies).
     claimed: bool,
-    /// Whether the server was seen to have the module.
-    has_module: bool,
+    /// Whether the server passed the backend check: it has the module,
+    /// or the gateways run the Lua scripts (`--redis-backend lua`, or
+    /// `auto` finding no module).
+    checked: bool,
 }
 
 /// Why a region is not usable this round.
@@ -138,7 +140,7 @@ impl Balancer {
                 out: None,
                 down: config.down.contains(name),
                 claimed: false,
-                has_module: false,
+                checked: config.backend == RedisBackend::Lua,
             });
         }
         let status = Arc::new(Status::new(config.regions.len(), config.rules.len()));
@@ -246,7 +248,7 @@ impl Balancer {
         }
         // Claim, take usage, read: every region at once.
         let take_over: Vec<bool> = self.regions.iter().map(|r| self.config.take_over && !r.claimed).collect();
-        let checked: Vec<bool> = self.regions.iter().map(|r| r.has_module).collect();
+        let checked: Vec<bool> = self.regions.iter().map(|r| r.checked).collect();
         let visits = self.each_indexed(|r, link, epoch| {
             let (take_over, checked) = (take_over[r], checked[r]);
             async move {
@@ -573,12 +575,14 @@ impl Balancer {
     }
 
     /// Every region first reached is checked for the module (its gateways
-    /// enforce shares with it) before anything is written there.
+    /// enforce shares with it) before anything is written there; with
+    /// `--redis-backend auto` a region without it is taken, and logged:
+    /// its gateways must run the Lua scripts (never a silent fallback).
     async fn check_modules(&mut self) -> Result<(), Stopped> {
-        if self.regions.iter().all(|r| r.has_module) {
+        if self.regions.iter().all(|r| r.checked) {
             return Ok(());
         }
-        let checked: Vec<bool> = self.regions.iter().map(|r| r.has_module).collect();
+        let checked: Vec<bool> = self.regions.iter().map(|r| r.checked).collect();
         let answers = self
             .each_indexed(|r, link, _| {
                 let checked = checked[r];
@@ -593,10 +597,18 @@ impl Balancer {
             .await;
         for (region, answer) in self.regions.iter_mut().zip(answers) {
             match answer {
-                Ok(true) => region.has_module = true,
+                Ok(true) => region.checked = true,
+                Ok(false) if self.config.backend == RedisBackend::Auto => {
+                    tracing::warn!(
+                        region = %region.link.name,
+                        server = %region.link.address(),
+                        "no redis-rl module there (--redis-backend auto): its gateways must enforce their shares with rl-client's Lua scripts (backend = \"lua\")"
+                    );
+                    region.checked = true;
+                }
                 Ok(false) => {
                     return Err(Stopped::Config(format!(
-                        "region {} ({}): the server has no redis-rl module (RL.INSPECT is an unknown command there), so its gateways cannot enforce shares in it: load the module there (loadmodule /path/to/libredis_rl.so), or leave the region out of --region and of the rules",
+                        "region {} ({}): the server has no redis-rl module (RL.INSPECT is an unknown command there), so its gateways cannot enforce shares in it: load the module there (loadmodule /path/to/libredis_rl.so), run its gateways on the Lua scripts (backend = \"lua\") with --redis-backend lua or auto, or leave the region out of --region and of the rules",
                         region.link.name,
                         region.link.address()
                     )))

@@ -1,7 +1,8 @@
 //! The binary refuses flags that break the never-over argument, by name and
 //! with the relation they break (status 2, before it touches a region),
 //! warns about those that only weaken it, and refuses a region whose
-//! server lacks the module.
+//! server lacks the module unless its gateways run the Lua scripts
+//! (`--redis-backend lua` or `auto`).
 
 mod binary;
 
@@ -88,4 +89,36 @@ fn a_region_without_the_module_is_refused_by_name() {
     assert_eq!(status.code(), Some(2), "{log}");
     assert_names(&log, &["region us", &format!("127.0.0.1:{}", without.port), "redis-rl module"]);
     assert_eq!(redis::cmd("EXISTS").arg("rl:shares").query::<i64>(&mut without.con()).unwrap(), 0, "nothing written");
+}
+
+/// A round's log line that wrote region us's table (`versions=...,us=N`).
+fn wrote_us(log: &str) -> bool {
+    log.lines().any(|l| l.contains(" round ") && l.contains(",us=") && !l.contains(",us=-"))
+}
+
+#[test]
+fn a_region_without_the_module_is_balanced_when_its_gateways_run_the_scripts() {
+    let (with, without) = (Server::start(&[]), PlainServer::start());
+    let rules = RulesFile::new(&["eu", "us"]);
+    for backend in ["lua", "auto"] {
+        let mut args = base_args(&rules, &[("eu", with.url()), ("us", without.url())]);
+        args.extend(FAST.iter().map(|s| s.to_string()));
+        args.extend(["--redis-backend".to_string(), backend.to_string()]);
+        let mut running = Running::start(&args);
+        let log = running.wait_log(Duration::from_secs(20), wrote_us);
+        assert!(running.is_running(), "{log}");
+        assert_names(&log, &[&format!("--redis-backend {backend}")]);
+        if backend == "auto" {
+            // Said, region by region: never a silent fallback.
+            assert_names(&log, &["region=us", "no redis-rl module there", "Lua scripts"]);
+            assert!(!log.contains("region=eu server"), "{log}");
+        }
+        let written: i64 = redis::cmd("EXISTS").arg("rl:shares").query(&mut without.con()).unwrap();
+        assert_eq!(written, 1, "the share table written in the region without the module:\n{log}");
+    }
+    let mut args = base_args(&rules, &[("eu", with.url()), ("us", without.url())]);
+    args.extend(["--redis-backend", "scripts"].map(String::from));
+    let (status, log) = run_to_end(&args);
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert_names(&log, &["'scripts': one of module, lua, auto"]);
 }

@@ -16,7 +16,7 @@ use rl_gateway::global::{GatewayConfig, RegionShares};
 use rl_gateway::global::{GlobalLimit, RegionalShares};
 use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
 use rl_gateway::{Backend, Clock, Config, Limiter, ManualClock, Source};
-use testkit::Server;
+use testkit::{PlainServer, Server};
 
 /// A global rule over three regions split 5/3/2, and a fail-closed one
 /// split evenly. 100 an hour: nothing refills during a test.
@@ -41,14 +41,19 @@ fn rules() -> RuleSetSpec {
 }
 
 fn limiter(server: &Server) -> Limiter {
+    limiter_with(server.url(), Backend::Module)
+}
+
+/// The same gateway's limiter on `url` with `backend`.
+fn limiter_with(url: String, backend: Backend) -> Limiter {
     let config = Config {
-        backend: Backend::Module,
+        backend,
         timeout: Duration::from_millis(300),
         connect_timeout: Duration::from_millis(300),
         // One gateway, no slack: the outage fallback admits exactly its share.
         gateways: 1,
         fallback_slack: 1.0,
-        ..Config::standalone(server.url())
+        ..Config::standalone(url)
     };
     Limiter::new(config).unwrap()
 }
@@ -77,7 +82,11 @@ fn table(default: u32, share: u32, from: u32) -> ShareTable {
 }
 
 async fn publish(server: &Server, t: &ShareTable) {
-    let mut con = redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    publish_at(&server.url(), t).await
+}
+
+async fn publish_at(url: &str, t: &ShareTable) {
+    let mut con = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
     let epoch = 1;
     store::claim(&mut con, DEFAULT_KEY, epoch).await.unwrap();
     store::write(&mut con, DEFAULT_KEY, epoch, t).await.unwrap();
@@ -112,6 +121,22 @@ async fn each_region_admits_its_share_of_the_global_limit() {
     assert_eq!(admitted(&eu, "quiet", "GET /", 50).await.0, 15);
     // A rule the table does not know yet: the fixed split (login: a third).
     assert_eq!(admitted(&eu, "acme", "POST /login", 50).await.0, 33);
+}
+
+/// Global limits on a Redis without the module: a gateway on rl-client's
+/// Lua scripts enforces its region's share as one on the module does
+/// (the balancer takes such a region with `--redis-backend lua`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_the_lua_scripts_admits_its_share_without_the_module() {
+    let plain = PlainServer::start();
+    publish_at(&plain.url(), &table(150_000, 700_000, 700_000)).await;
+    let rules_in_force = LiveRules::new(limiter_with(plain.url(), Backend::Lua), &rules()).unwrap();
+    let shares = Arc::new(RegionShares::new(GatewayConfig::new("eu", plain.url())).unwrap());
+    rules_in_force.set_region_shares(shares.clone()).unwrap();
+    assert_eq!(admitted(&rules_in_force, "before", "GET /", 120).await.0, 50, "the fixed split");
+    shares.refresh_now().await.unwrap();
+    assert_eq!(admitted(&rules_in_force, "acme", "GET /", 150).await.0, 70, "the region's share of 100");
+    assert_eq!(admitted(&rules_in_force, "quiet", "GET /", 50).await.0, 15, "the table's default");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

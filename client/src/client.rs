@@ -24,11 +24,11 @@ use crate::slot::slot_of;
 
 /// The Lua backend's script (its SHA1 names it in EVALSHA), with the
 /// core's limits written into it.
-static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
+pub(crate) static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
 /// The Lua backend's windows (RL.WINDOW and RL.WINDOWPEEK).
-static WINDOW_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("window.lua")));
+pub(crate) static WINDOW_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("window.lua")));
 /// The Lua backend's in-flight limits, over sorted sets.
-static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
+pub(crate) static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
 
 /// The argument helpers followed by `template`, with each `{{NAME}}`
 /// replaced by that limit of rl-core.

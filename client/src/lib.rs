@@ -14,6 +14,7 @@ mod lock;
 mod params;
 mod primary;
 mod prometheus;
+mod script_call;
 mod slot;
 mod tls;
 
@@ -41,5 +42,6 @@ pub mod internal {
     pub use crate::inflight::{inflight_params, new_id, validate_cost};
     pub use crate::lock::{lock, lock_waits, stripe, STRIPES};
     pub use crate::params::{bucket_params, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
+    pub use crate::script_call::{script_call, Script, ScriptCall};
     pub use crate::slot::{slot_of, SLOTS};
 }

@@ -11,7 +11,7 @@ use rl_relay::logging::{line, redact};
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
 use rl_relay::rls::{upstream_env, Rls};
-use rl_relay::upstream::Upstream;
+use rl_relay::upstream::{Backend, Choice, Upstream};
 use tokio::net::TcpListener;
 
 /// Descriptors kept for the relay's own use (its listeners, its connections
@@ -37,6 +37,11 @@ struct Args {
     /// The --redis URLs are nodes of a Redis Cluster.
     #[arg(long)]
     cluster: bool,
+    /// What carries the module's commands out on Redis: module (the redis-rl module; without it the relay
+    /// is not ready), lua (rl-client's Lua scripts, for a Redis that cannot load modules) or auto (the
+    /// module if Redis has it, else the scripts: decided by the first probe Redis answers, and logged).
+    #[arg(long, env = "RL_REDIS_BACKEND", default_value = "module", value_parser = Backend::parse)]
+    redis_backend: Backend,
     /// For rediss:// URLs: PEM file of the CA that signed Redis's
     /// certificates, trusted instead of the system roots (SSL_CERT_FILE).
     #[arg(long, env = "RL_TLS_CA_FILE", value_name = "FILE")]
@@ -273,9 +278,17 @@ async fn run(args: Args) -> Result<(), String> {
         key_file: args.tls_key_file.clone(),
         insecure: args.tls_insecure,
     };
-    let upstream =
-        Upstream::open(&args.redis, args.cluster, &tls, timeout).map_err(|e| format!("--redis {urls:?}: {e}"))?;
-    let probe = Upstream::probe(&args.redis, args.cluster, &tls).map_err(|e| format!("--redis {urls:?}: {e}"))?;
+    let backend = Choice::new(args.redis_backend);
+    let upstream = Upstream::open(&args.redis, args.cluster, &tls, timeout)
+        .map_err(|e| format!("--redis {urls:?}: {e}"))?
+        .on(&backend);
+    let probe =
+        Upstream::probe(&args.redis, args.cluster, &tls).map_err(|e| format!("--redis {urls:?}: {e}"))?.on(&backend);
+    line(match args.redis_backend {
+        Backend::Module => "--redis-backend module: the redis-rl module's commands (Redis must have the module loaded)",
+        Backend::Lua => "--redis-backend lua: rl-client's Lua scripts, no module needed (docs/error-bounds.md)",
+        Backend::Auto => "--redis-backend auto: the module if Redis has it, else the Lua scripts, decided at start",
+    });
     if args.max_request_bytes > args.max_pending_bytes {
         return Err(format!(
             "--max-request-bytes {} is above --max-pending-bytes {}: a command could never be read",

@@ -166,8 +166,15 @@ async fn answer(
         // envoyproxy/ratelimit's health check: 200 OK while ready, else 500.
         "/healthcheck" if rls.is_some_and(Rls::ready) => ("200 OK", "text/plain", "OK".into()),
         "/healthcheck" if rls.is_some() => ("500 Internal Server Error", "text/plain", String::new()),
-        "/ready" if relay.health.ready() => ("200 OK", "text/plain", "ready\n".into()),
-        "/ready" => ("503 Service Unavailable", "text/plain", format!("not ready: {}\n", relay.health.why_not_ready())),
+        // Which backend carries the calls out, said with the status.
+        "/ready" if relay.health.ready() => {
+            ("200 OK", "text/plain", format!("ready (redis backend: {})\n", relay.backend().name()))
+        }
+        "/ready" => (
+            "503 Service Unavailable",
+            "text/plain",
+            format!("not ready: {} (redis backend: {})\n", relay.health.why_not_ready(), relay.backend().name()),
+        ),
         "/live" => ("200 OK", "text/plain", "live\n".into()),
         _ => ("404 Not Found", "text/plain", "not found: /metrics, /ready or /live\n".into()),
     };

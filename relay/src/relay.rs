@@ -77,6 +77,11 @@ impl Relay {
         }
     }
 
+    /// What carries the module's commands out on Redis (module or lua).
+    pub fn backend(&self) -> &crate::upstream::Choice {
+        self.upstream.backend()
+    }
+
     pub fn pools(&self) -> MutexGuard<'_, Pools> {
         self.pools.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -100,6 +105,7 @@ impl Relay {
             names: &self.names,
             ready: self.health.ready(),
             module_missing: self.health.module_missing(),
+            backend: self.upstream.backend().name(),
             max_clients: self.limits.max_clients,
         }
     }
@@ -108,7 +114,8 @@ impl Relay {
     /// own connection ([`Upstream::probe`]): readiness.
     pub async fn probe_forever(self: Arc<Self>, probe: Upstream) {
         loop {
-            self.health.probed(crate::health::probe(&probe).await);
+            let outcome = crate::health::probe(&probe).await;
+            self.health.probed(outcome, probe.backend().name());
             tokio::time::sleep(PROBE_EVERY).await;
         }
     }

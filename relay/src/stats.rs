@@ -116,6 +116,9 @@ pub struct View<'a> {
     pub ready: bool,
     /// Redis answers it without the module.
     pub module_missing: bool,
+    /// What carries the module's commands out: module, lua, or auto
+    /// (not decided yet).
+    pub backend: &'static str,
     pub max_clients: usize,
 }
 
@@ -204,13 +207,14 @@ pub fn info(view: &View) -> String {
     let mut out = String::from("# relay\r\n");
     let _ = write!(
         out,
-        "ready:{}\r\nrelays:{}\r\nlease_window_ms:{}\r\nlease_ttl_ms:{}\r\nrequests:{requests}\r\n\
+        "ready:{}\r\nredis_backend:{}\r\nrelays:{}\r\nlease_window_ms:{}\r\nlease_ttl_ms:{}\r\nrequests:{requests}\r\n\
          from_memory:{from_memory}\r\nhit_ratio:{:.4}\r\nupstream_leases:{}\r\nforwarded:{}\r\n\
          upstream_failures:{}\r\nrefused_commands:{}\r\nrefused_keys:{}\r\nprotocol_errors:{}\r\n\
          auth_failures:{}\r\nauth_timeouts:{}\r\nauth_delayed:{}\r\nauth_closed:{}\r\n\
          connected_clients:{}\r\nmax_clients:{}\r\nrejected_clients:{}\r\nsubjects:{}\r\nmax_subjects:{}\r\n\
          evicted_subjects:{}\r\nmax_refusal_hold_ms:{}\r\n",
         u8::from(view.ready),
+        view.backend,
         settings.relays,
         settings.window_ms,
         settings.ttl_ms,
@@ -313,6 +317,13 @@ pub fn metrics(view: &View) -> String {
     ] {
         family(&mut out, name, "gauge", help, [(String::new(), value.to_string())]);
     }
+    family(
+        &mut out,
+        "rl_relay_redis_backend",
+        "gauge",
+        "1 for what carries the module's commands out on Redis: the module, or the Lua scripts (auto: not decided yet)",
+        ["module", "lua", "auto"].map(|b| (format!("{{backend=\"{b}\"}}"), u8::from(view.backend == b).to_string())),
+    );
     let busiest = view.busiest();
     let labelled = |value: &dyn Fn(&Subject) -> String| -> Vec<(String, String)> {
         busiest.iter().map(|s| (format!("{{subject=\"{}\"}}", label(&s.name)), value(s))).collect()

@@ -2,20 +2,125 @@
 //! master or a cluster, reconnecting by itself, TCP_NODELAY, one quick
 //! cluster retry, following a failover), with the relay's timeout. A move
 //! to another server is logged.
+//!
+//! The module's commands go to Redis as they are, or, on a Redis that
+//! cannot load the module (`--redis-backend lua`, or `auto` finding none),
+//! as calls of rl-client's Lua scripts (`rl_client::internal::script_call`):
+//! the one send point, so every front's decisions are the same code on
+//! either backend. A script Redis no longer holds (a restart, a failover)
+//! is loaded and the call sent once more.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::{Cmd, RedisResult, Value};
+use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+use rl_client::internal::{script_call, Script};
 use rl_client::{Connection, ConnectionStatus, Target, Tls};
 
 use crate::logging::line;
+
+/// What carries the module's commands out on Redis (`--redis-backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The redis-rl module: a Redis without it is not ready.
+    Module,
+    /// rl-client's Lua scripts, on any Redis (no module needed).
+    Lua,
+    /// The module if Redis has it, else the scripts: decided by the first
+    /// probe Redis answers, then kept for the process's life.
+    Auto,
+}
+
+impl Backend {
+    /// `module`, `lua` or `auto` (the flag's and the variable's values).
+    pub fn parse(text: &str) -> Result<Backend, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "module" => Ok(Backend::Module),
+            "lua" => Ok(Backend::Lua),
+            "auto" => Ok(Backend::Auto),
+            _ => Err(format!("'{text}': one of module, lua, auto")),
+        }
+    }
+}
+
+const UNDECIDED: u8 = 0;
+const MODULE: u8 = 1;
+const LUA: u8 = 2;
+
+/// The backend in force, shared by the calls' connection and the probe's:
+/// `auto` stays undecided (calls go as module commands) until the probe
+/// settles it.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    asked: Backend,
+    now: Arc<AtomicU8>,
+}
+
+impl Choice {
+    pub fn new(asked: Backend) -> Choice {
+        let now = match asked {
+            Backend::Module => MODULE,
+            Backend::Lua => LUA,
+            Backend::Auto => UNDECIDED,
+        };
+        Choice { asked, now: Arc::new(AtomicU8::new(now)) }
+    }
+
+    /// What `--redis-backend` asked for.
+    pub fn asked(&self) -> Backend {
+        self.asked
+    }
+
+    /// The backend in force: None while `auto` has not decided.
+    pub fn current(&self) -> Option<Backend> {
+        match self.now.load(Ordering::Relaxed) {
+            MODULE => Some(Backend::Module),
+            LUA => Some(Backend::Lua),
+            _ => None,
+        }
+    }
+
+    /// Its name for INFO, metrics and the log: module, lua, or auto (undecided).
+    pub fn name(&self) -> &'static str {
+        match self.current() {
+            Some(Backend::Module) => "module",
+            Some(Backend::Lua) => "lua",
+            _ => "auto",
+        }
+    }
+
+    /// `auto`'s decision, once (later ones are ignored): logged.
+    pub fn decide(&self, module: bool) {
+        let to = if module { MODULE } else { LUA };
+        if self.now.compare_exchange(UNDECIDED, to, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            if module {
+                line("--redis-backend auto: Redis has the redis-rl module: the module's commands serve");
+            } else {
+                line(
+                    "--redis-backend auto: Redis answers without the redis-rl module: rl-client's Lua scripts \
+                     serve (docs/error-bounds.md: what they cannot promise)",
+                );
+            }
+        }
+    }
+}
+
+impl Default for Choice {
+    fn default() -> Choice {
+        Choice::new(Backend::Module)
+    }
+}
 
 /// How long a readiness probe may take (its connection's own timeouts).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
-pub struct Upstream(Connection);
+pub struct Upstream {
+    connection: Connection,
+    backend: Choice,
+}
 
 impl Upstream {
     /// One server at `urls[0]` (a `redis+sentinel://` URL: the master its
@@ -25,7 +130,18 @@ impl Upstream {
     pub fn open(urls: &[String], cluster: bool, tls: &Tls, timeout: Duration) -> rl_client::Result<Upstream> {
         let connection = Connection::open_with_tls(&target(urls, cluster)?, tls, timeout, timeout)?;
         connection.on_switch(log_switch);
-        Ok(Upstream(connection))
+        Ok(Upstream { connection, backend: Choice::default() })
+    }
+
+    /// The same connection, carrying the module's commands out on `backend`
+    /// (the module unless told).
+    pub fn on(self, backend: &Choice) -> Upstream {
+        Upstream { backend: backend.clone(), ..self }
+    }
+
+    /// The backend in force.
+    pub fn backend(&self) -> &Choice {
+        &self.backend
     }
 
     /// The readiness probe's own connection to the same servers, with the
@@ -33,23 +149,83 @@ impl Upstream {
     /// made again within `--timeout-ms` (three calls timed out in a row
     /// during a stall), which must not make a stall look like an outage.
     pub fn probe(urls: &[String], cluster: bool, tls: &Tls) -> rl_client::Result<Upstream> {
-        Ok(Upstream(Connection::open_with_tls(&target(urls, cluster)?, tls, PROBE_TIMEOUT, PROBE_TIMEOUT)?))
+        let connection = Connection::open_with_tls(&target(urls, cluster)?, tls, PROBE_TIMEOUT, PROBE_TIMEOUT)?;
+        Ok(Upstream { connection, backend: Choice::default() })
     }
 
     /// Sends `args`; in a cluster, to the primary of `key`'s slot (RL.*
     /// commands name numkeys first, which redis-rs would take for the key).
     /// A server error comes back as a value, for the gateway to see as is.
+    /// On the scripts, a module command is sent as its script's call (one
+    /// the scripts do not serve, CL.THROTTLE, is answered an error naming
+    /// the module); anything else (PING) as it is.
     pub async fn call(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
+        let module_command = args.first().is_some_and(|n| n.get(..3).is_some_and(|p| p.eq_ignore_ascii_case(b"RL.")))
+            || args.first().is_some_and(|n| n.eq_ignore_ascii_case(b"CL.THROTTLE"));
+        if module_command && self.backend.current() == Some(Backend::Lua) {
+            return self.script(args, key).await;
+        }
         let mut cmd = Cmd::new();
         for arg in args {
             cmd.arg(arg.as_ref());
         }
-        self.0.send(&cmd, key).await
+        self.connection.send(&cmd, key).await
+    }
+
+    /// A module command as its script's EVALSHA; on NOSCRIPT the script is
+    /// loaded on that server (the key's) and the call sent once more.
+    async fn script(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
+        let call = match script_call(args) {
+            Ok(call) => call,
+            Err(e) => {
+                let (code, detail) = e.split_once(' ').unwrap_or(("ERR", &e));
+                return Ok(Value::ServerError(
+                    redis::make_extension_error(code.into(), Some(detail.into())).try_into()?,
+                ));
+            }
+        };
+        let reply = self.connection.send(&call.cmd, key).await;
+        if !is_noscript(&reply) {
+            return reply;
+        }
+        self.load(call.script, key).await?;
+        self.connection.send(&call.cmd, key).await
+    }
+
+    /// `SCRIPT LOAD`s `script` on the server of `key`'s slot.
+    async fn load(&self, script: Script, key: Option<&[u8]>) -> RedisResult<Value> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script.source());
+        match self.connection.send(&load, key).await? {
+            Value::ServerError(e) => Err(e.into()),
+            loaded => Ok(loaded),
+        }
+    }
+
+    /// Loads the scripts the server of `key`'s slot lacks (the probe's
+    /// first step, at connect and after a restart): a call's NOSCRIPT retry
+    /// is then the exception.
+    pub async fn load_missing_scripts(&self, key: Option<&[u8]>) -> RedisResult<()> {
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS");
+        for script in Script::ALL {
+            exists.arg(script.sha());
+        }
+        let held: Vec<i64> = match self.connection.send(&exists, key).await? {
+            Value::ServerError(e) => return Err(e.into()),
+            held => redis::from_redis_value(held)?,
+        };
+        for (script, held) in Script::ALL.into_iter().zip(held.into_iter().chain(std::iter::repeat(0))) {
+            if held == 0 {
+                self.load(script, key).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Which server the calls go to.
     pub fn status(&self) -> ConnectionStatus {
-        self.0.status()
+        self.connection.status()
     }
 }
 
@@ -62,6 +238,15 @@ fn target(urls: &[String], cluster: bool) -> rl_client::Result<Target> {
         return Err(rl_client::Error::invalid("a cluster is not reached through Sentinel: drop --cluster"));
     }
     Ok(Target::Cluster(urls.to_vec()))
+}
+
+/// Whether Redis answered NOSCRIPT (as a value or as an error).
+fn is_noscript(reply: &RedisResult<Value>) -> bool {
+    match reply {
+        Ok(Value::ServerError(e)) => e.code() == "NOSCRIPT",
+        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+        Ok(_) => false,
+    }
 }
 
 fn log_switch(status: &ConnectionStatus) {

@@ -8,7 +8,7 @@
 mod common;
 
 use common::rls::*;
-use common::{call, Relay, Resp, Start};
+use common::{away_from_midnight, call, Relay, Resp, Start};
 use testkit::{server_ms, Cluster, Server};
 
 const CONFIG: &str = "\
@@ -29,15 +29,6 @@ fn fenced(key: &str) -> String {
         "ERR relay: key '{key}' is under 'rl:rls:', the RLS front's counters (--rls-prefix): not served to RESP \
          clients"
     )
-}
-
-/// Waits past UTC midnight if it is less than a minute away: the day's
-/// window must not end between a test's exhausting it and its last check.
-fn away_from_midnight() {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    if secs % 86_400 > 86_400 - 60 {
-        std::thread::sleep(std::time::Duration::from_secs(86_400 - secs % 86_400 + 1));
-    }
 }
 
 /// Asks for `entry` until the Envoy front answers OVER_LIMIT (at most 10 times).

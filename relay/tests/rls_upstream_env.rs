@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::rls::{ask, calls, request, OK, OVER_LIMIT};
 use common::{Relay, Start};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use testkit::{free_port, Server};
+use testkit::{free_port, PlainServer, Server};
 
 const CONFIG: &str =
     "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
@@ -304,4 +304,25 @@ async fn metadata_comes_back_as_dynamic_metadata_when_asked() {
     let r = ask(&mut client, request("rl", &[&[("service", "service_1")]])).await;
     assert_eq!(r.overall_code, OVER_LIMIT);
     assert!(!r.dynamic_metadata.unwrap().fields.contains_key("metadata"));
+}
+
+/// Started as envoyproxy/ratelimit on a Redis that cannot load modules:
+/// `RL_REDIS_BACKEND=lua` beside upstream's variables (docs/envoy.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_upstream_on_a_redis_without_the_module_with_rl_redis_backend_lua() {
+    let redis = PlainServer::start();
+    let root = config_folder(Some(CONFIG));
+    let mut bare =
+        start(root.path(), &[("REDIS_URL", format!("127.0.0.1:{}", redis.port)), ("RL_REDIS_BACKEND", "lua".into())]);
+    let mut client = bare.client().await;
+    bare.health_becomes(200);
+    let codes = [
+        ask(&mut client, request("edge", &[&[("user", "a")]])).await.overall_code,
+        ask(&mut client, request("edge", &[&[("user", "a")]])).await.overall_code,
+        ask(&mut client, request("edge", &[&[("user", "a")]])).await.overall_code,
+    ];
+    assert_eq!(codes, [OK, OK, OVER_LIMIT], "{}", bare.relay.log());
+    let log = bare.relay.log();
+    assert!(log.contains("--redis-backend lua") && !log.contains("RL_REDIS_BACKEND"), "{log}");
+    assert!(calls(&mut redis.con(), "evalsha") > 0);
 }

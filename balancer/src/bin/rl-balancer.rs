@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use rl_balancer::{Balancer, Config, GlobalRule, Stopped};
+use rl_balancer::{Balancer, Config, GlobalRule, RedisBackend, Stopped};
 use rl_gateway::live::RuleSetSpec;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -23,8 +23,8 @@ use tokio::signal::unix::{signal, SignalKind};
 ///
 /// Flags that break the never-over argument (e.g. --stale-after within a
 /// round, --settle within one round's writes, a 0 barrier) and regions
-/// whose server lacks the redis-rl module are refused with status 2, by
-/// name and with the relation broken.
+/// whose server lacks the redis-rl module (unless --redis-backend lua or
+/// auto) are refused with status 2, by name and with the relation broken.
 ///
 /// Alarms: the share table's age above 60 s (rl_share_table_age_seconds from
 /// `rlctl metrics` on each region's Redis: this process is down
@@ -117,6 +117,13 @@ struct Args {
     #[arg(long)]
     take_over: bool,
 
+    /// What the regions' gateways enforce shares with: module (the redis-rl
+    /// module; a region whose server lacks it is refused), lua (rl-client's
+    /// Lua scripts, gateways with backend = "lua": no module check) or auto
+    /// (either, region by region, a region without the module logged).
+    #[arg(long, env = "RL_REDIS_BACKEND", default_value = "module", value_parser = RedisBackend::parse)]
+    redis_backend: RedisBackend,
+
     /// Serve /metrics (Prometheus text: rounds, the age of the last good
     /// one, regions reached, epoch, rule reloads) on this address.
     #[arg(long, value_name = "ADDR")]
@@ -177,6 +184,7 @@ fn config(args: &Args) -> Result<Config, String> {
     c.take_over = args.take_over;
     c.tls = args.tls.tls();
     c.delay = args.inject_delay;
+    c.backend = args.redis_backend;
     Ok(c)
 }
 
@@ -205,6 +213,17 @@ async fn main() -> ExitCode {
                 eprintln!("rl-balancer: --metrics {addr}: {e}");
                 return ExitCode::from(2);
             }
+        }
+    }
+    match args.redis_backend {
+        RedisBackend::Module => {
+            tracing::info!("--redis-backend module: every region's server must have the redis-rl module")
+        }
+        RedisBackend::Lua => tracing::info!(
+            "--redis-backend lua: the regions' gateways enforce shares with rl-client's Lua scripts; no module check"
+        ),
+        RedisBackend::Auto => {
+            tracing::info!("--redis-backend auto: a region without the redis-rl module is taken, and logged")
         }
     }
     let names: Vec<String> = args.regions.iter().map(|r| r.0.clone()).collect();

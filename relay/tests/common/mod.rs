@@ -399,16 +399,30 @@ pub fn closed(s: &mut TcpStream) -> bool {
     false
 }
 
+/// Waits past UTC midnight if it is less than a minute away: the day's
+/// window must not end between a test's first use of it and its last check.
+pub fn away_from_midnight() {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    if secs % 86_400 > 86_400 - 60 {
+        std::thread::sleep(std::time::Duration::from_secs(86_400 - secs % 86_400 + 1));
+    }
+}
+
 /// The relay's Redis user as docs/security.md creates it (`ACL SETUSER
 /// rl-relay ...`, its password replaced by `password`), for `con`'s server:
 /// on Redis 7.0, which has no `CLIENT SETINFO`, without `+client|setinfo`,
 /// as the page says.
 pub fn relay_acl_recipe(con: &mut redis::Connection, password: &str) -> redis::Cmd {
-    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md")).unwrap();
-    let line = page
+    acl_recipe("security.md", "rl-relay", con, password)
+}
+
+/// The `ACL SETUSER user ...` line of docs/`page`, as [`relay_acl_recipe`].
+pub fn acl_recipe(page: &str, user: &str, con: &mut redis::Connection, password: &str) -> redis::Cmd {
+    let text = std::fs::read_to_string(format!("{}/../docs/{page}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let line = text
         .lines()
-        .find(|l| l.starts_with("ACL SETUSER rl-relay "))
-        .expect("docs/security.md has the relay's ACL recipe");
+        .find(|l| l.trim_start().starts_with(&format!("ACL SETUSER {user} ")))
+        .unwrap_or_else(|| panic!("docs/{page} has the ACL recipe of {user}"));
     let info: String = redis::cmd("INFO").arg("server").query(con).unwrap();
     let seven_oh = info.lines().any(|l| l.starts_with("redis_version:7.0."));
     let mut cmd = redis::Cmd::new();
