@@ -55,6 +55,14 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Whether the server `c` reached is the process `pid`: a port picked free
+/// can be taken by another test's server before ours binds it (ours then
+/// exits), and that one must not pass for ours.
+fn answers_as(c: &mut redis::Connection, pid: u32) -> bool {
+    let info: String = redis::cmd("INFO").arg("server").query(c).unwrap_or_default();
+    info.lines().any(|l| l.strip_prefix("process_id:").is_some_and(|id| id.trim() == pid.to_string()))
+}
+
 pub struct Server {
     child: Option<Child>,
     pub port: u16,
@@ -162,10 +170,9 @@ impl Server {
                 return false;
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                if let Ok(mut c) = self.try_con() {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return true;
-                    }
+                let pid = self.child.as_ref().unwrap().id();
+                if self.try_con().is_ok_and(|mut c| answers_as(&mut c, pid)) {
+                    return true;
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -537,10 +544,9 @@ impl PlainServer {
             let deadline = Instant::now() + Duration::from_secs(20);
             // Until it answers; if it exited (port taken), drop it and retry.
             while Instant::now() < deadline && matches!(s.child.try_wait(), Ok(None)) {
-                if let Ok(mut c) = redis::Client::open(s.url()).and_then(|c| c.get_connection()) {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return s;
-                    }
+                let answered = redis::Client::open(s.url()).and_then(|c| c.get_connection());
+                if answered.is_ok_and(|mut c| answers_as(&mut c, s.child.id())) {
+                    return s;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
