@@ -176,6 +176,16 @@ struct RlsArgs {
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); by default it counts in full (docs/token-budgets.md).
     #[arg(long)]
     rls_stop_increment_when_overlimit: bool,
+    /// Send the RLS front's statistics to this statsd server (HOST:PORT, UDP) under envoyproxy/ratelimit's
+    /// names (its USE_STATSD, STATSD_HOST, STATSD_PORT); /metrics stays.
+    #[arg(long)]
+    rls_statsd: Option<String>,
+    /// With --rls-statsd: tags in every name as key:value,key:value (envoyproxy/ratelimit's EXTRA_TAGS).
+    #[arg(long, default_value = "", requires = "rls_statsd")]
+    rls_statsd_tags: String,
+    /// With --rls-statsd: counters sent every this many ms (envoyproxy/ratelimit's STATS_FLUSH_INTERVAL).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    rls_statsd_flush_interval_ms: u64,
 }
 
 fn near_limit_ratio(text: &str) -> Result<f64, String> {
@@ -339,6 +349,15 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
             _ => None,
         },
         stop_increment_when_overlimit: args.rls.rls_stop_increment_when_overlimit,
+        statsd: match &args.rls.rls_statsd {
+            Some(target) => {
+                let interval = Duration::from_millis(args.rls.rls_statsd_flush_interval_ms);
+                let statsd = rl_relay::rls::statsd::Statsd::connect(target, &args.rls.rls_statsd_tags, interval)
+                    .map_err(|e| format!("--rls-statsd {e}"))?;
+                Some(Arc::new(statsd))
+            }
+            None => None,
+        },
     };
     let config = match rl_relay::rls::watch::load(&options) {
         Ok(config) => config,

@@ -13,6 +13,7 @@
 //! service.rs   ShouldRateLimit: bounds, matching, the answer
 //! headers.rs   response headers (the draft's, envoyproxy/ratelimit's)
 //! stats.rs     statistics under envoyproxy/ratelimit's names
+//! statsd.rs    the same sent to statsd (USE_STATSD)
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
 //! tls.rs       its TLS and mutual TLS
@@ -28,6 +29,7 @@ pub mod serve;
 pub mod service;
 pub mod slots;
 pub mod stats;
+pub mod statsd;
 pub mod tls;
 pub mod upstream_answer;
 pub mod upstream_env;
@@ -78,6 +80,8 @@ pub struct Options {
     /// already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     pub stop_increment_when_overlimit: bool,
+    /// The statistics sent to statsd too (its USE_STATSD).
+    pub statsd: Option<Arc<statsd::Statsd>>,
 }
 
 impl Default for Options {
@@ -98,6 +102,7 @@ impl Default for Options {
             dynamic_metadata: false,
             tls: None,
             stop_increment_when_overlimit: false,
+            statsd: None,
         }
     }
 }
@@ -117,6 +122,7 @@ impl Rls {
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
         let mut stats = Stats::default();
         stats.near_limit_ratio = Some(options.near_limit_ratio);
+        stats.statsd = options.statsd.clone();
         stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let quota_in_config = upstream_answer::quota_anywhere(&config).into();
         Rls {

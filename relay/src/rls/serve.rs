@@ -572,6 +572,7 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
         }
     });
     tokio::spawn(super::watch::watch(rls.clone()));
+    tokio::spawn(super::statsd::flush_forever(rls.clone()));
     let service = RateLimitServiceServer::new(RlsService(rls.clone()))
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_request_bytes.max(1 << 20));

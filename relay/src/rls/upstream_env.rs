@@ -97,12 +97,16 @@ pub const VARS: &[Var] = &[
     var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", With("CONFIG_TYPE")),
     var("USE_DOG_STATSD", "false", Ignored { matching: FALSE, why: "no DogStatsD: /metrics" }),
     var("USE_DOG_STATSD_MOGRIFIERS", "", With("USE_DOG_STATSD")),
-    var("USE_STATSD", "true", Ignored { matching: FALSE, why: "no statsd: the same statistics on /metrics" }),
+    var(
+        "USE_STATSD",
+        "true",
+        Served("--rls-statsd STATSD_HOST:STATSD_PORT (over UDP), --rls-statsd-tags, --rls-statsd-flush-interval-ms"),
+    ),
     var("STATSD_HOST", "localhost", With("USE_STATSD")),
     var("STATSD_PORT", "8125", With("USE_STATSD")),
-    var("EXTRA_TAGS", "", Ignored { matching: &[""], why: "no extra tags on /metrics" }),
+    var("EXTRA_TAGS", "", With("USE_STATSD")),
     var("STATS_FLUSH_INTERVAL", "10s", With("USE_STATSD")),
-    var("DISABLE_STATS", "false", Ignored { matching: FALSE, why: "/metrics is always served" }),
+    var("DISABLE_STATS", "false", Ignored { matching: FALSE, why: "/metrics is always served (statsd is not sent)" }),
     var(
         "USE_PROMETHEUS",
         "false",
@@ -309,6 +313,30 @@ fn one_of(name: &str, value: &str, values: &[&str]) -> bool {
     })
 }
 
+/// A Go duration (`time.ParseDuration`: `10s`, `1m30s`, `1.5h`, `250ms`).
+pub fn go_duration(text: &str) -> Result<std::time::Duration, String> {
+    const UNITS: [(&str, f64); 7] =
+        [("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0)];
+    let bad = || format!("'{text}': a duration such as 10s, 1m30s or 500ms");
+    let mut rest = text;
+    let mut seconds = 0.0;
+    match rest {
+        "0" => return Ok(std::time::Duration::ZERO),
+        "" => return Err(bad()),
+        _ => {}
+    }
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
+        rest = &rest[number_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let (_, scale) = UNITS.iter().find(|(u, _)| *u == &rest[..unit_end]).ok_or_else(bad)?;
+        seconds += number * scale;
+        rest = &rest[unit_end..];
+    }
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+}
+
 /// `host:port`, with an IPv6 host bracketed.
 fn host_port(host: &str, port: &str) -> String {
     if host.contains(':') && !host.starts_with('[') {
@@ -423,6 +451,17 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     out.flag("--metrics", host_port(&value("HOST"), &value("PORT")));
+    if enabled("USE_STATSD")? && !enabled("DISABLE_STATS")? {
+        out.flag("--rls-statsd", host_port(&value("STATSD_HOST"), &value("STATSD_PORT")));
+        let tags = value("EXTRA_TAGS");
+        if !tags.is_empty() {
+            crate::rls::statsd::tag_suffix(&tags).map_err(|e| format!("EXTRA_TAGS={tags}: {e}"))?;
+            out.flag("--rls-statsd-tags", tags);
+        }
+        let interval = value("STATS_FLUSH_INTERVAL");
+        let ms = go_duration(&interval).map_err(|e| format!("STATS_FLUSH_INTERVAL={interval}: {e}"))?.as_millis();
+        out.flag("--rls-statsd-flush-interval-ms", ms.max(1).to_string());
+    }
     if enabled("USE_PROMETHEUS")? {
         let address = value("PROMETHEUS_ADDR");
         let address = if address.starts_with(':') { format!("0.0.0.0{address}") } else { address };
@@ -713,6 +752,39 @@ mod tests {
         let t = translate(&env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"), ("QUOTA_MODE", "1")])).unwrap();
         assert!(flag(&t, "--rls-stop-increment-when-overlimit").is_some() && flag(&t, "--rls-quota-mode").is_some());
         assert!(t.warning().is_none());
+    }
+
+    #[test]
+    fn statsd_as_upstream_sends_it() {
+        // On by default, as upstream (USE_STATSD=true, localhost:8125, 10s).
+        let t = translate(&env(&[])).unwrap();
+        assert_eq!(flag(&t, "--rls-statsd").unwrap(), "localhost:8125");
+        assert_eq!(flag(&t, "--rls-statsd-flush-interval-ms").unwrap(), "10000");
+        assert!(flag(&t, "--rls-statsd-tags").is_none());
+        let t = translate(&env(&[
+            ("STATSD_HOST", "::1"),
+            ("STATSD_PORT", "9125"),
+            ("EXTRA_TAGS", "zone:eu,app:rl"),
+            ("STATS_FLUSH_INTERVAL", "1m30s"),
+        ]))
+        .unwrap();
+        assert_eq!(flag(&t, "--rls-statsd").unwrap(), "[::1]:9125");
+        assert_eq!(flag(&t, "--rls-statsd-tags").unwrap(), "zone:eu,app:rl");
+        assert_eq!(flag(&t, "--rls-statsd-flush-interval-ms").unwrap(), "90000");
+        for off in [("USE_STATSD", "false"), ("DISABLE_STATS", "true")] {
+            assert!(flag(&translate(&env(&[off])).unwrap(), "--rls-statsd").is_none(), "{off:?}");
+        }
+        let e = translate(&env(&[("STATS_FLUSH_INTERVAL", "10")])).unwrap_err();
+        assert!(e.contains("STATS_FLUSH_INTERVAL=10"), "{e}");
+        assert!(translate(&env(&[("EXTRA_TAGS", "novalue")])).unwrap_err().contains("EXTRA_TAGS"));
+        assert_eq!(go_duration("250ms").unwrap(), std::time::Duration::from_millis(250));
+        assert_eq!(go_duration("1.5h").unwrap(), std::time::Duration::from_secs(5400));
+        assert!(
+            go_duration("0").is_ok_and(|d| d.is_zero())
+                && go_duration("").is_err()
+                && go_duration("s").is_err()
+                && go_duration("1d").is_err()
+        );
     }
 
     #[test]

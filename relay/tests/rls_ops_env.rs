@@ -1,0 +1,112 @@
+//! envoyproxy/ratelimit's operational variables, rl-relay started as
+//! `/bin/ratelimit` with them (no argument): USE_STATSD into a statsd
+//! socket of the test. Real Redis with the module, real gRPC clients, a
+//! real process.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+use common::rls::{ask, config_folder, request, start_bare, OK, OVER_LIMIT};
+use testkit::Server;
+
+const CONFIG: &str =
+    "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
+
+/// The statsd lines received on `socket` until `enough` says the sums
+/// are there (20 s at most), then for `settle` more: name -> (sum of its
+/// counter values, lines), and the timer lines.
+fn statsd_lines(
+    socket: &UdpSocket,
+    enough: impl Fn(&HashMap<String, (u64, u64)>) -> bool,
+    settle: Duration,
+) -> (HashMap<String, (u64, u64)>, Vec<String>) {
+    socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut counters: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut timers = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut settled: Option<Instant> = None;
+    let mut buf = [0u8; 65536];
+    loop {
+        if let Ok(n) = socket.recv(&mut buf) {
+            for line in std::str::from_utf8(&buf[..n]).unwrap().lines().filter(|l| !l.is_empty()) {
+                let (name, rest) = line.split_once(':').unwrap_or_else(|| panic!("not a statsd line: {line}"));
+                match rest.split_once('|') {
+                    Some((value, "c")) => {
+                        let entry = counters.entry(name.to_string()).or_default();
+                        entry.0 += value.parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+                        entry.1 += 1;
+                    }
+                    Some((_, "ms")) => timers.push(line.to_string()),
+                    _ => panic!("not a counter nor a timer: {line}"),
+                }
+            }
+        }
+        match settled {
+            Some(at) if Instant::now() >= at => return (counters, timers),
+            Some(_) => {}
+            None if enough(&counters) => settled = Some(Instant::now() + settle),
+            None => assert!(Instant::now() < deadline, "statsd lines never complete: {counters:?} {timers:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn use_statsd_sends_upstreams_names_with_exact_counts() {
+    let redis = Server::start(&[]);
+    let root = config_folder(Some(CONFIG));
+    let statsd = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut bare = start_bare(
+        root.path(),
+        &[
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("USE_STATSD", "true".into()),
+            ("STATSD_HOST", "127.0.0.1".into()),
+            ("STATSD_PORT", statsd.local_addr().unwrap().port().to_string()),
+            ("EXTRA_TAGS", "zone:eu.1".into()),
+            ("STATS_FLUSH_INTERVAL", "100ms".into()),
+        ],
+    );
+    let mut client = bare.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(ask(&mut client, request("edge", &[&[("user", "ann")]])).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER_LIMIT], "{}", bare.relay.log());
+    assert_eq!(ask(&mut client, request("nowhere", &[&[("user", "ann")]])).await.overall_code, OK);
+
+    let tag = ".__zone=eu_1";
+    let per_key = "ratelimit.service.rate_limit.edge.user";
+    let expected: HashMap<String, u64> = [
+        (format!("{per_key}.total_hits{tag}"), 3),
+        (format!("{per_key}.within_limit{tag}"), 2),
+        (format!("{per_key}.near_limit{tag}"), 1),
+        (format!("{per_key}.over_limit{tag}"), 1),
+        (format!("ratelimit.service.rate_limit.nowhere.domain_not_found{tag}"), 1),
+        (format!("ratelimit.service.config_load_success{tag}"), 1),
+        (format!("ratelimit_server.ShouldRateLimit.total_requests{tag}"), 4),
+    ]
+    .into_iter()
+    .collect();
+    let enough =
+        |got: &HashMap<String, (u64, u64)>| expected.iter().all(|(k, v)| got.get(k).is_some_and(|g| g.0 >= *v));
+    // Ten flushes more after the sums are there: nothing is sent twice.
+    let (counters, timers) = statsd_lines(&statsd, enough, Duration::from_secs(1));
+    let sums: HashMap<String, u64> = counters.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+    assert_eq!(sums, expected, "{}", bare.relay.log());
+    // A counter that did not move is not sent (shadow_mode, the errors).
+    assert!(!counters.keys().any(|k| k.contains("shadow_mode") || k.contains("error")), "{counters:?}");
+    // One response time per call, in whole ms, tagged.
+    assert_eq!(timers.len(), 4, "{timers:?}");
+    for t in &timers {
+        let value = t.strip_prefix(&format!("ratelimit_server.ShouldRateLimit.response_time{tag}:")).unwrap();
+        value.strip_suffix("|ms").unwrap().parse::<u64>().unwrap();
+    }
+    // /metrics stays, the same counts.
+    let (code, body) = common::rls::get(bare.health, "/metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"user\"} 1"), "{body}");
+    assert!(body.contains("rl_relay_rls_statsd_dropped_total 0"), "{body}");
+}
