@@ -10,6 +10,7 @@ use rl_relay::limits::Limits;
 use rl_relay::logging::{line, redact};
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
+use rl_relay::rls::socket::Listener;
 use rl_relay::rls::{upstream_env, Rls};
 use rl_relay::upstream::Upstream;
 use tokio::net::TcpListener;
@@ -114,7 +115,8 @@ struct Args {
 /// The RLS front (Envoy's rate limit service, relay/README.md "Behind Envoy").
 #[derive(clap::Args, Debug)]
 struct RlsArgs {
-    /// Serve Envoy's rate limit service (gRPC) on this address.
+    /// Serve Envoy's rate limit service (gRPC) on this address (HOST:PORT), or on a Unix socket
+    /// (unix:PATH, envoyproxy/ratelimit's GRPC_UDS).
     #[arg(long, requires = "rls_config")]
     rls_listen: Option<String>,
     /// envoyproxy/ratelimit's config: a YAML file, or a directory of them (watched).
@@ -309,7 +311,7 @@ const MAX_TOKEN_BYTES: usize = 64 << 10;
 
 /// The RLS front and its listener, when asked for: a config that cannot be
 /// read refuses to start.
-async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, TcpListener)>, String> {
+async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, Listener)>, String> {
     let (Some(address), Some(path)) = (&args.rls.rls_listen, &args.rls.rls_config) else { return Ok(None) };
     let token = match &args.rls.rls_token_file {
         Some(file) => {
@@ -375,7 +377,7 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         }
         Err(e) => return Err(format!("--rls-config: {e}")),
     };
-    let listener = TcpListener::bind(address).await.map_err(|e| format!("--rls-listen {address}: {e}"))?;
+    let listener = Listener::bind(address).await?;
     Ok(Some((Arc::new(Rls::new(relay.clone(), args.cluster, config, options)), listener)))
 }
 

@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit's operational variables, rl-relay started as
 //! `/bin/ratelimit` with them (no argument): USE_STATSD into a statsd
-//! socket of the test. Real Redis with the module, real gRPC clients, a
-//! real process.
+//! socket of the test, GRPC_UDS. Real Redis with the module, real gRPC
+//! clients, a real process.
 
 mod common;
 
@@ -109,4 +109,37 @@ async fn use_statsd_sends_upstreams_names_with_exact_counts() {
     assert_eq!(code, 200);
     assert!(body.contains("ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"user\"} 1"), "{body}");
     assert!(body.contains("rl_relay_rls_statsd_dropped_total 0"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_uds_serves_the_envoy_front_on_a_unix_socket() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let redis = Server::start(&[]);
+    let root = config_folder(Some(CONFIG));
+    let socket = root.path().join("rls.sock");
+    let mut bare = start_bare(
+        root.path(),
+        &[("REDIS_URL", format!("127.0.0.1:{}", redis.port)), ("GRPC_UDS", socket.display().to_string())],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let channel = loop {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("unix:{}", socket.display())).unwrap();
+        match endpoint.connect().await {
+            Ok(channel) => break channel,
+            Err(e) => {
+                assert!(bare.relay.alive(), "rl-relay exited: {}", bare.relay.log());
+                assert!(Instant::now() < deadline, "no Unix socket: {e}: {}", bare.relay.log());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut client = RateLimitServiceClient::new(channel);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(ask(&mut client, request("edge", &[&[("user", "ann")]])).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER_LIMIT], "{}", bare.relay.log());
+    // GRPC_UDS instead of GRPC_HOST:GRPC_PORT, as upstream.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", bare.grpc)).is_err());
+    assert!(bare.relay.log().contains(&format!("RLS listening on unix:{}", socket.display())), "{}", bare.relay.log());
 }

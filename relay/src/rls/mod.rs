@@ -16,6 +16,7 @@
 //! statsd.rs    the same sent to statsd (USE_STATSD)
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
+//! socket.rs    its TCP or Unix socket (GRPC_UDS)
 //! tls.rs       its TLS and mutual TLS
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
@@ -28,6 +29,7 @@ pub mod keys;
 pub mod serve;
 pub mod service;
 pub mod slots;
+pub mod socket;
 pub mod stats;
 pub mod statsd;
 pub mod tls;

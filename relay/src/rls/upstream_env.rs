@@ -54,7 +54,7 @@ pub const VARS: &[Var] = &[
     var("PORT", "8080", Served("--metrics HOST:PORT")),
     var("DEBUG_HOST", "0.0.0.0", With("DEBUG_PORT")),
     var("DEBUG_PORT", "6070", Ignored { matching: &[], why: "no debug port (pprof, /stats, /rlconfig): /metrics" }),
-    var("GRPC_UDS", "", Refused { allowed: &[""], why: "the Envoy front listens on TCP only (GRPC_HOST:GRPC_PORT)" }),
+    var("GRPC_UDS", "", Served("--rls-listen unix:GRPC_UDS (instead of GRPC_HOST:GRPC_PORT)")),
     var("GRPC_HOST", "0.0.0.0", Served("--rls-listen GRPC_HOST:GRPC_PORT")),
     var("GRPC_PORT", "8081", Served("--rls-listen GRPC_HOST:GRPC_PORT")),
     var("GRPC_MAX_CONNECTION_AGE", "24h", Ignored { matching: &[], why: "connections live until closed" }),
@@ -434,7 +434,10 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
 
-    out.flag("--rls-listen", host_port(&value("GRPC_HOST"), &value("GRPC_PORT")));
+    match set("GRPC_UDS") {
+        Some(path) => out.flag("--rls-listen", format!("unix:{path}")),
+        None => out.flag("--rls-listen", host_port(&value("GRPC_HOST"), &value("GRPC_PORT"))),
+    }
     if enabled("GRPC_SERVER_USE_TLS")? {
         let (cert, key) = (value("GRPC_SERVER_TLS_CERT"), value("GRPC_SERVER_TLS_KEY"));
         if cert.is_empty() || key.is_empty() {
@@ -744,6 +747,8 @@ mod tests {
         assert!(translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).is_err(), "no certificate");
         assert!(translate(&env(&[("REDIS_TLS", "0")])).is_ok());
         assert!(translate(&env(&[("BACKEND_TYPE", "memcache")])).is_err());
+        let t = translate(&env(&[("GRPC_UDS", "/run/rls.sock")])).unwrap();
+        assert_eq!(flag(&t, "--rls-listen").unwrap(), "unix:/run/rls.sock");
         let t = translate(&env(&[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071"), ("USE_STATSD", "F")])).unwrap();
         let warning = t.warning().unwrap();
         assert!(warning.contains("TRACING_ENABLED") && warning.contains("DEBUG_PORT"), "{warning}");
