@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use rl_relay::auth::{self, Credentials};
 use rl_relay::limits::Limits;
-use rl_relay::logging::{line, redact};
+use rl_relay::logging::{self, line, redact};
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
 use rl_relay::rls::socket::Listener;
@@ -108,6 +108,13 @@ struct Args {
     /// PROMETHEUS_ADDR).
     #[arg(long)]
     prometheus_listen: Option<String>,
+    /// Log lines as text, or json: one object a line as envoyproxy/ratelimit's LOG_FORMAT=json writes them.
+    #[arg(long, default_value = "text")]
+    log_format: String,
+    /// error (or panic, fatal): only the lines of errors that end the process; warn, info, debug, trace: every
+    /// line (envoyproxy/ratelimit's LOG_LEVEL).
+    #[arg(long, default_value = "warn")]
+    log_level: String,
     #[command(flatten)]
     rls: RlsArgs,
 }
@@ -199,38 +206,45 @@ fn near_limit_ratio(text: &str) -> Result<f64, String> {
 
 #[tokio::main]
 async fn main() {
-    let args = match parse() {
-        Ok(args) => args,
+    let (args, warning) = match parse() {
+        Ok(parsed) => parsed,
         Err(e) => {
-            line(e);
+            logging::error(e);
             std::process::exit(2);
         }
     };
+    if let Err(e) = logging::configure(&args.log_format, &args.log_level) {
+        logging::error(format_args!("--log-format/--log-level: {e}"));
+        std::process::exit(2);
+    }
+    if let Some(warning) = warning {
+        line(warning);
+    }
     if let Err(e) = run(args).await {
-        line(e);
+        logging::error(e);
         std::process::exit(2);
     }
 }
 
 /// The command line; with no argument or `--envoyproxy-env`, after the
 /// flags envoyproxy/ratelimit's environment comes to (the command line's
-/// own win), its variables set and not served named in a warning.
-fn parse() -> Result<Args, String> {
+/// own win), and the warning naming its variables set and not served.
+fn parse() -> Result<(Args, Option<String>), String> {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let given = &argv[1.min(argv.len())..];
     if !given.is_empty() && !given.iter().any(|a| a == "--envoyproxy-env") {
-        return Ok(Args::parse());
+        return Ok((Args::parse(), None));
     }
+    // Its refusal written as LOG_FORMAT asks, when it can be read.
+    let variable = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let _ = logging::configure(&variable("LOG_FORMAT").unwrap_or("text".into()), "warn");
     let translated = upstream_env::translate(&|name| std::env::var(name).ok())?;
-    if let Some(warning) = translated.warning() {
-        line(warning);
-    }
     let names: Vec<String> = given.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let program = argv.first().cloned().unwrap_or_else(|| "rl-relay".into());
     let mut words: Vec<std::ffi::OsString> = vec![program, "--envoyproxy-env".into()];
     words.extend(translated.args(&names).into_iter().map(Into::into));
     words.extend(given.iter().cloned());
-    Ok(Args::parse_from(words))
+    Ok((Args::parse_from(words), translated.warning()))
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -289,7 +303,7 @@ async fn run(args: Args) -> Result<(), String> {
     if let Some((rls, listener)) = rls {
         tokio::spawn(async move {
             if let Err(e) = rl_relay::rls::serve::serve(rls, listener).await {
-                line(e);
+                logging::error(e);
                 std::process::exit(2);
             }
         });

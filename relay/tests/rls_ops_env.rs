@@ -1,7 +1,7 @@
 //! envoyproxy/ratelimit's operational variables, rl-relay started as
 //! `/bin/ratelimit` with them (no argument): USE_STATSD into a statsd
-//! socket of the test, GRPC_UDS. Real Redis with the module, real gRPC
-//! clients, a real process.
+//! socket of the test, GRPC_UDS, LOG_FORMAT=json. Real Redis with the
+//! module, real gRPC clients, a real process.
 
 mod common;
 
@@ -142,4 +142,67 @@ async fn grpc_uds_serves_the_envoy_front_on_a_unix_socket() {
     // GRPC_UDS instead of GRPC_HOST:GRPC_PORT, as upstream.
     assert!(std::net::TcpStream::connect(("127.0.0.1", bare.grpc)).is_err());
     assert!(bare.relay.log().contains(&format!("RLS listening on unix:{}", socket.display())), "{}", bare.relay.log());
+}
+
+/// Every line of `log` parsed as JSON: one object of upstream's three
+/// fields (logrus's, as its LOG_FORMAT=json names them).
+fn json_lines(log: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    assert!(!log.is_empty());
+    log.lines()
+        .map(|line| {
+            let value: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let object = value.as_object().unwrap_or_else(|| panic!("not an object: {line}")).clone();
+            let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+            assert_eq!(keys, ["@message", "@timestamp", "level"], "{line}");
+            let at = object["@timestamp"].as_str().unwrap();
+            humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{at}: {e}"));
+            object
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_format_json_writes_one_object_a_line() {
+    let redis = Server::start(&[]);
+    let root = config_folder(Some(CONFIG));
+    let url = ("REDIS_URL", format!("127.0.0.1:{}", redis.port));
+    let json = ("LOG_FORMAT", "json".to_string());
+    let mut bare = start_bare(root.path(), &[url.clone(), json.clone(), ("TRACING_ENABLED", "true".into())]);
+    let mut client = bare.client().await;
+    assert_eq!(ask(&mut client, request("edge", &[&[("user", "ann")]])).await.overall_code, OK);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !bare.relay.log().contains("RLS listening") {
+        assert!(Instant::now() < deadline, "{}", bare.relay.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lines = json_lines(&bare.relay.log());
+    let message = |needle: &str| {
+        lines
+            .iter()
+            .find(|o| o["@message"].as_str().unwrap().contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle}: {lines:?}"))
+    };
+    assert_eq!(message("TRACING_ENABLED")["level"], "warning");
+    assert_eq!(message("RLS listening on 127.0.0.1:")["level"], "warning");
+
+    // A refused start: its reason as an error object.
+    let mut refused = start_bare(root.path(), &[url.clone(), json.clone(), ("BACKEND_TYPE", "memcache".into())]);
+    assert_eq!(refused.relay.exit_code(), Some(2));
+    let lines = json_lines(&refused.relay.log());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["level"], "error");
+    assert!(lines[0]["@message"].as_str().unwrap().contains("BACKEND_TYPE=memcache"), "{lines:?}");
+
+    // LOG_LEVEL=error: the warnings are not written; a level logrus cannot read refuses the start.
+    let mut quiet = start_bare(
+        root.path(),
+        &[url.clone(), json, ("TRACING_ENABLED", "true".into()), ("LOG_LEVEL", "error".into())],
+    );
+    let mut client = quiet.client().await;
+    assert_eq!(ask(&mut client, request("edge", &[&[("user", "bob")]])).await.overall_code, OK);
+    assert_eq!(quiet.relay.log(), "");
+    let mut loud = start_bare(root.path(), &[url, ("LOG_LEVEL", "loud".into())]);
+    assert_eq!(loud.relay.exit_code(), Some(2));
+    assert!(loud.relay.log().contains("LOG_LEVEL=loud"), "{}", loud.relay.log());
 }

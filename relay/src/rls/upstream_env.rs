@@ -68,8 +68,14 @@ pub const VARS: &[Var] = &[
     var("GRPC_SERVER_TLS_KEY", "", With("GRPC_SERVER_USE_TLS")),
     var("GRPC_CLIENT_TLS_CACERT", "", With("GRPC_SERVER_USE_TLS")),
     var("GRPC_CLIENT_TLS_SAN", "", With("GRPC_SERVER_USE_TLS")),
-    var("LOG_LEVEL", "WARN", Differently("every line is a warning or an error, each kind at most once per 10 s")),
-    var("LOG_FORMAT", "text", Ignored { matching: &["text"], why: "lines are text" }),
+    var(
+        "LOG_LEVEL",
+        "WARN",
+        Differently(
+            "--log-level: every line is a warning or an error (each kind at most once per 10 s); ERROR keeps the errors",
+        ),
+    ),
+    var("LOG_FORMAT", "text", Served("--log-format text|json (@message, @timestamp, level)")),
     var(
         "CONFIG_TYPE",
         "FILE",
@@ -454,6 +460,16 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     out.flag("--metrics", host_port(&value("HOST"), &value("PORT")));
+    // Upstream writes text for any LOG_FORMAT but json; it refuses a LOG_LEVEL logrus cannot read.
+    let level = value("LOG_LEVEL");
+    crate::logging::settings("text", &level).map_err(|e| format!("LOG_LEVEL={level}: {e}"))?;
+    out.flag("--log-level", level);
+    let format = value("LOG_FORMAT");
+    let json = format.eq_ignore_ascii_case("json");
+    if !json && !format.eq_ignore_ascii_case("text") {
+        out.not_served.push(format!("LOG_FORMAT={format} (text or json: lines are text, as upstream writes them)"));
+    }
+    out.flag("--log-format", if json { "json" } else { "text" });
     if enabled("USE_STATSD")? && !enabled("DISABLE_STATS")? {
         out.flag("--rls-statsd", host_port(&value("STATSD_HOST"), &value("STATSD_PORT")));
         let tags = value("EXTRA_TAGS");
@@ -747,6 +763,15 @@ mod tests {
         assert!(translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).is_err(), "no certificate");
         assert!(translate(&env(&[("REDIS_TLS", "0")])).is_ok());
         assert!(translate(&env(&[("BACKEND_TYPE", "memcache")])).is_err());
+        let t = translate(&env(&[("LOG_FORMAT", "JSON"), ("LOG_LEVEL", "Error")])).unwrap();
+        assert_eq!(
+            (flag(&t, "--log-format").unwrap(), flag(&t, "--log-level").unwrap()),
+            ("json".into(), "Error".into())
+        );
+        let t = translate(&env(&[("LOG_FORMAT", "logfmt")])).unwrap();
+        assert_eq!(flag(&t, "--log-format").unwrap(), "text");
+        assert!(t.warning().unwrap().contains("LOG_FORMAT=logfmt"));
+        assert!(translate(&env(&[("LOG_LEVEL", "loud")])).unwrap_err().contains("LOG_LEVEL=loud"));
         let t = translate(&env(&[("GRPC_UDS", "/run/rls.sock")])).unwrap();
         assert_eq!(flag(&t, "--rls-listen").unwrap(), "unix:/run/rls.sock");
         let t = translate(&env(&[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071"), ("USE_STATSD", "F")])).unwrap();
