@@ -8,6 +8,7 @@ use clap::Parser;
 use rl_relay::auth::{self, Credentials};
 use rl_relay::limits::Limits;
 use rl_relay::logging::{self, line, redact};
+use rl_relay::operator_endpoint::Pages;
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
 use rl_relay::rls::socket::Listener;
@@ -108,6 +109,11 @@ struct Args {
     /// PROMETHEUS_ADDR).
     #[arg(long)]
     prometheus_listen: Option<String>,
+    /// Serve the debug port here: /rlconfig, the RLS config in force as envoyproxy/ratelimit prints it
+    /// (DEBUG_HOST:DEBUG_PORT). For operators: it shows the config's descriptor values. An address it
+    /// cannot bind is logged and the relay serves without it, as upstream.
+    #[arg(long)]
+    debug_listen: Option<String>,
     /// Log lines as text, or json: one object a line as envoyproxy/ratelimit's LOG_FORMAT=json writes them.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -298,7 +304,17 @@ async fn run(args: Args) -> Result<(), String> {
     for (flag, address) in [("--metrics", &args.metrics), ("--prometheus-listen", &args.prometheus_listen)] {
         let Some(address) = address else { continue };
         let metrics = TcpListener::bind(address).await.map_err(|e| format!("{flag} {address}: {e}"))?;
-        tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), metrics, rls.as_ref().map(|(r, _)| r.clone())));
+        let front = rls.as_ref().map(|(r, _)| r.clone());
+        tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), metrics, front, Pages::Operator));
+    }
+    if let Some(address) = &args.debug_listen {
+        match TcpListener::bind(address).await {
+            Ok(debug) => {
+                let front = rls.as_ref().map(|(r, _)| r.clone());
+                tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), debug, front, Pages::Debug));
+            }
+            Err(e) => line(format_args!("--debug-listen {address}: {e}: serving without the debug port")),
+        }
     }
     if let Some((rls, listener)) = rls {
         tokio::spawn(async move {

@@ -1,7 +1,8 @@
 //! envoyproxy/ratelimit's operational variables, rl-relay started as
 //! `/bin/ratelimit` with them (no argument): USE_STATSD into a statsd
-//! socket of the test, GRPC_UDS, LOG_FORMAT=json. Real Redis with the
-//! module, real gRPC clients, a real process.
+//! socket of the test, GRPC_UDS, LOG_FORMAT=json and the debug port's
+//! /rlconfig. Real Redis with the module, real gRPC clients, a real
+//! process.
 
 mod common;
 
@@ -205,4 +206,41 @@ async fn log_format_json_writes_one_object_a_line() {
     let mut loud = start_bare(root.path(), &[url, ("LOG_LEVEL", "loud".into())]);
     assert_eq!(loud.relay.exit_code(), Some(2));
     assert!(loud.relay.log().contains("LOG_LEVEL=loud"), "{}", loud.relay.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_port_prints_the_config_in_force_as_upstream() {
+    use common::rls::get;
+    let redis = Server::start(&[]);
+    let root = config_folder(Some(CONFIG));
+    let debug = testkit::free_port();
+    let mut bare = start_bare(
+        root.path(),
+        &[("REDIS_URL", format!("127.0.0.1:{}", redis.port)), ("DEBUG_PORT", debug.to_string())],
+    );
+    bare.listening();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let line = "edge.user: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n";
+    while get(debug, "/rlconfig") != (200, line.to_string()) {
+        assert!(Instant::now() < deadline, "{:?}: {}", get(debug, "/rlconfig"), bare.relay.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        get(debug, "/"),
+        (200, "/rlconfig: print out the currently loaded configuration for debugging\n".into())
+    );
+    let (code, body) = get(debug, "/debug/pprof/profile");
+    assert_eq!(code, 404);
+    assert!(body.contains("not served") && body.contains("/metrics"), "{body}");
+    // The operator pages stay on PORT, not here.
+    assert_eq!(get(debug, "/metrics").0, 404);
+    assert_eq!(get(bare.health, "/rlconfig").0, 404);
+    // A reload shows.
+    let text = CONFIG.replace("requests_per_unit: 2", "requests_per_unit: 3");
+    std::fs::write(root.path().join("ratelimit/config/config.yaml"), text).unwrap();
+    let reloaded = line.replace("=2,", "=3,");
+    while get(debug, "/rlconfig").1 != reloaded {
+        assert!(Instant::now() < deadline + Duration::from_secs(10), "{:?}", get(debug, "/rlconfig"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -52,8 +52,8 @@ const fn var(name: &'static str, default: &'static str, how: How) -> Var {
 pub const VARS: &[Var] = &[
     var("HOST", "0.0.0.0", Served("--metrics HOST:PORT (/healthcheck, /metrics, /ready, /live)")),
     var("PORT", "8080", Served("--metrics HOST:PORT")),
-    var("DEBUG_HOST", "0.0.0.0", With("DEBUG_PORT")),
-    var("DEBUG_PORT", "6070", Ignored { matching: &[], why: "no debug port (pprof, /stats, /rlconfig): /metrics" }),
+    var("DEBUG_HOST", "0.0.0.0", Differently("127.0.0.1 unless set (/rlconfig shows the config's values)")),
+    var("DEBUG_PORT", "6070", Served("--debug-listen DEBUG_HOST:DEBUG_PORT (/rlconfig; no pprof, no /stats)")),
     var("GRPC_UDS", "", Served("--rls-listen unix:GRPC_UDS (instead of GRPC_HOST:GRPC_PORT)")),
     var("GRPC_HOST", "0.0.0.0", Served("--rls-listen GRPC_HOST:GRPC_PORT")),
     var("GRPC_PORT", "8081", Served("--rls-listen GRPC_HOST:GRPC_PORT")),
@@ -460,6 +460,9 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     out.flag("--metrics", host_port(&value("HOST"), &value("PORT")));
+    // Loopback unless DEBUG_HOST is set: /rlconfig shows the config's descriptor values.
+    let debug_host = set("DEBUG_HOST").unwrap_or_else(|| "127.0.0.1".into());
+    out.flag("--debug-listen", host_port(&debug_host, &value("DEBUG_PORT")));
     // Upstream writes text for any LOG_FORMAT but json; it refuses a LOG_LEVEL logrus cannot read.
     let level = value("LOG_LEVEL");
     crate::logging::settings("text", &level).map_err(|e| format!("LOG_LEVEL={level}: {e}"))?;
@@ -676,6 +679,7 @@ mod tests {
         let t = translate(&env(&[])).unwrap();
         assert_eq!(flag(&t, "--rls-listen").unwrap(), "0.0.0.0:8081");
         assert_eq!(flag(&t, "--metrics").unwrap(), "0.0.0.0:8080");
+        assert_eq!(flag(&t, "--debug-listen").unwrap(), "127.0.0.1:6070");
         assert_eq!(flag(&t, "--rls-config").unwrap(), "/srv/runtime_data/current/config");
         assert_eq!(flag(&t, "--redis").unwrap(), "redis+unix:///var/run/nutcracker/ratelimit.sock");
         assert_eq!(flag(&t, "--rls-headers").unwrap(), "off");
@@ -775,8 +779,9 @@ mod tests {
         let t = translate(&env(&[("GRPC_UDS", "/run/rls.sock")])).unwrap();
         assert_eq!(flag(&t, "--rls-listen").unwrap(), "unix:/run/rls.sock");
         let t = translate(&env(&[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071"), ("USE_STATSD", "F")])).unwrap();
+        assert_eq!(flag(&t, "--debug-listen").unwrap(), "127.0.0.1:6071");
         let warning = t.warning().unwrap();
-        assert!(warning.contains("TRACING_ENABLED") && warning.contains("DEBUG_PORT"), "{warning}");
+        assert!(warning.contains("TRACING_ENABLED") && !warning.contains("DEBUG_PORT"), "{warning}");
         assert!(!warning.contains("USE_STATSD"), "{warning}");
         assert!(translate(&env(&[("SHADOW_MODE", "maybe")])).is_err());
         let t = translate(&env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"), ("QUOTA_MODE", "1")])).unwrap();
