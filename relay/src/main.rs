@@ -195,6 +195,10 @@ struct RlsArgs {
     /// names (its USE_STATSD, STATSD_HOST, STATSD_PORT); /metrics stays.
     #[arg(long)]
     rls_statsd: Option<String>,
+    /// On SIGTERM (or SIGINT): the longest wait for the calls in flight and the Redis calls they started
+    /// (refunds) before the relay exits 0; meanwhile it is not ready and accepts no connection.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    rls_drain_timeout_ms: u64,
     /// With --rls-statsd: tags in every name as key:value,key:value (envoyproxy/ratelimit's EXTRA_TAGS).
     #[arg(long, default_value = "", requires = "rls_statsd")]
     rls_statsd_tags: String,
@@ -254,6 +258,7 @@ fn parse() -> Result<(Args, Option<String>), String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    let signals = termination()?;
     let credentials = Credentials::load(args.auth_file.as_deref(), std::env::var(auth::ENV).ok())?;
     let urls: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
     let timeout = Duration::from_millis(args.timeout_ms);
@@ -316,24 +321,86 @@ async fn run(args: Args) -> Result<(), String> {
             Err(e) => line(format_args!("--debug-listen {address}: {e}: serving without the debug port")),
         }
     }
-    if let Some((rls, listener)) = rls {
-        tokio::spawn(async move {
-            if let Err(e) = rl_relay::rls::serve::serve(rls, listener).await {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let rls = rls.map(|(rls, listener)| {
+        let front = rls.clone();
+        let task = tokio::spawn(async move {
+            let mut stopped = stopped;
+            let stop = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = rl_relay::rls::serve::serve(front, listener, stop).await {
                 logging::error(e);
                 std::process::exit(2);
             }
         });
-    }
+        (rls, task)
+    });
     tokio::spawn(relay.clone().probe_forever(probe));
-    let Some(listener) = listener else {
-        line(format_args!("serving the Envoy front only, for {}", urls.join(" ")));
-        return std::future::pending().await;
-    };
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
-    line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
-    rl_relay::resp::serve(relay, listener, fence).await;
+    match listener {
+        Some(listener) => {
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
+            let max = limits.max_clients;
+            line(format_args!("listening on {local} for {}, {auth}, at most {max} clients", urls.join(" ")));
+            tokio::spawn(rl_relay::resp::serve(relay, listener, fence));
+        }
+        None => line(format_args!("serving the Envoy front only, for {}", urls.join(" "))),
+    }
+    let signal = signals.await;
+    drain(signal, rls, stop, Duration::from_millis(args.rls.rls_drain_timeout_ms)).await;
     Ok(())
+}
+
+/// SIGTERM or SIGINT, once either comes (the handlers installed at once).
+fn termination() -> Result<impl std::future::Future<Output = &'static str>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM's handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT's handler: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
+}
+
+/// After `signal`, as envoyproxy/ratelimit (its health turns failed, its
+/// gRPC server stops gracefully): the Envoy front is not ready, accepts no
+/// connection, answers the calls in flight, and the Redis calls they
+/// started in the background (refunds) are answered, all within `bound`;
+/// then the process exits 0. The RESP front's connections end with it.
+async fn drain(
+    signal: &str,
+    rls: Option<(Arc<Rls>, tokio::task::JoinHandle<()>)>,
+    stop: tokio::sync::watch::Sender<bool>,
+    bound: Duration,
+) {
+    let Some((rls, task)) = rls else {
+        line(format_args!("{signal}: exiting"));
+        return;
+    };
+    let ms = bound.as_millis();
+    line(format_args!(
+        "{signal}: draining the Envoy front: not ready, no new connection, the calls in flight answered (at most \
+         {ms} ms, --rls-drain-timeout-ms)"
+    ));
+    rls.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = stop.send(true);
+    let deadline = tokio::time::Instant::now() + bound;
+    let answered = tokio::time::timeout_at(deadline, task).await.is_ok();
+    let background = || rls.engine.background.load(std::sync::atomic::Ordering::Relaxed);
+    while background() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match (answered, background()) {
+        (true, 0) => line(format_args!("{signal}: drained, exiting")),
+        (answered, left) => line(format_args!(
+            "{signal}: {ms} ms passed (--rls-drain-timeout-ms): exiting with {}{left} background Redis calls \
+             (refunds, leases) unanswered",
+            if answered { "" } else { "calls still in flight, and " }
+        )),
+    }
 }
 
 /// The largest `--rls-token-file`: a token is a line, never megabytes.

@@ -1,8 +1,8 @@
 //! envoyproxy/ratelimit's operational variables, rl-relay started as
 //! `/bin/ratelimit` with them (no argument): USE_STATSD into a statsd
-//! socket of the test, GRPC_UDS, LOG_FORMAT=json and the debug port's
-//! /rlconfig. Real Redis with the module, real gRPC clients, a real
-//! process.
+//! socket of the test, GRPC_UDS, LOG_FORMAT=json, the debug port's
+//! /rlconfig, and SIGTERM's drain. Real Redis with the module, real
+//! gRPC clients, a real process.
 
 mod common;
 
@@ -243,4 +243,87 @@ async fn the_debug_port_prints_the_config_in_force_as_upstream() {
         assert!(Instant::now() < deadline + Duration::from_secs(10), "{:?}", get(debug, "/rlconfig"));
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A relay on CONFIG with `extra` flags, a call of it in flight on Redis
+/// (writes paused for `pause_ms`: its window lease waits), then SIGTERM.
+/// Returns what must outlive the call (Redis, the config), the relay, the
+/// call, and whether /healthcheck said 500 while the relay drained.
+async fn sigterm_with_a_call_in_flight(pause_ms: u64, extra: &[&str]) -> Drained {
+    use common::rls::{config_file, RlsRelay};
+    let redis = Server::start(&[]);
+    let (dir, config) = config_file(CONFIG);
+    let mut args = vec!["--rls-timeout-ms", "30000"];
+    args.extend_from_slice(extra);
+    let mut relay = RlsRelay::start(&[redis.url()], false, &config, &args);
+    let mut client = relay.client().await;
+    // The connection up, no Redis call made (a domain no config names).
+    assert_eq!(ask(&mut client, request("nowhere", &[&[("user", "ann")]])).await.overall_code, OK);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while relay.get("/healthcheck").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready: {}", relay.relay.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let calls = "rl_relay_rls_redis_calls_total";
+    let before = relay.metric(calls);
+    // Writes paused (the health probe's PING and RL.PEEK still answered).
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(pause_ms).arg("WRITE").query(&mut redis.con()).unwrap();
+    let mut caller = client.clone();
+    let call = tokio::spawn(async move {
+        caller.should_rate_limit(request("edge", &[&[("user", "bob")]])).await.map(|r| r.into_inner().overall_code)
+    });
+    // In the relay: its window lease sent to Redis.
+    while relay.metric(calls) <= before {
+        assert!(Instant::now() < deadline, "the call never reached Redis: {}", relay.relay.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // SAFETY: a signal to the child process this test started.
+    assert_eq!(unsafe { libc::kill(relay.relay.pid() as i32, libc::SIGTERM) }, 0);
+    let mut unready = false;
+    while relay.relay.alive() && Instant::now() < deadline {
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", relay.metrics_port)) else { break };
+        use std::io::{Read, Write};
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = write!(s, "GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        if text.starts_with("HTTP/1.1 500") {
+            unready = true;
+            // No new connection on the Envoy front.
+            assert!(std::net::TcpStream::connect(("127.0.0.1", relay.rls_port)).is_err(), "{}", relay.relay.log());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Drained { _kept: (redis, dir), relay, call, unready }
+}
+
+struct Drained {
+    _kept: (Server, tempfile::TempDir),
+    relay: common::rls::RlsRelay,
+    call: tokio::task::JoinHandle<Result<i32, tonic::Status>>,
+    unready: bool,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_the_calls_in_flight_then_exits_0() {
+    // The relay waits for Redis longer than the pause.
+    let Drained { _kept, mut relay, call, unready } =
+        sigterm_with_a_call_in_flight(3000, &["--timeout-ms", "10000"]).await;
+    assert!(unready, "/healthcheck never said 500 while draining: {}", relay.relay.log());
+    // Answered by Redis once its writes resumed, within the drain.
+    assert_eq!(call.await.unwrap().unwrap(), OK, "{}", relay.relay.log());
+    assert_eq!(relay.relay.exit_code(), Some(0), "{}", relay.relay.log());
+    let log = relay.relay.log();
+    assert!(log.contains("SIGTERM: draining the Envoy front") && log.contains("SIGTERM: drained, exiting"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_0_at_the_drain_bound_with_a_call_still_in_flight() {
+    let Drained { _kept, mut relay, call, .. } =
+        sigterm_with_a_call_in_flight(8000, &["--rls-drain-timeout-ms", "300", "--timeout-ms", "10000"]).await;
+    assert_eq!(relay.relay.exit_code(), Some(0), "{}", relay.relay.log());
+    assert!(call.await.unwrap().is_err(), "the call cut by the exit");
+    let log = relay.relay.log();
+    assert!(log.contains("300 ms passed (--rls-drain-timeout-ms): exiting with calls still in flight"), "{log}");
 }

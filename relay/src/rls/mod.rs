@@ -117,6 +117,8 @@ pub struct Rls {
     pub stats: Stats,
     /// A descriptor of the config in force is in quota mode.
     quota_in_config: std::sync::atomic::AtomicBool,
+    /// SIGTERM came: not ready, calls in flight finishing (main.rs).
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl Rls {
@@ -133,6 +135,7 @@ impl Rls {
             options,
             stats,
             quota_in_config,
+            draining: false.into(),
         }
     }
 
@@ -152,9 +155,12 @@ impl Rls {
     }
 
     /// Ready: a config with a domain is in force (or any config, with
-    /// `ready_without_config`), and Redis answers the relay's probe.
+    /// `ready_without_config`), Redis answers the relay's probe, and no
+    /// SIGTERM came.
     pub fn ready(&self) -> bool {
-        (self.options.ready_without_config || !self.config().domains.is_empty()) && self.relay().health.ready()
+        !self.draining.load(std::sync::atomic::Ordering::Relaxed)
+            && (self.options.ready_without_config || !self.config().domains.is_empty())
+            && self.relay().health.ready()
     }
 
     /// Whether a call's metadata carries the token (when one is set).

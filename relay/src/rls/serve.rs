@@ -548,8 +548,10 @@ impl http_body::Body for Deadlined {
     }
 }
 
-/// Serves the RLS front on `listener` until the process ends.
-pub async fn serve(rls: Arc<Rls>, listener: Listener) -> Result<(), String> {
+/// Serves the RLS front on `listener` until `stop` completes; then accepts
+/// no more connections, and returns once the calls in flight are answered
+/// (hyper's graceful shutdown: GOAWAY to every connection).
+pub async fn serve(rls: Arc<Rls>, listener: Listener, stop: impl Future<Output = ()> + Send) -> Result<(), String> {
     let limits = rls.relay().limits;
     let (reporter, health) = tonic_health::server::health_reporter();
     let ready = rls.clone();
@@ -595,7 +597,7 @@ pub async fn serve(rls: Arc<Rls>, listener: Listener) -> Result<(), String> {
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(Gated { inner: health, front: front.clone() })
         .add_service(Gated { inner: service, front: front.clone() })
-        .serve_with_incoming(incoming(listener, slots, front))
+        .serve_with_incoming_shutdown(incoming(listener, slots, front), stop)
         .await
         .map_err(|e| format!("--rls-listen {local}: {e}"))
 }
