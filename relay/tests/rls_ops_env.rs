@@ -64,7 +64,7 @@ async fn use_statsd_sends_upstreams_names_with_exact_counts() {
         &[
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
             ("USE_STATSD", "true".into()),
-            ("STATSD_HOST", "127.0.0.1".into()),
+            ("STATSD_HOST", "localhost".into()),
             ("STATSD_PORT", statsd.local_addr().unwrap().port().to_string()),
             ("EXTRA_TAGS", "zone:eu.1".into()),
             ("STATS_FLUSH_INTERVAL", "100ms".into()),

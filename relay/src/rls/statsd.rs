@@ -89,12 +89,16 @@ pub fn tag_suffix(text: &str) -> Result<String, String> {
 }
 
 impl Statsd {
-    /// Sends to `target` (`host:port`, resolved once, as gostats does).
+    /// Sends to `target` (`host:port`, resolved once, as gostats does; an
+    /// IPv4 address first: `localhost` may name `::1` too, where a sidecar
+    /// listening on IPv4 only would never hear the lines).
     pub fn connect(target: &str, tags: &str, interval: Duration) -> Result<Statsd, String> {
-        let address = target
-            .to_socket_addrs()
-            .map_err(|e| format!("{target}: {e}"))?
-            .next()
+        let addresses: Vec<_> = target.to_socket_addrs().map_err(|e| format!("{target}: {e}"))?.collect();
+        let address = addresses
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addresses.first())
+            .copied()
             .ok_or_else(|| format!("{target}: no address"))?;
         let bind = if address.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
         let socket = UdpSocket::bind(bind).map_err(|e| format!("{target}: a UDP socket: {e}"))?;
