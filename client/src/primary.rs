@@ -27,6 +27,15 @@ pub fn is_wrong_server(e: &RedisError) -> bool {
 /// Calls in a row without an answer after which the connection is replaced
 /// (a server gone without closing it, a DNS name that moved).
 const TIMEOUTS_TO_RECONNECT: u32 = 3;
+/// How long a connection given up on for timeouts stays open for the calls
+/// already sent on it. A stalled Redis (a CLIENT PAUSE, a slow command)
+/// runs them when it goes on, but drops unrun the commands of a connection
+/// closed meanwhile; callers that timed out may have admitted from a
+/// fallback on the promise that Redis counts their calls later.
+const DRAIN_FOR: Duration = Duration::from_secs(30);
+/// Connections kept open that way at once, at most: a long outage gives one
+/// up every few timeouts.
+const MOST_DRAINING: u32 = 4;
 
 type Attempt = Shared<BoxFuture<'static, RedisResult<Arc<Live>>>>;
 pub(crate) type SwitchHook = Arc<dyn Fn(&ConnectionStatus) + Send + Sync>;
@@ -68,6 +77,9 @@ pub(crate) struct Primary {
     attempt: Mutex<Option<Attempt>>,
     generations: AtomicU64,
     timeouts: AtomicU32,
+    /// Connections given up on that stay open until their calls are
+    /// answered ([`DRAIN_FOR`]).
+    draining: Arc<AtomicU32>,
     /// The primary a fixed address named last: tried when the configured
     /// server cannot be reached.
     last_redirect: Mutex<Option<ConnectionInfo>>,
@@ -128,6 +140,7 @@ impl Primary {
             attempt: Mutex::new(None),
             generations: AtomicU64::new(0),
             timeouts: AtomicU32::new(0),
+            draining: Arc::new(AtomicU32::new(0)),
             last_redirect: Mutex::new(None),
             last_server: Mutex::new(None),
             switches: AtomicU64::new(0),
@@ -308,9 +321,30 @@ impl Primary {
 
     fn timed_out(&self, live: &Live) {
         if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_TO_RECONNECT && self.forget(live) {
+            self.drain(live);
             tracing::warn!(target: "rl_client", configured = %self.shown, server = %live.server,
                 "no answer to {TIMEOUTS_TO_RECONNECT} calls in a row: the next call connects again");
         }
+    }
+
+    /// Keeps `live` open until Redis has answered every call sent on it (a
+    /// PING's answer comes after theirs), [`DRAIN_FOR`] at most.
+    fn drain(&self, live: &Live) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if self.draining.fetch_add(1, Ordering::AcqRel) >= MOST_DRAINING {
+            self.draining.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(target: "rl_client", configured = %self.shown, server = %live.server,
+                "{MOST_DRAINING} connections already wait for a stalled Redis: this one is closed, and the calls it \
+                 sent may never run");
+            return;
+        }
+        let mut con = live.con.clone();
+        con.set_response_timeout(DRAIN_FOR);
+        let draining = self.draining.clone();
+        runtime.spawn(async move {
+            let _ = redis::cmd("PING").query_async::<()>(&mut con).await;
+            draining.fetch_sub(1, Ordering::AcqRel);
+        });
     }
 
     /// The sentinels name `address` as the master (empty: none answered).

@@ -129,12 +129,54 @@ struct Args {
 #[derive(clap::Args, Debug)]
 struct RlsArgs {
     /// Serve Envoy's rate limit service (gRPC) on this address (HOST:PORT), or on a Unix socket
-    /// (unix:PATH, envoyproxy/ratelimit's GRPC_UDS).
-    #[arg(long, requires = "rls_config")]
+    /// (unix:PATH, envoyproxy/ratelimit's GRPC_UDS); its config from --rls-config or --rls-xds.
+    #[arg(long)]
     rls_listen: Option<String>,
     /// envoyproxy/ratelimit's config: a YAML file, or a directory of them (watched).
-    #[arg(long, requires = "rls_listen")]
+    #[arg(long, requires = "rls_listen", conflicts_with = "rls_xds")]
     rls_config: Option<PathBuf>,
+    /// The config over xDS instead (CONFIG_TYPE=GRPC_XDS_SOTW): the ADS server, host:port.
+    #[arg(long, requires = "rls_listen")]
+    rls_xds: Option<String>,
+    /// The node id sent to the xDS server (CONFIG_GRPC_XDS_NODE_ID).
+    #[arg(long, default_value = "default", requires = "rls_xds")]
+    rls_xds_node_id: String,
+    /// The node's metadata, key=value,... (CONFIG_GRPC_XDS_NODE_METADATA).
+    #[arg(long, default_value = "", requires = "rls_xds")]
+    rls_xds_node_metadata: String,
+    /// Headers sent with the xDS stream, name:value,... (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS).
+    #[arg(long, default_value = "", requires = "rls_xds")]
+    rls_xds_headers: String,
+    /// TLS to the xDS server (CONFIG_GRPC_XDS_SERVER_USE_TLS): its CA from --rls-xds-tls-ca, else the system's.
+    #[arg(long, requires = "rls_xds")]
+    rls_xds_tls: bool,
+    /// Mutual TLS: the client certificate (PEM) shown to the xDS server (CONFIG_GRPC_XDS_CLIENT_TLS_CERT).
+    #[arg(long, requires_all = ["rls_xds_tls", "rls_xds_tls_key"])]
+    rls_xds_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM; CONFIG_GRPC_XDS_CLIENT_TLS_KEY).
+    #[arg(long, requires_all = ["rls_xds_tls", "rls_xds_tls_cert"])]
+    rls_xds_tls_key: Option<PathBuf>,
+    /// The CA (PEM) the xDS server's certificate must chain to (CONFIG_GRPC_XDS_SERVER_TLS_CACERT).
+    #[arg(long, requires = "rls_xds_tls")]
+    rls_xds_tls_ca: Option<PathBuf>,
+    /// The DNS name the xDS server's certificate must be valid for, else the URL's host
+    /// (CONFIG_GRPC_XDS_SERVER_TLS_SAN).
+    #[arg(long, requires = "rls_xds_tls")]
+    rls_xds_tls_san: Option<String>,
+    /// The wait before trying again to connect to the xDS server, jittered
+    /// (CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL).
+    #[arg(long, default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    rls_xds_connect_retry_ms: u64,
+    /// The first wait before opening again a config stream that failed to the xDS server, doubled at each failure
+    /// (XDS_CLIENT_BACKOFF_INITIAL_INTERVAL).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    rls_xds_backoff_initial_ms: u64,
+    /// The longest wait (XDS_CLIENT_BACKOFF_MAX_INTERVAL).
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    rls_xds_backoff_max_ms: u64,
+    /// The largest response read from the xDS server (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES; gRPC's 4 MiB).
+    #[arg(long, default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(1024..=(64 << 20)))]
+    rls_xds_max_message_bytes: u64,
     /// Files naming the same domain are merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); else refused.
     #[arg(long)]
     rls_merge_domains: bool,
@@ -164,8 +206,8 @@ struct RlsArgs {
     /// Ready with a config of no domain (envoyproxy/ratelimit's default; else not ready until one is loaded).
     #[arg(long)]
     rls_ready_without_config: bool,
-    /// Start on a missing or empty --rls-config folder, unknown domains answered OK until files come
-    /// (envoyproxy/ratelimit's FORCE_START_WITHOUT_INITIAL_CONFIG).
+    /// Start on a missing or empty --rls-config folder, unknown domains answered OK until files come;
+    /// with --rls-xds, ready before the first version (envoyproxy/ratelimit's FORCE_START_WITHOUT_INITIAL_CONFIG).
     #[arg(long)]
     rls_start_without_config: bool,
     /// Every limit in quota mode, as `quota_mode: true` makes one (envoyproxy/ratelimit's QUOTA_MODE).
@@ -409,7 +451,13 @@ const MAX_TOKEN_BYTES: usize = 64 << 10;
 /// The RLS front and its listener, when asked for: a config that cannot be
 /// read refuses to start.
 async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, Listener)>, String> {
-    let (Some(address), Some(path)) = (&args.rls.rls_listen, &args.rls.rls_config) else { return Ok(None) };
+    let Some(address) = &args.rls.rls_listen else { return Ok(None) };
+    let xds = xds_options(&args.rls)?;
+    let path = match (&args.rls.rls_config, &xds) {
+        (Some(path), _) => path.clone(),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => return Err("--rls-listen needs its config: --rls-config or --rls-xds".into()),
+    };
     let token = match &args.rls.rls_token_file {
         Some(file) => {
             let text = rl_relay::files::read_bounded(file, MAX_TOKEN_BYTES, "a token file")
@@ -424,6 +472,7 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
     };
     let options = rl_relay::rls::Options {
         config_path: path.clone(),
+        xds,
         merge_domains: args.rls.rls_merge_domains,
         prefix: args.rls.rls_prefix.clone(),
         timeout: Duration::from_millis(args.rls.rls_timeout_ms),
@@ -458,13 +507,18 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
             None => None,
         },
     };
-    let config = match rl_relay::rls::watch::load(&options) {
+    let loaded = match options.xds {
+        // Over xDS: none until the first version.
+        Some(_) => Ok(rl_relay::rls::config::RlsConfig::default()),
+        None => rl_relay::rls::watch::load(&options),
+    };
+    let config = match loaded {
         Ok(config) => config,
         // A folder that is missing or holds no file (one that holds a bad
         // file is refused still).
         Err(e)
             if args.rls.rls_start_without_config
-                && rl_relay::rls::config::config_files(path).map_or(!path.exists(), |f| f.is_empty()) =>
+                && rl_relay::rls::config::config_files(&path).map_or(!path.exists(), |f| f.is_empty()) =>
         {
             line(format_args!(
                 "--rls-config: {e}: started without a config (--rls-start-without-config): unknown domains are \
@@ -476,6 +530,31 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
     };
     let listener = Listener::bind(address).await?;
     Ok(Some((Arc::new(Rls::new(relay.clone(), args.cluster, config, options)), listener)))
+}
+
+/// The xDS client's options, checked (a bad one refuses the start).
+fn xds_options(rls: &RlsArgs) -> Result<Option<rl_relay::rls::xds::XdsOptions>, String> {
+    use rl_relay::rls::xds;
+    let Some(url) = &rls.rls_xds else { return Ok(None) };
+    let options = xds::XdsOptions {
+        url: url.clone(),
+        node_id: rls.rls_xds_node_id.clone(),
+        node_metadata: xds::pairs("--rls-xds-node-metadata", &rls.rls_xds_node_metadata, '=', false)?,
+        headers: xds::pairs("--rls-xds-headers", &rls.rls_xds_headers, ':', true)?,
+        tls: rls.rls_xds_tls.then(|| xds::ClientTls {
+            cert: rls.rls_xds_tls_cert.clone(),
+            key: rls.rls_xds_tls_key.clone(),
+            ca: rls.rls_xds_tls_ca.clone(),
+            san: rls.rls_xds_tls_san.clone(),
+        }),
+        connect_retry: Duration::from_millis(rls.rls_xds_connect_retry_ms),
+        backoff_initial: Duration::from_millis(rls.rls_xds_backoff_initial_ms),
+        backoff_max: Duration::from_millis(rls.rls_xds_backoff_max_ms),
+        max_message_bytes: rls.rls_xds_max_message_bytes as usize,
+        force_start: rls.rls_start_without_config,
+    };
+    options.check()?;
+    Ok(Some(options))
 }
 
 /// `wanted` clients on each of `fronts` fronts (the RESP front, and the

@@ -66,9 +66,9 @@ async fn a_variable_not_served_is_named_and_one_served_wrongly_refuses_the_start
     assert!(warning.contains("TRACING_ENABLED") && warning.contains("REDIS_PERSECOND"), "{warning}");
     assert!(!warning.contains("USE_STATSD") && !warning.contains("LOG_LEVEL"), "{warning}");
 
-    let mut refused = start(root.path(), &[url, ("CONFIG_TYPE", "GRPC_XDS_SOTW".into())]);
+    let mut refused = start(root.path(), &[url, ("BACKEND_TYPE", "memcache".into())]);
     assert_eq!(refused.relay.exit_code(), Some(2), "{}", refused.relay.log());
-    assert!(refused.relay.log().contains("CONFIG_TYPE=GRPC_XDS_SOTW is not served"), "{}", refused.relay.log());
+    assert!(refused.relay.log().contains("BACKEND_TYPE=memcache is not served"), "{}", refused.relay.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

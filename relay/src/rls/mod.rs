@@ -20,6 +20,8 @@
 //! tls.rs       its TLS and mutual TLS
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
+//! xds.rs       the config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW)
+//! xds_proto.rs its messages (rls_conf.proto), read as YAML files
 
 pub mod config;
 pub mod decide;
@@ -37,6 +39,8 @@ pub mod upstream_answer;
 pub mod upstream_env;
 pub mod watch;
 pub mod windows;
+pub mod xds;
+pub mod xds_proto;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -84,6 +88,8 @@ pub struct Options {
     pub stop_increment_when_overlimit: bool,
     /// The statistics sent to statsd too (its USE_STATSD).
     pub statsd: Option<Arc<statsd::Statsd>>,
+    /// The config over xDS instead of `config_path`'s files.
+    pub xds: Option<xds::XdsOptions>,
 }
 
 impl Default for Options {
@@ -105,6 +111,7 @@ impl Default for Options {
             tls: None,
             stop_increment_when_overlimit: false,
             statsd: None,
+            xds: None,
         }
     }
 }
@@ -119,6 +126,9 @@ pub struct Rls {
     quota_in_config: std::sync::atomic::AtomicBool,
     /// SIGTERM came: not ready, calls in flight finishing (main.rs).
     pub draining: std::sync::atomic::AtomicBool,
+    /// Over xDS, until a first version is applied (unless started
+    /// without a config): not ready.
+    first_config_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Rls {
@@ -127,7 +137,11 @@ impl Rls {
         let mut stats = Stats::default();
         stats.near_limit_ratio = Some(options.near_limit_ratio);
         stats.statsd = options.statsd.clone();
-        stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The files read at start are a load; over xDS, the first version is.
+        if options.xds.is_none() {
+            stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let first_config_pending = options.xds.as_ref().is_some_and(|x| !x.force_start).into();
         let quota_in_config = upstream_answer::quota_anywhere(&config).into();
         Rls {
             engine: Arc::new(Engine::new(relay, cluster, options.stop_increment_when_overlimit)),
@@ -136,6 +150,7 @@ impl Rls {
             stats,
             quota_in_config,
             draining: false.into(),
+            first_config_pending,
         }
     }
 
@@ -155,10 +170,11 @@ impl Rls {
     }
 
     /// Ready: a config with a domain is in force (or any config, with
-    /// `ready_without_config`), Redis answers the relay's probe, and no
-    /// SIGTERM came.
+    /// `ready_without_config`; over xDS, once one came), Redis answers the
+    /// relay's probe, and no SIGTERM came.
     pub fn ready(&self) -> bool {
         !self.draining.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.first_config_pending.load(std::sync::atomic::Ordering::Relaxed)
             && (self.options.ready_without_config || !self.config().domains.is_empty())
             && self.relay().health.ready()
     }
@@ -206,6 +222,11 @@ impl Rls {
                 "1 while RL.WINDOW gives the server's reading (TIME), 0 since a module older than it refused (tried \
                  again every minute): a refused request's windows counted in other calls are then not given back",
                 u64::from(self.engine.window_time_taken()),
+            ),
+            (
+                "rl_relay_rls_xds_connected",
+                "1 while the config stream to the xDS server (--rls-xds) is open, else 0",
+                self.stats.xds_connected.load(std::sync::atomic::Ordering::Relaxed),
             ),
         ];
         drop(windows);

@@ -568,7 +568,10 @@ pub async fn serve(rls: Arc<Rls>, listener: Listener, stop: impl Future<Output =
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    tokio::spawn(super::watch::watch(rls.clone()));
+    match &rls.options.xds {
+        Some(xds) => tokio::spawn(super::xds::run(rls.clone(), xds.clone())),
+        None => tokio::spawn(super::watch::watch(rls.clone())),
+    };
     tokio::spawn(super::statsd::flush_forever(rls.clone()));
     let service = RateLimitServiceServer::new(RlsService(rls.clone()))
         .max_decoding_message_size(limits.max_request_bytes)
@@ -588,7 +591,11 @@ pub async fn serve(rls: Arc<Rls>, listener: Listener, stop: impl Future<Output =
     }
     let local = listener.describe();
     let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };
-    line(format_args!("RLS listening on {local}, {token}, config {}", rls.options.config_path.display()));
+    let config = match &rls.options.xds {
+        Some(xds) => format!("config over xDS from {}", xds.url),
+        None => format!("config {}", rls.options.config_path.display()),
+    };
+    line(format_args!("RLS listening on {local}, {token}, {config}"));
     tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS)
         .concurrency_limit_per_connection(MAX_STREAMS as usize)

@@ -79,6 +79,10 @@ pub struct Stats {
     /// TLS handshakes that failed, and certificate reloads refused.
     pub tls_handshake_failures: AtomicU64,
     pub tls_reload_errors: AtomicU64,
+    /// Over xDS: 1 while the stream is open; versions applied, refused.
+    pub xds_connected: AtomicU64,
+    pub xds_versions_applied: AtomicU64,
+    pub xds_nacks: AtomicU64,
     response_times: Mutex<[u64; BUCKETS.len() + 1]>,
     response_time_sum_ns: AtomicU64,
     /// NEAR_LIMIT_RATIO as configured (None: its default).
@@ -382,6 +386,16 @@ impl Stats {
                 "rl_relay_rls_tls_reload_errors_total",
                 "changed TLS files refused (the certificates in force kept)",
                 self.tls_reload_errors.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_xds_versions_applied_total",
+                "config versions received over xDS, put in force and ACKed",
+                self.xds_versions_applied.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_xds_nacks_total",
+                "config versions received over xDS and refused (NACKed, the config in force kept)",
+                self.xds_nacks.load(Relaxed),
             ),
             (
                 "rl_relay_rls_san_refused_total",

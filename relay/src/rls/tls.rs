@@ -95,7 +95,8 @@ impl Files {
     }
 }
 
-fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
+/// A PEM file, bounded (the xDS client reads its own with it too).
+pub(super) fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
     let text = crate::files::read_bounded(path, MAX_PEM_BYTES, "a PEM file (1 MiB)")
         .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     Ok(text.into_bytes())

@@ -9,8 +9,8 @@
 //! The variables become flags ([`translate`]), placed before the command
 //! line's own, so a flag given wins over its variable. A variable that is
 //! set and not served is named in one warning line at start; one whose
-//! value would be served wrongly (a config over xDS, another backend, TLS
-//! to Redis) refuses the start with a message naming it.
+//! value would be served wrongly (another backend, a `CONFIG_TYPE` but
+//! FILE and GRPC_XDS_SOTW) refuses the start with a message naming it.
 
 /// How one variable is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,31 +76,34 @@ pub const VARS: &[Var] = &[
         ),
     ),
     var("LOG_FORMAT", "text", Served("--log-format text|json (@message, @timestamp, level)")),
-    var(
-        "CONFIG_TYPE",
-        "FILE",
-        Refused { allowed: &["FILE"], why: "the config is read from files only (no xDS client yet)" },
-    ),
+    var("CONFIG_TYPE", "FILE", Served("--rls-config (FILE) or --rls-xds (GRPC_XDS_SOTW); any other refused")),
     var(
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
         "false",
-        Served("--rls-start-without-config (a missing or empty folder starts: unknown domains answered OK)"),
+        Served(
+            "--rls-start-without-config (a missing or empty folder starts, unknown domains answered OK; over xDS, \
+             ready before the first version)",
+        ),
     ),
-    var("CONFIG_GRPC_XDS_NODE_ID", "default", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_NODE_METADATA", "", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", With("CONFIG_TYPE")),
-    var("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", With("CONFIG_TYPE")),
-    var("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", With("CONFIG_TYPE")),
-    var("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", With("CONFIG_TYPE")),
-    var("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", With("CONFIG_TYPE")),
-    var("XDS_CLIENT_BACKOFF_JITTER", "true", With("CONFIG_TYPE")),
-    var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", With("CONFIG_TYPE")),
+    var("CONFIG_GRPC_XDS_NODE_ID", "default", Served("--rls-xds-node-id")),
+    var("CONFIG_GRPC_XDS_NODE_METADATA", "", Served("--rls-xds-node-metadata key=value,...")),
+    var("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", Served("--rls-xds host:port")),
+    var("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", Served("--rls-xds-connect-retry-ms (jittered)")),
+    var("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", Served("--rls-xds-headers name:value,...")),
+    var("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", Served("--rls-xds-tls")),
+    var("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", Served("--rls-xds-tls-cert")),
+    var("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", Served("--rls-xds-tls-key")),
+    var("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", Served("--rls-xds-tls-ca (else the system's roots)")),
+    var("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", Served("--rls-xds-tls-san (else the URL's host)")),
+    var("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", Served("--rls-xds-backoff-initial-ms")),
+    var("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", Served("--rls-xds-backoff-max-ms")),
+    var(
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "0.5",
+        Differently("the wait doubles after each failed stream, up to the maximum"),
+    ),
+    var("XDS_CLIENT_BACKOFF_JITTER", "true", Differently("always jittered: between half the wait and all of it")),
+    var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", Served("--rls-xds-max-message-bytes (else gRPC's 4 MiB)")),
     var("USE_DOG_STATSD", "false", Ignored { matching: FALSE, why: "no DogStatsD: /metrics" }),
     var("USE_DOG_STATSD_MOGRIFIERS", "", With("USE_DOG_STATSD")),
     var(
@@ -319,30 +322,6 @@ fn one_of(name: &str, value: &str, values: &[&str]) -> bool {
     })
 }
 
-/// A Go duration (`time.ParseDuration`: `10s`, `1m30s`, `1.5h`, `250ms`).
-pub fn go_duration(text: &str) -> Result<std::time::Duration, String> {
-    const UNITS: [(&str, f64); 7] =
-        [("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0), ("h", 3600.0)];
-    let bad = || format!("'{text}': a duration such as 10s, 1m30s or 500ms");
-    let mut rest = text;
-    let mut seconds = 0.0;
-    match rest {
-        "0" => return Ok(std::time::Duration::ZERO),
-        "" => return Err(bad()),
-        _ => {}
-    }
-    while !rest.is_empty() {
-        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
-        rest = &rest[number_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let (_, scale) = UNITS.iter().find(|(u, _)| *u == &rest[..unit_end]).ok_or_else(bad)?;
-        seconds += number * scale;
-        rest = &rest[unit_end..];
-    }
-    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| bad())
-}
-
 /// `host:port`, with an IPv6 host bracketed.
 fn host_port(host: &str, port: &str) -> String {
     if host.contains(':') && !host.starts_with('[') {
@@ -401,6 +380,88 @@ fn server_url(address: &str, socket: &str, auth: &str) -> Result<String, String>
         return Err(format!("REDIS_URL={address}: host:port (REDIS_SOCKET_TYPE=tcp)"));
     }
     Ok(format!("redis://{}{address}/", userinfo(auth)))
+}
+
+/// A Go duration (`300ms`, `1.5s`, `1h30m`, as `time.ParseDuration`) in
+/// whole milliseconds, above 0.
+fn go_millis(name: &str, text: &str) -> Result<u64, String> {
+    let bad = || format!("{name}={text}: not a duration above 0 (such as 500ms, 10s, 1m)");
+    let (mut rest, mut total) = (text.trim(), 0f64);
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !c.is_ascii_digit() && c != '.').ok_or_else(bad)?;
+        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
+        rest = &rest[number_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let ms = match &rest[..unit_end] {
+            "ns" => 1e-6,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-3,
+            "ms" => 1.0,
+            "s" => 1e3,
+            "m" => 60e3,
+            "h" => 3600e3,
+            _ => return Err(bad()),
+        };
+        total += number * ms;
+        rest = &rest[unit_end..];
+    }
+    match total.round() {
+        ms if (1.0..=3_600_000.0).contains(&ms) => Ok(ms as u64),
+        _ => Err(format!("{name}={text}: from 1ms to 1h")),
+    }
+}
+
+/// CONFIG_TYPE=GRPC_XDS_SOTW: the xDS client's flags.
+fn xds(
+    out: &mut Translated,
+    value: &dyn Fn(&str) -> String,
+    set: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    out.flag("--rls-xds", value("CONFIG_GRPC_XDS_SERVER_URL"));
+    out.flag("--rls-xds-node-id", value("CONFIG_GRPC_XDS_NODE_ID"));
+    if let Some(metadata) = set("CONFIG_GRPC_XDS_NODE_METADATA") {
+        out.flag("--rls-xds-node-metadata", metadata);
+    }
+    if let Some(headers) = set("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
+        out.flag("--rls-xds-headers", headers);
+    }
+    if parse_bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", &value("CONFIG_GRPC_XDS_SERVER_USE_TLS"))? {
+        out.switch("--rls-xds-tls");
+        let (cert, key) = (set("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"), set("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"));
+        if cert.is_some() != key.is_some() {
+            return Err("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together".into());
+        }
+        for (variable, flag) in [
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--rls-xds-tls-cert"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--rls-xds-tls-key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--rls-xds-tls-ca"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "--rls-xds-tls-san"),
+        ] {
+            if let Some(v) = set(variable) {
+                out.flag(flag, v);
+            }
+        }
+    }
+    for (variable, flag) in [
+        ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "--rls-xds-connect-retry-ms"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "--rls-xds-backoff-initial-ms"),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "--rls-xds-backoff-max-ms"),
+    ] {
+        out.flag(flag, go_millis(variable, &value(variable))?.to_string());
+    }
+    let factor = value("XDS_CLIENT_BACKOFF_RANDOM_FACTOR");
+    factor.parse::<f64>().map_err(|_| format!("XDS_CLIENT_BACKOFF_RANDOM_FACTOR={factor}: not a number"))?;
+    parse_bool("XDS_CLIENT_BACKOFF_JITTER", &value("XDS_CLIENT_BACKOFF_JITTER"))?;
+    if let Some(size) = set("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES") {
+        match size.parse::<u64>() {
+            Ok(0) => {}
+            Ok(n) => out.flag("--rls-xds-max-message-bytes", n.to_string()),
+            Err(_) => return Err(format!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={size}: not a number of bytes")),
+        }
+    }
+    Ok(())
 }
 
 /// The environment (`get` reads one variable) as flags, or why it cannot
@@ -481,18 +542,24 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
             out.flag("--rls-statsd-tags", tags);
         }
         let interval = value("STATS_FLUSH_INTERVAL");
-        let ms = go_duration(&interval).map_err(|e| format!("STATS_FLUSH_INTERVAL={interval}: {e}"))?.as_millis();
-        out.flag("--rls-statsd-flush-interval-ms", ms.max(1).to_string());
+        out.flag("--rls-statsd-flush-interval-ms", go_millis("STATS_FLUSH_INTERVAL", &interval)?.to_string());
     }
     if enabled("USE_PROMETHEUS")? {
         let address = value("PROMETHEUS_ADDR");
         let address = if address.starts_with(':') { format!("0.0.0.0{address}") } else { address };
         out.flag("--prometheus-listen", address);
     }
-    let folder = std::path::Path::new(&value("RUNTIME_ROOT"))
-        .join(value("RUNTIME_SUBDIRECTORY"))
-        .join(value("RUNTIME_APPDIRECTORY"));
-    out.flag("--rls-config", folder.display().to_string());
+    let config_type = value("CONFIG_TYPE");
+    if config_type.eq_ignore_ascii_case("GRPC_XDS_SOTW") {
+        xds(&mut out, &value, &set)?;
+    } else if config_type.eq_ignore_ascii_case("FILE") {
+        let folder = std::path::Path::new(&value("RUNTIME_ROOT"))
+            .join(value("RUNTIME_SUBDIRECTORY"))
+            .join(value("RUNTIME_APPDIRECTORY"));
+        out.flag("--rls-config", folder.display().to_string());
+    } else {
+        return Err(format!("CONFIG_TYPE={config_type}: FILE or GRPC_XDS_SOTW"));
+    }
 
     let (url, socket, auth) = (value("REDIS_URL"), get("REDIS_SOCKET_TYPE").unwrap_or_default(), value("REDIS_AUTH"));
     let kind = value("REDIS_TYPE");
@@ -745,8 +812,8 @@ mod tests {
 
     #[test]
     fn refused_and_not_served() {
-        let refused = translate(&env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")])).unwrap_err();
-        assert!(refused.contains("CONFIG_TYPE=GRPC_XDS_SOTW") && refused.contains("xDS"), "{refused}");
+        let refused = translate(&env(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")])).unwrap_err();
+        assert!(refused.contains("CONFIG_TYPE=GRPC_XDS_DELTA") && refused.contains("GRPC_XDS_SOTW"), "{refused}");
         assert!(translate(&env(&[("CONFIG_TYPE", "file")])).is_ok());
         let t = translate(&env(&[("REDIS_TLS", "true"), ("REDIS_URL", "h:6379"), ("REDIS_TLS_CACERT", "/ca.pem")]))
             .unwrap();
@@ -812,14 +879,58 @@ mod tests {
         let e = translate(&env(&[("STATS_FLUSH_INTERVAL", "10")])).unwrap_err();
         assert!(e.contains("STATS_FLUSH_INTERVAL=10"), "{e}");
         assert!(translate(&env(&[("EXTRA_TAGS", "novalue")])).unwrap_err().contains("EXTRA_TAGS"));
-        assert_eq!(go_duration("250ms").unwrap(), std::time::Duration::from_millis(250));
-        assert_eq!(go_duration("1.5h").unwrap(), std::time::Duration::from_secs(5400));
-        assert!(
-            go_duration("0").is_ok_and(|d| d.is_zero())
-                && go_duration("").is_err()
-                && go_duration("s").is_err()
-                && go_duration("1d").is_err()
-        );
+    }
+
+    #[test]
+    fn envoy_gateways_xds_environment() {
+        let t = translate(&env(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway.envoy-gateway-system.svc.cluster.local:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1.5s"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1m30s"),
+        ]))
+        .unwrap();
+        assert!(flag(&t, "--rls-config").is_none());
+        assert_eq!(flag(&t, "--rls-xds").unwrap(), "envoy-gateway.envoy-gateway-system.svc.cluster.local:18001");
+        assert_eq!(flag(&t, "--rls-xds-node-id").unwrap(), "envoy-ratelimit");
+        assert!(flag(&t, "--rls-xds-tls").is_some());
+        assert_eq!(flag(&t, "--rls-xds-tls-cert").unwrap(), "/certs/tls.crt");
+        assert_eq!(flag(&t, "--rls-xds-tls-ca").unwrap(), "/certs/ca.crt");
+        assert!(flag(&t, "--rls-xds-tls-san").is_none());
+        assert_eq!(flag(&t, "--rls-xds-connect-retry-ms").unwrap(), "3000");
+        assert_eq!(flag(&t, "--rls-xds-backoff-initial-ms").unwrap(), "1500");
+        assert_eq!(flag(&t, "--rls-xds-backoff-max-ms").unwrap(), "90000");
+        assert!(t.warning().is_none());
+        // Without TLS, its files are not read (as upstream).
+        let t =
+            translate(&env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW"), ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/c")])).unwrap();
+        assert!(flag(&t, "--rls-xds-tls-cert").is_none() && flag(&t, "--rls-xds").unwrap() == "localhost:18000");
+        let xds = |pairs: &[(&'static str, &'static str)]| {
+            let mut all = vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")];
+            all.extend_from_slice(pairs);
+            translate(&env(&all))
+        };
+        for (variable, bad) in [
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "0s"),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3 s"),
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "half"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "yes"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "4MB"),
+        ] {
+            let e = xds(&[(variable, bad)]).unwrap_err();
+            assert!(e.contains(variable), "{variable}={bad}: {e}");
+        }
+        let e = xds(&[("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"), ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/k")]);
+        assert!(e.unwrap_err().contains("go together"));
+        assert_eq!(go_millis("X", "250ms"), Ok(250));
+        assert_eq!(go_millis("X", "1h"), Ok(3_600_000));
+        assert!(go_millis("X", "2h").is_err() && go_millis("X", "").is_err() && go_millis("X", "5x").is_err());
     }
 
     #[test]

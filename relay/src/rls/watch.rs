@@ -64,17 +64,26 @@ pub async fn watch(rls: Arc<Rls>) {
                 reason: format!("reading it failed: {e}"),
             }),
         };
-        match loaded {
-            Ok(config) => {
-                let (files, domains) = (config.files.len(), config.domains.len());
-                rls.set_config(config);
-                rls.stats.config_load_success.fetch_add(1, Relaxed);
-                line(format_args!("RLS config reloaded: {files} files, {domains} domains"));
-            }
-            Err(e) => {
-                rls.stats.config_load_error.fetch_add(1, Relaxed);
-                line(format_args!("RLS config refused, the one in force kept: {e}"));
-            }
+        match apply(&rls, loaded) {
+            Ok((files, domains)) => line(format_args!("RLS config reloaded: {files} files, {domains} domains")),
+            Err(e) => line(format_args!("RLS config refused, the one in force kept: {e}")),
+        }
+    }
+}
+
+/// A config read (from the files, or over xDS) put in force, or refused
+/// and the one in force kept: counted either way. Its files and domains.
+pub(super) fn apply(rls: &Rls, loaded: Result<RlsConfig, ConfigError>) -> Result<(usize, usize), ConfigError> {
+    match loaded {
+        Ok(config) => {
+            let shape = (config.files.len(), config.domains.len());
+            rls.set_config(config);
+            rls.stats.config_load_success.fetch_add(1, Relaxed);
+            Ok(shape)
+        }
+        Err(e) => {
+            rls.stats.config_load_error.fetch_add(1, Relaxed);
+            Err(e)
         }
     }
 }

@@ -370,12 +370,32 @@ impl Cluster {
         for s in &nodes {
             create.arg(format!("127.0.0.1:{}", s.port));
         }
-        let out = create
+        let mut child = create
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("run redis-cli --cluster create");
-        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        // redis-cli waits for the nodes to join without a limit of its own:
+        // a cluster that never joins fails the test here instead of hanging it.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for redis-cli --cluster create") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let out = child.wait_with_output().expect("read redis-cli --cluster create's output");
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        match status {
+            Some(status) => assert!(status.success(), "cluster create failed: {said}"),
+            None => panic!("cluster create did not finish in 90 s (the nodes never joined): {said}"),
+        }
         let c = Cluster { nodes };
         c.wait_ok();
         c
