@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod command;
+pub mod debug_endpoint;
 pub mod files;
 pub mod health;
 pub mod limits;

@@ -1,12 +1,62 @@
 //! The relay's log lines (standard error): no secret in any of them, and
-//! the ones a failure repeats rate limited.
+//! the ones a failure repeats rate limited. Text (`rl-relay: ...`) or, with
+//! `--log-format json` (envoyproxy/ratelimit's LOG_FORMAT=json), one JSON
+//! object a line as its logrus writes them: `@message`, `@timestamp`
+//! (RFC 3339, UTC), `level`. Every line is a warning but those that end the
+//! process (errors); `--log-level error` (LOG_LEVEL) keeps the errors only.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A line to standard error, prefixed with the program's name.
+static JSON: AtomicBool = AtomicBool::new(false);
+static ERRORS_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// How lines are written: `format` text or json, `level` one of logrus's
+/// names (any case): panic, fatal and error keep the errors only; warn,
+/// warning, info, debug and trace keep every line.
+pub fn configure(format: &str, level: &str) -> Result<(), String> {
+    let (json, errors_only) = settings(format, level)?;
+    JSON.store(json, Relaxed);
+    ERRORS_ONLY.store(errors_only, Relaxed);
+    Ok(())
+}
+
+/// (json, errors only) for `format` and `level`, or what is wrong.
+pub fn settings(format: &str, level: &str) -> Result<(bool, bool), String> {
+    let json = match format.to_ascii_lowercase().as_str() {
+        "text" => false,
+        "json" => true,
+        _ => return Err(format!("log format '{format}': text or json")),
+    };
+    let errors_only = match level.to_ascii_lowercase().as_str() {
+        "panic" | "fatal" | "error" => true,
+        "warn" | "warning" | "info" | "debug" | "trace" => false,
+        _ => return Err(format!("log level '{level}': panic, fatal, error, warn, info, debug or trace")),
+    };
+    Ok((json, errors_only))
+}
+
+fn write(level: &str, text: &dyn std::fmt::Display) {
+    if JSON.load(Relaxed) {
+        let at = humantime::format_rfc3339_nanos(std::time::SystemTime::now());
+        let object = serde_json::json!({ "@message": text.to_string(), "@timestamp": at.to_string(), "level": level });
+        eprintln!("{object}");
+    } else {
+        eprintln!("rl-relay: {text}");
+    }
+}
+
+/// A line to standard error (a warning), prefixed with the program's name.
 pub fn line(text: impl std::fmt::Display) {
-    eprintln!("rl-relay: {text}");
+    if !ERRORS_ONLY.load(Relaxed) {
+        write("warning", &text);
+    }
+}
+
+/// The line of an error that ends the process.
+pub fn error(text: impl std::fmt::Display) {
+    write("error", &text);
 }
 
 /// A Redis URL as it may be logged: the password (or a user-info without

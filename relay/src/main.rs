@@ -7,9 +7,11 @@ use std::time::Duration;
 use clap::Parser;
 use rl_relay::auth::{self, Credentials};
 use rl_relay::limits::Limits;
-use rl_relay::logging::{line, redact};
+use rl_relay::logging::{self, line, redact};
+use rl_relay::operator_endpoint::Pages;
 use rl_relay::pool::{Pools, Settings};
 use rl_relay::relay::{Options, Relay};
+use rl_relay::rls::socket::Listener;
 use rl_relay::rls::{upstream_env, Rls};
 use rl_relay::upstream::{Backend, Choice, Upstream};
 use tokio::net::TcpListener;
@@ -112,6 +114,18 @@ struct Args {
     /// PROMETHEUS_ADDR).
     #[arg(long)]
     prometheus_listen: Option<String>,
+    /// Serve the debug port here: /rlconfig, the RLS config in force as envoyproxy/ratelimit prints it
+    /// (DEBUG_HOST:DEBUG_PORT). For operators: it shows the config's descriptor values. An address it
+    /// cannot bind is logged and the relay serves without it, as upstream.
+    #[arg(long)]
+    debug_listen: Option<String>,
+    /// Log lines as text, or json: one object a line as envoyproxy/ratelimit's LOG_FORMAT=json writes them.
+    #[arg(long, default_value = "text")]
+    log_format: String,
+    /// error (or panic, fatal): only the lines of errors that end the process; warn, info, debug, trace: every
+    /// line (envoyproxy/ratelimit's LOG_LEVEL).
+    #[arg(long, default_value = "warn")]
+    log_level: String,
     #[command(flatten)]
     rls: RlsArgs,
 }
@@ -119,7 +133,8 @@ struct Args {
 /// The RLS front (Envoy's rate limit service, relay/README.md "Behind Envoy").
 #[derive(clap::Args, Debug)]
 struct RlsArgs {
-    /// Serve Envoy's rate limit service (gRPC) on this address (its config from --rls-config or --rls-xds).
+    /// Serve Envoy's rate limit service (gRPC) on this address (HOST:PORT), or on a Unix socket
+    /// (unix:PATH, envoyproxy/ratelimit's GRPC_UDS); its config from --rls-config or --rls-xds.
     #[arg(long)]
     rls_listen: Option<String>,
     /// envoyproxy/ratelimit's config: a YAML file, or a directory of them (watched).
@@ -223,6 +238,20 @@ struct RlsArgs {
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT); by default it counts in full (docs/token-budgets.md).
     #[arg(long)]
     rls_stop_increment_when_overlimit: bool,
+    /// Send the RLS front's statistics to this statsd server (HOST:PORT, UDP) under envoyproxy/ratelimit's
+    /// names (its USE_STATSD, STATSD_HOST, STATSD_PORT); /metrics stays.
+    #[arg(long)]
+    rls_statsd: Option<String>,
+    /// On SIGTERM (or SIGINT): the longest wait for the calls in flight and the Redis calls they started
+    /// (refunds) before the relay exits 0; meanwhile it is not ready and accepts no connection.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    rls_drain_timeout_ms: u64,
+    /// With --rls-statsd: tags in every name as key:value,key:value (envoyproxy/ratelimit's EXTRA_TAGS).
+    #[arg(long, default_value = "", requires = "rls_statsd")]
+    rls_statsd_tags: String,
+    /// With --rls-statsd: counters sent every this many ms (envoyproxy/ratelimit's STATS_FLUSH_INTERVAL).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    rls_statsd_flush_interval_ms: u64,
 }
 
 fn near_limit_ratio(text: &str) -> Result<f64, String> {
@@ -234,41 +263,49 @@ fn near_limit_ratio(text: &str) -> Result<f64, String> {
 
 #[tokio::main]
 async fn main() {
-    let args = match parse() {
-        Ok(args) => args,
+    let (args, warning) = match parse() {
+        Ok(parsed) => parsed,
         Err(e) => {
-            line(e);
+            logging::error(e);
             std::process::exit(2);
         }
     };
+    if let Err(e) = logging::configure(&args.log_format, &args.log_level) {
+        logging::error(format_args!("--log-format/--log-level: {e}"));
+        std::process::exit(2);
+    }
+    if let Some(warning) = warning {
+        line(warning);
+    }
     if let Err(e) = run(args).await {
-        line(e);
+        logging::error(e);
         std::process::exit(2);
     }
 }
 
 /// The command line; with no argument or `--envoyproxy-env`, after the
 /// flags envoyproxy/ratelimit's environment comes to (the command line's
-/// own win), its variables set and not served named in a warning.
-fn parse() -> Result<Args, String> {
+/// own win), and the warning naming its variables set and not served.
+fn parse() -> Result<(Args, Option<String>), String> {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let given = &argv[1.min(argv.len())..];
     if !given.is_empty() && !given.iter().any(|a| a == "--envoyproxy-env") {
-        return Ok(Args::parse());
+        return Ok((Args::parse(), None));
     }
+    // Its refusal written as LOG_FORMAT asks, when it can be read.
+    let variable = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let _ = logging::configure(&variable("LOG_FORMAT").unwrap_or("text".into()), "warn");
     let translated = upstream_env::translate(&|name| std::env::var(name).ok())?;
-    if let Some(warning) = translated.warning() {
-        line(warning);
-    }
     let names: Vec<String> = given.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let program = argv.first().cloned().unwrap_or_else(|| "rl-relay".into());
     let mut words: Vec<std::ffi::OsString> = vec![program, "--envoyproxy-env".into()];
     words.extend(translated.args(&names).into_iter().map(Into::into));
     words.extend(given.iter().cloned());
-    Ok(Args::parse_from(words))
+    Ok((Args::parse_from(words), translated.warning()))
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    let signals = termination()?;
     let credentials = Credentials::load(args.auth_file.as_deref(), std::env::var(auth::ENV).ok())?;
     let urls: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
     let timeout = Duration::from_millis(args.timeout_ms);
@@ -327,26 +364,98 @@ async fn run(args: Args) -> Result<(), String> {
     for (flag, address) in [("--metrics", &args.metrics), ("--prometheus-listen", &args.prometheus_listen)] {
         let Some(address) = address else { continue };
         let metrics = TcpListener::bind(address).await.map_err(|e| format!("{flag} {address}: {e}"))?;
-        tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), metrics, rls.as_ref().map(|(r, _)| r.clone())));
+        let front = rls.as_ref().map(|(r, _)| r.clone());
+        tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), metrics, front, Pages::Operator));
     }
-    if let Some((rls, listener)) = rls {
-        tokio::spawn(async move {
-            if let Err(e) = rl_relay::rls::serve::serve(rls, listener).await {
-                line(e);
+    if let Some(address) = &args.debug_listen {
+        match TcpListener::bind(address).await {
+            Ok(debug) => {
+                let front = rls.as_ref().map(|(r, _)| r.clone());
+                tokio::spawn(rl_relay::operator_endpoint::serve(relay.clone(), debug, front, Pages::Debug));
+            }
+            Err(e) => line(format_args!("--debug-listen {address}: {e}: serving without the debug port")),
+        }
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let rls = rls.map(|(rls, listener)| {
+        let front = rls.clone();
+        let task = tokio::spawn(async move {
+            let mut stopped = stopped;
+            let stop = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = rl_relay::rls::serve::serve(front, listener, stop).await {
+                logging::error(e);
                 std::process::exit(2);
             }
         });
-    }
+        (rls, task)
+    });
     tokio::spawn(relay.clone().probe_forever(probe));
-    let Some(listener) = listener else {
-        line(format_args!("serving the Envoy front only, for {}", urls.join(" ")));
-        return std::future::pending().await;
-    };
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
-    line(format_args!("listening on {local} for {}, {auth}, at most {} clients", urls.join(" "), limits.max_clients));
-    rl_relay::resp::serve(relay, listener, fence).await;
+    match listener {
+        Some(listener) => {
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
+            let max = limits.max_clients;
+            line(format_args!("listening on {local} for {}, {auth}, at most {max} clients", urls.join(" ")));
+            tokio::spawn(rl_relay::resp::serve(relay, listener, fence));
+        }
+        None => line(format_args!("serving the Envoy front only, for {}", urls.join(" "))),
+    }
+    let signal = signals.await;
+    drain(signal, rls, stop, Duration::from_millis(args.rls.rls_drain_timeout_ms)).await;
     Ok(())
+}
+
+/// SIGTERM or SIGINT, once either comes (the handlers installed at once).
+fn termination() -> Result<impl std::future::Future<Output = &'static str>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM's handler: {e}"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT's handler: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
+}
+
+/// After `signal`, as envoyproxy/ratelimit (its health turns failed, its
+/// gRPC server stops gracefully): the Envoy front is not ready, accepts no
+/// connection, answers the calls in flight, and the Redis calls they
+/// started in the background (refunds) are answered, all within `bound`;
+/// then the process exits 0. The RESP front's connections end with it.
+async fn drain(
+    signal: &str,
+    rls: Option<(Arc<Rls>, tokio::task::JoinHandle<()>)>,
+    stop: tokio::sync::watch::Sender<bool>,
+    bound: Duration,
+) {
+    let Some((rls, task)) = rls else {
+        line(format_args!("{signal}: exiting"));
+        return;
+    };
+    let ms = bound.as_millis();
+    line(format_args!(
+        "{signal}: draining the Envoy front: not ready, no new connection, the calls in flight answered (at most \
+         {ms} ms, --rls-drain-timeout-ms)"
+    ));
+    rls.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = stop.send(true);
+    let deadline = tokio::time::Instant::now() + bound;
+    let answered = tokio::time::timeout_at(deadline, task).await.is_ok();
+    let background = || rls.engine.background.load(std::sync::atomic::Ordering::Relaxed);
+    while background() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match (answered, background()) {
+        (true, 0) => line(format_args!("{signal}: drained, exiting")),
+        (answered, left) => line(format_args!(
+            "{signal}: {ms} ms passed (--rls-drain-timeout-ms): exiting with {}{left} background Redis calls \
+             (refunds, leases) unanswered",
+            if answered { "" } else { "calls still in flight, and " }
+        )),
+    }
 }
 
 /// The largest `--rls-token-file`: a token is a line, never megabytes.
@@ -354,7 +463,7 @@ const MAX_TOKEN_BYTES: usize = 64 << 10;
 
 /// The RLS front and its listener, when asked for: a config that cannot be
 /// read refuses to start.
-async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, TcpListener)>, String> {
+async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, Listener)>, String> {
     let Some(address) = &args.rls.rls_listen else { return Ok(None) };
     let xds = xds_options(&args.rls)?;
     let path = match (&args.rls.rls_config, &xds) {
@@ -401,6 +510,15 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
             _ => None,
         },
         stop_increment_when_overlimit: args.rls.rls_stop_increment_when_overlimit,
+        statsd: match &args.rls.rls_statsd {
+            Some(target) => {
+                let interval = Duration::from_millis(args.rls.rls_statsd_flush_interval_ms);
+                let statsd = rl_relay::rls::statsd::Statsd::connect(target, &args.rls.rls_statsd_tags, interval)
+                    .map_err(|e| format!("--rls-statsd {e}"))?;
+                Some(Arc::new(statsd))
+            }
+            None => None,
+        },
     };
     let loaded = match options.xds {
         // Over xDS: none until the first version.
@@ -423,7 +541,7 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         }
         Err(e) => return Err(format!("--rls-config: {e}")),
     };
-    let listener = TcpListener::bind(address).await.map_err(|e| format!("--rls-listen {address}: {e}"))?;
+    let listener = Listener::bind(address).await?;
     Ok(Some((Arc::new(Rls::new(relay.clone(), args.cluster, config, options)), listener)))
 }
 

@@ -9,6 +9,8 @@
 //! of its address are still sending their request) the oldest such one is
 //! dropped for it; a probe or a scrape sends its request whole at once, so
 //! it is answered while trickled requests take each other's place.
+//! The debug port (`--debug-listen`) is served the same way, its pages
+//! those of `debug_endpoint.rs`.
 
 use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -92,7 +94,16 @@ impl Drop for Leave {
     }
 }
 
-pub async fn serve(relay: Arc<Relay>, listener: TcpListener, rls: Option<Arc<Rls>>) {
+/// Which pages a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pages {
+    /// `--metrics`, `--prometheus-listen`: /metrics, /ready, /live, /healthcheck.
+    Operator,
+    /// `--debug-listen`: /rlconfig.
+    Debug,
+}
+
+pub async fn serve(relay: Arc<Relay>, listener: TcpListener, rls: Option<Arc<Rls>>, pages: Pages) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let open = Arc::new(Open::default());
     let accept_errors = Throttled::new(Duration::from_secs(10));
@@ -129,7 +140,8 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener, rls: Option<Arc<Rls
         let task = tokio::spawn(async move {
             let _leave = leave;
             let _slot = slot;
-            answer(&relay, rls.as_deref(), socket, peer.ip(), accepted, &slow, || opened.answering(id)).await;
+            let answering = || opened.answering(id);
+            answer(&relay, rls.as_deref(), pages, socket, peer.ip(), accepted, &slow, answering).await;
         });
         conns.push(Conn { id, ip: peer.ip(), accepted, reading: true, task: task.abort_handle() });
     }
@@ -138,9 +150,11 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener, rls: Option<Arc<Rls
 /// Reads the request (its head within [`READ_FOR`] of `accepted`), calls
 /// `answering` once it is whole, and writes the answer (taken within
 /// [`READ_FOR`] again); what is too slow is closed, counted and logged.
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     relay: &Relay,
     rls: Option<&Rls>,
+    pages: Pages,
     mut socket: TcpStream,
     peer: IpAddr,
     accepted: Instant,
@@ -162,6 +176,10 @@ async fn answer(
         None => relay.metrics(),
     };
     let (status, kind, body) = match path.as_str() {
+        _ if pages == Pages::Debug => {
+            let (status, body) = crate::debug_endpoint::page(rls, &path);
+            (status, "text/plain", body)
+        }
         "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics()),
         // envoyproxy/ratelimit's health check: 200 OK while ready, else 500.
         "/healthcheck" if rls.is_some_and(Rls::ready) => ("200 OK", "text/plain", "OK".into()),

@@ -4,99 +4,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::time::{Duration, Instant};
-
-use common::rls::{ask, calls, request, OK, OVER_LIMIT};
+use common::rls::{ask, calls, config_folder, get, request, start_bare as start, Bare, OK, OVER_LIMIT};
 use common::{Relay, Start};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use testkit::{free_port, PlainServer, Server};
 
 const CONFIG: &str =
     "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
-
-/// A relay started with `env` and no argument, and its ports.
-struct Bare {
-    relay: Relay,
-    grpc: u16,
-    health: u16,
-}
-
-/// GET `path` on `port`: the status code (0 if nothing answers) and body.
-fn get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
-}
-
-/// `vars` with the ports and the config folder (`root`/ratelimit/config)
-/// as Envoy Gateway sets them, on loopback.
-fn start(root: &Path, vars: &[(&'static str, String)]) -> Bare {
-    let (grpc, health) = (free_port(), free_port());
-    let mut env = vec![
-        ("GRPC_HOST", "127.0.0.1".to_string()),
-        ("GRPC_PORT", grpc.to_string()),
-        ("HOST", "127.0.0.1".to_string()),
-        ("PORT", health.to_string()),
-        ("RUNTIME_ROOT", root.display().to_string()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
-        ("RUNTIME_IGNOREDOTFILES", "true".into()),
-        ("RUNTIME_WATCH_ROOT", "false".into()),
-        ("LOG_LEVEL", "info".into()),
-        ("USE_STATSD", "false".into()),
-        ("REDIS_SOCKET_TYPE", "tcp".into()),
-    ];
-    env.extend(vars.iter().cloned());
-    let relay = Relay::spawn(Start { env, bare: true, ..Start::default() });
-    Bare { relay, grpc, health }
-}
-
-fn config_folder(text: Option<&str>) -> tempfile::TempDir {
-    let root = tempfile::tempdir().unwrap();
-    let folder = root.path().join("ratelimit/config");
-    if let Some(text) = text {
-        std::fs::create_dir_all(&folder).unwrap();
-        std::fs::write(folder.join("config.yaml"), text).unwrap();
-    }
-    root
-}
-
-impl Bare {
-    /// Waits for the gRPC port, the relay alive.
-    fn listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", self.grpc)).is_err() {
-            assert!(self.relay.alive(), "rl-relay exited: {}", self.relay.log());
-            assert!(Instant::now() < deadline, "the Envoy front did not listen: {}", self.relay.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    async fn client(&mut self) -> RateLimitServiceClient<tonic::transport::Channel> {
-        self.listening();
-        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc)).await.unwrap()
-    }
-
-    /// GET `path` on PORT: the status code.
-    fn get(&self, path: &str) -> u16 {
-        get(self.health, path).0
-    }
-
-    /// Waits (20 s at most) for `/healthcheck` to answer `code`.
-    fn health_becomes(&self, code: u16) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.get("/healthcheck") != code {
-            assert!(Instant::now() < deadline, "/healthcheck never answered {code}: {}", self.relay.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_with_upstreams_environment_and_no_argument_it_serves_envoy() {
@@ -146,11 +59,11 @@ async fn a_variable_not_served_is_named_and_one_served_wrongly_refuses_the_start
     let root = config_folder(Some(CONFIG));
     let url = ("REDIS_URL", format!("127.0.0.1:{}", redis.port));
     let mut bare =
-        start(root.path(), &[url.clone(), ("TRACING_ENABLED", "true".into()), ("DEBUG_PORT", "6071".into())]);
+        start(root.path(), &[url.clone(), ("TRACING_ENABLED", "true".into()), ("REDIS_PERSECOND", "true".into())]);
     bare.listening();
     let log = bare.relay.log();
     let warning = log.lines().find(|l| l.contains("not served")).unwrap_or_else(|| panic!("no warning: {log}"));
-    assert!(warning.contains("TRACING_ENABLED") && warning.contains("DEBUG_PORT"), "{warning}");
+    assert!(warning.contains("TRACING_ENABLED") && warning.contains("REDIS_PERSECOND"), "{warning}");
     assert!(!warning.contains("USE_STATSD") && !warning.contains("LOG_LEVEL"), "{warning}");
 
     let mut refused = start(root.path(), &[url, ("BACKEND_TYPE", "memcache".into())]);
@@ -170,6 +83,7 @@ async fn a_flag_wins_over_its_variable() {
             ("GRPC_PORT", free_port().to_string()),
             ("HOST", "127.0.0.1".into()),
             ("PORT", free_port().to_string()),
+            ("DEBUG_PORT", free_port().to_string()),
             ("RUNTIME_ROOT", root.path().display().to_string()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),

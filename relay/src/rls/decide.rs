@@ -188,6 +188,9 @@ pub struct Engine {
     time_off_until: AtomicU64,
     /// The line saying a request was refused to pay for the fallback's.
     repaid_log: crate::logging::Throttled,
+    /// Background Redis calls not yet answered (refunds, releases,
+    /// leases): a SIGTERM's drain waits for them.
+    pub background: AtomicU64,
 }
 
 /// How long window calls go without TIME after a module refused it.
@@ -319,7 +322,25 @@ impl Engine {
             stop_increment,
             time_off_until: AtomicU64::new(0),
             repaid_log: crate::logging::Throttled::new(std::time::Duration::from_secs(10)),
+            background: AtomicU64::new(0),
         }
+    }
+
+    /// Runs `call` in the background, counted in `background` until it ends.
+    fn background(self: &Arc<Self>, call: impl std::future::Future<Output = ()> + Send + 'static) {
+        /// Uncounts the call however it ends (done, or dropped).
+        struct Done(Arc<Engine>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.background.fetch_sub(1, Relaxed);
+            }
+        }
+        self.background.fetch_add(1, Relaxed);
+        let done = Done(self.clone());
+        tokio::spawn(async move {
+            let _done = done;
+            call.await;
+        });
     }
 
     /// Whether a window call built now carries TIME (see `time_off_until`),
@@ -1186,7 +1207,7 @@ impl Engine {
                 let args = bucket_args("RL.REFUND", &item.key, &params, "TOKENS", item.cost);
                 let engine = self.clone();
                 let key = item.key.clone();
-                tokio::spawn(async move {
+                self.background(async move {
                     let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
                     engine.refunded("RL.REFUND", &reply);
                 });
@@ -1200,7 +1221,7 @@ impl Engine {
                 let args = slots::release_args(&item.key, &item.slot);
                 let engine = self.clone();
                 let key = item.key.clone();
-                tokio::spawn(async move {
+                self.background(async move {
                     let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
                     engine.released(&reply);
                 });
@@ -1230,7 +1251,7 @@ impl Engine {
             self.counters.redis_calls.fetch_add(1, Relaxed);
             let engine = self.clone();
             let key = group[0].key.clone();
-            tokio::spawn(async move {
+            self.background(async move {
                 let reply = engine.relay.send(&args, Some(key.as_bytes())).await;
                 engine.refunded("RL.WINDOW REFUND", &reply);
             });
@@ -1289,7 +1310,7 @@ impl Engine {
         let engine = self.clone();
         self.counters.window_leases.fetch_add(1, Relaxed);
         self.counters.redis_calls.fetch_add(1, Relaxed);
-        tokio::spawn(async move {
+        self.background(async move {
             let item = Item {
                 key: key.clone(),
                 counter: Counter::Window { mode: WindowMode::Fixed, window },

@@ -13,8 +13,10 @@
 //! service.rs   ShouldRateLimit: bounds, matching, the answer
 //! headers.rs   response headers (the draft's, envoyproxy/ratelimit's)
 //! stats.rs     statistics under envoyproxy/ratelimit's names
+//! statsd.rs    the same sent to statsd (USE_STATSD)
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
+//! socket.rs    its TCP or Unix socket (GRPC_UDS)
 //! tls.rs       its TLS and mutual TLS
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
@@ -29,7 +31,9 @@ pub mod keys;
 pub mod serve;
 pub mod service;
 pub mod slots;
+pub mod socket;
 pub mod stats;
+pub mod statsd;
 pub mod tls;
 pub mod upstream_answer;
 pub mod upstream_env;
@@ -82,6 +86,8 @@ pub struct Options {
     /// already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     pub stop_increment_when_overlimit: bool,
+    /// The statistics sent to statsd too (its USE_STATSD).
+    pub statsd: Option<Arc<statsd::Statsd>>,
     /// The config over xDS instead of `config_path`'s files.
     pub xds: Option<xds::XdsOptions>,
 }
@@ -104,6 +110,7 @@ impl Default for Options {
             dynamic_metadata: false,
             tls: None,
             stop_increment_when_overlimit: false,
+            statsd: None,
             xds: None,
         }
     }
@@ -117,6 +124,8 @@ pub struct Rls {
     pub stats: Stats,
     /// A descriptor of the config in force is in quota mode.
     quota_in_config: std::sync::atomic::AtomicBool,
+    /// SIGTERM came: not ready, calls in flight finishing (main.rs).
+    pub draining: std::sync::atomic::AtomicBool,
     /// Over xDS, until a first version is applied (unless started
     /// without a config): not ready.
     first_config_pending: std::sync::atomic::AtomicBool,
@@ -127,6 +136,7 @@ impl Rls {
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
         let mut stats = Stats::default();
         stats.near_limit_ratio = Some(options.near_limit_ratio);
+        stats.statsd = options.statsd.clone();
         // The files read at start are a load; over xDS, the first version is.
         if options.xds.is_none() {
             stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -139,6 +149,7 @@ impl Rls {
             options,
             stats,
             quota_in_config,
+            draining: false.into(),
             first_config_pending,
         }
     }
@@ -159,10 +170,11 @@ impl Rls {
     }
 
     /// Ready: a config with a domain is in force (or any config, with
-    /// `ready_without_config`; over xDS, once one came), and Redis answers
-    /// the relay's probe.
+    /// `ready_without_config`; over xDS, once one came), Redis answers the
+    /// relay's probe, and no SIGTERM came.
     pub fn ready(&self) -> bool {
-        !self.first_config_pending.load(std::sync::atomic::Ordering::Relaxed)
+        !self.draining.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.first_config_pending.load(std::sync::atomic::Ordering::Relaxed)
             && (self.options.ready_without_config || !self.config().domains.is_empty())
             && self.relay().health.ready()
     }

@@ -31,7 +31,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use futures_util::StreamExt;
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant, Sleep};
 use tonic::body::Body;
@@ -42,6 +41,7 @@ use tonic::Status;
 use tonic_health::ServingStatus;
 
 use super::service::Service as RlsService;
+use super::socket::{Listener, Socket};
 use super::Rls;
 use crate::logging::{line, Throttled};
 
@@ -96,7 +96,7 @@ pub struct ConnInfo(Arc<Conduct>);
 /// budget's), counted while open, closed at its deadline unless its
 /// conduct earned it the slot.
 struct Bounded {
-    stream: TcpStream,
+    stream: Socket,
     slot: OwnedSemaphorePermit,
     front: Arc<Front>,
     conduct: Arc<Conduct>,
@@ -139,7 +139,7 @@ impl Bounded {
             "health checks only, and the connections kept for those are all taken"
         };
         stats.auth_timeouts.fetch_add(1, Relaxed);
-        let peer = self.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let peer = self.stream.peer();
         front.closed.log(|| {
             format!(
                 "RLS front: closed a connection from {peer}: {why} within {} ms of its accept (--auth-timeout-ms)",
@@ -226,7 +226,7 @@ const PREFACE_LEN: usize = 24;
 
 /// Whether the peer sends a preface's worth of bytes (read by hyper after:
 /// only peeked here); false if it closes first.
-async fn sends_preface(stream: &TcpStream) -> bool {
+async fn sends_preface(stream: &Socket) -> bool {
     let mut buf = [0u8; PREFACE_LEN];
     loop {
         match stream.peek(&mut buf).await {
@@ -243,7 +243,7 @@ async fn sends_preface(stream: &TcpStream) -> bool {
 /// one the peer closes first is dropped);
 /// past `--max-clients` the next waits in the listener's backlog.
 fn incoming(
-    listener: TcpListener,
+    listener: Listener,
     slots: Arc<Semaphore>,
     front: Arc<Front>,
 ) -> impl futures_util::Stream<Item = Result<Conn, io::Error>> {
@@ -354,11 +354,7 @@ impl AsyncWrite for Conn {
 
 /// Connections as they are accepted, each holding a slot, their deadline
 /// running. Failed accepts back off.
-fn accepted(
-    listener: TcpListener,
-    slots: Arc<Semaphore>,
-    front: Arc<Front>,
-) -> impl futures_util::Stream<Item = Bounded> {
+fn accepted(listener: Listener, slots: Arc<Semaphore>, front: Arc<Front>) -> impl futures_util::Stream<Item = Bounded> {
     let errors = Throttled::new(Duration::from_secs(10));
     futures_util::stream::unfold((listener, slots, errors), move |(listener, slots, errors)| {
         let front = front.clone();
@@ -366,8 +362,7 @@ fn accepted(
             loop {
                 let slot = slots.clone().acquire_owned().await.ok()?;
                 match listener.accept().await {
-                    Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
+                    Ok(stream) => {
                         front.rls.stats.connections.fetch_add(1, Relaxed);
                         let conn = Bounded {
                             stream,
@@ -553,8 +548,10 @@ impl http_body::Body for Deadlined {
     }
 }
 
-/// Serves the RLS front on `listener` until the process ends.
-pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
+/// Serves the RLS front on `listener` until `stop` completes; then accepts
+/// no more connections, and returns once the calls in flight are answered
+/// (hyper's graceful shutdown: GOAWAY to every connection).
+pub async fn serve(rls: Arc<Rls>, listener: Listener, stop: impl Future<Output = ()> + Send) -> Result<(), String> {
     let limits = rls.relay().limits;
     let (reporter, health) = tonic_health::server::health_reporter();
     let ready = rls.clone();
@@ -575,6 +572,7 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
         Some(xds) => tokio::spawn(super::xds::run(rls.clone(), xds.clone())),
         None => tokio::spawn(super::watch::watch(rls.clone())),
     };
+    tokio::spawn(super::statsd::flush_forever(rls.clone()));
     let service = RateLimitServiceServer::new(RlsService(rls.clone()))
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_request_bytes.max(1 << 20));
@@ -591,7 +589,7 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
     if let Some(tls) = &rls.options.tls {
         tokio::spawn(tls.clone().watch(rls.clone()));
     }
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let local = listener.describe();
     let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };
     let config = match &rls.options.xds {
         Some(xds) => format!("config over xDS from {}", xds.url),
@@ -606,7 +604,7 @@ pub async fn serve(rls: Arc<Rls>, listener: TcpListener) -> Result<(), String> {
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(Gated { inner: health, front: front.clone() })
         .add_service(Gated { inner: service, front: front.clone() })
-        .serve_with_incoming(incoming(listener, slots, front))
+        .serve_with_incoming_shutdown(incoming(listener, slots, front), stop)
         .await
         .map_err(|e| format!("--rls-listen {local}: {e}"))
 }

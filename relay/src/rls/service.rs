@@ -156,7 +156,7 @@ impl Rls {
             let d = &request.descriptors[i];
             let found = match lookup {
                 Lookup::UnknownDomain => {
-                    self.stats.domain_not_found.fetch_add(1, Relaxed);
+                    self.stats.not_found(domain);
                     resolved.push(Resolved::Free);
                     continue;
                 }

@@ -8,10 +8,13 @@
 //! `rl_relay_rls_*`. Stats keys are sanitised as envoyproxy/ratelimit does
 //! (`:` and `|` become `_`, and the dots of an IPv4 address).
 //!
-//! The series are bounded: at most [`MAX_SERIES`] label sets; past it a
-//! new one is dropped and counted (`rl_relay_rls_series_dropped_total`),
-//! since `detailed_metric` and `value_to_metric` put request values in the
-//! keys.
+//! The series are bounded: at most [`MAX_SERIES`] stats keys (and as many
+//! domains not found); past it a new one is dropped and counted
+//! (`rl_relay_rls_series_dropped_total`), since `detailed_metric` and
+//! `value_to_metric` put request values in the keys. They are kept by
+//! their whole stats key, folded into labels when shown, so that statsd
+//! (`statsd.rs`, a second output of these same counts) sends the names
+//! upstream sends.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -44,7 +47,10 @@ type Labels = (String, String, Option<String>);
 
 #[derive(Debug, Default)]
 pub struct Stats {
-    series: Mutex<HashMap<Labels, Series>>,
+    /// By sanitised stats key.
+    series: Mutex<HashMap<String, Series>>,
+    /// Descriptors of an unknown domain, by sanitised domain.
+    not_found: Mutex<HashMap<String, u64>>,
     dropped: AtomicU64,
     pub config_load_success: AtomicU64,
     pub config_load_error: AtomicU64,
@@ -81,6 +87,8 @@ pub struct Stats {
     response_time_sum_ns: AtomicU64,
     /// NEAR_LIMIT_RATIO as configured (None: its default).
     pub near_limit_ratio: Option<f64>,
+    /// USE_STATSD: where these counts are sent too.
+    pub statsd: Option<std::sync::Arc<super::statsd::Statsd>>,
 }
 
 /// `:` and `|` as `_`, and the dots of every IPv4-shaped run
@@ -140,12 +148,12 @@ impl Stats {
     /// was not asked, so never near).
     pub fn record(&self, stats_key: &str, limit: u64, cost: u64, remaining: Option<u64>, over: bool, shadow: bool) {
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        let labels = labels(stats_key);
-        if !series.contains_key(&labels) && series.len() >= MAX_SERIES {
+        let key = sanitize(stats_key);
+        if !series.contains_key(&key) && series.len() >= MAX_SERIES {
             self.dropped.fetch_add(1, Relaxed);
             return;
         }
-        let s = series.entry(labels).or_default();
+        let s = series.entry(key).or_default();
         s.total_hits += cost;
         if over {
             s.over_limit += cost;
@@ -164,13 +172,54 @@ impl Stats {
         }
     }
 
-    /// The series of a stats key, for tests.
+    /// The series of a stats key's labels (deeper levels folded), for tests.
     pub fn series(&self, stats_key: &str) -> Series {
+        let wanted = labels(stats_key);
+        self.by_labels().into_iter().find(|(l, _)| *l == wanted).map(|(_, s)| s).unwrap_or_default()
+    }
+
+    /// Every stats key's series, by sanitised stats key.
+    pub fn by_key(&self) -> Vec<(String, Series)> {
         let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        series.get(&labels(stats_key)).copied().unwrap_or_default()
+        series.iter().map(|(k, s)| (k.clone(), *s)).collect()
+    }
+
+    /// The series summed by their labels, sorted.
+    fn by_labels(&self) -> Vec<(Labels, Series)> {
+        let mut folded: std::collections::BTreeMap<Labels, Series> = Default::default();
+        for (key, s) in self.by_key() {
+            let f = folded.entry(labels(&key)).or_default();
+            f.total_hits += s.total_hits;
+            f.over_limit += s.over_limit;
+            f.near_limit += s.near_limit;
+            f.within_limit += s.within_limit;
+            f.shadow_mode += s.shadow_mode;
+        }
+        folded.into_iter().collect()
+    }
+
+    /// A descriptor of a domain no config names.
+    pub fn not_found(&self, domain: &str) {
+        self.domain_not_found.fetch_add(1, Relaxed);
+        let mut not_found = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
+        let domain = sanitize(domain);
+        if !not_found.contains_key(&domain) && not_found.len() >= MAX_SERIES {
+            self.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        *not_found.entry(domain).or_default() += 1;
+    }
+
+    /// Descriptors of unknown domains, by sanitised domain.
+    pub fn not_found_by_domain(&self) -> Vec<(String, u64)> {
+        let not_found = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
+        not_found.iter().map(|(d, n)| (d.clone(), *n)).collect()
     }
 
     pub fn responded(&self, took: Duration) {
+        if let Some(statsd) = &self.statsd {
+            statsd.response_time(took);
+        }
         self.requests.fetch_add(1, Relaxed);
         let seconds = took.as_secs_f64();
         let bucket = BUCKETS.iter().position(|&b| seconds <= b).unwrap_or(BUCKETS.len());
@@ -183,9 +232,7 @@ impl Stats {
         let mut out = String::new();
         let family = rl_client::prometheus_family;
         {
-            let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-            let mut sorted: Vec<(&Labels, &Series)> = series.iter().collect();
-            sorted.sort_by(|a, b| a.0.cmp(b.0));
+            let sorted = self.by_labels();
             for (stat, help, value) in [
                 (
                     "total_hits",
@@ -374,6 +421,11 @@ impl Stats {
                 "rl_relay_rls_series_dropped_total",
                 "hits not in the statistics: past the series bound",
                 self.dropped.load(Relaxed),
+            ),
+            (
+                "rl_relay_rls_statsd_dropped_total",
+                "statsd lines not sent (USE_STATSD): the queue to its socket full, or the send failed",
+                self.statsd.as_ref().map_or(0, |s| s.dropped.load(Relaxed)),
             ),
         ] {
             family(&mut out, name, "counter", help);

@@ -52,9 +52,9 @@ const fn var(name: &'static str, default: &'static str, how: How) -> Var {
 pub const VARS: &[Var] = &[
     var("HOST", "0.0.0.0", Served("--metrics HOST:PORT (/healthcheck, /metrics, /ready, /live)")),
     var("PORT", "8080", Served("--metrics HOST:PORT")),
-    var("DEBUG_HOST", "0.0.0.0", With("DEBUG_PORT")),
-    var("DEBUG_PORT", "6070", Ignored { matching: &[], why: "no debug port (pprof, /stats, /rlconfig): /metrics" }),
-    var("GRPC_UDS", "", Refused { allowed: &[""], why: "the Envoy front listens on TCP only (GRPC_HOST:GRPC_PORT)" }),
+    var("DEBUG_HOST", "0.0.0.0", Differently("127.0.0.1 unless set (/rlconfig shows the config's values)")),
+    var("DEBUG_PORT", "6070", Served("--debug-listen DEBUG_HOST:DEBUG_PORT (/rlconfig; no pprof, no /stats)")),
+    var("GRPC_UDS", "", Served("--rls-listen unix:GRPC_UDS (instead of GRPC_HOST:GRPC_PORT)")),
     var("GRPC_HOST", "0.0.0.0", Served("--rls-listen GRPC_HOST:GRPC_PORT")),
     var("GRPC_PORT", "8081", Served("--rls-listen GRPC_HOST:GRPC_PORT")),
     var("GRPC_MAX_CONNECTION_AGE", "24h", Ignored { matching: &[], why: "connections live until closed" }),
@@ -68,8 +68,14 @@ pub const VARS: &[Var] = &[
     var("GRPC_SERVER_TLS_KEY", "", With("GRPC_SERVER_USE_TLS")),
     var("GRPC_CLIENT_TLS_CACERT", "", With("GRPC_SERVER_USE_TLS")),
     var("GRPC_CLIENT_TLS_SAN", "", With("GRPC_SERVER_USE_TLS")),
-    var("LOG_LEVEL", "WARN", Differently("every line is a warning or an error, each kind at most once per 10 s")),
-    var("LOG_FORMAT", "text", Ignored { matching: &["text"], why: "lines are text" }),
+    var(
+        "LOG_LEVEL",
+        "WARN",
+        Differently(
+            "--log-level: every line is a warning or an error (each kind at most once per 10 s); ERROR keeps the errors",
+        ),
+    ),
+    var("LOG_FORMAT", "text", Served("--log-format text|json (@message, @timestamp, level)")),
     var("CONFIG_TYPE", "FILE", Served("--rls-config (FILE) or --rls-xds (GRPC_XDS_SOTW); any other refused")),
     var(
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
@@ -100,12 +106,16 @@ pub const VARS: &[Var] = &[
     var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", Served("--rls-xds-max-message-bytes (else gRPC's 4 MiB)")),
     var("USE_DOG_STATSD", "false", Ignored { matching: FALSE, why: "no DogStatsD: /metrics" }),
     var("USE_DOG_STATSD_MOGRIFIERS", "", With("USE_DOG_STATSD")),
-    var("USE_STATSD", "true", Ignored { matching: FALSE, why: "no statsd: the same statistics on /metrics" }),
+    var(
+        "USE_STATSD",
+        "true",
+        Served("--rls-statsd STATSD_HOST:STATSD_PORT (over UDP), --rls-statsd-tags, --rls-statsd-flush-interval-ms"),
+    ),
     var("STATSD_HOST", "localhost", With("USE_STATSD")),
     var("STATSD_PORT", "8125", With("USE_STATSD")),
-    var("EXTRA_TAGS", "", Ignored { matching: &[""], why: "no extra tags on /metrics" }),
+    var("EXTRA_TAGS", "", With("USE_STATSD")),
     var("STATS_FLUSH_INTERVAL", "10s", With("USE_STATSD")),
-    var("DISABLE_STATS", "false", Ignored { matching: FALSE, why: "/metrics is always served" }),
+    var("DISABLE_STATS", "false", Ignored { matching: FALSE, why: "/metrics is always served (statsd is not sent)" }),
     var(
         "USE_PROMETHEUS",
         "false",
@@ -491,7 +501,10 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
 
-    out.flag("--rls-listen", host_port(&value("GRPC_HOST"), &value("GRPC_PORT")));
+    match set("GRPC_UDS") {
+        Some(path) => out.flag("--rls-listen", format!("unix:{path}")),
+        None => out.flag("--rls-listen", host_port(&value("GRPC_HOST"), &value("GRPC_PORT"))),
+    }
     if enabled("GRPC_SERVER_USE_TLS")? {
         let (cert, key) = (value("GRPC_SERVER_TLS_CERT"), value("GRPC_SERVER_TLS_KEY"));
         if cert.is_empty() || key.is_empty() {
@@ -508,6 +521,29 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Result<Translated, Str
         }
     }
     out.flag("--metrics", host_port(&value("HOST"), &value("PORT")));
+    // Loopback unless DEBUG_HOST is set: /rlconfig shows the config's descriptor values.
+    let debug_host = set("DEBUG_HOST").unwrap_or_else(|| "127.0.0.1".into());
+    out.flag("--debug-listen", host_port(&debug_host, &value("DEBUG_PORT")));
+    // Upstream writes text for any LOG_FORMAT but json; it refuses a LOG_LEVEL logrus cannot read.
+    let level = value("LOG_LEVEL");
+    crate::logging::settings("text", &level).map_err(|e| format!("LOG_LEVEL={level}: {e}"))?;
+    out.flag("--log-level", level);
+    let format = value("LOG_FORMAT");
+    let json = format.eq_ignore_ascii_case("json");
+    if !json && !format.eq_ignore_ascii_case("text") {
+        out.not_served.push(format!("LOG_FORMAT={format} (text or json: lines are text, as upstream writes them)"));
+    }
+    out.flag("--log-format", if json { "json" } else { "text" });
+    if enabled("USE_STATSD")? && !enabled("DISABLE_STATS")? {
+        out.flag("--rls-statsd", host_port(&value("STATSD_HOST"), &value("STATSD_PORT")));
+        let tags = value("EXTRA_TAGS");
+        if !tags.is_empty() {
+            crate::rls::statsd::tag_suffix(&tags).map_err(|e| format!("EXTRA_TAGS={tags}: {e}"))?;
+            out.flag("--rls-statsd-tags", tags);
+        }
+        let interval = value("STATS_FLUSH_INTERVAL");
+        out.flag("--rls-statsd-flush-interval-ms", go_millis("STATS_FLUSH_INTERVAL", &interval)?.to_string());
+    }
     if enabled("USE_PROMETHEUS")? {
         let address = value("PROMETHEUS_ADDR");
         let address = if address.starts_with(':') { format!("0.0.0.0{address}") } else { address };
@@ -710,6 +746,7 @@ mod tests {
         let t = translate(&env(&[])).unwrap();
         assert_eq!(flag(&t, "--rls-listen").unwrap(), "0.0.0.0:8081");
         assert_eq!(flag(&t, "--metrics").unwrap(), "0.0.0.0:8080");
+        assert_eq!(flag(&t, "--debug-listen").unwrap(), "127.0.0.1:6070");
         assert_eq!(flag(&t, "--rls-config").unwrap(), "/srv/runtime_data/current/config");
         assert_eq!(flag(&t, "--redis").unwrap(), "redis+unix:///var/run/nutcracker/ratelimit.sock");
         assert_eq!(flag(&t, "--rls-headers").unwrap(), "off");
@@ -797,14 +834,51 @@ mod tests {
         assert!(translate(&env(&[("GRPC_SERVER_USE_TLS", "true")])).is_err(), "no certificate");
         assert!(translate(&env(&[("REDIS_TLS", "0")])).is_ok());
         assert!(translate(&env(&[("BACKEND_TYPE", "memcache")])).is_err());
+        let t = translate(&env(&[("LOG_FORMAT", "JSON"), ("LOG_LEVEL", "Error")])).unwrap();
+        assert_eq!(
+            (flag(&t, "--log-format").unwrap(), flag(&t, "--log-level").unwrap()),
+            ("json".into(), "Error".into())
+        );
+        let t = translate(&env(&[("LOG_FORMAT", "logfmt")])).unwrap();
+        assert_eq!(flag(&t, "--log-format").unwrap(), "text");
+        assert!(t.warning().unwrap().contains("LOG_FORMAT=logfmt"));
+        assert!(translate(&env(&[("LOG_LEVEL", "loud")])).unwrap_err().contains("LOG_LEVEL=loud"));
+        let t = translate(&env(&[("GRPC_UDS", "/run/rls.sock")])).unwrap();
+        assert_eq!(flag(&t, "--rls-listen").unwrap(), "unix:/run/rls.sock");
         let t = translate(&env(&[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071"), ("USE_STATSD", "F")])).unwrap();
+        assert_eq!(flag(&t, "--debug-listen").unwrap(), "127.0.0.1:6071");
         let warning = t.warning().unwrap();
-        assert!(warning.contains("TRACING_ENABLED") && warning.contains("DEBUG_PORT"), "{warning}");
+        assert!(warning.contains("TRACING_ENABLED") && !warning.contains("DEBUG_PORT"), "{warning}");
         assert!(!warning.contains("USE_STATSD"), "{warning}");
         assert!(translate(&env(&[("SHADOW_MODE", "maybe")])).is_err());
         let t = translate(&env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"), ("QUOTA_MODE", "1")])).unwrap();
         assert!(flag(&t, "--rls-stop-increment-when-overlimit").is_some() && flag(&t, "--rls-quota-mode").is_some());
         assert!(t.warning().is_none());
+    }
+
+    #[test]
+    fn statsd_as_upstream_sends_it() {
+        // On by default, as upstream (USE_STATSD=true, localhost:8125, 10s).
+        let t = translate(&env(&[])).unwrap();
+        assert_eq!(flag(&t, "--rls-statsd").unwrap(), "localhost:8125");
+        assert_eq!(flag(&t, "--rls-statsd-flush-interval-ms").unwrap(), "10000");
+        assert!(flag(&t, "--rls-statsd-tags").is_none());
+        let t = translate(&env(&[
+            ("STATSD_HOST", "::1"),
+            ("STATSD_PORT", "9125"),
+            ("EXTRA_TAGS", "zone:eu,app:rl"),
+            ("STATS_FLUSH_INTERVAL", "1m30s"),
+        ]))
+        .unwrap();
+        assert_eq!(flag(&t, "--rls-statsd").unwrap(), "[::1]:9125");
+        assert_eq!(flag(&t, "--rls-statsd-tags").unwrap(), "zone:eu,app:rl");
+        assert_eq!(flag(&t, "--rls-statsd-flush-interval-ms").unwrap(), "90000");
+        for off in [("USE_STATSD", "false"), ("DISABLE_STATS", "true")] {
+            assert!(flag(&translate(&env(&[off])).unwrap(), "--rls-statsd").is_none(), "{off:?}");
+        }
+        let e = translate(&env(&[("STATS_FLUSH_INTERVAL", "10")])).unwrap_err();
+        assert!(e.contains("STATS_FLUSH_INTERVAL=10"), "{e}");
+        assert!(translate(&env(&[("EXTRA_TAGS", "novalue")])).unwrap_err().contains("EXTRA_TAGS"));
     }
 
     #[test]

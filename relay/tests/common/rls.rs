@@ -165,3 +165,87 @@ pub async fn wait_health(relay: &RlsRelay, status: ServingStatus) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A relay started with `env` and no argument, and its ports.
+pub struct Bare {
+    pub relay: Relay,
+    pub grpc: u16,
+    pub health: u16,
+}
+
+/// GET `path` on `port`: the status code (0 if nothing answers) and body.
+pub fn get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// `vars` with the ports and the config folder (`root`/ratelimit/config)
+/// as Envoy Gateway sets them, on loopback (USE_STATSD=false unless
+/// `vars` say otherwise).
+pub fn start_bare(root: &Path, vars: &[(&'static str, String)]) -> Bare {
+    let (grpc, health) = (free_port(), free_port());
+    let mut env = vec![
+        ("GRPC_HOST", "127.0.0.1".to_string()),
+        ("GRPC_PORT", grpc.to_string()),
+        ("HOST", "127.0.0.1".to_string()),
+        ("PORT", health.to_string()),
+        // Not upstream's 6070: tests start relays side by side.
+        ("DEBUG_PORT", free_port().to_string()),
+        ("RUNTIME_ROOT", root.display().to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_IGNOREDOTFILES", "true".into()),
+        ("RUNTIME_WATCH_ROOT", "false".into()),
+        ("LOG_LEVEL", "info".into()),
+        ("USE_STATSD", "false".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+    ];
+    env.extend(vars.iter().cloned());
+    let relay = Relay::spawn(Start { env, bare: true, ..Start::default() });
+    Bare { relay, grpc, health }
+}
+
+pub fn config_folder(text: Option<&str>) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let folder = root.path().join("ratelimit/config");
+    if let Some(text) = text {
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("config.yaml"), text).unwrap();
+    }
+    root
+}
+
+impl Bare {
+    /// Waits for the gRPC port, the relay alive.
+    pub fn listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", self.grpc)).is_err() {
+            assert!(self.relay.alive(), "rl-relay exited: {}", self.relay.log());
+            assert!(Instant::now() < deadline, "the Envoy front did not listen: {}", self.relay.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub async fn client(&mut self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        self.listening();
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc)).await.unwrap()
+    }
+
+    /// GET `path` on PORT: the status code.
+    pub fn get(&self, path: &str) -> u16 {
+        get(self.health, path).0
+    }
+
+    /// Waits (20 s at most) for `/healthcheck` to answer `code`.
+    pub fn health_becomes(&self, code: u16) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.get("/healthcheck") != code {
+            assert!(Instant::now() < deadline, "/healthcheck never answered {code}: {}", self.relay.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
