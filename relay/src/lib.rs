@@ -16,6 +16,7 @@ pub mod reply;
 pub mod resp;
 pub mod rls;
 pub mod stats;
+pub mod tls;
 pub mod upstream;
 
 pub use relay::Relay;

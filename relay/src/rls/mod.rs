@@ -15,7 +15,6 @@
 //! stats.rs     statistics under envoyproxy/ratelimit's names
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
-//! tls.rs       its TLS and mutual TLS
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
 
@@ -28,7 +27,6 @@ pub mod serve;
 pub mod service;
 pub mod slots;
 pub mod stats;
-pub mod tls;
 pub mod upstream_answer;
 pub mod upstream_env;
 pub mod watch;
@@ -73,7 +71,7 @@ pub struct Options {
     /// Answers carry `dynamic_metadata` (its RESPONSE_DYNAMIC_METADATA).
     pub dynamic_metadata: bool,
     /// Served over TLS (its GRPC_SERVER_USE_TLS).
-    pub tls: Option<Arc<tls::Tls>>,
+    pub tls: Option<Arc<crate::tls::Tls>>,
     /// `--rls-stop-increment-when-overlimit`: usage reported on a limit
     /// already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
