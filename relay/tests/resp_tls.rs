@@ -43,6 +43,33 @@ fn tls_con(port: u16, ca: &Path, client: Option<&TlsFiles>) -> redis::RedisResul
     Ok(con)
 }
 
+/// What the relay answers `bytes` sent over TLS (trusting `ca`), read
+/// until it closes.
+fn tls_raw(port: u16, ca: &Path, bytes: &[u8]) -> String {
+    use rustls_pki_types::pem::PemObject;
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let session = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut stream = rustls::StreamOwned::new(session, socket);
+    stream.write_all(bytes).unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A field of `INFO relay`, read over TLS.
 fn info_field(con: &mut redis::Connection, field: &str) -> u64 {
     let info: String = redis::cmd("INFO").arg("relay").query(con).unwrap();
@@ -225,4 +252,27 @@ fn bad_files_refuse_the_start() {
     let mut relay = Relay::spawn(start);
     assert_eq!(relay.exit_code(), Some(2));
     assert!(relay.log().contains("--resp-tls-cert"), "clap names the flag missing: {}", relay.log());
+}
+
+/// Past `--max-clients`, a TLS client gets Redis's answer over TLS (a
+/// plaintext error on a TLS port would read as garbage), then the close.
+#[test]
+fn past_max_clients_a_tls_client_is_told_over_tls() {
+    let redis = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let files = TlsFiles::create(dir.path());
+    let relay = tls_relay(&redis, &files, &["--max-clients", "1"]);
+    // The start's probe (a connect and a close) holds the slot a moment.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut first = loop {
+        match tls_con(relay.port, &files.ca, None) {
+            Ok(con) => break con,
+            Err(e) => assert!(Instant::now() < deadline, "the one client never served: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Raw: redis-rs would swallow the error as the answer to its CLIENT
+    // SETINFO at connect, and report the close after it.
+    assert_eq!(tls_raw(relay.port, &files.ca, b"PING\r\n"), "-ERR max number of clients reached\r\n");
+    assert!(info_field(&mut first, "rejected_clients") >= 1);
 }
