@@ -276,3 +276,26 @@ fn past_max_clients_a_tls_client_is_told_over_tls() {
     assert_eq!(tls_raw(relay.port, &files.ca, b"PING\r\n"), "-ERR max number of clients reached\r\n");
     assert!(info_field(&mut first, "rejected_clients") >= 1);
 }
+
+/// Started as envoyproxy/ratelimit (no argument) there is no RESP front
+/// unless `--listen` is given: its TLS asked for by environment is refused,
+/// never ignored.
+#[test]
+fn resp_tls_without_a_resp_front_refuses_the_start() {
+    let redis = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let files = TlsFiles::create(dir.path());
+    let mut relay = Relay::spawn(Start {
+        env: vec![
+            ("REDIS_SOCKET_TYPE", "tcp".into()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("USE_STATSD", "false".into()),
+            ("RL_RELAY_RESP_TLS_CERT", files.server_cert.display().to_string()),
+            ("RL_RELAY_RESP_TLS_KEY", files.server_key.display().to_string()),
+        ],
+        bare: true,
+        ..Start::default()
+    });
+    assert_eq!(relay.exit_code(), Some(2), "{}", relay.log());
+    assert!(relay.log().contains("--resp-tls-cert: the RESP front does not serve"), "{}", relay.log());
+}
