@@ -12,7 +12,7 @@ PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint build bench bench-rls bench-sizing bench-tls sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -68,6 +68,11 @@ bench-rls: deps servers build
 # BENCHMARKS.md and keeps its timings.
 bench-sizing: deps servers build
 	RL_MODULE=$(MODULE) RL_SERVERS="$(SERVERS)" cargo run --release -q -p rl-bench -- sizing
+
+# The cost of TLS to Redis: RL.TAKE through rl-client over TCP and over TLS
+# to one server (decisions/s, client and server CPU per decision; docs/benchmarks.md).
+bench-tls: deps build
+	RL_MODULE=$(MODULE) cargo run --release -q -p rl-bench -- tls
 
 # The gateway's fleet simulation (gateway/README.md): 300 gateways against one
 # server with the module, about 40 s once built; the report goes to gateway/SIMULATION.md.

@@ -294,7 +294,8 @@ pub enum Backend {
 pub struct Config {
     /// Where Redis is.
     pub target: Target,
-    /// A lease relay (rl-relay, `redis://host:port/`) in front of `target`:
+    /// A lease relay (rl-relay, `redis://host:port/`, or `rediss://` for
+    /// one serving TLS: `tls` applies to it too) in front of `target`:
     /// calls go to it while it answers, and to `target` directly while its
     /// breaker is open (the breaker settings below apply to it as to a
     /// shard). Default none: calls go to `target`.

@@ -28,7 +28,9 @@
 //! the module, `GATEWAYS` (the fleet size, default 1), `GATEWAY_PORT`
 //! (8080), `BACKEND_PORT` (8081), `RULES_FILE` (the bootstrap rules),
 //! `SLOW_MS`, and `TRUSTED_PROXIES` (comma-separated networks of your load
-//! balancers: their `X-Forwarded-For` is believed, nobody else's).
+//! balancers: their `X-Forwarded-For` is believed, nobody else's). For a
+//! `rediss://` Redis: `RL_TLS_CA_FILE`, `RL_TLS_CERT_FILE`, `RL_TLS_KEY_FILE`
+//! (docs/security.md), for the limiter and the rules watcher alike.
 //! Counters are printed every 10 seconds; stop with Ctrl-C.
 
 use std::net::SocketAddr;
@@ -90,7 +92,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Redis: the limiter's server, and where the rules are published.
     let redis_url = redis_url();
+    let tls = rl_gateway::Tls::from_env()?;
     let config = Config {
+        tls: tls.clone(),
         backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
         gateways: env("GATEWAYS", "1").parse()?,
         ..Config::for_target(Target::from_url(&redis_url)?)
@@ -107,7 +111,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A limit the server refuses (an EXACT window above its max-log-limit)
     // would error at Redis on every request: refused here, before serving.
     rules.verify_server().await?;
-    let watcher = rules.watch_redis(RedisSource::new(redis_url))?;
+    let watcher = rules.watch_redis(RedisSource { tls, ..RedisSource::new(redis_url) })?;
 
     let proxies = env("TRUSTED_PROXIES", "");
     let trust = match proxies.as_str() {

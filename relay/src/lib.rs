@@ -17,6 +17,7 @@ pub mod reply;
 pub mod resp;
 pub mod rls;
 pub mod stats;
+pub mod tls;
 pub mod upstream;
 
 pub use relay::Relay;

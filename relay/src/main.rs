@@ -127,7 +127,24 @@ struct Args {
     #[arg(long, default_value = "warn")]
     log_level: String,
     #[command(flatten)]
+    resp_tls: RespTlsArgs,
+    #[command(flatten)]
     rls: RlsArgs,
+}
+
+/// The RESP front over TLS, for gateways that reach it across the network
+/// with `rediss://` (docs/relay.md "TLS on the RESP front").
+#[derive(clap::Args, Debug)]
+struct RespTlsArgs {
+    /// Serve the RESP front over TLS only, with this certificate chain (PEM; reloaded when it changes).
+    #[arg(long, env = "RL_RELAY_RESP_TLS_CERT", value_name = "FILE", requires = "resp_tls_key")]
+    resp_tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "RL_RELAY_RESP_TLS_KEY", value_name = "FILE", requires = "resp_tls_cert")]
+    resp_tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate this CA (PEM) signed.
+    #[arg(long, env = "RL_RELAY_RESP_TLS_CLIENT_CA", value_name = "FILE", requires = "resp_tls_cert")]
+    resp_tls_client_ca: Option<PathBuf>,
 }
 
 /// The RLS front (Envoy's rate limit service, relay/README.md "Behind Envoy").
@@ -360,6 +377,7 @@ async fn run(args: Args) -> Result<(), String> {
         None => None,
     };
     let fence = rl_relay::resp::fence::Fence::new(&args.rls.rls_prefix)?;
+    let resp_tls = resp_tls(&args.resp_tls, listen.is_some())?;
     let rls = rls_front(&args, &relay).await?;
     for (flag, address) in [("--metrics", &args.metrics), ("--prometheus-listen", &args.prometheus_listen)] {
         let Some(address) = address else { continue };
@@ -396,9 +414,14 @@ async fn run(args: Args) -> Result<(), String> {
         Some(listener) => {
             let local = listener.local_addr().map_err(|e| e.to_string())?;
             let auth = if relay.credentials.required() { "clients authenticate" } else { "no client authentication" };
+            let over = match &resp_tls {
+                Some(tls) if tls.mutual() => ", over TLS only (clients show a certificate the client CA signed)",
+                Some(_) => ", over TLS only",
+                None => "",
+            };
             let max = limits.max_clients;
-            line(format_args!("listening on {local} for {}, {auth}, at most {max} clients", urls.join(" ")));
-            tokio::spawn(rl_relay::resp::serve(relay, listener, fence));
+            line(format_args!("listening on {local}{over} for {}, {auth}, at most {max} clients", urls.join(" ")));
+            tokio::spawn(rl_relay::resp::serve(relay, listener, fence, resp_tls));
         }
         None => line(format_args!("serving the Envoy front only, for {}", urls.join(" "))),
     }
@@ -458,6 +481,19 @@ async fn drain(
     }
 }
 
+/// The RESP front's TLS, when asked for: files that cannot make one refuse
+/// the start, and so does TLS asked for a RESP front that does not serve.
+fn resp_tls(args: &RespTlsArgs, serves: bool) -> Result<Option<Arc<rl_relay::tls::Tls>>, String> {
+    let (Some(cert), Some(key)) = (&args.resp_tls_cert, &args.resp_tls_key) else { return Ok(None) };
+    if !serves {
+        return Err(
+            "--resp-tls-cert: the RESP front does not serve (started as envoyproxy/ratelimit: add --listen)".into()
+        );
+    }
+    let tls = rl_relay::tls::Tls::load(rl_relay::tls::RESP, cert, key, args.resp_tls_client_ca.as_deref(), None)?;
+    Ok(Some(Arc::new(tls)))
+}
+
 /// The largest `--rls-token-file`: a token is a line, never megabytes.
 const MAX_TOKEN_BYTES: usize = 64 << 10;
 
@@ -499,7 +535,8 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
         dynamic_metadata: args.rls.rls_dynamic_metadata,
         tls: match (&args.rls.rls_tls_cert, &args.rls.rls_tls_key) {
             (Some(cert), Some(key)) => {
-                let tls = rl_relay::rls::tls::Tls::load(
+                let tls = rl_relay::tls::Tls::load(
+                    rl_relay::tls::RLS,
                     cert,
                     key,
                     args.rls.rls_tls_client_ca.as_deref(),

@@ -53,6 +53,14 @@ pub struct Counters {
     pub auth_closed: AtomicU64,
     /// Connections refused at --max-clients.
     pub rejected_clients: AtomicU64,
+    /// RESP front over TLS: handshakes that failed or did not complete in
+    /// time (with a client CA: a client without a certificate it signed).
+    pub tls_handshake_failures: AtomicU64,
+    /// RESP front over TLS: plaintext clients told to use TLS and closed.
+    pub tls_plaintext_refused: AtomicU64,
+    /// RESP front over TLS: changed certificate files refused (the ones in
+    /// force kept).
+    pub tls_reload_errors: AtomicU64,
     /// Connections now (a gauge).
     pub connected_clients: AtomicU64,
     /// --metrics connections dropped while still sending their request,
@@ -212,7 +220,8 @@ pub fn info(view: &View) -> String {
          upstream_failures:{}\r\nrefused_commands:{}\r\nrefused_keys:{}\r\nprotocol_errors:{}\r\n\
          auth_failures:{}\r\nauth_timeouts:{}\r\nauth_delayed:{}\r\nauth_closed:{}\r\n\
          connected_clients:{}\r\nmax_clients:{}\r\nrejected_clients:{}\r\nsubjects:{}\r\nmax_subjects:{}\r\n\
-         evicted_subjects:{}\r\nmax_refusal_hold_ms:{}\r\n",
+         evicted_subjects:{}\r\nmax_refusal_hold_ms:{}\r\ntls_handshake_failures:{}\r\n\
+         tls_plaintext_refused:{}\r\ntls_reload_errors:{}\r\n",
         u8::from(view.ready),
         view.backend,
         settings.relays,
@@ -236,6 +245,9 @@ pub fn info(view: &View) -> String {
         settings.max_subjects,
         view.pools.evictions(),
         settings.max_hold_ms,
+        c.tls_handshake_failures.load(Relaxed),
+        c.tls_plaintext_refused.load(Relaxed),
+        c.tls_reload_errors.load(Relaxed),
     );
     for (i, s) in view.busiest().iter().enumerate() {
         let _ = write!(
@@ -281,6 +293,22 @@ pub fn metrics(view: &View) -> String {
         ("rl_relay_auth_delayed_total", "failed AUTH attempts answered late (slowed)", &c.auth_delayed),
         ("rl_relay_auth_closed_total", "connections closed after too many failed AUTH attempts", &c.auth_closed),
         ("rl_relay_rejected_clients_total", "connections refused at --max-clients", &c.rejected_clients),
+        (
+            "rl_relay_tls_handshake_failures_total",
+            "RESP front TLS handshakes that failed or timed out (with --resp-tls-client-ca: a client without a \
+             certificate the CA signed)",
+            &c.tls_handshake_failures,
+        ),
+        (
+            "rl_relay_tls_plaintext_refused_total",
+            "plaintext clients refused by the RESP front over TLS (told to use rediss://)",
+            &c.tls_plaintext_refused,
+        ),
+        (
+            "rl_relay_tls_reload_errors_total",
+            "changed --resp-tls-* files refused (the certificates in force kept)",
+            &c.tls_reload_errors,
+        ),
         (
             "rl_relay_http_dropped_total",
             "--metrics connections dropped still sending their request, for a newer one (all 16 taken, or 4 from one \

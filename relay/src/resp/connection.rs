@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -52,10 +50,13 @@ struct Answer {
     _budget: OwnedSemaphorePermit,
 }
 
-pub(super) async fn run(relay: Arc<Relay>, front: Arc<Front>, socket: TcpStream, id: u64) {
-    let _ = socket.set_nodelay(true);
-    let peer = socket.peer_addr().map_or_else(|_| "?".to_string(), |a| a.ip().to_string());
-    let (read, write) = socket.into_split();
+/// Serves a connection's two halves (a TCP socket's, or a TLS stream's)
+/// until it ends; `peer` names the client in the log.
+pub(super) async fn run<R, W>(relay: Arc<Relay>, front: Arc<Front>, read: R, write: W, peer: String, id: u64)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let limits = relay.limits;
     let mut requests = FramedRead::with_capacity(read, Reader::new(limits), 8 << 10);
     let (answers, mut queue) = mpsc::channel::<Answer>(QUEUED);
@@ -252,7 +253,7 @@ fn info(relay: &Relay, args: &[bytes::Bytes]) -> Reply {
 }
 
 /// Reads and drops what the client still sends, for a moment.
-async fn drain(mut read: OwnedReadHalf) {
+async fn drain<R: AsyncRead + Unpin>(mut read: R) {
     let mut buf = [0u8; 8192];
     let mut left = DRAIN_BYTES;
     let _ = tokio::time::timeout(DRAIN_FOR, async {

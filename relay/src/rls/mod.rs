@@ -16,8 +16,7 @@
 //! statsd.rs    the same sent to statsd (USE_STATSD)
 //! watch.rs     the config reloaded when a file changes
 //! serve.rs     the listener, its bounds, gRPC health
-//! socket.rs    its TCP or Unix socket (GRPC_UDS)
-//! tls.rs       its TLS and mutual TLS
+//! socket.rs    its TCP or Unix socket (GRPC_UDS); its TLS is ../tls.rs
 //! upstream_env.rs  envoyproxy/ratelimit's environment variables as flags
 //! upstream_answer.rs  its quota mode and dynamic metadata on an answer
 //! xds.rs       the config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW)
@@ -34,7 +33,6 @@ pub mod slots;
 pub mod socket;
 pub mod stats;
 pub mod statsd;
-pub mod tls;
 pub mod upstream_answer;
 pub mod upstream_env;
 pub mod watch;
@@ -81,7 +79,7 @@ pub struct Options {
     /// Answers carry `dynamic_metadata` (its RESPONSE_DYNAMIC_METADATA).
     pub dynamic_metadata: bool,
     /// Served over TLS (its GRPC_SERVER_USE_TLS).
-    pub tls: Option<Arc<tls::Tls>>,
+    pub tls: Option<Arc<crate::tls::Tls>>,
     /// `--rls-stop-increment-when-overlimit`: usage reported on a limit
     /// already over counts nothing (envoyproxy/ratelimit's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).

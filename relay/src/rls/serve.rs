@@ -14,7 +14,7 @@
 //! token: answered on any connection, and a token-less connection that
 //! only checked health is kept past its deadline on a budget of its own
 //! ([`HEALTH_CONNECTIONS`], apart from `--max-clients`), where it is served
-//! health checks only. With `--rls-tls-cert`, over TLS (`tls.rs`).
+//! health checks only. With `--rls-tls-cert`, over TLS (`crate::tls`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -587,7 +587,10 @@ pub async fn serve(rls: Arc<Rls>, listener: Listener, stop: impl Future<Output =
         tls_failures: Throttled::new(Duration::from_secs(10)),
     });
     if let Some(tls) = &rls.options.tls {
-        tokio::spawn(tls.clone().watch(rls.clone()));
+        let rls = rls.clone();
+        tokio::spawn(tls.clone().watch(move || {
+            rls.stats.tls_reload_errors.fetch_add(1, Relaxed);
+        }));
     }
     let local = listener.describe();
     let token = if rls.options.token.is_some() { "callers send the token" } else { "no caller token" };

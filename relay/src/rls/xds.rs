@@ -35,7 +35,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataKey, MetadataMap};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::config::{cut, ConfigError, RlsConfig, MAX_TOTAL_BYTES};
-use super::tls::read;
+use crate::tls::read;
 use super::xds_proto::{RateLimitConfig, TYPE_URL};
 use super::Rls;
 use crate::logging::{line, Throttled};

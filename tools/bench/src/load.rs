@@ -123,7 +123,7 @@ fn command_usec(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn cpu_seconds(con: &mut redis::Connection) -> f64 {
+pub fn cpu_seconds(con: &mut redis::Connection) -> f64 {
     let text: String = redis::cmd("INFO").arg("cpu").query(con).expect("INFO cpu");
     ["used_cpu_sys", "used_cpu_user"]
         .iter()

@@ -13,13 +13,15 @@
 //! REDIS_CELL_SO / REDIS_CELL_SRC (see cell.rs), BENCH_N (operations per
 //! run, default 60000), BENCH_ROUNDS (default 5), BENCH_OUT (report path,
 //! default BENCHMARKS.md). `rl-bench sizing` measures memory alone and
-//! replaces that section of the report.
+//! replaces that section of the report. `rl-bench tls` measures the cost
+//! of TLS to Redis instead (tls.rs).
 
 mod cell;
 mod load;
 mod report;
 mod servers;
 mod sizing;
+mod tls;
 mod workloads;
 
 use std::collections::HashMap;
@@ -35,8 +37,10 @@ fn env_num(name: &str, default: u64) -> u64 {
 }
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("sizing") {
-        return sizing_only();
+    match std::env::args().nth(1).as_deref() {
+        Some("sizing") => return sizing_only(),
+        Some("tls") => return tls::main(),
+        _ => {}
     }
     let ops = env_num("BENCH_N", 60_000);
     let rounds = env_num("BENCH_ROUNDS", 5) as usize;

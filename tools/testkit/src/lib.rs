@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+pub mod managed;
 pub mod prometheus;
 mod sentinel;
 pub mod tls;

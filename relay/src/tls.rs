@@ -1,7 +1,9 @@
-//! The RLS front's TLS (envoyproxy/ratelimit's GRPC_SERVER_USE_TLS):
-//! the server's certificate and key, and with a client CA mutual TLS, a
+//! The TLS of the relay's fronts, one home for both: the RLS front's
+//! (`--rls-tls-*`, envoyproxy/ratelimit's GRPC_SERVER_USE_TLS) and the
+//! RESP front's (`--resp-tls-*`, gateways across the network). The
+//! server's certificate and key, and with a client CA mutual TLS, a
 //! client without a certificate that CA signed refused at the handshake
-//! (`rl_relay_rls_tls_handshake_failures_total`); with a client SAN
+//! (counted by the front). On the RLS front, with a client SAN
 //! (GRPC_CLIENT_TLS_SAN) a client certificate not valid for that DNS name
 //! has every call answered UNAUTHENTICATED, counted
 //! (`rl_relay_rls_san_refused_total`) and logged, as upstream checks it
@@ -10,13 +12,12 @@
 //! The files are read at start (a bad one refuses the start) and looked at
 //! every second after: once one changes, all are read again and, when they
 //! make a good configuration, new connections get it (logged); a bad one
-//! is logged and counted (`rl_relay_rls_tls_reload_errors_total`), the
-//! certificates in force kept. Connections open keep what they were
-//! accepted with, as upstream's.
+//! is logged and counted by the front (`rl_relay_rls_tls_reload_errors_total`,
+//! `rl_relay_tls_reload_errors_total`), the certificates in force kept.
+//! Connections open keep what they were accepted with, as upstream's.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -34,9 +35,24 @@ const MAX_PEM_BYTES: usize = 1 << 20;
 /// How often the files are looked at.
 const POLL: Duration = Duration::from_secs(1);
 
+/// Which front a [`Tls`] serves: its name in the log, its flags' prefix
+/// in errors, and the protocols it offers by ALPN.
+#[derive(Clone, Copy, Debug)]
+pub struct Front {
+    name: &'static str,
+    flag: &'static str,
+    alpn: &'static [&'static [u8]],
+}
+
+/// The Envoy front: gRPC, so HTTP/2.
+pub const RLS: Front = Front { name: "RLS front", flag: "--rls-tls", alpn: &[b"h2"] };
+/// The RESP front: Redis clients offer no ALPN.
+pub const RESP: Front = Front { name: "RESP front", flag: "--resp-tls", alpn: &[] };
+
 /// The files the front's TLS is made of.
 #[derive(Clone, Debug)]
 struct Files {
+    front: Front,
     cert: PathBuf,
     key: PathBuf,
     client_ca: Option<PathBuf>,
@@ -57,14 +73,15 @@ impl Files {
 
     /// A server configuration from the files, or what is wrong with them.
     fn build(&self) -> Result<ServerConfig, String> {
-        let certs = CertificateDer::pem_slice_iter(&read("--rls-tls-cert", &self.cert)?)
+        let flag = self.front.flag;
+        let certs = CertificateDer::pem_slice_iter(&read(&format!("{flag}-cert"), &self.cert)?)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--rls-tls-cert {}: {e}", self.cert.display()))?;
+            .map_err(|e| format!("{flag}-cert {}: {e}", self.cert.display()))?;
         if certs.is_empty() {
-            return Err(format!("--rls-tls-cert {}: holds no certificate", self.cert.display()));
+            return Err(format!("{flag}-cert {}: holds no certificate", self.cert.display()));
         }
-        let key = PrivateKeyDer::from_pem_slice(&read("--rls-tls-key", &self.key)?)
-            .map_err(|e| format!("--rls-tls-key {}: {e}", self.key.display()))?;
+        let key = PrivateKeyDer::from_pem_slice(&read(&format!("{flag}-key"), &self.key)?)
+            .map_err(|e| format!("{flag}-key {}: {e}", self.key.display()))?;
         // ring, as tonic's tls-ring: rustls deprecates it for having no
         // post-quantum key exchange; aws-lc-rs, which has, builds a C
         // library at every cold build.
@@ -76,9 +93,9 @@ impl Files {
         let builder = match &self.client_ca {
             None => builder.with_no_client_auth(),
             Some(path) => {
-                let shown = |e: &dyn fmt::Display| format!("--rls-tls-client-ca {}: {e}", path.display());
+                let shown = |e: &dyn fmt::Display| format!("{flag}-client-ca {}: {e}", path.display());
                 let mut roots = RootCertStore::empty();
-                for cert in CertificateDer::pem_slice_iter(&read("--rls-tls-client-ca", path)?) {
+                for cert in CertificateDer::pem_slice_iter(&read(&format!("{flag}-client-ca"), path)?) {
                     roots.add(cert.map_err(|e| shown(&e))?).map_err(|e| shown(&e))?;
                 }
                 let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
@@ -89,14 +106,14 @@ impl Files {
         };
         let mut config = builder
             .with_single_cert(certs, key)
-            .map_err(|e| format!("--rls-tls-cert {} with --rls-tls-key: {e}", self.cert.display()))?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+            .map_err(|e| format!("{flag}-cert {} with {flag}-key: {e}", self.cert.display()))?;
+        config.alpn_protocols = self.front.alpn.iter().map(|p| p.to_vec()).collect();
         Ok(config)
     }
 }
 
 /// A PEM file, bounded (the xDS client reads its own with it too).
-pub(super) fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
+pub(crate) fn read(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
     let text = crate::files::read_bounded(path, MAX_PEM_BYTES, "a PEM file (1 MiB)")
         .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     Ok(text.into_bytes())
@@ -118,21 +135,26 @@ impl fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// Reads the files and builds the configuration: any error refuses
-    /// the start.
-    pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>, client_san: Option<String>) -> Result<Tls, String> {
+    /// Reads the files and builds `front`'s configuration: any error
+    /// refuses the start.
+    pub fn load(
+        front: Front,
+        cert: &Path,
+        key: &Path,
+        client_ca: Option<&Path>,
+        client_san: Option<String>,
+    ) -> Result<Tls, String> {
+        let flag = front.flag;
         if client_san.is_some() && client_ca.is_none() {
-            return Err(
-                "--rls-tls-client-san needs --rls-tls-client-ca: without a client CA no client certificate is \
-                        asked for"
-                    .into(),
-            );
+            return Err(format!(
+                "{flag}-client-san needs {flag}-client-ca: without a client CA no client certificate is asked for"
+            ));
         }
         if let Some(san) = &client_san {
             rustls_pki_types::DnsName::try_from(san.as_str())
-                .map_err(|_| format!("--rls-tls-client-san {san}: not a DNS name"))?;
+                .map_err(|_| format!("{flag}-client-san {san}: not a DNS name"))?;
         }
-        let files = Files { cert: cert.into(), key: key.into(), client_ca: client_ca.map(Into::into) };
+        let files = Files { front, cert: cert.into(), key: key.into(), client_ca: client_ca.map(Into::into) };
         let config = files.build()?;
         Ok(Tls { files, client_san, config: RwLock::new(Arc::new(config)) })
     }
@@ -142,9 +164,15 @@ impl Tls {
         TlsAcceptor::from(self.config.read().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
+    /// Whether clients must show a certificate the client CA signed.
+    pub fn mutual(&self) -> bool {
+        self.files.client_ca.is_some()
+    }
+
     /// Looks at the files every second until the process ends; reads them
-    /// again once one changed (a refusal counted in `errors`).
-    pub async fn watch(self: Arc<Self>, errors: Arc<super::Rls>) {
+    /// again once one changed (a refusal counted by `refused`).
+    pub async fn watch(self: Arc<Self>, refused: impl Fn() + Send + 'static) {
+        let name = self.files.front.name;
         let mut seen = self.files.fingerprint();
         loop {
             tokio::time::sleep(POLL).await;
@@ -160,11 +188,11 @@ impl Tls {
             match built {
                 Ok(config) => {
                     *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
-                    line("RLS front: TLS certificates reloaded, for new connections");
+                    line(format_args!("{name}: TLS certificates reloaded, for new connections"));
                 }
                 Err(e) => {
-                    errors.stats.tls_reload_errors.fetch_add(1, Relaxed);
-                    line(format_args!("RLS front: TLS certificates refused, the ones in force kept: {e}"));
+                    refused();
+                    line(format_args!("{name}: TLS certificates refused, the ones in force kept: {e}"));
                 }
             }
         }
