@@ -15,7 +15,7 @@ use rl_gateway::global::{feed_fixed_windows, RuleShares, Share, ShareTable};
 use rl_gateway::global::{GatewayConfig, RegionShares};
 use rl_gateway::global::{GlobalLimit, RegionalShares};
 use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
-use rl_gateway::{Backend, Clock, Config, Limiter, ManualClock, Source};
+use rl_gateway::{Backend, Clock, Config, Limiter, LimiterConfig, ManualClock, Source};
 use testkit::Server;
 
 /// A global rule over three regions split 5/3/2, and a fail-closed one
@@ -41,14 +41,16 @@ fn rules() -> RuleSetSpec {
 }
 
 fn limiter(server: &Server) -> Limiter {
-    let config = Config {
-        backend: Backend::Module,
-        timeout: Duration::from_millis(300),
-        connect_timeout: Duration::from_millis(300),
+    let config = LimiterConfig {
         // One gateway, no slack: the outage fallback admits exactly its share.
         gateways: 1,
         fallback_slack: 1.0,
-        ..Config::standalone(server.url())
+        ..LimiterConfig::new(Config {
+            backend: Backend::Module,
+            timeout: Duration::from_millis(300),
+            connect_timeout: Duration::from_millis(300),
+            ..Config::standalone(server.url())
+        })
     };
     Limiter::new(config).unwrap()
 }

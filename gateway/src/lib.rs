@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod config;
 mod deny_cache;
 mod fallback;
 #[cfg(feature = "global")]
@@ -21,6 +22,7 @@ mod shards;
 pub mod sim;
 mod subject;
 
+pub use config::LimiterConfig;
 pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
 pub use limiter::{Check, Limiter, NoPermit, Permit};
 #[cfg(all(feature = "live", feature = "tower"))]
