@@ -18,7 +18,7 @@
 //! contend: the rows past the core count show the cost of sharing, not of
 //! more parallelism. The line after each row counts the decisions that
 //! took the path, from the limiter's counters, and the lock waits meanwhile
-//! (`rl_gateway::sim::lock_waits`: a lock of the client found held, waited for):
+//! (`rl_gateway::internal::lock_waits`: a lock of the client found held, waited for):
 //! the contention a row met, which on 2 cores its CPU time alone can hide.
 //! The decision paths have no compare-and-swap loop to count retries of
 //! (the counters add with `fetch_add`; the breaker's closed path only
@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rl_gateway::sim::lock_waits;
+use rl_gateway::internal::lock_waits;
 use rl_gateway::{Config, Event, Limiter, LimiterConfig, Policy, Rule};
 use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;

@@ -15,7 +15,7 @@ use std::collections::BinaryHeap;
 
 use bytes::Bytes;
 use rl_core::{acquire, BucketParams, BucketState, BucketUpdate, Reply};
-use rl_gateway::sim::Ticket;
+use rl_gateway::internal::Ticket;
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 use rl_sims::kit::rng::Rng;
 
