@@ -309,10 +309,10 @@ async fn never_over_with_real_gateways_while_traffic_moves() {
     let mut gateways = Vec::new();
     for (r, server) in servers.iter().enumerate() {
         for _ in 0..3 {
-            let config = rl_gateway::Config {
+            let config = rl_gateway::LimiterConfig {
                 gateways: 3,
                 lease_window: Duration::from_millis(1),
-                ..rl_gateway::Config::standalone(server.url())
+                ..rl_gateway::LimiterConfig::new(rl_gateway::Config::standalone(server.url()))
             };
             let live = LiveRules::new(rl_gateway::Limiter::new(config).unwrap(), &spec).unwrap();
             let mut gc = GatewayConfig::new(["eu", "us", "ap"][r], server.url());

@@ -15,7 +15,7 @@ use rl_gateway::global::{feed_fixed_windows, RuleShares, Share, ShareTable};
 use rl_gateway::global::{GatewayConfig, RegionShares};
 use rl_gateway::global::{GlobalLimit, RegionalShares};
 use rl_gateway::live::{LiveRules, Request, RuleSetSpec};
-use rl_gateway::{Backend, Clock, Config, Limiter, ManualClock, Source};
+use rl_gateway::{Backend, Clock, Config, Limiter, LimiterConfig, ManualClock, Source};
 use testkit::{PlainServer, Server};
 
 /// A global rule over three regions split 5/3/2, and a fail-closed one
@@ -46,14 +46,16 @@ fn limiter(server: &Server) -> Limiter {
 
 /// The same gateway's limiter on `url` with `backend`.
 fn limiter_with(url: String, backend: Backend) -> Limiter {
-    let config = Config {
-        backend,
-        timeout: Duration::from_millis(300),
-        connect_timeout: Duration::from_millis(300),
+    let config = LimiterConfig {
         // One gateway, no slack: the outage fallback admits exactly its share.
         gateways: 1,
         fallback_slack: 1.0,
-        ..Config::standalone(url)
+        ..LimiterConfig::new(Config {
+            backend,
+            timeout: Duration::from_millis(300),
+            connect_timeout: Duration::from_millis(300),
+            ..Config::standalone(url)
+        })
     };
     Limiter::new(config).unwrap()
 }

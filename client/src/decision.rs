@@ -13,7 +13,7 @@ pub enum Source {
     /// Spent from tokens this gateway leased earlier: never over, only under.
     Lease,
     /// Refused from memory: Redis refused this subject moments ago (at most
-    /// [`Config::deny_hold_max`](crate::Config::deny_hold_max)) and said when
+    /// rl-gateway's `LimiterConfig::deny_hold_max`) and said when
     /// to come back: `retry_after` is that time, counted down. Never over.
     DenyCache,
     /// Refused from memory without a refusal from Redis: the subject's

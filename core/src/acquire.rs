@@ -54,10 +54,10 @@ impl BucketOp {
 
     /// The decision at `now_ms` and the writes that carry it out (none for
     /// Peek or a refusal). Amounts must have been validated.
-    pub fn run(self, buckets: &[BucketParams], states: &[Option<BucketState>], now_ms: u64) -> Outcome {
+    pub fn run(self, buckets: &[BucketParams], states: &[Option<BucketState>], now_ms: u64) -> BucketOutcome {
         match self {
             BucketOp::Take { cost } => acquire(buckets, states, cost, cost, now_ms),
-            BucketOp::Peek { cost } => Outcome {
+            BucketOp::Peek { cost } => BucketOutcome {
                 decision: peek(buckets, states, cost, cost, now_ms),
                 updates: SmallVec::new(),
                 keep_until_ms: SmallVec::new(),
@@ -70,9 +70,9 @@ impl BucketOp {
 }
 
 /// A bucket call's outcome: writes of whole states.
-pub type Outcome = crate::combine::Outcome<BucketState>;
+pub type BucketOutcome = crate::combine::Outcome<BucketState>;
 /// What to write back for one bucket.
-pub type Update = crate::combine::Update<BucketState>;
+pub type BucketUpdate = crate::combine::Update<BucketState>;
 
 type Levels = SmallVec<[i128; INLINE]>;
 
@@ -131,7 +131,13 @@ fn take_checks(buckets: &[BucketParams], levels: &[i128], cost: u64) -> SmallVec
 /// Takes as many tokens as every bucket can give, up to `want`, from every
 /// bucket; or nothing when fewer than `min` are available (1 <= min <= want).
 /// A refusal reports the wait for `min` tokens.
-pub fn acquire(buckets: &[BucketParams], states: &[Option<BucketState>], want: u64, min: u64, now_ms: u64) -> Outcome {
+pub fn acquire(
+    buckets: &[BucketParams],
+    states: &[Option<BucketState>],
+    want: u64,
+    min: u64,
+    now_ms: u64,
+) -> BucketOutcome {
     let levels = levels(buckets, states, now_ms);
     let (decision, checks) = take_decision(buckets, &levels, want, min);
     if !decision.allowed() {
@@ -140,12 +146,16 @@ pub fn acquire(buckets: &[BucketParams], states: &[Option<BucketState>], want: u
             // from a server whose clock ran ahead): no time would pass until
             // the clock caught up, freezing the limit. Re-stamp at now, the
             // level unchanged, so refill resumes from now; nothing minted.
-            return Outcome { decision, updates: updates(buckets, &levels, now_ms), keep_until_ms: SmallVec::new() };
+            return BucketOutcome {
+                decision,
+                updates: updates(buckets, &levels, now_ms),
+                keep_until_ms: SmallVec::new(),
+            };
         }
-        return Outcome { decision, updates: SmallVec::new(), keep_until_ms: keep_until(&checks, now_ms) };
+        return BucketOutcome { decision, updates: SmallVec::new(), keep_until_ms: keep_until(&checks, now_ms) };
     }
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| l - b.units(decision.granted)).collect();
-    Outcome { decision, updates: updates(buckets, &after, now_ms), keep_until_ms: SmallVec::new() }
+    BucketOutcome { decision, updates: updates(buckets, &after, now_ms), keep_until_ms: SmallVec::new() }
 }
 
 /// `acquire` on states kept in memory (a gateway's local buckets): the
@@ -196,13 +206,13 @@ pub fn peek(buckets: &[BucketParams], states: &[Option<BucketState>], want: u64,
 /// Takes `cost` from every bucket whatever they hold: a bucket may go into
 /// debt (down to -MAX_TOKENS), which later refill pays back before anything
 /// is admitted. Always granted.
-pub fn force(buckets: &[BucketParams], states: &[Option<BucketState>], cost: u64, now_ms: u64) -> Outcome {
+pub fn force(buckets: &[BucketParams], states: &[Option<BucketState>], cost: u64, now_ms: u64) -> BucketOutcome {
     let floor = |b: &BucketParams| -b.units(BucketState::MIN_TOKENS.unsigned_abs());
     apply(buckets, states, cost, now_ms, |b, l| (l - b.units(cost)).max(floor(b)))
 }
 
 /// Gives `tokens` back to every bucket, never above capacity. Always granted.
-pub fn refund(buckets: &[BucketParams], states: &[Option<BucketState>], tokens: u64, now_ms: u64) -> Outcome {
+pub fn refund(buckets: &[BucketParams], states: &[Option<BucketState>], tokens: u64, now_ms: u64) -> BucketOutcome {
     apply(buckets, states, tokens, now_ms, |b, l| (l + b.units(tokens)).min(b.full_units()))
 }
 
@@ -213,12 +223,12 @@ fn apply(
     tokens: u64,
     now_ms: u64,
     to: impl Fn(&BucketParams, i128) -> i128,
-) -> Outcome {
+) -> BucketOutcome {
     let levels = levels(buckets, states, now_ms);
     let after: Levels = buckets.iter().zip(&levels).map(|(b, &l)| to(b, l)).collect();
     let checks: SmallVec<[Check; INLINE]> =
         buckets.iter().zip(levels.iter().zip(&after)).map(|(b, (&l, &a))| standing(b, l, a)).collect();
-    Outcome {
+    BucketOutcome {
         decision: decide(&checks, tokens),
         updates: updates(buckets, &after, now_ms),
         keep_until_ms: SmallVec::new(),
@@ -226,16 +236,16 @@ fn apply(
 }
 
 /// The writes that record `levels` at `now_ms`.
-pub fn updates(buckets: &[BucketParams], levels: &[i128], now_ms: u64) -> SmallVec<[Update; INLINE]> {
+pub fn updates(buckets: &[BucketParams], levels: &[i128], now_ms: u64) -> SmallVec<[BucketUpdate; INLINE]> {
     buckets
         .iter()
         .zip(levels)
         .map(|(b, &level)| {
             let missing = b.full_units() - level;
             if missing <= 0 {
-                Update::Remove
+                BucketUpdate::Remove
             } else {
-                Update::Store {
+                BucketUpdate::Store {
                     state: BucketState::from_units(b, level, now_ms),
                     expires_at_ms: now_ms + b.wait_ms(missing),
                 }
@@ -252,11 +262,11 @@ mod tests {
         BucketParams::new(c, r, ms).unwrap()
     }
 
-    fn apply_updates(states: &mut [Option<BucketState>], out: &Outcome) {
+    fn apply_updates(states: &mut [Option<BucketState>], out: &BucketOutcome) {
         for (s, u) in states.iter_mut().zip(&out.updates) {
             *s = match u {
-                Update::Store { state, .. } => Some(*state),
-                Update::Remove => None,
+                BucketUpdate::Store { state, .. } => Some(*state),
+                BucketUpdate::Remove => None,
             };
         }
     }
@@ -286,11 +296,11 @@ mod tests {
         let out = acquire(&b, &[None], 3, 3, 7_000);
         assert_eq!(out.decision.reset_after_ms, 1500);
         match out.updates[0] {
-            Update::Store { state, expires_at_ms } => {
+            BucketUpdate::Store { state, expires_at_ms } => {
                 assert_eq!(expires_at_ms, 8_500);
                 assert_eq!((state.tokens, state.fraction, state.updated_ms), (7, 0, 7_000));
             }
-            Update::Remove => panic!("a debited bucket is not full"),
+            BucketUpdate::Remove => panic!("a debited bucket is not full"),
         }
     }
 
@@ -412,7 +422,7 @@ mod tests {
         assert!(!out.decision.allowed());
         assert_eq!(out.decision.retry_after_ms, 1000, "the wait counts from now, not from the stamp");
         match out.updates[..] {
-            [Update::Store { state, expires_at_ms }] => {
+            [BucketUpdate::Store { state, expires_at_ms }] => {
                 assert_eq!((state.tokens, state.fraction, state.updated_ms), (0, 0, 0), "level kept");
                 assert_eq!(expires_at_ms, 10_000);
             }
@@ -426,7 +436,7 @@ mod tests {
     #[test]
     fn full_level_is_removed() {
         let b = [p(10, 1, 1000)];
-        assert_eq!(updates(&b, &[b[0].full_units()], 0)[0], Update::Remove);
+        assert_eq!(updates(&b, &[b[0].full_units()], 0)[0], BucketUpdate::Remove);
     }
 
     #[test]
@@ -449,15 +459,15 @@ mod tests {
         let out2 = force(
             &b,
             &[match out.updates[0] {
-                Update::Store { state, .. } => Some(state),
+                BucketUpdate::Store { state, .. } => Some(state),
                 _ => None,
             }],
             crate::limits::MAX_TOKENS,
             0,
         );
         match out2.updates[0] {
-            Update::Store { state, .. } => assert_eq!(state.tokens, BucketState::MIN_TOKENS),
-            Update::Remove => panic!(),
+            BucketUpdate::Store { state, .. } => assert_eq!(state.tokens, BucketState::MIN_TOKENS),
+            BucketUpdate::Remove => panic!(),
         }
     }
 
@@ -470,10 +480,10 @@ mod tests {
         ];
         let out = refund(&b, &s, 3, 0);
         assert_eq!(out.decision.granted, 3);
-        assert_eq!(out.updates[1], Update::Remove, "5 of 5: full, so no key");
+        assert_eq!(out.updates[1], BucketUpdate::Remove, "5 of 5: full, so no key");
         match out.updates[0] {
-            Update::Store { state, expires_at_ms } => assert_eq!((state.tokens, expires_at_ms), (5, 5_000)),
-            Update::Remove => panic!(),
+            BucketUpdate::Store { state, expires_at_ms } => assert_eq!((state.tokens, expires_at_ms), (5, 5_000)),
+            BucketUpdate::Remove => panic!(),
         }
         assert_eq!((out.decision.binding, out.decision.remaining), (0, 5));
     }

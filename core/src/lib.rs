@@ -19,7 +19,7 @@ pub mod limits;
 pub mod ratelimit_header;
 pub mod window;
 
-pub use acquire::{acquire, acquire_in_place, force, peek, refund, BucketOp, Outcome, Update};
+pub use acquire::{acquire, acquire_in_place, force, peek, refund, BucketOp, BucketOutcome, BucketUpdate};
 pub use bucket::{BucketParams, BucketState};
 pub use combine::{Reply, INLINE};
 pub use limits::ParamError;

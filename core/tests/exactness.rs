@@ -3,14 +3,14 @@
 //! demand, and never more under any demand or clock.
 
 use proptest::prelude::*;
-use rl_core::{acquire, BucketParams, BucketState, Outcome, Update};
+use rl_core::{acquire, BucketOutcome, BucketParams, BucketState, BucketUpdate};
 
 /// Applies an outcome's writes, as the module does to its keys.
-fn apply(states: &mut [Option<BucketState>], out: &Outcome) {
+fn apply(states: &mut [Option<BucketState>], out: &BucketOutcome) {
     for (s, u) in states.iter_mut().zip(&out.updates) {
         *s = match u {
-            Update::Store { state, .. } => Some(*state),
-            Update::Remove => None,
+            BucketUpdate::Store { state, .. } => Some(*state),
+            BucketUpdate::Remove => None,
         };
     }
 }

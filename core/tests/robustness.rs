@@ -9,7 +9,7 @@ use rl_core::exact_log::{self, Log};
 use rl_core::gcra::{self, GcraParams};
 use rl_core::limits::*;
 use rl_core::window::{self, WindowMode, WindowParams};
-use rl_core::{BucketParams, Update};
+use rl_core::{BucketParams, BucketUpdate};
 
 /// Values that stress arithmetic: the edges and a spread in between.
 fn edgy(max: u64) -> impl Strategy<Value = u64> {
@@ -55,7 +55,7 @@ proptest! {
         ] {
             prop_assert!(out.decision.binding < buckets.len());
             for u in &out.updates {
-                if let Update::Store { state, expires_at_ms } = u {
+                if let BucketUpdate::Store { state, expires_at_ms } = u {
                     prop_assert_eq!(state.validate(), Ok(()));
                     prop_assert!(*expires_at_ms > now && *expires_at_ms <= now + MAX_WAIT_MS);
                     prop_assert_eq!(PackedBucket::pack(state).unpack(), *state);

@@ -27,7 +27,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rl_gateway::{Config, Event, Limiter, Policy, Rule};
+use rl_gateway::{Config, Event, Limiter, LimiterConfig, Policy, Rule};
 use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;
 
@@ -114,7 +114,8 @@ fn decisions(c: &mut Criterion) {
     // tokens at a time (100 ms of this gateway's share); a top-up every
     // 50,000 requests runs in the background and is never waited for.
     let server = Server::start(&[]);
-    let leasing = Limiter::new(Config { gateways: 100, ..config(&server) }).expect("limiter");
+    let leasing =
+        Limiter::new(LimiterConfig { gateways: 100, ..LimiterConfig::new(config(&server)) }).expect("limiter");
     let big = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
     bench_path(
         c,
@@ -156,7 +157,10 @@ fn decisions(c: &mut Criterion) {
     // Local fallback: the server is gone and the breaker is open. It stays
     // open for the whole run here, so no probe call lands in the measurement.
     let mut down = Server::start(&[]);
-    let config = Config { gateways: 100, breaker_open_for: Duration::from_secs(3600), ..config(&down) };
+    let config = LimiterConfig {
+        gateways: 100,
+        ..LimiterConfig::new(Config { breaker_open_for: Duration::from_secs(3600), ..config(&down) })
+    };
     let falling_back = Limiter::new(config).expect("limiter");
     rt.block_on(async { falling_back.check(&big, "customer-1").await.expect("check") });
     down.kill();

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 use criterion::{criterion_group, criterion_main, Criterion};
 use rl_gateway::http::headers::{self, PolicyHeaders};
 use rl_gateway::http::{By, PeerAddr, Policies, RateLimitLayer};
-use rl_gateway::{Config, Event, Limiter, Policy, Rule};
+use rl_gateway::{Config, Event, Limiter, LimiterConfig, Policy, Rule};
 use testkit::{thread_cpu_time, Server};
 use tower::{Layer, ServiceExt};
 
@@ -49,7 +49,10 @@ fn http(c: &mut Criterion) {
     // The lease spend of rl-client's decisions bench: 100 million a second
     // on 100 gateways, leases of 100,000 topped up in the background.
     let server = Server::start(&[]);
-    let config = Config { gateways: 100, timeout: Duration::from_secs(1), ..Config::standalone(server.url()) };
+    let config = LimiterConfig {
+        gateways: 100,
+        ..LimiterConfig::new(Config { timeout: Duration::from_secs(1), ..Config::standalone(server.url()) })
+    };
     let limiter = Limiter::new(config).expect("limiter");
     let policy = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use rl_gateway::http::{By, Decide, Facts, Policies};
 use rl_gateway::live::{LiveDecide, LiveRules, RuleSetSpec};
-use rl_gateway::{Config, Event, Limiter, Policy, Rule};
+use rl_gateway::{Config, Event, Limiter, LimiterConfig, Policy, Rule};
 use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;
 
@@ -30,7 +30,10 @@ fn deciders(c: &mut Criterion) {
     let _guard = rt.enter();
     // Busy subjects on 100 gateways: leases of 100,000 tokens.
     let server = Server::start(&[]);
-    let config = Config { gateways: 100, timeout: Duration::from_secs(1), ..Config::standalone(server.url()) };
+    let config = LimiterConfig {
+        gateways: 100,
+        ..LimiterConfig::new(Config { timeout: Duration::from_secs(1), ..Config::standalone(server.url()) })
+    };
     let limiter = Limiter::new(config).expect("limiter");
     let facts = Facts {
         ip: Some("192.0.2.1".parse().expect("an address")),

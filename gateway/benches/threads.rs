@@ -18,7 +18,7 @@
 //! contend: the rows past the core count show the cost of sharing, not of
 //! more parallelism. The line after each row counts the decisions that
 //! took the path, from the limiter's counters, and the lock waits meanwhile
-//! (`rl_gateway::sim::lock_waits`: a lock of the client found held, waited for):
+//! (`rl_gateway::internal::lock_waits`: a lock of the client found held, waited for):
 //! the contention a row met, which on 2 cores its CPU time alone can hide.
 //! The decision paths have no compare-and-swap loop to count retries of
 //! (the counters add with `fetch_add`; the breaker's closed path only
@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use rl_gateway::sim::lock_waits;
-use rl_gateway::{Config, Event, Limiter, Policy, Rule};
+use rl_gateway::internal::lock_waits;
+use rl_gateway::{Config, Event, Limiter, LimiterConfig, Policy, Rule};
 use testkit::{thread_cpu_time, Server};
 use tokio::runtime::Runtime;
 
@@ -38,10 +38,13 @@ const THREADS: [usize; 4] = [1, 2, 4, 8];
 /// Subjects per thread in the "many" rows.
 const MANY: usize = 1000;
 
-fn config(server: &Server) -> Config {
+fn config(server: &Server) -> LimiterConfig {
     // Generous so that set-up calls succeed on a loaded machine; the
     // measured decisions make no call.
-    Config { timeout: Duration::from_secs(1), gateways: 100, ..Config::standalone(server.url()) }
+    LimiterConfig {
+        gateways: 100,
+        ..LimiterConfig::new(Config { timeout: Duration::from_secs(1), ..Config::standalone(server.url()) })
+    }
 }
 
 /// The subjects thread `t` checks: the hot one, or its own `MANY`.
@@ -135,7 +138,8 @@ fn decisions(c: &mut Criterion) {
     // tokens at a time: more than 8 threads spend, so the lease is never
     // contended (a contended one is paced, and its refusals are not spends).
     // Room for every subject's leases (8,000 subjects, two groups in the full check).
-    let leasing = Limiter::new(Config { lease_entries: 100_000, gateways: 1, ..config(&server) }).expect("limiter");
+    let leasing =
+        Limiter::new(LimiterConfig { lease_entries: 100_000, gateways: 1, ..config(&server) }).expect("limiter");
     let big = Policy::builder("big").rule(Rule::per_second("per_second", 100_000_000)).build().expect("policy");
     // Connected here, on the runtime that outlives the rows: a connection
     // first made on a row's thread would lose its driver with that
@@ -153,7 +157,7 @@ fn decisions(c: &mut Criterion) {
     bench(c, &Path { name: "full check", limiter: &leasing, policy: &full, expected: Event::Allowed });
 
     // Deny-cache hit: one request an hour, spent; Redis refused the next.
-    let denying = Limiter::new(Config { gateways: 1, ..config(&server) }).expect("limiter");
+    let denying = Limiter::new(LimiterConfig { gateways: 1, ..config(&server) }).expect("limiter");
     let hourly = Policy::builder("api").rule(Rule::per_hour("per_hour", 1)).build().expect("policy");
     rt.block_on(async {
         for hot in [true, false] {
@@ -170,7 +174,11 @@ fn decisions(c: &mut Criterion) {
 
     // Local fallback: the server is gone and the breaker stays open.
     let mut down = Server::start(&[]);
-    let config = Config { breaker_open_for: Duration::from_secs(3600), ..config(&down) };
+    let config = config(&down);
+    let config = LimiterConfig {
+        connection: Config { breaker_open_for: Duration::from_secs(3600), ..config.connection },
+        ..config
+    };
     let falling_back = Limiter::new(config).expect("limiter");
     rt.block_on(async { falling_back.check(&big, "warm-up").await.expect("check") });
     down.kill();

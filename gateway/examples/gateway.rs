@@ -43,7 +43,7 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use rl_gateway::http::{ClientIp, MissingKey, RateLimitLayer, Trust};
 use rl_gateway::live::{LiveDecide, LiveRules, RedisSource, RuleSetSpec};
-use rl_gateway::{Backend, Config, Limiter, Target};
+use rl_gateway::{Backend, Config, Limiter, LimiterConfig, Target};
 use tokio::net::TcpListener;
 
 /// The bootstrap rules when `RULES_FILE` names none.
@@ -93,11 +93,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Redis: the limiter's server, and where the rules are published.
     let redis_url = redis_url();
     let tls = rl_gateway::Tls::from_env()?;
-    let config = Config {
-        tls: tls.clone(),
-        backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
+    let config = LimiterConfig {
         gateways: env("GATEWAYS", "1").parse()?,
-        ..Config::for_target(Target::from_url(&redis_url)?)
+        ..LimiterConfig::new(Config {
+            tls: tls.clone(),
+            backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
+            ..Config::for_target(Target::from_url(&redis_url)?)
+        })
     };
     let limiter = Limiter::new(config)?;
 

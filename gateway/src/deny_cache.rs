@@ -12,7 +12,7 @@
 //! cost (`gateways x cost x period / refill`), so a subject refused
 //! everywhere costs about one call per token of refill, not one per
 //! gateway per retry time. Either is cut to `hold_max_ms`
-//! (`Config::deny_hold_max`): then Redis is asked again, so a subject whose
+//! (`LimiterConfig::deny_hold_max`): then Redis is asked again, so a subject whose
 //! keys were cleared, or whose limit was raised, is never held out longer.
 //! A refusal answered from memory names the module's retry time counted
 //! down, never the hold: the share is this gateway's, and another may

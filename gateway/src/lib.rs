@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod config;
 mod deny_cache;
 mod fallback;
 #[cfg(feature = "global")]
@@ -18,9 +19,9 @@ mod metrics;
 mod names;
 mod policy;
 mod shards;
-pub mod sim;
 mod subject;
 
+pub use config::LimiterConfig;
 pub use inflight_policy::{InflightPolicy, InflightPolicyBuilder, InflightRule};
 pub use limiter::{Check, Limiter, NoPermit, Permit};
 #[cfg(all(feature = "live", feature = "tower"))]
@@ -31,6 +32,16 @@ pub use metrics::{Counters, Event, Metrics};
 pub use names::validate_name;
 pub use policy::{FailMode, Policy, PolicyBuilder, QuotaUnit, Rule};
 pub use subject::{ip_subject, key_subject, subject_fault, MAX_PLAIN_KEY};
+
+/// Pieces of the limiter that the tree's own simulations and benchmarks
+/// run apart: the circuit breaker on a virtual clock (rl-relay's scale
+/// model) and the count of lock waits (the threads benchmark). Public for
+/// them alone (the crates are released together), not a promise to anyone
+/// else: a gateway needs none of them.
+#[doc(hidden)]
+pub mod internal {
+    pub use rl_client::internal::{lock_waits, Breaker, Ticket};
+}
 
 // The client's names a gateway uses with the limiter: one crate to add.
 pub use rl_client::{

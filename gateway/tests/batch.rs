@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_gateway::{Backend, Check, Config, Decision, Limiter, Policy, Rule, Source, WindowMode};
+use rl_gateway::{Backend, Check, Config, Decision, Limiter, LimiterConfig, Policy, Rule, Source, WindowMode};
 use testkit::{Cluster, Server};
 
 /// Read events the server has processed: one per round trip of a client
@@ -166,14 +166,16 @@ async fn the_lua_backend_checks_in_turn_with_the_same_refunds() {
     assert_eq!(d.remaining, 8, "the refused batch's token came back");
 }
 
-fn cluster_config(cluster: &Cluster) -> Config {
-    Config {
-        backend: Backend::Module,
-        timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
+fn cluster_config(cluster: &Cluster) -> LimiterConfig {
+    LimiterConfig {
         // Read once; no refresh lands in a measured window.
         topology_refresh: Duration::from_secs(600),
-        ..Config::cluster(cluster.urls())
+        ..LimiterConfig::new(Config {
+            backend: Backend::Module,
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            ..Config::cluster(cluster.urls())
+        })
     }
 }
 

@@ -4,18 +4,20 @@
 
 use std::time::{Duration, Instant};
 
-use rl_gateway::{Backend, Config, Limiter, Policy, Rule, Source};
+use rl_gateway::{Backend, Config, Limiter, LimiterConfig, Policy, Rule, Source};
 use testkit::Cluster;
 
-fn cluster_config(cluster: &Cluster, backend: Backend) -> Config {
-    Config {
-        backend,
-        timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
-        breaker_trip_after: 3,
-        breaker_open_for: Duration::from_millis(500),
+fn cluster_config(cluster: &Cluster, backend: Backend) -> LimiterConfig {
+    LimiterConfig {
         topology_refresh: Duration::from_millis(500),
-        ..Config::cluster(cluster.urls())
+        ..LimiterConfig::new(Config {
+            backend,
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            breaker_trip_after: 3,
+            breaker_open_for: Duration::from_millis(500),
+            ..Config::cluster(cluster.urls())
+        })
     }
 }
 

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{config, on_manual_clock};
-use rl_gateway::{Backend, Clock, Config, Event, Limiter, ManualClock, Policy, Rule, Source, WindowMode};
+use rl_gateway::{
+    Backend, Clock, Config, Event, Limiter, LimiterConfig, ManualClock, Policy, Rule, Source, WindowMode,
+};
 use testkit::Server;
 
 on_both_backends!(
@@ -28,14 +30,10 @@ fn policies() -> (Policy, Policy) {
 const OPEN_FOR: Duration = Duration::from_millis(300);
 
 /// On a manual clock, shared by the clones of the config.
-fn fault_config(url: String, backend: Backend) -> (Config, Arc<ManualClock>) {
-    on_manual_clock(Config {
-        breaker_trip_after: 3,
-        breaker_open_for: OPEN_FOR,
-        fallback_slack: 2.0,
-        gateways: 1,
-        ..config(url, backend)
-    })
+fn fault_config(url: String, backend: Backend) -> (LimiterConfig, Arc<ManualClock>) {
+    let (connection, clock) =
+        on_manual_clock(Config { breaker_trip_after: 3, breaker_open_for: OPEN_FOR, ..config(url, backend) });
+    (LimiterConfig { fallback_slack: 2.0, gateways: 1, ..LimiterConfig::new(connection) }, clock)
 }
 
 /// Checks until `subject` is decided by Redis again; false after 20 s. Each
@@ -167,7 +165,7 @@ async fn a_share_below_one_token_admits_one_request_per_gateway(backend: Backend
     let (c, clock) = fault_config(s.url(), backend);
     // The breaker opens at the first failure: every fallback decision here is
     // the outage's (slack 2), none the partial failure's (slack - 1).
-    let c = Config { gateways: 3, breaker_trip_after: 1, ..c };
+    let c = LimiterConfig { gateways: 3, connection: Config { breaker_trip_after: 1, ..c.connection }, ..c };
     let fleet: Vec<Limiter> = (0..3).map(|_| Limiter::new(c.clone()).unwrap()).collect();
     let api = Policy::builder("api").rule(Rule::per_second("s", 1)).rule(Rule::per_minute("m", 600)).build().unwrap();
     let login = Policy::builder("login").rule(Rule::per_minute("attempts", 5).fail_closed()).build().unwrap();

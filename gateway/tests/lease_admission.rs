@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_gateway::{Backend, Bucket, Config, Decision, Event, Limiter, Policy, Rule, Source};
+use rl_gateway::{Backend, Bucket, Decision, Event, Limiter, LimiterConfig, Policy, Rule, Source};
 use testkit::Server;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -123,8 +123,11 @@ async fn a_gateway_alone_refuses_nothing_an_exact_bucket_admits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_is_short_by_a_bounded_amount_never_over() {
     let s = Server::start(&[]);
-    let fleet: Vec<Limiter> =
-        (0..3).map(|_| Limiter::new(Config { gateways: 3, ..config(s.url(), Backend::Module) }).unwrap()).collect();
+    let fleet: Vec<Limiter> = (0..3)
+        .map(|_| {
+            Limiter::new(LimiterConfig { gateways: 3, ..LimiterConfig::new(config(s.url(), Backend::Module)) }).unwrap()
+        })
+        .collect();
     let run = offer(&fleet, 300, Duration::from_secs(5)).await;
     println!("{run:?}", run = (run.requests, run.gateways, run.direct, run.elapsed, run.allowance()));
     assert!(run.gateways <= run.allowance(), "over: {run:?}");

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{calls, config, limiter_calls, on_manual_clock, tokens};
-use rl_gateway::{Backend, Bucket, Config, Event, Limiter, Metrics, Policy, Rule, Source};
+use rl_gateway::{Backend, Bucket, Event, Limiter, LimiterConfig, Metrics, Policy, Rule, Source};
 use testkit::Server;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -79,7 +79,11 @@ fn busy_policy() -> Policy {
 
 async fn busy_subjects_spend_leases_from_memory(backend: Backend) {
     let s = Server::start(&[]);
-    let l = Limiter::new(Config { lease_window: Duration::from_millis(100), ..config(s.url(), backend) }).unwrap();
+    let l = Limiter::new(LimiterConfig {
+        lease_window: Duration::from_millis(100),
+        ..LimiterConfig::new(config(s.url(), backend))
+    })
+    .unwrap();
     let p = busy_policy();
     let first = l.check(&p, "big").await.unwrap();
     assert_eq!((first.allowed, first.source), (true, Source::Redis));
@@ -101,7 +105,11 @@ async fn leases_never_over_admit_across_gateways(backend: Backend) {
     let s = Server::start(&[]);
     // Two gateways share 100 an hour; each leases a share of 6 minutes: 5.
     let gateway = || {
-        let c = Config { gateways: 2, lease_window: Duration::from_secs(360), ..config(s.url(), backend) };
+        let c = LimiterConfig {
+            gateways: 2,
+            lease_window: Duration::from_secs(360),
+            ..LimiterConfig::new(config(s.url(), backend))
+        };
         Limiter::new(c).unwrap()
     };
     let p = Arc::new(Policy::builder("api").rule(Rule::per_hour("hourly", 100)).build().unwrap());
@@ -134,7 +142,7 @@ async fn concurrent_first_requests_take_one_batch(backend: Backend) {
     let s = Server::start(&[]);
     // 10,000 a month, leases of 50.
     let month = Duration::from_secs(30 * 86_400);
-    let c = Config { lease_window: month / 200, ..config(s.url(), backend) };
+    let c = LimiterConfig { lease_window: month / 200, ..LimiterConfig::new(config(s.url(), backend)) };
     let l = Limiter::new(c).unwrap();
     let p = Policy::builder("api").rule(Rule::new("monthly", 10_000, 10_000, month)).build().unwrap();
     let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 10_000, 10_000, month).unwrap();
@@ -160,12 +168,12 @@ async fn concurrent_first_requests_take_one_batch(backend: Backend) {
 
 async fn expired_leases_are_dropped_never_refunded(backend: Backend) {
     let s = Server::start(&[]);
-    let c = Config {
+    let (c, clock) = on_manual_clock(config(s.url(), backend));
+    let c = LimiterConfig {
         lease_window: Duration::from_secs(360),
         lease_ttl: Duration::from_millis(200),
-        ..config(s.url(), backend)
+        ..LimiterConfig::new(c)
     };
-    let (c, clock) = on_manual_clock(c);
     let l = Limiter::new(c).unwrap();
     // 100 an hour, leases of 10.
     let p = Policy::builder("api").rule(Rule::per_hour("hourly", 100)).build().unwrap();
@@ -293,8 +301,8 @@ async fn a_policy_built_per_request_behaves_like_a_shared_one() {
 async fn pacing_refusals_are_reported_apart_from_the_deny_cache() {
     let s = Server::start(&[]);
     // The limiter's clock stands still: once paced, it stays paced.
-    let (c, _clock) = on_manual_clock(Config { gateways: 2, ..config(s.url(), Backend::Module) });
-    let l = Limiter::new(c).unwrap();
+    let (c, _clock) = on_manual_clock(config(s.url(), Backend::Module));
+    let l = Limiter::new(LimiterConfig { gateways: 2, ..LimiterConfig::new(c) }).unwrap();
     // Leases of 50 (two gateways, 1 s of 100 a second).
     let p = Policy::builder("api").rule(Rule::per_second("s", 100)).build().unwrap();
     let bucket = Bucket::new(p.keys("u").unwrap().remove(0), 100, 100, Duration::from_secs(1)).unwrap();

@@ -664,7 +664,11 @@ async fn an_unchanged_rule_keeps_its_fallback_slots_across_versions() {
     // Nothing listens: every acquire falls back to this gateway's share,
     // limit x slack (2) / gateways (2) = the limit.
     let url = format!("redis://127.0.0.1:{}/", testkit::free_port());
-    let limiter = Limiter::new(rl_gateway::Config { gateways: 2, ..config(url, Backend::Module) }).unwrap();
+    let limiter = Limiter::new(rl_gateway::LimiterConfig {
+        gateways: 2,
+        ..rl_gateway::LimiterConfig::new(config(url, Backend::Module))
+    })
+    .unwrap();
     let rules = LiveRules::new(limiter, &spec(INFLIGHT)).unwrap();
     let report = Request::new().subject("acme").endpoint("POST /reports");
     let mut held = Vec::new();

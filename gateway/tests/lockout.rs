@@ -5,10 +5,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{calls, config, on_manual_clock};
-use rl_gateway::{Backend, Config, Limiter, Policy, Rule, Source};
+use rl_gateway::{Backend, Config, Limiter, LimiterConfig, ManualClock, Policy, Rule, Source};
 use testkit::Server;
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -18,8 +19,10 @@ fn three_a_day() -> Policy {
     Policy::builder("login").rule(Rule::new("daily", 3, 3, DAY)).build().unwrap()
 }
 
-fn fleet_of_300(url: String) -> Config {
-    Config { gateways: 300, ..config(url, Backend::Module) }
+/// On a manual clock.
+fn fleet_of_300(url: String) -> (LimiterConfig, Arc<ManualClock>) {
+    let (c, clock) = on_manual_clock(config(url, Backend::Module));
+    (LimiterConfig { gateways: 300, ..LimiterConfig::new(c) }, clock)
 }
 
 /// Deletes every key of `policy` for `subject` on the server.
@@ -31,7 +34,7 @@ fn del_keys(s: &Server, policy: &Policy, subject: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forget_subject_drops_deny_entries_leases_and_fallback_buckets() {
     let s = Server::start(&[]);
-    let (c, _clock) = on_manual_clock(fleet_of_300(s.url()));
+    let (c, _clock) = fleet_of_300(s.url());
     let l = Limiter::new(c).unwrap();
     let login = three_a_day();
     for _ in 0..3 {
@@ -83,7 +86,7 @@ async fn forget_subject_drops_deny_entries_leases_and_fallback_buckets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusals_retry_time_is_the_modules_never_scaled_by_the_fleet() {
     let s = Server::start(&[]);
-    let (c, clock) = on_manual_clock(fleet_of_300(s.url()));
+    let (c, clock) = fleet_of_300(s.url());
     let l = Limiter::new(c).unwrap();
     let login = three_a_day();
     for _ in 0..3 {
@@ -108,10 +111,11 @@ async fn a_refusals_retry_time_is_the_modules_never_scaled_by_the_fleet() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remembered_refusal_is_held_at_most_deny_hold_max() {
     let s = Server::start(&[]);
-    let hold_max = Config::standalone("redis://127.0.0.1/").deny_hold_max;
+    let hold_max = LimiterConfig::new(Config::standalone("redis://127.0.0.1/")).deny_hold_max;
     assert_eq!(hold_max, Duration::from_secs(5), "the documented default");
     for hold_max in [hold_max, Duration::from_secs(30)] {
-        let (c, clock) = on_manual_clock(Config { deny_hold_max: hold_max, ..fleet_of_300(s.url()) });
+        let (c, clock) = fleet_of_300(s.url());
+        let c = LimiterConfig { deny_hold_max: hold_max, ..c };
         let l = Limiter::new(c).unwrap();
         let login = three_a_day();
         del_keys(&s, &login, "cust");
@@ -134,7 +138,10 @@ async fn a_remembered_refusal_is_held_at_most_deny_hold_max() {
 fn deny_hold_max_must_be_above_zero() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _guard = rt.enter();
-    let c = Config { deny_hold_max: Duration::ZERO, ..Config::standalone("redis://127.0.0.1:1/") };
+    let c = LimiterConfig {
+        deny_hold_max: Duration::ZERO,
+        ..LimiterConfig::new(Config::standalone("redis://127.0.0.1:1/"))
+    };
     let e = Limiter::new(c).err().expect("refused");
     assert!(e.to_string().contains("deny_hold_max must be above zero"), "{e}");
 }

@@ -17,7 +17,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::config;
-use rl_gateway::{Backend, Client, Config, Error, Inflight, InflightPolicy, InflightRule, Limiter, Source};
+use rl_gateway::{
+    Backend, Client, Config, Error, Inflight, InflightPolicy, InflightRule, Limiter, LimiterConfig, Source,
+};
 use testkit::Server;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -219,11 +221,10 @@ async fn a_killed_holder_heals_at_the_deadline() {
 #[tokio::test]
 async fn redis_down_falls_back_to_the_local_share_or_refuses() {
     let mut s = Server::start(&[]);
-    let c = Config {
-        timeout: Duration::from_millis(200),
+    let c = LimiterConfig {
         gateways: 4,
         fallback_slack: 2.0,
-        ..config(s.url(), Backend::Module)
+        ..LimiterConfig::new(Config { timeout: Duration::from_millis(200), ..config(s.url(), Backend::Module) })
     };
     let limiter = Limiter::new(c).unwrap();
     // Limit 6 on 4 gateways, slack 2: a local share of 3.

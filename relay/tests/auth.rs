@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{call, closed, read, Relay, Resp, Start};
-use rl_gateway::{Config, Limiter, Policy, Rule, Source};
+use rl_gateway::{Config, Limiter, LimiterConfig, Policy, Rule, Source};
 use testkit::Server;
 
 /// A relay on `s` whose credentials come from the environment, with `extra` flags.
@@ -190,10 +190,9 @@ async fn gateways_authenticate_with_the_url() {
         format!("redis://gw:s3cret@127.0.0.1:{}/", relay.port),
         format!("redis://gw:s3cret@127.0.0.1:{}/?protocol=resp3", relay.port),
     ] {
-        let limiter = Limiter::new(Config {
-            relay: Some(url.clone()),
+        let limiter = Limiter::new(LimiterConfig {
             lease_window: Duration::from_millis(1),
-            ..Config::standalone(s.url())
+            ..LimiterConfig::new(Config { relay: Some(url.clone()), ..Config::standalone(s.url()) })
         })
         .unwrap();
         for _ in 0..3 {
@@ -203,10 +202,12 @@ async fn gateways_authenticate_with_the_url() {
     }
     let requests = relay.info_field("requests");
     assert!(requests >= 6, "the checks went through the relay");
-    let denied = Limiter::new(Config {
-        relay: Some(format!("redis://gw:wrong@127.0.0.1:{}/", relay.port)),
+    let denied = Limiter::new(LimiterConfig {
         lease_window: Duration::from_millis(1),
-        ..Config::standalone(s.url())
+        ..LimiterConfig::new(Config {
+            relay: Some(format!("redis://gw:wrong@127.0.0.1:{}/", relay.port)),
+            ..Config::standalone(s.url())
+        })
     })
     .unwrap();
     denied.check(&policy, "k").await.unwrap();

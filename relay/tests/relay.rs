@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rl_core::BucketParams;
-use rl_gateway::{Config, Limiter, Policy, Rule, Source};
+use rl_gateway::{Config, Limiter, LimiterConfig, Policy, Rule, Source};
 use rl_relay::pool::batch;
 use testkit::{free_port, Server};
 
@@ -185,13 +185,15 @@ fn gateways(url: &str, n: u32) -> Vec<Limiter> {
 fn fleet(n: u32, target: Config) -> Vec<Limiter> {
     (0..n)
         .map(|_| {
-            Limiter::new(Config {
+            Limiter::new(LimiterConfig {
                 gateways: n,
-                timeout: Duration::from_millis(500),
-                connect_timeout: Duration::from_millis(500),
-                breaker_trip_after: 3,
-                breaker_open_for: Duration::from_millis(200),
-                ..target.clone()
+                ..LimiterConfig::new(Config {
+                    timeout: Duration::from_millis(500),
+                    connect_timeout: Duration::from_millis(500),
+                    breaker_trip_after: 3,
+                    breaker_open_for: Duration::from_millis(200),
+                    ..target.clone()
+                })
             })
             .unwrap()
         })
@@ -342,11 +344,10 @@ fn rl_calls(s: &Server) -> u64 {
 async fn a_batch_of_policies_goes_through_the_relay_all_or_nothing() {
     let s = Server::start(&[]);
     let relay = Relay::start(&s.url(), 1, 1000);
-    let limiter = Limiter::new(Config {
-        relay: Some(relay.url()),
+    let limiter = Limiter::new(LimiterConfig {
         // Exact calls: each check reaches the relay.
         lease_window: Duration::from_millis(1),
-        ..Config::standalone(s.url())
+        ..LimiterConfig::new(Config { relay: Some(relay.url()), ..Config::standalone(s.url()) })
     })
     .unwrap();
     let per_key = Policy::builder("key").rule(Rule::per_minute("m", 5)).build().unwrap();

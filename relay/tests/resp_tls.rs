@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{call, Relay, Start};
-use rl_gateway::{Config, Limiter, Policy, Rule, Source};
+use rl_gateway::{Config, Limiter, LimiterConfig, Policy, Rule, Source};
 use testkit::{Server, TlsFiles};
 
 /// A relay in front of `redis` serving its RESP front over TLS with
@@ -107,14 +107,16 @@ async fn a_gateway_leases_through_the_relay_over_tls_and_plaintext_is_refused() 
     let dir = tempfile::tempdir().unwrap();
     let files = TlsFiles::create(dir.path());
     let relay = tls_relay(&redis, &files, &[]);
-    let limiter = Limiter::new(Config {
-        relay: Some(format!("rediss://127.0.0.1:{}/", relay.port)),
-        tls: rl_gateway::Tls { ca_file: Some(files.ca.clone()), ..Default::default() },
+    let limiter = Limiter::new(LimiterConfig {
         // Exact calls: each check reaches the relay.
         lease_window: Duration::from_millis(1),
-        // A debug build's first handshake on a busy machine: never the fallback.
-        timeout: Duration::from_secs(2),
-        ..Config::standalone(redis.url())
+        ..LimiterConfig::new(Config {
+            relay: Some(format!("rediss://127.0.0.1:{}/", relay.port)),
+            tls: rl_gateway::Tls { ca_file: Some(files.ca.clone()), ..Default::default() },
+            // A debug build's first handshake on a busy machine: never the fallback.
+            timeout: Duration::from_secs(2),
+            ..Config::standalone(redis.url())
+        })
     })
     .unwrap();
     let policy = policy();
@@ -152,17 +154,19 @@ async fn mutual_tls_refuses_a_client_without_a_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let files = TlsFiles::create(dir.path());
     let relay = tls_relay(&redis, &files, &["--resp-tls-client-ca", files.ca.to_str().unwrap()]);
-    let limiter = Limiter::new(Config {
-        relay: Some(format!("rediss://127.0.0.1:{}/", relay.port)),
-        tls: rl_gateway::Tls {
-            ca_file: Some(files.ca.clone()),
-            cert_file: Some(files.client_cert.clone()),
-            key_file: Some(files.client_key.clone()),
-            insecure: false,
-        },
+    let limiter = Limiter::new(LimiterConfig {
         lease_window: Duration::from_millis(1),
-        timeout: Duration::from_secs(2),
-        ..Config::standalone(redis.url())
+        ..LimiterConfig::new(Config {
+            relay: Some(format!("rediss://127.0.0.1:{}/", relay.port)),
+            tls: rl_gateway::Tls {
+                ca_file: Some(files.ca.clone()),
+                cert_file: Some(files.client_cert.clone()),
+                key_file: Some(files.client_key.clone()),
+                insecure: false,
+            },
+            timeout: Duration::from_secs(2),
+            ..Config::standalone(redis.url())
+        })
     })
     .unwrap();
     let policy = policy();

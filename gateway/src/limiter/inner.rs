@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rl_client::internal::{millis, Breaker, Ticket};
-use rl_client::{Client, Config, Decision, Error, Result, Target};
+use rl_client::{Client, Decision, Error, Result, Target};
+
+use crate::config::LimiterConfig;
 
 use crate::deny_cache::DenyCache;
 use crate::fallback::{Answer, Fallback, Scale};
@@ -25,7 +27,7 @@ pub(super) type Admitted = (Arc<Breaker>, Ticket);
 
 pub(super) struct Inner {
     client: Client,
-    config: Config,
+    config: LimiterConfig,
     gateways: AtomicU32,
     shards: Shards,
     deny: DenyCache,
@@ -39,19 +41,20 @@ pub(super) struct Inner {
 }
 
 impl Inner {
-    pub(super) fn new(config: Config, sink: Option<Arc<dyn Metrics>>) -> Result<Inner> {
+    pub(super) fn new(config: LimiterConfig, sink: Option<Arc<dyn Metrics>>) -> Result<Inner> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::invalid(
                 "Limiter::new must be called inside a tokio runtime: lease top-ups run in the background there",
             )
         })?;
-        let client = Client::new(&config)?;
-        let cluster = matches!(config.target, Target::Cluster(_));
+        config.validate()?;
+        let client = Client::new(&config.connection)?;
+        let cluster = matches!(config.connection.target, Target::Cluster(_));
         let shards = Shards::new(
             cluster,
-            config.breaker_trip_after,
-            millis(config.breaker_open_for),
-            config.breaker_failure_rate,
+            config.connection.breaker_trip_after,
+            millis(config.connection.breaker_open_for),
+            config.connection.breaker_failure_rate,
             millis(config.topology_refresh),
         );
         Ok(Inner {
@@ -73,12 +76,12 @@ impl Inner {
         &self.client
     }
 
-    pub(super) fn config(&self) -> &Config {
+    pub(super) fn config(&self) -> &LimiterConfig {
         &self.config
     }
 
     pub(super) fn now_ms(&self) -> u64 {
-        self.config.clock.now_ms()
+        self.config.connection.clock.now_ms()
     }
 
     pub(super) fn gateways(&self) -> u32 {
@@ -194,7 +197,7 @@ impl Inner {
         let pending = Pending(self.clone());
         self.spawn(async move {
             let i = &pending.0;
-            match i.client.slot_map(i.config.connect_timeout).await {
+            match i.client.slot_map(i.config.connection.connect_timeout).await {
                 Ok(map) if !map.is_empty() => i.shards.installed(&map, i.now_ms()),
                 _ => i.shards.failed(i.now_ms()),
             }

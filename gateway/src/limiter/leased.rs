@@ -90,7 +90,7 @@ impl Limiter {
             Spend::Short { reserved, lease } => (reserved, lease),
         };
         // Given back if this request is dropped while it waits.
-        let reserved = Reserved::new(&entry, reserved, &i.config().clock);
+        let reserved = Reserved::new(&entry, reserved, &i.config().connection.clock);
         // Leased tokens are already paid for; only a short lease checks the
         // deny cache.
         let need = cost - reserved.tokens();

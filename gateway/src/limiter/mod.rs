@@ -36,7 +36,9 @@ use std::sync::Arc;
 pub use batch::Check;
 pub use permit::{NoPermit, Permit};
 
-use rl_client::{Client, Clock, Config, Result};
+use rl_client::{Client, Clock, Result};
+
+use crate::config::LimiterConfig;
 
 use crate::metrics::{Counters, Event, Metrics};
 use inner::Inner;
@@ -45,10 +47,11 @@ use inner::Inner;
 /// clone; clones share everything (connection, caches, breakers, counters).
 ///
 /// ```no_run
-/// use rl_gateway::{Config, Limiter, Policy, Rule};
+/// use rl_gateway::{Config, Limiter, LimiterConfig, Policy, Rule};
 ///
 /// # async fn run() -> Result<(), rl_gateway::Error> {
-/// let limiter = Limiter::new(Config { gateways: 12, ..Config::standalone("redis://127.0.0.1:6379/") })?;
+/// let config = LimiterConfig { gateways: 12, ..LimiterConfig::new(Config::standalone("redis://127.0.0.1:6379/")) };
+/// let limiter = Limiter::new(config)?;
 /// let api = Policy::builder("api")
 ///     .rule(Rule::per_second("per_second", 100).burst(200))
 ///     .rule(Rule::per_minute("per_minute", 5000))
@@ -67,17 +70,18 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter for `config`. Does not wait for Redis: it connects in the
-    /// background, so a gateway starts (on its fallback) while Redis is
-    /// down. Call it inside a tokio runtime (an error otherwise): its
-    /// background work runs there.
-    pub fn new(config: Config) -> Result<Limiter> {
-        Ok(Limiter::counting_switches(Inner::new(config, None)?))
+    /// A limiter for `config`: a [`LimiterConfig`], or an rl-client
+    /// [`Config`](crate::Config) alone for every default of the limiter's
+    /// own. Does not wait for Redis: it connects in the background, so a
+    /// gateway starts (on its fallback) while Redis is down. Call it inside
+    /// a tokio runtime (an error otherwise): its background work runs there.
+    pub fn new(config: impl Into<LimiterConfig>) -> Result<Limiter> {
+        Ok(Limiter::counting_switches(Inner::new(config.into(), None)?))
     }
 
     /// Like [`Limiter::new`], also sending every event to `metrics`.
-    pub fn with_metrics(config: Config, metrics: Arc<dyn Metrics>) -> Result<Limiter> {
-        Ok(Limiter::counting_switches(Inner::new(config, Some(metrics))?))
+    pub fn with_metrics(config: impl Into<LimiterConfig>, metrics: Arc<dyn Metrics>) -> Result<Limiter> {
+        Ok(Limiter::counting_switches(Inner::new(config.into(), Some(metrics))?))
     }
 
     /// The connection's moves to another server become events.
@@ -127,9 +131,9 @@ impl Limiter {
         self.inner.shard_states(self.inner.now_ms())
     }
 
-    /// The clock it decides from memory by ([`Config::clock`]).
+    /// The clock it decides from memory by ([`Config::clock`](crate::Config::clock)).
     pub fn clock(&self) -> &Clock {
-        &self.inner.config().clock
+        &self.inner.config().connection.clock
     }
 
     /// The typed, unguarded calls on the same connection.

@@ -25,7 +25,7 @@ impl Limiter {
         let i = &self.inner;
         let closed = |local: usize| {
             i.record(Event::Fallback, t.prefix(), None);
-            let open_for = i.config().breaker_open_for;
+            let open_for = i.config().connection.breaker_open_for;
             t.mapped(Decision {
                 allowed: false,
                 remaining: 0,

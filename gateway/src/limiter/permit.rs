@@ -216,7 +216,7 @@ impl Limiter {
         let i = &self.inner;
         // Read before sending: the server's deadline comes later.
         let now = i.now_ms();
-        let clock = i.config().clock.clone();
+        let clock = i.config().connection.clock.clone();
         let Some(admitted) = i.admit_call(subject, now) else {
             return Ok(self.inflight_degraded(policy, subject, cost));
         };
@@ -267,7 +267,7 @@ impl Limiter {
                 rule,
                 in_flight: 0,
                 limit: policy.rules()[rule].limit(),
-                retry_after: Some(i.config().breaker_open_for),
+                retry_after: Some(i.config().connection.breaker_open_for),
                 source: Source::FailClosed,
             });
         }
@@ -283,7 +283,7 @@ impl Limiter {
                     in_flight,
                     limit: shares[rule],
                     deadline_ms: now + policy.timeout_ms(),
-                    clock: i.config().clock.clone(),
+                    clock: i.config().connection.clock.clone(),
                 })
             }
             Err(r) => refuse(NoPermit {

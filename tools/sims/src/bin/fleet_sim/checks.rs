@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use rl_gateway::{Config, Policy};
+use rl_gateway::{Config, LimiterConfig, Policy};
 use rl_sims::kit::shape;
 use rl_sims::kit::text::{head, pass, thousands};
 
@@ -120,7 +120,7 @@ pub fn outage_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &
     let mut checks = Vec::new();
     let (seconds_down, restarted) = p.down.expect("an outage phase");
     let gateways = settings.gateways as usize;
-    let slack = Config::standalone("").fallback_slack;
+    let slack = LimiterConfig::new(Config::standalone("")).fallback_slack;
     let _ = writeln!(
         w,
         "\n### Outage: the server killed for {seconds_down:.1} s, then restarted (empty: no persistence)\n"
@@ -395,7 +395,7 @@ pub fn slow_table(w: &mut String, settings: &Settings, traffic: &Traffic, p: &Ph
     let Disturbance::Slow { pause_ms, every_ms } = p.disturbance else { return Vec::new() };
     let plans = Plans::new("report");
     let gateways = settings.gateways as f64;
-    let slack = Config::standalone("").fallback_slack;
+    let slack = LimiterConfig::new(Config::standalone("")).fallback_slack;
     let _ = writeln!(w, "\n### Slow Redis: write commands paused {pause_ms} ms every {every_ms} ms\n");
     let _ = writeln!(
         w,

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use rl_gateway::{Bucket, Config, Limiter};
+use rl_gateway::{Bucket, Config, Limiter, LimiterConfig};
 use rl_sims::kit::machine;
 use rl_sims::kit::shape::Class;
 use testkit::Server;
@@ -132,10 +132,12 @@ async fn main() {
     let machine = report::machine();
     let mut server = Server::start(&[]);
     let defaults = Config::standalone(server.url());
-    let config = Config {
+    let config = LimiterConfig {
         gateways: settings.gateways,
-        timeout: settings.timeout_ms.map_or(defaults.timeout, Duration::from_millis),
-        ..defaults
+        ..LimiterConfig::new(Config {
+            timeout: settings.timeout_ms.map_or(defaults.timeout, Duration::from_millis),
+            ..defaults
+        })
     };
     let fleet: Vec<Limiter> =
         (0..settings.gateways).map(|_| Limiter::new(config.clone()).expect("a valid config")).collect();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rl_gateway::global::{GatewayConfig, RegionShares};
 use rl_gateway::live::{LiveRules, Request};
-use rl_gateway::{Config, Limiter, Source};
+use rl_gateway::{Config, Limiter, LimiterConfig, Source};
 use tokio::task::JoinHandle;
 
 use crate::rules::rules;
@@ -42,7 +42,11 @@ pub async fn start(r: usize, url: &str, n: usize, timing: &Timing, demand: Arc<D
         // Batches of one token: every request is an exact RL.TAKE, so the
         // figures measure the shares, not the leases' under-admission of a
         // subject pressing its limit.
-        let config = Config { gateways: n as u32, lease_window: LEASE_WINDOW, ..Config::standalone(url) };
+        let config = LimiterConfig {
+            gateways: n as u32,
+            lease_window: LEASE_WINDOW,
+            ..LimiterConfig::new(Config::standalone(url))
+        };
         let limiter = Limiter::new(config).expect("a valid config");
         let live = LiveRules::new(limiter, &spec).expect("valid rules");
         let mut config = GatewayConfig::new(REGIONS[r], url);

@@ -19,7 +19,7 @@ use rl_core::deny::Denial;
 use rl_core::fallback::share;
 use rl_core::lease::{batch, pace_ms, share_ms, Lease, Spend};
 use rl_core::{acquire_in_place, BucketParams, BucketState, Reply};
-use rl_gateway::sim::{Breaker, Ticket};
+use rl_gateway::internal::{Breaker, Ticket};
 
 /// A call a gateway sends.
 #[derive(Clone, Copy, Debug)]

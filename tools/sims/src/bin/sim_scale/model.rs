@@ -14,8 +14,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use bytes::Bytes;
-use rl_core::{acquire, BucketParams, BucketState, Reply, Update};
-use rl_gateway::sim::Ticket;
+use rl_core::{acquire, BucketParams, BucketState, BucketUpdate, Reply};
+use rl_gateway::internal::Ticket;
 use rl_relay::pool::{Need, Plan, Pools, Settings};
 use rl_sims::kit::rng::Rng;
 
@@ -314,8 +314,8 @@ impl Model<'_> {
         let outcome = acquire(params, std::slice::from_ref(state), need.want, need.min, ms(done));
         if let Some(update) = outcome.updates.first() {
             *state = match update {
-                Update::Store { state, .. } => Some(*state),
-                Update::Remove => None,
+                BucketUpdate::Store { state, .. } => Some(*state),
+                BucketUpdate::Remove => None,
             };
         }
         let reply = outcome.decision;

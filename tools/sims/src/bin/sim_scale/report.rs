@@ -139,7 +139,7 @@ pub fn write(i: &Inputs) -> String {
         thousands(capacity),
         breakers_direct = breakers(false),
         breakers_made = breakers(true),
-        breaker_bytes = std::mem::size_of::<rl_gateway::sim::Breaker>()
+        breaker_bytes = std::mem::size_of::<rl_gateway::internal::Breaker>()
     );
     let _ = writeln!(
         w,
