@@ -35,10 +35,10 @@ use tonic::metadata::{AsciiMetadataValue, MetadataKey, MetadataMap};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::config::{cut, ConfigError, RlsConfig, MAX_TOTAL_BYTES};
-use crate::tls::read;
 use super::xds_proto::{RateLimitConfig, TYPE_URL};
 use super::Rls;
 use crate::logging::{line, Throttled};
+use crate::tls::read;
 
 /// TLS to the xDS server: its CA (else the system's roots), the DNS name
 /// its certificate must be valid for (else the URL's host), and the
