@@ -12,14 +12,14 @@ PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint crates dist debs images test-images build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
 
 # Unit and property tests once; the module's integration tests on every
 # server of the matrix; the other crates' tests (client) on Redis 7.0.
-test: deps servers build lint test-make
+test: deps servers build lint crates test-make
 	cargo test -p rl-core -p redis-rl --lib
 	@for server in $(SERVERS); do \
 		echo "== integration tests on $$($$server --version | cut -d' ' -f1-3)"; \
@@ -38,6 +38,16 @@ lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
+# The publishable crates stay publishable: every one packages (metadata,
+# versions on path dependencies, licence, readme); the test and tool crates
+# (publish = false) are left out. docs/install.md#crates.
+PUBLISH_EXCLUDE := --exclude testkit --exclude rl-bench --exclude rl-sims --exclude rl-deploy
+# A warning (a missing field) fails it too.
+crates:
+	@out=$$(cargo package --workspace $(PUBLISH_EXCLUDE) --no-verify --allow-dirty 2>&1) || { echo "$$out"; exit 1; }; \
+	if echo "$$out" | grep -q '^warning'; then echo "$$out"; echo "crates: cargo package warned"; exit 1; fi; \
+	echo "$$out" | grep Packaging
 
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout
