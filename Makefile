@@ -12,7 +12,7 @@ PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint crates dist debs images test-images build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint crates release dist debs test-packages images test-images deps-packages deps-images build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -48,6 +48,62 @@ crates:
 	@out=$$(cargo package --workspace $(PUBLISH_EXCLUDE) --no-verify --allow-dirty 2>&1) || { echo "$$out"; exit 1; }; \
 	if echo "$$out" | grep -q '^warning'; then echo "$$out"; echo "crates: cargo package warned"; exit 1; fi; \
 	echo "$$out" | grep Packaging
+
+# Release archives (docs/install.md#release-archives): dist/ holds one
+# archive per binary kind (the module, rl-relay, rl-balancer, rlctl with its
+# exporter) with the licence and a README, and SHA256SUMS.
+RELEASE_PACKAGES := -p redis-rl -p rl-relay -p rl-balancer -p rlctl
+release: deps
+	cargo build --release $(RELEASE_PACKAGES)
+
+dist: release
+	deploy/packaging/dist/dist.sh
+
+# Debian packages (cargo-deb) into dist/, beside the archives.
+debs: dist deps-packages
+	@for p in redis-rl rl-relay rl-balancer rlctl; do \
+		cargo deb --no-build --quiet -p $$p -o dist/ >/dev/null || exit 1; \
+	done
+	cd dist && sha256sum -- *.tar.gz *.deb >SHA256SUMS && ls *.deb
+
+# The archives and the packages, checked: the glibc baseline, --version,
+# the module answering RL.TAKE from each (deploy/tests/dist.rs, debs.rs).
+test-packages: debs
+	cargo test -p rl-deploy --test dist --test debs -- --include-ignored
+
+# Container images with podman (deploy/packaging/images/images.sh), then run
+# and talked to (deploy/tests/images.rs).
+images: dist deps-images
+	deploy/packaging/images/images.sh
+
+test-images: images
+	CONTAINERS_CONF=$${CONTAINERS_CONF:-$(CURDIR)/deploy/packaging/images/containers.conf} \
+		cargo test -p rl-deploy --test images -- --include-ignored
+
+# What make debs and make images need beyond make deps: dpkg-dev
+# (dpkg-shlibdeps), cargo-deb; podman with runc, mmdebstrap and uidmap.
+deps-packages:
+	@$(call apt_install,dpkg-shlibdeps:dpkg-dev)
+	@command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked
+
+deps-images:
+	@$(call apt_install,podman:podman runc:runc mmdebstrap:mmdebstrap newuidmap:uidmap)
+
+# $(call apt_install,command:package ...): installs each package whose
+# command is missing (apt-get when root), else says what to run.
+define apt_install
+missing=""; for pair in $(1); do \
+	command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+done; \
+if [ -n "$$missing" ]; then \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else \
+		echo "missing:$$missing"; echo "install them with:  sudo apt-get install -y$$missing"; exit 1; \
+	fi; \
+fi
+endef
 
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout
