@@ -62,7 +62,7 @@ dist: release
 # Debian packages (cargo-deb) into dist/, beside the archives.
 debs: dist deps-packages
 	@for p in redis-rl rl-relay rl-balancer rlctl; do \
-		cargo deb --no-build --quiet -p $$p -o dist/ >/dev/null || exit 1; \
+		cargo deb --no-build --strip --quiet -p $$p -o dist/ >/dev/null || exit 1; \
 	done
 	cd dist && sha256sum -- *.tar.gz *.deb >SHA256SUMS && ls *.deb
 
