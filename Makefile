@@ -12,7 +12,7 @@ PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint crates release dist debs test-packages images test-images deps-packages deps-images build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint crates release-bins dist debs test-packages images test-images deps-packages deps-images build bench bench-rls bench-sizing sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -53,10 +53,10 @@ crates:
 # archive per binary kind (the module, rl-relay, rl-balancer, rlctl with its
 # exporter) with the licence and a README, and SHA256SUMS.
 RELEASE_PACKAGES := -p redis-rl -p rl-relay -p rl-balancer -p rlctl
-release: deps
+release-bins: deps
 	cargo build --release $(RELEASE_PACKAGES)
 
-dist: release
+dist: release-bins
 	deploy/packaging/dist/dist.sh
 
 # Debian packages (cargo-deb) into dist/, beside the archives.
