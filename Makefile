@@ -81,10 +81,11 @@ test-images: images
 		cargo test -p rl-deploy --test images -- --include-ignored
 
 # What make debs and make images need beyond make deps: dpkg-dev
-# (dpkg-shlibdeps), cargo-deb; podman with runc, mmdebstrap and uidmap.
+# (dpkg-shlibdeps), binutils (objdump, strip), cargo-deb 3.8 (the version
+# tested); podman with runc, mmdebstrap and uidmap.
 deps-packages:
-	@$(call apt_install,dpkg-shlibdeps:dpkg-dev)
-	@command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked
+	@$(call apt_install,dpkg-shlibdeps:dpkg-dev objdump:binutils)
+	@command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --version 3.8.0 --locked
 
 deps-images:
 	@$(call apt_install,podman:podman runc:runc mmdebstrap:mmdebstrap newuidmap:uidmap)
