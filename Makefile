@@ -57,6 +57,7 @@ release-bins: deps
 	cargo build --release $(RELEASE_PACKAGES)
 
 dist: release-bins
+	@$(call apt_install,strip:binutils)
 	deploy/packaging/dist/dist.sh
 
 # Debian packages (cargo-deb) into dist/, beside the archives.
