@@ -12,20 +12,23 @@ PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint build bench bench-rls bench-sizing bench-tls sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint crates release-bins dist debs test-packages images test-images deps-packages deps-images build bench bench-rls bench-sizing bench-tls sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
 
 # Unit and property tests once; the module's integration tests on every
-# server of the matrix; the other crates' tests (client) on Redis 7.0.
-test: deps servers build lint test-make
+# server of the matrix; the other crates' tests (client) on Redis 7.0; then
+# what users install, built and run: the archives and Debian packages, and
+# the container images (docs/install.md).
+test: deps servers build lint crates test-make
 	cargo test -p rl-core -p redis-rl --lib
 	@for server in $(SERVERS); do \
 		echo "== integration tests on $$($$server --version | cut -d' ' -f1-3)"; \
 		RL_SERVER=$$server RL_MODULE=$(MODULE) cargo test -p redis-rl --test '*' || exit 1; \
 	done
 	RL_MODULE=$(MODULE) cargo test --workspace --exclude rl-core --exclude redis-rl
+	$(MAKE) test-packages test-images
 
 build:
 	cargo build --release -p redis-rl
@@ -38,6 +41,74 @@ lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
+# The publishable crates stay publishable: every one packages (metadata,
+# versions on path dependencies, licence, readme); the test and tool crates
+# (publish = false) are left out. docs/install.md#crates.
+PUBLISH_EXCLUDE := --exclude testkit --exclude rl-bench --exclude rl-sims --exclude rl-deploy
+# A warning (a missing field) fails it too.
+crates:
+	@out=$$(cargo package --workspace $(PUBLISH_EXCLUDE) --no-verify --allow-dirty 2>&1) || { echo "$$out"; exit 1; }; \
+	if echo "$$out" | grep -q '^warning'; then echo "$$out"; echo "crates: cargo package warned"; exit 1; fi; \
+	echo "$$out" | grep Packaging
+
+# Release archives (docs/install.md#release-archives): dist/ holds one
+# archive per binary kind (the module, rl-relay, rl-balancer, rlctl with its
+# exporter) with the licence and a README, and SHA256SUMS.
+RELEASE_PACKAGES := -p redis-rl -p rl-relay -p rl-balancer -p rlctl
+release-bins: deps
+	cargo build --release $(RELEASE_PACKAGES)
+
+dist: release-bins
+	@$(call apt_install,strip:binutils)
+	deploy/packaging/dist/dist.sh
+
+# Debian packages (cargo-deb) into dist/, beside the archives.
+debs: dist deps-packages
+	@for p in redis-rl rl-relay rl-balancer rlctl; do \
+		cargo deb --no-build --strip --quiet -p $$p -o dist/ >/dev/null || exit 1; \
+	done
+	cd dist && sha256sum -- *.tar.gz *.deb >SHA256SUMS && ls *.deb
+
+# The archives and the packages, checked: the glibc baseline, --version,
+# the module answering RL.TAKE from each (deploy/tests/dist.rs, debs.rs).
+test-packages: debs
+	cargo test -p rl-deploy --test dist --test debs -- --include-ignored
+
+# Container images with podman (deploy/packaging/images/images.sh), then run
+# and talked to (deploy/tests/images.rs).
+images: dist deps-images
+	deploy/packaging/images/images.sh
+
+test-images: images
+	CONTAINERS_CONF=$${CONTAINERS_CONF:-$(CURDIR)/deploy/packaging/images/containers.conf} \
+		cargo test -p rl-deploy --test images -- --include-ignored
+
+# What make debs and make images need beyond make deps: dpkg-dev
+# (dpkg-shlibdeps), binutils (objdump, strip), cargo-deb 3.8 (the version
+# tested); podman with runc, mmdebstrap and uidmap.
+deps-packages:
+	@$(call apt_install,dpkg-shlibdeps:dpkg-dev objdump:binutils)
+	@command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --version 3.8.0 --locked
+
+deps-images:
+	@$(call apt_install,podman:podman runc:runc mmdebstrap:mmdebstrap newuidmap:uidmap)
+
+# $(call apt_install,command:package ...): installs each package whose
+# command is missing (apt-get when root), else says what to run.
+define apt_install
+missing=""; for pair in $(1); do \
+	command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+done; \
+if [ -n "$$missing" ]; then \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	else \
+		echo "missing:$$missing"; echo "install them with:  sudo apt-get install -y$$missing"; exit 1; \
+	fi; \
+fi
+endef
 
 # Server-side cost of every command next to INCR, the Lua scripts and
 # redis-cell (built under .deps/; REDIS_CELL_SO=path or REDIS_CELL_SRC=checkout

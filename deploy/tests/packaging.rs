@@ -21,9 +21,8 @@ fn the_systemd_units_verify() {
         // The binaries are not installed here: any executable stands in
         // for them, so the check is of the units themselves.
         let text = std::fs::read_to_string(&path).unwrap();
-        let text =
-            text.replace("/usr/local/bin/rl-relay", "/bin/true").replace("/usr/local/bin/rl-balancer", "/bin/true");
-        let text = text.replace("/usr/local/bin/rlctl", "/bin/true");
+        let text = text.replace("/usr/bin/rl-relay", "/bin/true").replace("/usr/bin/rl-balancer", "/bin/true");
+        let text = text.replace("/usr/bin/rlctl", "/bin/true");
         let copy = dir.path().join(path.file_name().unwrap());
         std::fs::write(&copy, text).unwrap();
         let out = Command::new("systemd-analyze").arg("verify").arg(&copy).output().expect("systemd-analyze");

@@ -11,6 +11,24 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A path in the repository.
+pub fn repo_path(path: &str) -> PathBuf {
+    repo().join(path)
+}
+
+/// The workspace's version (every crate's, the archives' and images').
+pub fn version() -> String {
+    let cargo = repo_file("Cargo.toml");
+    let line = cargo.lines().find(|l| l.starts_with("version = ")).expect("the workspace's version");
+    line.trim_start_matches("version = ").trim_matches('"').to_string()
+}
+
+/// Runs `program` with `args`: its status and its output (stdout then stderr).
+pub fn run(program: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"));
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
 /// A file of the repository, as text.
 pub fn repo_file(path: &str) -> String {
     std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
