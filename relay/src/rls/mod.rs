@@ -134,7 +134,7 @@ impl Rls {
     pub fn new(relay: Arc<Relay>, cluster: bool, config: RlsConfig, options: Options) -> Rls {
         let mut stats = Stats::default();
         stats.near_limit_ratio = Some(options.near_limit_ratio);
-        stats.statsd = options.statsd.clone();
+        stats.statsd = options.statsd.clone().map(|s| s as Arc<dyn stats::Sink>);
         // The files read at start are a load; over xDS, the first version is.
         if options.xds.is_none() {
             stats.config_load_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

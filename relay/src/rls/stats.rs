@@ -88,7 +88,16 @@ pub struct Stats {
     /// NEAR_LIMIT_RATIO as configured (None: its default).
     pub near_limit_ratio: Option<f64>,
     /// USE_STATSD: where these counts are sent too.
-    pub statsd: Option<std::sync::Arc<super::statsd::Statsd>>,
+    pub statsd: Option<std::sync::Arc<dyn Sink>>,
+}
+
+/// A second output of these counts (statsd.rs's, for USE_STATSD): told each
+/// response time as it comes (a timer), and counting what it could not send.
+/// The counters themselves it reads from [`Stats`] when it flushes.
+pub trait Sink: Send + Sync + std::fmt::Debug {
+    fn response_time(&self, took: Duration);
+    /// Lines not sent: the queue to its socket full, or the send failed.
+    fn dropped(&self) -> u64;
 }
 
 /// `:` and `|` as `_`, and the dots of every IPv4-shaped run
@@ -425,7 +434,7 @@ impl Stats {
             (
                 "rl_relay_rls_statsd_dropped_total",
                 "statsd lines not sent (USE_STATSD): the queue to its socket full, or the send failed",
-                self.statsd.as_ref().map_or(0, |s| s.dropped.load(Relaxed)),
+                self.statsd.as_ref().map_or(0, |s| s.dropped()),
             ),
         ] {
             family(&mut out, name, "counter", help);

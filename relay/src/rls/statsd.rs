@@ -121,14 +121,6 @@ impl Statsd {
         self.errors.log(|| format!("statsd {}: a line not sent: {e}", self.target));
     }
 
-    /// A ShouldRateLimit call answered (its time in whole ms, as upstream).
-    pub fn response_time(&self, took: Duration) {
-        let name = format!("ratelimit_server.ShouldRateLimit.response_time{}", self.tags);
-        if let Err(e) = self.client.time(&name, took.as_millis() as u64) {
-            self.failed(e);
-        }
-    }
-
     /// Every counter of `stats` that moved since the last flush, sent as
     /// its increase; the socket's buffer flushed once the queue drained.
     pub async fn flush(&self, stats: &super::stats::Stats) {
@@ -188,10 +180,24 @@ impl Statsd {
     }
 }
 
+impl super::stats::Sink for Statsd {
+    /// A ShouldRateLimit call answered (its time in whole ms, as upstream).
+    fn response_time(&self, took: Duration) {
+        let name = format!("ratelimit_server.ShouldRateLimit.response_time{}", self.tags);
+        if let Err(e) = self.client.time(&name, took.as_millis() as u64) {
+            self.failed(e);
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
+}
+
 /// Flushes the front's statistics to statsd every interval, until the
 /// process ends.
 pub async fn flush_forever(rls: Arc<Rls>) {
-    let Some(statsd) = rls.stats.statsd.clone() else { return };
+    let Some(statsd) = rls.options.statsd.clone() else { return };
     let mut tick = tokio::time::interval(statsd.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
