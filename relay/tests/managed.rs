@@ -4,9 +4,9 @@
 //! `--redis-backend lua` and the server's CA: a gateway leases through its
 //! RESP front, Envoy's ShouldRateLimit on a token bucket, a window and a
 //! quota through its Envoy front, each counted exactly; `ACL LOG` stays
-//! empty (the documented rights suffice). And the same relay started as
-//! envoyproxy/ratelimit is (no argument: upstream's environment,
-//! `REDIS_TLS`, `REDIS_TLS_CACERT`, `REDIS_AUTH`, `RL_REDIS_BACKEND=lua`).
+//! empty (the documented rights suffice). And the same relay reading
+//! envoyproxy/ratelimit's environment as a start with no argument does
+//! (`REDIS_TLS`, `REDIS_TLS_CACERT`, `REDIS_AUTH`, `RL_REDIS_BACKEND=lua`).
 
 mod common;
 
