@@ -140,6 +140,15 @@ impl RedisBackend {
             _ => Err(format!("'{text}': one of module, lua, auto")),
         }
     }
+
+    /// Its name, as the flag takes it (the status's label).
+    pub fn name(self) -> &'static str {
+        match self {
+            RedisBackend::Module => "module",
+            RedisBackend::Lua => "lua",
+            RedisBackend::Auto => "auto",
+        }
+    }
 }
 
 impl Config {

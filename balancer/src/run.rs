@@ -144,6 +144,9 @@ impl Balancer {
             });
         }
         let status = Arc::new(Status::new(config.regions.len(), config.rules.len()));
+        for (name, _) in &config.regions {
+            status.backend(name, config.backend.name());
+        }
         Ok(Balancer {
             epoch: config.epoch.unwrap_or(0),
             config,
@@ -597,7 +600,10 @@ impl Balancer {
             .await;
         for (region, answer) in self.regions.iter_mut().zip(answers) {
             match answer {
-                Ok(true) => region.checked = true,
+                Ok(true) => {
+                    region.checked = true;
+                    self.status.backend(&region.link.name, RedisBackend::Module.name());
+                }
                 Ok(false) if self.config.backend == RedisBackend::Auto => {
                     tracing::warn!(
                         region = %region.link.name,
@@ -605,6 +611,7 @@ impl Balancer {
                         "no redis-rl module there (--redis-backend auto): its gateways must enforce their shares with rl-client's Lua scripts (backend = \"lua\")"
                     );
                     region.checked = true;
+                    self.status.backend(&region.link.name, RedisBackend::Lua.name());
                 }
                 Ok(false) => {
                     return Err(Stopped::Config(format!(

@@ -1,6 +1,7 @@
 //! What the balancer tells an operator about itself (`--metrics ADDR`):
 //! its rounds (the age of the last good one is the alarm), the regions it
-//! reached, its epoch and its rule reloads, as Prometheus text on
+//! reached and what each enforces shares with (the module or the Lua
+//! scripts: never a silent fallback), its epoch and its rule reloads, as Prometheus text on
 //! `/metrics`. The share table's age on each region's exporter says the
 //! same from the other side: a balancer that is up and failing shows here.
 
@@ -57,6 +58,8 @@ struct Counters {
     failed_reloads: u64,
     unconfirmed_raises: u64,
     unconfirmed_gateways: usize,
+    /// Each region's Redis backend: (region, `module`, `lua` or `auto`).
+    backends: Vec<(String, &'static str)>,
 }
 
 impl Status {
@@ -77,6 +80,7 @@ impl Status {
                 failed_reloads: 0,
                 unconfirmed_raises: 0,
                 unconfirmed_gateways: 0,
+                backends: Vec::new(),
             }),
         }
     }
@@ -115,6 +119,16 @@ impl Status {
                 c.rules = n;
             }
             None => c.failed_reloads += 1,
+        }
+    }
+
+    /// What `region`'s gateways enforce shares with: `module` or `lua`
+    /// (`auto` until the region answered the module check).
+    pub fn backend(&self, region: &str, backend: &'static str) {
+        let mut c = self.counters();
+        match c.backends.iter_mut().find(|(r, _)| r == region) {
+            Some(entry) => entry.1 = backend,
+            None => c.backends.push((region.to_string(), backend)),
         }
     }
 
@@ -191,6 +205,13 @@ impl Status {
         for (name, kind, help, value) in families {
             rl_gateway::prometheus_family(&mut text, name, kind, help);
             let _ = writeln!(text, "{name} {value}");
+        }
+        let name = "rl_balancer_redis_backend";
+        let help = "1 for each region and the Redis backend its gateways enforce shares with: module (the redis-rl module, checked), lua (rl-client's Lua scripts) or auto (not checked yet)";
+        rl_gateway::prometheus_family(&mut text, name, "gauge", help);
+        for (region, backend) in &c.backends {
+            let _ =
+                writeln!(text, "{name}{{region=\"{}\",backend=\"{backend}\"}} 1", rl_gateway::prometheus_label(region));
         }
         text
     }

@@ -8,7 +8,7 @@ mod binary;
 
 use std::time::Duration;
 
-use binary::{base_args, run_to_end, RulesFile, Running, FAST};
+use binary::{base_args, http_get, run_to_end, RulesFile, Running, FAST};
 use testkit::{PlainServer, Server};
 
 const NOWHERE: &str = "redis://127.0.0.1:1";
@@ -104,14 +104,33 @@ fn a_region_without_the_module_is_balanced_when_its_gateways_run_the_scripts() {
         let mut args = base_args(&rules, &[("eu", with.url()), ("us", without.url())]);
         args.extend(FAST.iter().map(|s| s.to_string()));
         args.extend(["--redis-backend".to_string(), backend.to_string()]);
+        let metrics = testkit::free_port();
+        args.extend(["--metrics".to_string(), format!("127.0.0.1:{metrics}")]);
         let mut running = Running::start(&args);
         let log = running.wait_log(Duration::from_secs(20), wrote_us);
         assert!(running.is_running(), "{log}");
         assert_names(&log, &[&format!("--redis-backend {backend}")]);
+        let (_, page) = http_get(metrics, "/metrics");
         if backend == "auto" {
             // Said, region by region: never a silent fallback.
             assert_names(&log, &["region=us", "no redis-rl module there", "Lua scripts"]);
             assert!(!log.contains("region=eu server"), "{log}");
+            // And in the metrics: what the check found in each region.
+            assert_names(
+                &page,
+                &[
+                    "rl_balancer_redis_backend{region=\"eu\",backend=\"module\"} 1\n",
+                    "rl_balancer_redis_backend{region=\"us\",backend=\"lua\"} 1\n",
+                ],
+            );
+        } else {
+            assert_names(
+                &page,
+                &[
+                    "rl_balancer_redis_backend{region=\"eu\",backend=\"lua\"} 1\n",
+                    "rl_balancer_redis_backend{region=\"us\",backend=\"lua\"} 1\n",
+                ],
+            );
         }
         let written: i64 = redis::cmd("EXISTS").arg("rl:shares").query(&mut without.con()).unwrap();
         assert_eq!(written, 1, "the share table written in the region without the module:\n{log}");

@@ -6,28 +6,10 @@
 
 mod binary;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use binary::{base_args, RulesFile, Running, FAST};
+use binary::{base_args, http_get, try_get, RulesFile, Running, FAST};
 use testkit::{free_port, Server};
-
-/// `GET path` on `port`: the status code and the body.
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    try_get(port, path).unwrap()
-}
-
-fn try_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: balancer\r\nConnection: close\r\n\r\n")?;
-    let mut response = String::new();
-    s.read_to_string(&mut response)?;
-    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Ok((status, body))
-}
 
 fn metric(text: &str, name: &str) -> f64 {
     find(text, name).unwrap_or_else(|| panic!("no {name} in:\n{text}"))
@@ -83,6 +65,10 @@ fn metrics_reload_on_sighup_and_a_log_line_on_sigterm() {
     assert_eq!(metric(&text, "rl_balancer_rules"), 1.0);
     assert!(metric(&text, "rl_balancer_epoch") >= 1.0);
     assert!(metric(&text, "rl_balancer_last_good_round_age_seconds") < 5.0, "{text}");
+    // Each region's backend: the module, found there by the check.
+    for region in ["eu", "us", "ap"] {
+        assert_eq!(metric(&text, &format!("rl_balancer_redis_backend{{region=\"{region}\",backend=\"module\"}}")), 1.0);
+    }
     assert_eq!(http_get(port, "/nope").0, 404);
 
     // A broken file: refused, counted, logged; the rule in force stays.

@@ -437,7 +437,7 @@ async fn the_envoy_front_answers_and_counts_the_same_on_the_scripts() {
 fn the_documented_acl_user_serves_on_the_scripts() {
     let plain = PlainServer::start();
     let mut admin = plain.con();
-    let _: () = common::acl_recipe("relay.md", "rl-relay-lua", &mut admin, "pw").query(&mut admin).unwrap();
+    let _: () = common::acl_recipe("security.md", "rl-relay-lua", &mut admin, "pw").query(&mut admin).unwrap();
     let url = format!("redis://rl-relay-lua:pw@127.0.0.1:{}/", plain.port);
     let port = testkit::free_port();
     let metrics = format!("127.0.0.1:{port}");

@@ -307,9 +307,10 @@ fn the_relay_and_balancer_commands_run_as_their_users() {
          redis.call('HSET', KEYS[1], 'epoch', ARGV[1]) return e",
     );
     let _: u64 = claim.key(SHARES_KEY).arg(5).invoke(&mut balancer).unwrap();
+    // As balancer/src/store.rs's WRITE: the version moved by HINCRBY.
     let write = redis::Script::new(
-        "local t = redis.call('TIME') local v = tonumber(redis.call('HGET', KEYS[1], 'version') or '0') + 1 \
-         redis.call('HSET', KEYS[1], 'version', v, 'table', ARGV[1], 'changed_at', t[1]) \
+        "local t = redis.call('TIME') local v = redis.call('HINCRBY', KEYS[1], 'version', 1) \
+         redis.call('HSET', KEYS[1], 'table', ARGV[1], 'changed_at', t[1]) \
          redis.call('PUBLISH', KEYS[1], v) redis.call('HSET', KEYS[1], 'written_at', t[1]) return v",
     );
     let _: u64 = write.key(SHARES_KEY).arg("{}").invoke(&mut balancer).unwrap();

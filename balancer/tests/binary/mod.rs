@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -167,4 +168,20 @@ pub fn lines_with<'a>(log: &'a str, word: &str) -> Vec<&'a str> {
 pub fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(12)..].join("\n")
+}
+
+/// `GET path` on `port` (its `--metrics`): the status code and the body.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    try_get(port, path).unwrap()
+}
+
+pub fn try_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: balancer\r\nConnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    let status = response.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
 }

@@ -188,6 +188,12 @@ pub fn get(port: u16, path: &str) -> (u16, String) {
 /// as Envoy Gateway sets them, on loopback (USE_STATSD=false unless
 /// `vars` say otherwise).
 pub fn start_bare(root: &Path, vars: &[(&'static str, String)]) -> Bare {
+    start_bare_with(root, vars, &[])
+}
+
+/// The same with `args` (`--envoyproxy-env` and flags that win over the
+/// environment: a longer `--rls-timeout-ms` for a busy machine).
+pub fn start_bare_with(root: &Path, vars: &[(&'static str, String)], args: &[&str]) -> Bare {
     let (grpc, health) = (free_port(), free_port());
     let mut env = vec![
         ("GRPC_HOST", "127.0.0.1".to_string()),
@@ -205,7 +211,8 @@ pub fn start_bare(root: &Path, vars: &[(&'static str, String)]) -> Bare {
         ("REDIS_SOCKET_TYPE", "tcp".into()),
     ];
     env.extend(vars.iter().cloned());
-    let relay = Relay::spawn(Start { env, bare: true, ..Start::default() });
+    let args = args.iter().map(|a| a.to_string()).collect();
+    let relay = Relay::spawn(Start { env, args, bare: true, ..Start::default() });
     Bare { relay, grpc, health }
 }
 

@@ -35,6 +35,20 @@ pub const WITHHELD: &[&str] = &[
 /// The operator's user (the service's admin): what the tests inspect with.
 pub const OPERATOR: (&str, &str) = ("operator", "operator-secret");
 
+/// The `ACL SETUSER user ...` line of docs/security.md for `user` (the one
+/// source the docs and the tests share), as [`Managed::start`] takes it:
+/// without `ACL SETUSER`, its `>CHANGE-ME` set to `password`.
+pub fn documented_user(user: &str, password: &str) -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/security.md");
+    let docs = std::fs::read_to_string(path).expect("docs/security.md");
+    let line = docs
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("ACL SETUSER "))
+        .find(|l| l.starts_with(&format!("{user} ")))
+        .unwrap_or_else(|| panic!("no ACL SETUSER {user} line in docs/security.md"));
+    line.replace(">CHANGE-ME", &format!(">{password}"))
+}
+
 /// A managed-like redis-server on a free loopback port, in its own temp
 /// dir (its certificates there), killed when dropped.
 pub struct Managed {
