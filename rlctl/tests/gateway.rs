@@ -218,18 +218,6 @@ async fn the_example_gateway_runs_its_rules_on_a_redis_without_the_module() {
     assert_eq!(call(gw.port, Method::POST, "/login", Some("erin")).await.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
-/// The line of docs/security.md's "Managed Redis" for `user`, as a
-/// `user` directive (the same words as `ACL SETUSER` takes), its password set.
-fn managed_user(user: &str, password: &str) -> String {
-    let docs = support::repo_file("docs/security.md");
-    let line = docs
-        .lines()
-        .filter_map(|l| l.strip_prefix("ACL SETUSER "))
-        .find(|l| l.starts_with(&format!("{user} ")))
-        .unwrap_or_else(|| panic!("no ACL SETUSER {user} line in docs/security.md"));
-    line.replace(">CHANGE-ME", &format!(">{password}"))
-}
-
 /// A managed Redis as the services run one (testkit::managed): TLS only,
 /// no module, `default` off, CONFIG, KEYS, MODULE, FLUSHALL... renamed
 /// away. The example gateway on the Lua backend, with its own rules file
@@ -239,7 +227,10 @@ fn managed_user(user: &str, password: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_gateway_and_rlctl_publish_work_on_a_managed_redis() {
     const PASSWORD: &str = "managed-pw";
-    let server = Managed::start(&[&managed_user("rl-gateway-lua", PASSWORD), &managed_user("rl-ctl-lua", PASSWORD)]);
+    let server = Managed::start(&[
+        &testkit::managed::documented_user("rl-gateway-lua", PASSWORD),
+        &testkit::managed::documented_user("rl-ctl-lua", PASSWORD),
+    ]);
     let ca = server.tls().ca.display().to_string();
     let gw = start_with(&[
         ("REDIS_URL", server.url_as("rl-gateway-lua", PASSWORD)),
