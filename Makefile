@@ -12,7 +12,7 @@ PROMCLIENT := $(DEPS)/prometheus-client/prometheus_client/parser.py
 REDISPY := $(DEPS)/redis-py/redis/__init__.py
 SERVERS = $(shell command -v redis-server) $(REDIS8) $(VALKEY)
 
-.PHONY: run test lint crates release-bins dist debs test-packages images test-images deps-packages deps-images build bench bench-rls bench-sizing bench-tls sim sim-scale sim-regions deps servers unit clean libclang-found test-make
+.PHONY: run test lint crates release release-bins dist debs test-packages images test-images deps-packages deps-images build bench bench-rls bench-sizing bench-tls sim sim-scale sim-regions deps servers unit clean libclang-found test-make
 
 run: deps build
 	redis-server ./redis.conf.example --port $(PORT) --loadmodule $(MODULE)
@@ -51,6 +51,12 @@ crates:
 	@out=$$(cargo package --workspace $(PUBLISH_EXCLUDE) --no-verify --allow-dirty 2>&1) || { echo "$$out"; exit 1; }; \
 	if echo "$$out" | grep -q '^warning'; then echo "$$out"; echo "crates: cargo package warned"; exit 1; fi; \
 	echo "$$out" | grep Packaging
+
+# One version for everything released together (docs/install.md#one-version):
+# make release VERSION=0.3.0 bumps every crate, the manifests' image tags, the
+# install page and the changelog; deploy/tests/version.rs holds them to it.
+release:
+	deploy/packaging/release.sh "$(VERSION)"
 
 # Release archives (docs/install.md#release-archives): dist/ holds one
 # archive per binary kind (the module, rl-relay, rl-balancer, rlctl with its
