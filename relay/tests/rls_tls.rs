@@ -9,10 +9,10 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::certs::pem;
 use common::rls::*;
 use common::{Relay, Start};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use testkit::{free_port, Server};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
@@ -27,25 +27,9 @@ fn certificates(dir: &Path) {
 }
 
 fn certificates_as(dir: &Path, ca_name: &str) {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, ca_name);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
-    for (name, sans) in [
-        ("server", vec!["localhost".to_string(), "127.0.0.1".to_string()]),
-        ("client", vec!["envoy.client".to_string()]),
-        ("other", vec!["other.client".to_string()]),
-    ] {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(sans).unwrap().signed_by(&key, &ca).unwrap();
-        std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-}
-
-fn pem(dir: &Path, name: &str) -> String {
-    std::fs::read_to_string(dir.join(name)).unwrap()
+    let leaves: [(&str, &[&str]); 3] =
+        [("server", &["localhost", "127.0.0.1"]), ("client", &["envoy.client"]), ("other", &["other.client"])];
+    common::certs::certificates(dir, ca_name, &leaves);
 }
 
 /// A client of `port` over TLS (the CA trusted), with `client`'s

@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::certs::pem;
 use common::rls::{request, OK, OVER_LIMIT};
 use common::{Relay, Start};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
@@ -25,7 +26,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::google::protobuf::Any;
 use futures_util::Stream;
 use prost::Message;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rl_relay::rls::xds_proto::{RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, TYPE_URL};
 use testkit::{free_port, Server};
 use tokio::sync::{mpsc, watch};
@@ -36,25 +36,9 @@ use tonic::{Request, Response, Status, Streaming};
 /// ADS server and the relay's front), `relay` (the relay as the ADS
 /// server's client) and `envoy` (the front's gRPC client).
 fn certificates(dir: &Path) {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "rl-relay xDS test CA");
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
-    for (name, sans) in [
-        ("server", vec!["localhost".to_string(), "127.0.0.1".to_string()]),
-        ("relay", vec!["relay.client".to_string()]),
-        ("envoy", vec!["envoy.client".to_string()]),
-    ] {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(sans).unwrap().signed_by(&key, &ca).unwrap();
-        std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-}
-
-fn pem(dir: &Path, name: &str) -> String {
-    std::fs::read_to_string(dir.join(name)).unwrap()
+    let leaves: [(&str, &[&str]); 3] =
+        [("server", &["localhost", "127.0.0.1"]), ("relay", &["relay.client"]), ("envoy", &["envoy.client"])];
+    common::certs::certificates(dir, "rl-relay xDS test CA", &leaves);
 }
 
 /// One domain `edge`: `user` limited to `n` a minute; with `n` 0, 5 of

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use testkit::free_port;
 
+pub mod certs;
 pub mod rls;
 
 /// An `rl-relay` child process listening on a free port, killed on drop.
