@@ -51,6 +51,11 @@ async fn start(server: &Server) -> Gateway {
 /// The example with `redis` naming its Redis (REDIS_URL, or REDIS_SENTINELS
 /// and REDIS_MASTER).
 async fn start_with(redis: &[(&str, String)]) -> Gateway {
+    start_logging(redis, Stdio::inherit()).await
+}
+
+/// [`start_with`], its log lines (stderr) going to `log`.
+async fn start_logging(redis: &[(&str, String)], log: impl Into<Stdio>) -> Gateway {
     let (port, backend) = (free_port(), free_port());
     let child = Command::new(example())
         .envs(redis.iter().map(|(k, v)| (k, v)))
@@ -60,6 +65,7 @@ async fn start_with(redis: &[(&str, String)]) -> Gateway {
         .env("SLOW_MS", SLOW_MS.to_string())
         .env_remove("RULES_FILE")
         .stdout(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -216,6 +222,29 @@ async fn the_example_gateway_runs_its_rules_on_a_redis_without_the_module() {
         assert_eq!(call(gw.port, Method::POST, "/login", Some("erin")).await.status, StatusCode::OK);
     }
     assert_eq!(call(gw.port, Method::POST, "/login", Some("erin")).await.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// The example on the module's backend (its default) against a Redis
+/// without the module: every rule follows its failure mode, and the log
+/// says why in words an operator can act on (it blamed a limit's size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_the_module_is_named_as_such() {
+    let server = PlainServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("gateway.log");
+    let gw = start_logging(&[("REDIS_URL", server.url())], std::fs::File::create(&log).unwrap()).await;
+    // Fail-open: answered by the local fallback.
+    assert_eq!(get(gw.port, "/hello", Some("dave")).await.status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let said = std::fs::read_to_string(&log).unwrap();
+        if said.contains("the module is not loaded there") && said.contains("RL_BACKEND=lua") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the log never names the missing module:\n{said}");
+        let _ = get(gw.port, "/hello", Some("dave")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A managed Redis as the services run one (testkit::managed): TLS only,

@@ -4,6 +4,7 @@
 //! adjustments) goes this way.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use rl_client::{Error, Result};
 
@@ -49,6 +50,7 @@ impl Limiter {
                 if !e.is_shard_failure() {
                     // The shard answered; the call was at fault.
                     i.record(Event::ServerRefused, policy, None);
+                    name_a_missing_module(e, i.now_ms());
                     breaker.success(ticket, i.now_ms());
                 } else if breaker.failure(ticket, i.now_ms()) {
                     i.record(Event::BreakerOpened, policy, None);
@@ -56,4 +58,29 @@ impl Limiter {
             }
         }
     }
+}
+
+/// A refusal that says the command is unknown means the limiter's Redis has
+/// no redis-rl module: said as such (once a minute at most, for the whole
+/// process), since the rules then all follow their failure modes.
+fn name_a_missing_module(e: &Error, now_ms: u64) {
+    static LAST_SAID_MS: AtomicU64 = AtomicU64::new(0);
+    let text = e.to_string();
+    if !text.contains("unknown command") {
+        return;
+    }
+    let last = LAST_SAID_MS.load(Relaxed);
+    if last != 0 && now_ms.saturating_sub(last) < 60_000 {
+        return;
+    }
+    if LAST_SAID_MS.compare_exchange(last, now_ms.max(1), Relaxed, Relaxed).is_err() {
+        return;
+    }
+    tracing::error!(
+        target: "rl_gateway",
+        error = %text,
+        "the limiter's Redis does not know the redis-rl commands: the module is not loaded there. Load it \
+         (loadmodule), or on a Redis that cannot load modules use the Lua backend (Config::backend = \
+         Backend::Lua; RL_BACKEND=lua for the example gateway). Until then every rule follows its failure mode"
+    );
 }

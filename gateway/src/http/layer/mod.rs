@@ -626,7 +626,7 @@ impl Outage {
                 target: "rl_http",
                 unsaid,
                 refusals,
-                "the limiter's server refuses calls of a rule (an error about the call, not an outage: a limit above \
+                "the limiter's server refuses calls of a rule (an error about the call, not an outage: a Redis without the redis-rl module, or a limit above \
                  its max-log-limit or max-inflight-limit?): those rate limits are decided by each rule's failure \
                  mode; the limiter's server_refusals counts them"
             );
