@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::certs::pem;
-use common::rls::{request, OK, OVER_LIMIT};
+use common::rls::{get, request, OK, OVER_LIMIT};
 use common::{Relay, Start};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -221,18 +221,6 @@ async fn codes(client: &mut RateLimitServiceClient<Channel>, user: &str, n: usiz
         codes.push(answer.into_inner().overall_code);
     }
     codes
-}
-
-/// GET `path` on `port`: the status code (0 if nothing answers) and body.
-fn get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (code, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
 }
 
 /// A sample of /metrics on `port` (0 if absent).

@@ -76,6 +76,19 @@ async fn start_logging(redis: &[(&str, String)], log: impl Into<Stdio>) -> Gatew
     Gateway { child, port }
 }
 
+/// The example's bootstrap rules with the per-second rate raised from 100
+/// to 300, written to `dir`/rules.toml: a set to publish over them.
+fn raised_rules(dir: &std::path::Path) -> PathBuf {
+    let file = dir.join("rules.toml");
+    let bootstrap =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/examples/gateway.toml")).unwrap();
+    let raised =
+        bootstrap.replacen("rate = 100, per = \"1s\", burst = 200", "rate = 300, per = \"1s\", burst = 600", 1);
+    assert_ne!(raised, bootstrap, "the example's per-second rule moved: raise it here too");
+    std::fs::write(&file, raised).unwrap();
+    file
+}
+
 struct Reply {
     status: StatusCode,
     headers: http::HeaderMap,
@@ -154,14 +167,7 @@ async fn the_example_gateway_runs_live_rules_behind_the_layer() {
 
     // A set published in Redis replaces the bootstrap file.
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rules.toml");
-    let bootstrap =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/examples/gateway.toml")).unwrap();
-    std::fs::write(
-        &file,
-        bootstrap.replacen("rate = 100, per = \"1s\", burst = 200", "rate = 300, per = \"1s\", burst = 600", 1),
-    )
-    .unwrap();
+    let file = raised_rules(dir.path());
     let out = Command::new(env!("CARGO_BIN_EXE_rlctl"))
         .args(["publish", file.to_str().unwrap(), "--redis", &server.url()])
         .output()
@@ -307,14 +313,7 @@ async fn the_example_gateway_and_rlctl_publish_work_on_a_managed_redis() {
 
     // rlctl publish, as its own user over TLS: the gateway takes the set.
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("rules.toml");
-    let bootstrap =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/examples/gateway.toml")).unwrap();
-    std::fs::write(
-        &file,
-        bootstrap.replacen("rate = 100, per = \"1s\", burst = 200", "rate = 300, per = \"1s\", burst = 600", 1),
-    )
-    .unwrap();
+    let file = raised_rules(dir.path());
     let out = Command::new(env!("CARGO_BIN_EXE_rlctl"))
         .args(["publish", file.to_str().unwrap(), "--redis", &server.url_as("rl-ctl-lua", PASSWORD)])
         .args(["--tls-ca-file", &ca])
