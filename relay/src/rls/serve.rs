@@ -33,6 +33,7 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant, Sleep};
+use tokio_util::either::Either;
 use tonic::body::Body;
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
@@ -139,7 +140,7 @@ impl Bounded {
             "health checks only, and the connections kept for those are all taken"
         };
         stats.auth_timeouts.fetch_add(1, Relaxed);
-        let peer = self.stream.peer();
+        let peer = super::socket::peer(&self.stream);
         front.closed.log(|| {
             format!(
                 "RLS front: closed a connection from {peer}: {why} within {} ms of its accept (--auth-timeout-ms)",
@@ -229,7 +230,7 @@ const PREFACE_LEN: usize = 24;
 async fn sends_preface(stream: &Socket) -> bool {
     let mut buf = [0u8; PREFACE_LEN];
     loop {
-        match stream.peek(&mut buf).await {
+        match super::socket::peek(stream, &mut buf).await {
             Ok(n) if n >= PREFACE_LEN => return true,
             Ok(0) | Err(_) => return false,
             // Part of it: wait for the rest.
@@ -261,14 +262,14 @@ fn incoming(
                     return None;
                 }
             }
-            let Some(tls) = conn.front.rls.options.tls.clone() else { return Some(Ok(Conn::Plain(conn))) };
+            let Some(tls) = conn.front.rls.options.tls.clone() else { return Some(Ok(Conn(Either::Left(conn)))) };
             let front = conn.front.clone();
             match tokio::time::timeout_at(deadline, tls.acceptor().accept(conn)).await {
                 Ok(Ok(stream)) => {
                     let (conn, session) = stream.get_ref();
                     let allowed = tls.client_allowed(session.peer_certificates());
                     let _ = conn.conduct.san_allowed.set(allowed);
-                    Some(Ok(Conn::Tls(Box::new(stream))))
+                    Some(Ok(Conn(Either::Right(Box::new(stream)))))
                 }
                 Ok(Err(e)) => {
                     front.rls.stats.tls_handshake_failures.fetch_add(1, Relaxed);
@@ -285,52 +286,38 @@ fn incoming(
         .filter_map(std::future::ready)
 }
 
-/// A connection served: plain text, or over TLS (`--rls-tls-cert`).
-enum Conn {
-    Plain(Bounded),
-    Tls(Box<tokio_rustls::server::TlsStream<Bounded>>),
-}
+/// A connection served: plain text, or over TLS (`--rls-tls-cert`); read
+/// and written through tokio-util's `Either`.
+struct Conn(Either<Bounded, Box<tokio_rustls::server::TlsStream<Bounded>>>);
 
 impl Connected for Conn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        match self {
-            Conn::Plain(conn) => conn.connect_info(),
-            Conn::Tls(stream) => stream.get_ref().0.connect_info(),
+        match &self.0 {
+            Either::Left(conn) => conn.connect_info(),
+            Either::Right(stream) => stream.get_ref().0.connect_info(),
         }
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(conn) => Pin::new(conn).poll_read(cx, buf),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(conn) => Pin::new(conn).poll_write(cx, buf),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(conn) => Pin::new(conn).poll_flush(cx),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
-        }
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(conn) => Pin::new(conn).poll_shutdown(cx),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -338,17 +325,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(conn) => Pin::new(conn).poll_write_vectored(cx, bufs),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(conn) => conn.is_write_vectored(),
-            Conn::Tls(stream) => stream.is_write_vectored(),
-        }
+        self.0.is_write_vectored()
     }
 }
 

@@ -5,11 +5,10 @@
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_util::either::Either;
 
 /// What `--rls-listen` names: `HOST:PORT`, or `unix:PATH`.
 pub enum Listener {
@@ -46,9 +45,9 @@ impl Listener {
             Listener::Tcp(l) => {
                 let (stream, _) = l.accept().await?;
                 let _ = stream.set_nodelay(true);
-                Ok(Socket::Tcp(stream))
+                Ok(Either::Left(stream))
             }
-            Listener::Unix(l, _) => Ok(Socket::Unix(l.accept().await?.0)),
+            Listener::Unix(l, _) => Ok(Either::Right(l.accept().await?.0)),
         }
     }
 
@@ -61,90 +60,36 @@ impl Listener {
     }
 }
 
-/// One connection of the front.
-pub enum Socket {
-    Tcp(TcpStream),
-    Unix(UnixStream),
+/// One connection of the front (tokio-util's `Either` reads and writes
+/// through whichever it holds).
+pub type Socket = Either<TcpStream, UnixStream>;
+
+/// Its peer, for the log.
+pub fn peer(socket: &Socket) -> String {
+    match socket {
+        Either::Left(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into()),
+        Either::Right(_) => "the Unix socket".into(),
+    }
 }
 
-impl Socket {
-    /// Its peer, for the log.
-    pub fn peer(&self) -> String {
-        match self {
-            Socket::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into()),
-            Socket::Unix(_) => "the Unix socket".into(),
-        }
-    }
-
-    /// Reads without taking (MSG_PEEK), as `TcpStream::peek`.
-    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Socket::Tcp(s) => s.peek(buf).await,
-            Socket::Unix(s) => loop {
-                s.readable().await?;
-                let fd = s.as_raw_fd();
-                // SAFETY: recv writes at most buf.len() bytes into buf.
-                let peeked = s.try_io(Interest::READABLE, || {
-                    match unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) } {
-                        n if n < 0 => Err(io::Error::last_os_error()),
-                        n => Ok(n as usize),
-                    }
-                });
-                match peeked {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    other => return other,
+/// Reads without taking (MSG_PEEK), as `TcpStream::peek`.
+pub async fn peek(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+    match socket {
+        Either::Left(s) => s.peek(buf).await,
+        Either::Right(s) => loop {
+            s.readable().await?;
+            let fd = s.as_raw_fd();
+            // SAFETY: recv writes at most buf.len() bytes into buf.
+            let peeked = s.try_io(Interest::READABLE, || {
+                match unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) } {
+                    n if n < 0 => Err(io::Error::last_os_error()),
+                    n => Ok(n as usize),
                 }
-            },
-        }
-    }
-}
-
-impl AsyncRead for Socket {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Socket {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Socket::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Socket::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Socket::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Socket::Tcp(s) => s.is_write_vectored(),
-            Socket::Unix(s) => s.is_write_vectored(),
-        }
+            });
+            match peeked {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                other => return other,
+            }
+        },
     }
 }
