@@ -16,6 +16,7 @@
 //! (`statsd.rs`, a second output of these same counts) sends the names
 //! upstream sends.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -157,12 +158,15 @@ impl Stats {
     /// was not asked, so never near).
     pub fn record(&self, stats_key: &str, limit: u64, cost: u64, remaining: Option<u64>, over: bool, shadow: bool) {
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        let key = sanitize(stats_key);
-        if !series.contains_key(&key) && series.len() >= MAX_SERIES {
-            self.dropped.fetch_add(1, Relaxed);
-            return;
-        }
-        let s = series.entry(key).or_default();
+        let full = series.len() >= MAX_SERIES;
+        let s = match series.entry(sanitize(stats_key)) {
+            Entry::Occupied(s) => s.into_mut(),
+            Entry::Vacant(_) if full => {
+                self.dropped.fetch_add(1, Relaxed);
+                return;
+            }
+            Entry::Vacant(s) => s.insert(Series::default()),
+        };
         s.total_hits += cost;
         if over {
             s.over_limit += cost;
