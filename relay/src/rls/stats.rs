@@ -465,6 +465,20 @@ mod tests {
     }
 
     #[test]
+    fn series_past_the_bound_are_dropped_and_counted_while_known_ones_go_on() {
+        let stats = Stats::default();
+        for i in 0..MAX_SERIES {
+            stats.record(&format!("d.k_{i}"), 10, 1, Some(9), false, false);
+        }
+        stats.record("d.new", 10, 1, Some(9), false, false);
+        assert_eq!(stats.dropped.load(Relaxed), 1);
+        stats.record("d.k_0", 10, 1, Some(8), false, false);
+        assert_eq!(stats.dropped.load(Relaxed), 1);
+        assert_eq!(stats.by_key().len(), MAX_SERIES);
+        assert_eq!(stats.by_key().into_iter().find(|(k, _)| k == "d.k_0").map(|(_, s)| s.total_hits), Some(2));
+    }
+
+    #[test]
     fn labels_fold_deeper_levels() {
         assert_eq!(labels("domain1.key1_val1"), ("domain1".into(), "key1_val1".into(), None));
         assert_eq!(
