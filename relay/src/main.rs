@@ -463,9 +463,12 @@ async fn drain(
         "{signal}: draining the Envoy front: not ready, no new connection, the calls in flight answered (at most \
          {ms} ms, --rls-drain-timeout-ms)"
     ));
-    rls.draining.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = stop.send(true);
     let deadline = tokio::time::Instant::now() + bound;
+    // The listener closed first: once /healthcheck says 500, a new
+    // connection is refused (tonic drops it on the stop, in its own task).
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout_at(deadline, rls.listener_closed.notified()).await;
+    rls.draining.store(true, std::sync::atomic::Ordering::Relaxed);
     let answered = tokio::time::timeout_at(deadline, task).await.is_ok();
     let background = || rls.engine.background.load(std::sync::atomic::Ordering::Relaxed);
     while background() > 0 && tokio::time::Instant::now() < deadline {

@@ -124,6 +124,9 @@ pub struct Rls {
     quota_in_config: std::sync::atomic::AtomicBool,
     /// SIGTERM came: not ready, calls in flight finishing (main.rs).
     pub draining: std::sync::atomic::AtomicBool,
+    /// Told when the front's listener is closed (serve.rs), so a drain
+    /// says "not ready" only once no new connection can come.
+    pub listener_closed: tokio::sync::Notify,
     /// Over xDS, until a first version is applied (unless started
     /// without a config): not ready.
     first_config_pending: std::sync::atomic::AtomicBool,
@@ -148,6 +151,7 @@ impl Rls {
             stats,
             quota_in_config,
             draining: false.into(),
+            listener_closed: tokio::sync::Notify::new(),
             first_config_pending,
         }
     }

@@ -337,12 +337,13 @@ impl AsyncWrite for Conn {
 /// running. Failed accepts back off.
 fn accepted(listener: Listener, slots: Arc<Semaphore>, front: Arc<Front>) -> impl futures_util::Stream<Item = Bounded> {
     let errors = Throttled::new(Duration::from_secs(10));
+    let listener = Open { listener, rls: front.rls.clone() };
     futures_util::stream::unfold((listener, slots, errors), move |(listener, slots, errors)| {
         let front = front.clone();
         async move {
             loop {
                 let slot = slots.clone().acquire_owned().await.ok()?;
-                match listener.accept().await {
+                match listener.listener.accept().await {
                     Ok(stream) => {
                         front.rls.stats.connections.fetch_add(1, Relaxed);
                         let conn = Bounded {
@@ -364,6 +365,20 @@ fn accepted(listener: Listener, slots: Arc<Semaphore>, front: Arc<Front>) -> imp
             }
         }
     })
+}
+
+/// The front's listener; closed when tonic drops the stream of accepted
+/// connections (at the stop), which tells `Rls::listener_closed`.
+struct Open {
+    listener: Listener,
+    rls: Arc<Rls>,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // notify_one keeps the permit if no one waits yet.
+        self.rls.listener_closed.notify_one();
+    }
 }
 
 /// One of the front's gRPC services behind its gate: each call's token
