@@ -4,7 +4,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rl_client::internal::{bucket_params, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
+use rl_client::internal::{beyond_lua, bucket_params};
 use rl_client::{period_ms, Error, Result};
 use rl_core::limits::{in_range, MAX_LOG_LIMIT};
 use rl_core::{BucketParams, WindowMode};
@@ -358,10 +358,10 @@ impl PolicyBuilder {
         // The Lua scripts count exactly below 2^52 units; an EXACT log is
         // read and written whole by its script, so it is held to the
         // module's default max-log-limit.
-        let lua_fits = params.iter().zip(&self.rules).all(|(p, r)| {
-            p.capacity() as u128 * p.period_ms() as u128 <= LUA_MAX_UNITS
-                && (r.window != Some(WindowMode::Exact) || p.capacity() <= MAX_LUA_LOG_LIMIT)
-        });
+        let lua_fits = params
+            .iter()
+            .zip(&self.rules)
+            .all(|(p, r)| beyond_lua(p.capacity(), p.period_ms(), r.window == Some(WindowMode::Exact)).is_none());
         Ok(Policy {
             enforced: Group::split(&prefix, "enforced", &self.rules, &params, |r| !r.shadow),
             shadow: Group::split(&prefix, "shadow", &self.rules, &params, |r| r.shadow),

@@ -563,6 +563,11 @@ async fn rls_front(args: &Args, relay: &Arc<Relay>) -> Result<Option<(Arc<Rls>, 
     let loaded = match options.xds {
         // Over xDS: none until the first version.
         Some(_) => Ok(rl_relay::rls::config::RlsConfig::default()),
+        // On the Lua scripts, a limit beyond them refuses the start, as a
+        // bad file does (with `auto`, once decided: watch::once_decided).
+        None if relay.backend().current() == Some(rl_relay::upstream::Backend::Lua) => {
+            rl_relay::rls::watch::load(&options).and_then(|c| c.fits_lua().map(|()| c))
+        }
         None => rl_relay::rls::watch::load(&options),
     };
     let config = match loaded {

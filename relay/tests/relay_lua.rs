@@ -529,18 +529,62 @@ fn a_redis_that_refuses_the_scripts_is_not_ready_and_says_why() {
     wait_log(&relay, "Redis refuses the Lua scripts: not ready");
 }
 
-/// A limit beyond the scripts' exact range (limit x window_ms above 2^52):
-/// the Envoy front answers it by its failure mode, counted and logged with
-/// the script's words, as docs/relay.md says.
+/// A config with a limit beyond the scripts' exact range (limit x
+/// window_ms above 2^52): a year's limit of a million.
+const BEYOND: &str =
+    "domain: d\ndescriptors:\n  - key: open\n    rate_limit: { unit: year, requests_per_unit: 1000000 }\n  \
+                      - key: closed\n    rate_limit: { unit: year, requests_per_unit: 1000000, failure_mode: deny }\n";
+
+const BEYOND_WHY: &str =
+    "descriptors[0].rate_limit.requests_per_unit: requests_per_unit 1000000 with unit year: limit x \
+                          period_ms must be at most 2^52 on the Lua scripts: at most 142808 per 31536000000 ms, got \
+                          1000000 (--redis-backend lua) (and 1 more limits beyond them)";
+
+/// On `lua`, a config the scripts cannot count is refused as a bad file
+/// is: at start, and at a reload (the one in force kept, counted, logged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_envoy_limit_beyond_the_scripts_follows_its_failure_mode_logged() {
+async fn on_lua_an_envoy_config_beyond_the_scripts_is_refused_at_start_and_at_reload() {
     let plain = PlainServer::start();
-    let (_dir, config) = config_file(
-        "domain: d\ndescriptors:\n  - key: open\n    rate_limit: { unit: day, requests_per_unit: 1000000000 }\n  \
-         - key: closed\n    rate_limit: { unit: day, requests_per_unit: 1000000000, failure_mode: deny }\n",
-    );
+    let (_dir, config) = config_file(BEYOND);
+    let rls_port = testkit::free_port().to_string();
+    let args = ["--redis", &plain.url(), "--rls-listen", &format!("127.0.0.1:{rls_port}")];
+    let args = [&args[..], &["--rls-config", config.to_str().unwrap(), "--redis-backend", "lua"]].concat();
+    let mut refused = Relay::spawn(common::Start { no_wait: true, ..common::Start::args(&args) });
+    assert_eq!(refused.exit_code(), Some(2), "{}", refused.log());
+    assert!(refused.log().contains(BEYOND_WHY), "{}", refused.log());
+
+    // One that fits serves; a reload beyond is refused, and it stays.
+    let (_dir, config) =
+        config_file("domain: d\ndescriptors:\n  - key: open\n    rate_limit: { unit: year, requests_per_unit: 1 }\n");
     let lua = RlsRelay::start(&[plain.url()], false, &config, &["--redis-backend", "lua"]);
     wait_health(&lua, tonic_health::pb::health_check_response::ServingStatus::Serving).await;
+    let mut client = lua.client().await;
+    assert_eq!(ask(&mut client, request("d", &[&[("open", "a")]])).await.overall_code, OK);
+    // Whole at once (a rename), so no half-written file is read first.
+    std::fs::write(config.with_extension("new"), BEYOND).unwrap();
+    std::fs::rename(config.with_extension("new"), &config).unwrap();
+    wait_log(&lua.relay, &format!("config.yaml:4: {BEYOND_WHY}"));
+    assert!(lua.relay.log().contains("RLS config refused, the one in force kept"), "{}", lua.relay.log());
+    assert_eq!(lua.metric("ratelimit_service_config_load_error"), 1.0);
+    assert_eq!(ask(&mut client, request("d", &[&[("open", "a")]])).await.overall_code, OVER_LIMIT);
+    assert_eq!(lua.metric("rl_relay_rls_limits_beyond_backend"), 0.0);
+}
+
+/// On `auto` finding no module, a config in force beyond the scripts is
+/// kept (it was loaded before the backend was known): logged once with
+/// what is beyond, counted by a gauge, and each such limit answered by its
+/// failure mode, logged with the script's words, as docs/relay.md says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_auto_a_limit_beyond_the_scripts_is_said_and_follows_its_failure_mode() {
+    let plain = PlainServer::start();
+    let (_dir, config) = config_file(BEYOND);
+    let lua = RlsRelay::start(&[plain.url()], false, &config, &["--redis-backend", "auto"]);
+    wait_health(&lua, tonic_health::pb::health_check_response::ServingStatus::Serving).await;
+    wait_log(
+        &lua.relay,
+        "--redis-backend auto chose the Lua scripts, and 2 limits of the config in force are beyond them",
+    );
+    assert_eq!(lua.metric("rl_relay_rls_limits_beyond_backend"), 2.0);
     let mut client = lua.client().await;
     assert_eq!(ask(&mut client, request("d", &[&[("open", "a")]])).await.overall_code, OK);
     assert_eq!(ask(&mut client, request("d", &[&[("closed", "a")]])).await.overall_code, OVER_LIMIT);

@@ -181,6 +181,12 @@ impl Rls {
             && self.relay().health.ready()
     }
 
+    /// Whether the module's commands go to Redis as rl-client's Lua
+    /// scripts (`--redis-backend lua`, or `auto` finding no module).
+    pub fn on_lua(&self) -> bool {
+        self.relay().backend().current() == Some(crate::upstream::Backend::Lua)
+    }
+
     /// Whether a call's metadata carries the token (when one is set).
     fn authorized(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
         self.authorized_by(metadata.get("authorization").and_then(|v| v.to_str().ok()))
@@ -216,6 +222,12 @@ impl Rls {
                 self.relay().limits.max_clients as u64,
             ),
             ("rl_relay_rls_domains", "domains of the config in force", config.domains.len() as u64),
+            (
+                "rl_relay_rls_limits_beyond_backend",
+                "limits of the config in force the Redis backend in force cannot count (the Lua scripts' bounds, \
+                 after --redis-backend auto chose them): each answered by its failure mode",
+                if self.on_lua() { config.beyond_lua().len() as u64 } else { 0 },
+            ),
             ("rl_relay_rls_config_files", "files of the config in force", config.files.len() as u64),
             ("rl_relay_rls_windows", "windows held in memory (leases, refusals)", windows.len() as u64),
             ("rl_relay_rls_window_evictions", "windows dropped to make room", windows.evictions()),

@@ -569,6 +569,9 @@ pub async fn serve(rls: Arc<Rls>, listener: Listener, stop: impl Future<Output =
         None => tokio::spawn(super::watch::watch(rls.clone())),
     };
     tokio::spawn(super::statsd::flush_forever(rls.clone()));
+    if rls.relay().backend().asked() == crate::upstream::Backend::Auto {
+        tokio::spawn(super::watch::once_decided(rls.clone()));
+    }
     let service = RateLimitServiceServer::new(RlsService(rls.clone()))
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_request_bytes.max(1 << 20));

@@ -74,6 +74,9 @@ pub async fn watch(rls: Arc<Rls>) {
 /// A config read (from the files, or over xDS) put in force, or refused
 /// and the one in force kept: counted either way. Its files and domains.
 pub(super) fn apply(rls: &Rls, loaded: Result<RlsConfig, ConfigError>) -> Result<(usize, usize), ConfigError> {
+    // On the Lua scripts, a limit they cannot count is refused here, as a
+    // bad file is (config/lua_fit.rs).
+    let loaded = loaded.and_then(|config| if rls.on_lua() { config.fits_lua().map(|()| config) } else { Ok(config) });
     match loaded {
         Ok(config) => {
             let shape = (config.files.len(), config.domains.len());
@@ -85,5 +88,24 @@ pub(super) fn apply(rls: &Rls, loaded: Result<RlsConfig, ConfigError>) -> Result
             rls.stats.config_load_error.fetch_add(1, Relaxed);
             Err(e)
         }
+    }
+}
+
+/// With `--redis-backend auto`, once the first probe decides: on the Lua
+/// scripts, the limits of the config in force they cannot count are
+/// logged (each is then answered by its failure mode, and
+/// `rl_relay_rls_limits_beyond_backend` counts them); later configs are
+/// refused with them, by `apply`.
+pub async fn once_decided(rls: Arc<Rls>) {
+    while rls.relay().backend().current().is_none() {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let beyond = if rls.on_lua() { rls.config().beyond_lua() } else { return };
+    if let Some(first) = beyond.first() {
+        line(format_args!(
+            "--redis-backend auto chose the Lua scripts, and {} limits of the config in force are beyond them: each \
+             is answered by its failure mode (a config with them is now refused): {first}",
+            beyond.len()
+        ));
     }
 }

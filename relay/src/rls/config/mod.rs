@@ -9,6 +9,7 @@
 //! trees (here), where empty domains and keys, duplicates, units and
 //! `replaces` are checked. Matching a request is `matching.rs`.
 
+mod lua_fit;
 pub mod matching;
 pub mod metadata;
 pub mod schema;
@@ -193,6 +194,17 @@ pub struct Limit {
     /// (`metadata.rs`, merged by `upstream_answer.rs`).
     pub quota_mode: bool,
     pub metadata: Option<metadata::Metadata>,
+    /// Where it is written (a request's override: nowhere).
+    pub origin: Origin,
+}
+
+/// Where a limit is written: its file, line and path in the file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub file: String,
+    pub line: usize,
+    /// `descriptors[0].rate_limit`.
+    pub path: String,
 }
 
 impl Limit {
@@ -212,6 +224,7 @@ impl Limit {
             full_key,
             quota_mode: false,
             metadata: None,
+            origin: Origin::default(),
         }
     }
 }
@@ -351,7 +364,7 @@ impl RlsConfig {
         }
         self.domain_files.entry(def.domain.clone()).or_insert_with(|| name.to_string());
         let root = self.domains.entry(def.domain.clone()).or_default();
-        load_descriptors(root, &format!("{}.", def.domain), &def.descriptors)
+        load_descriptors(root, name, &format!("{}.", def.domain), &def.descriptors)
     }
 }
 
@@ -370,7 +383,12 @@ fn read(text: &str, spent: &mut yaml::Spent) -> Result<FileDef, Problem> {
 /// envoyproxy/ratelimit's `loadDescriptors`: one level of a tree, then
 /// each child's, depth first; `parent_key` is the stats key so far
 /// (`domain.` and each ancestor's composite key and a dot).
-fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorDef]) -> Result<(), Problem> {
+fn load_descriptors(
+    node: &mut Descriptor,
+    file: &str,
+    parent_key: &str,
+    defs: &[DescriptorDef],
+) -> Result<(), Problem> {
     for def in defs {
         let at = |reason: String| Problem { line: def.line, path: def.path.clone(), reason };
         if def.key.is_empty() {
@@ -398,7 +416,7 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
             return Err(at(format!("duplicate descriptor composite key '{}'{also}", cut(&full_key))));
         }
         let limit = match &def.rate_limit {
-            Some(r) => Some(Arc::new(limit(def, r, &full_key)?)),
+            Some(r) => Some(Arc::new(limit(def, r, &full_key, file)?)),
             None => None,
         };
         if def.share_threshold && !composite.contains('*') {
@@ -413,7 +431,7 @@ fn load_descriptors(node: &mut Descriptor, parent_key: &str, defs: &[DescriptorD
             share_threshold: def.share_threshold,
             ..Descriptor::default()
         };
-        load_descriptors(&mut child, &format!("{full_key}."), &def.descriptors)?;
+        load_descriptors(&mut child, file, &format!("{full_key}."), &def.descriptors)?;
         let children = node.children.entry(def.key.clone()).or_default();
         if def.value.is_empty() {
             children.default = Some(child);
@@ -443,7 +461,7 @@ fn joined_to(node: &Descriptor, composite: &str) -> Option<(String, String)> {
 
 /// A descriptor's `rate_limit`, checked in envoyproxy/ratelimit's order
 /// (the unit, then `replaces`), then our extensions.
-fn limit(def: &DescriptorDef, r: &RateLimitDef, full_key: &str) -> Result<Limit, Problem> {
+fn limit(def: &DescriptorDef, r: &RateLimitDef, full_key: &str, file: &str) -> Result<Limit, Problem> {
     let path = format!("{}.rate_limit", def.path);
     let at = |line: usize, field: &str, reason: String| Problem {
         line,
@@ -507,6 +525,7 @@ fn limit(def: &DescriptorDef, r: &RateLimitDef, full_key: &str) -> Result<Limit,
         full_key: full_key.to_string(),
         quota_mode: def.quota_mode,
         metadata: def.metadata.clone(),
+        origin: Origin { file: file.to_string(), line: r.line, path },
     })
 }
 
