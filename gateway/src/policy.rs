@@ -285,7 +285,8 @@ pub struct Policy {
     /// Every token-bucket rule: what settling and refunds adjust (windows
     /// have no refund and no debt).
     pub(crate) buckets: Group,
-    lua_fits: bool,
+    /// The first rule the Lua scripts cannot count, and why.
+    beyond_lua: Option<String>,
     /// How headers name this policy's rules (`label.rule`), if set.
     label: Option<Arc<str>>,
     /// What a token stands for, in headers.
@@ -358,17 +359,17 @@ impl PolicyBuilder {
         // The Lua scripts count exactly below 2^52 units; an EXACT log is
         // read and written whole by its script, so it is held to the
         // module's default max-log-limit.
-        let lua_fits = params
-            .iter()
-            .zip(&self.rules)
-            .all(|(p, r)| beyond_lua(p.capacity(), p.period_ms(), r.window == Some(WindowMode::Exact)).is_none());
+        let beyond_lua = params.iter().zip(&self.rules).find_map(|(p, r)| {
+            let why = beyond_lua(p.capacity(), p.period_ms(), r.window == Some(WindowMode::Exact))?;
+            Some(format!("limit '{}': {why}", r.name()))
+        });
         Ok(Policy {
             enforced: Group::split(&prefix, "enforced", &self.rules, &params, |r| !r.shadow),
             shadow: Group::split(&prefix, "shadow", &self.rules, &params, |r| r.shadow),
             buckets: Group::new(&prefix, "buckets", &self.rules, &params, None, |_| true),
             prefix: prefix.into(),
             rules: self.rules,
-            lua_fits,
+            beyond_lua,
             label: self.label.map(Into::into),
             unit: self.unit,
         })
@@ -418,9 +419,14 @@ impl Policy {
     }
 
     /// Whether every rule fits the Lua backend's exact range
-    /// (capacity x period_ms <= 2^52).
+    /// (capacity x period_ms <= 2^52, an EXACT window <= 10,000).
     pub fn fits_lua(&self) -> bool {
-        self.lua_fits
+        self.beyond_lua.is_none()
+    }
+
+    /// The first rule beyond the Lua backend's range, named, and why.
+    pub fn beyond_lua(&self) -> Option<&str> {
+        self.beyond_lua.as_deref()
     }
 
     /// Whether a rule is a window (RL.WINDOW).

@@ -255,10 +255,26 @@ async fn run(command: Command) -> Result<Output, Error> {
             // The server the rules are published to, as the limiter's:
             // each gateway asks its own again before installing.
             let overrides = before.overrides.clone();
-            if let Ok(snapshot) =
-                Snapshot::compile(&spec, &overrides, spec.version.unwrap_or(before.version.saturating_add(1)))
-            {
-                check_server(store.url(), Backend::Module, &snapshot, false).await?;
+            let next = spec.version.unwrap_or(before.version.saturating_add(1));
+            let mut note = None;
+            if let Ok(snapshot) = Snapshot::compile(&spec, &overrides, next) {
+                if check_server(store.url(), Backend::Module, &snapshot, false).await? == Checked::NoModule {
+                    // Its gateways run rl-client's Lua scripts: held to
+                    // what they can count, as `validate --lua` holds it.
+                    let url = rl_gateway::redacted(store.url());
+                    Snapshot::compile_for(&spec, &overrides, next, Backend::Lua).map_err(|e| {
+                        let e = e.to_string();
+                        Error::Rules(format!(
+                            "rule set rejected: the server at {url} has no redis-rl module, so its gateways run the Lua \
+                             backend, which refuses it: {}",
+                            e.strip_prefix("rule set rejected: ").unwrap_or(&e)
+                        ))
+                    })?;
+                    note = Some(format!(
+                        "note: the server at {url} has no redis-rl module: the set was checked as gateways on the Lua \
+                         backend check it (rlctl validate --lua)"
+                    ));
+                }
             }
             let version = store.publish(&spec).await?;
             let lineage = store.read().await?.lineage.unwrap_or_default();
@@ -272,6 +288,10 @@ async fn run(command: Command) -> Result<Output, Error> {
                     "\nnote: the store held no rules: lineage {lineage} starts here; every gateway takes it, whatever \
                      version it ran (a first publication, or the rules were lost: check `rlctl status`)"
                 ));
+            }
+            if let Some(note) = note {
+                published.push('\n');
+                published.push_str(&note);
             }
             // Checked by publish already: compiled again only for its warnings.
             match Snapshot::compile(&spec, &[], version) {
@@ -357,25 +377,46 @@ async fn run(command: Command) -> Result<Output, Error> {
     }
 }
 
+/// What the server said of a set's limits.
+#[derive(Debug, PartialEq, Eq)]
+enum Checked {
+    /// It accepts them (or could not be asked, past `publish`'s warning).
+    Accepted,
+    /// Asked as the module, it knows no redis-rl command.
+    NoModule,
+}
+
 /// Refuses a set whose limits the server at `url` refuses. When the
 /// server cannot be asked, `validate` (`strict`) fails and `publish` goes
 /// on (its gateways ask their own servers before installing).
-async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<(), Error> {
-    let config = rl_gateway::Config { backend, tls: tls(), ..rl_gateway::Config::standalone(url) };
+async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: bool) -> Result<Checked, Error> {
+    // A command line, not a request path: the gateways' 50 ms would fail
+    // a check over TLS to a distant server.
+    let wait = Duration::from_secs(5);
+    let config = rl_gateway::Config {
+        backend,
+        tls: tls(),
+        timeout: wait,
+        connect_timeout: wait,
+        ..rl_gateway::Config::standalone(url)
+    };
     let client = rl_gateway::Client::new(&config)?;
     match rl_gateway::live::server_refusals(&client, snapshot).await {
-        Ok(faults) if faults.is_empty() => Ok(()),
+        Ok(faults) if faults.is_empty() => Ok(Checked::Accepted),
         Ok(faults) => Err(Error::Rules(format!(
             "rule set rejected: the server at {} refuses {}",
             rl_gateway::redacted(url),
             faults.join("; ")
         ))),
+        Err(rl_gateway::Error::Redis(e)) if !strict && e.to_string().contains("unknown command") => {
+            Ok(Checked::NoModule)
+        }
         Err(e) if strict => {
             Err(Error::Rules(format!("cannot ask {} about the set's limits: {e}", rl_gateway::redacted(url))))
         }
         Err(e) => {
             eprintln!("rlctl: warning: cannot ask the server about the set's limits ({e}): gateways check them before installing");
-            Ok(())
+            Ok(Checked::Accepted)
         }
     }
 }

@@ -321,10 +321,35 @@ async fn the_example_gateway_and_rlctl_publish_work_on_a_managed_redis() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    // The module's bound checks cannot run there: said, not hidden (the
-    // reason is "unknown command 'RL.INFLIGHT'", or on a busy machine the
-    // check's 50 ms timeout passing during the TLS handshake).
-    assert!(stderr.contains("warning: cannot ask the server about the set's limits"), "{stderr}");
+    // The module's bound checks cannot run there: the set is held to the
+    // Lua backend's instead, and that is said.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("has no redis-rl module: the set was checked as gateways on the Lua backend check it"),
+        "{stdout}{stderr}"
+    );
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // A set the scripts cannot count (an EXACT window above 10,000) is
+    // refused there, before any gateway sees it.
+    let beyond = dir.path().join("beyond.toml");
+    let text = std::fs::read_to_string(&file).unwrap().replacen(
+        "rate = 300, per = \"1s\", burst = 600",
+        "rate = 300, per = \"1s\", burst = 600 },\n  { name = \"log\", kind = \"exact\", limit = 20000, per = \"1m\"",
+        1,
+    );
+    std::fs::write(&beyond, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rlctl"))
+        .args(["publish", beyond.to_str().unwrap(), "--redis", &server.url_as("rl-ctl-lua", PASSWORD)])
+        .args(["--tls-ca-file", &ca])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("has no redis-rl module, so its gateways run the Lua backend, which refuses it"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("'log'"), "names the limit: {stderr}");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let r = get(gw.port, "/hello", Some("frank")).await;

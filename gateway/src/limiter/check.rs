@@ -128,10 +128,9 @@ impl Limiter {
         validate_subject(subject)?;
         op.validate()?;
         let lua = self.inner.client().backend() == Backend::Lua;
-        if lua && !policy.fits_lua() {
+        if let Some(beyond) = policy.beyond_lua().filter(|_| lua) {
             return Err(Error::invalid(format!(
-                "policy '{}' has a rule the Lua backend cannot count exactly: capacity x period_ms (limit x \
-                 window_ms) above 2^52, or an EXACT window above 10000",
+                "policy '{}' has a rule the Lua backend cannot count exactly: {beyond}",
                 policy.prefix()
             )));
         }

@@ -57,8 +57,8 @@ pub struct RuleSetSpec {
     pub ipv6_prefix: Option<u8>,
     /// The backend the fleet's gateways run: `module` (default) or `lua`.
     /// With `lua`, publishing refuses what the Lua backend cannot count
-    /// (windows, quotas, a burst x period above 2^52), and so does adding
-    /// an override.
+    /// (an EXACT window above 10,000, a limit x period above 2^52), and so
+    /// does adding an override.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<FleetBackend>,
     /// An override on an IPv4 network shorter than this prefix is broad
@@ -80,7 +80,8 @@ pub enum FleetBackend {
     /// The redis-rl module: every kind of limit.
     #[default]
     Module,
-    /// The Lua script backend: buckets only, burst x period up to 2^52.
+    /// rl-client's Lua scripts: a limit x period up to 2^52, an EXACT
+    /// window up to 10,000.
     Lua,
 }
 

@@ -107,7 +107,7 @@ impl Snapshot {
         let lua = match (lua, declared) {
             (_, FleetBackend::Lua) => Some("the rule set declares backend = \"lua\""),
             (true, FleetBackend::Module) => Some(
-                "this gateway runs the Lua backend (declare backend = \"lua\" in the rule file, so publishing refuses this)",
+                "gateways on the Lua backend refuse it (declare backend = \"lua\" in the rule file, so publishing refuses it)",
             ),
             (false, FleetBackend::Module) => None,
         };

@@ -207,10 +207,7 @@ fn rate_policy(
 /// run buckets, windows and quotas, within them).
 fn check_lua(set: &SetContext<'_>, policy: &Policy, at: &str, errors: &mut Vec<String>) {
     let Some(why) = set.lua else { return };
-    if !policy.fits_lua() {
-        errors.push(format!(
-            "{at}: a limit the Lua backend cannot count exactly: burst (or limit) x period in ms above 2^52, or an \
-             exact window above 10000; {why}"
-        ));
+    if let Some(beyond) = policy.beyond_lua() {
+        errors.push(format!("{at}: a limit the Lua backend cannot count exactly: {beyond}; {why}"));
     }
 }

@@ -273,7 +273,8 @@ fn a_set_declared_for_lua_is_checked_for_lua_everywhere() {
     let e = Snapshot::compile(&set(&huge), &[], 1).unwrap_err().to_string();
     assert!(
         e.contains(
-            "rule 'pro': a limit the Lua backend cannot count exactly: burst (or limit) x period in ms above 2^52"
+            "rule 'pro': a limit the Lua backend cannot count exactly: limit 's': limit x period_ms must be at most \
+             2^52 on the Lua scripts: at most 52124995 per 86400000 ms, got 1099511627776"
         ),
         "{e}"
     );
