@@ -348,7 +348,8 @@ async fn a_lua_fleet_is_refused_at_publish_what_its_gateways_cannot_run() {
     let run = add(&url, "--subject", "key_8f3", "big=1/1d,burst=1099511627776", &[]).await;
     assert_eq!(run.code, 1, "{}", run.out);
     assert!(
-        run.err.contains("limit 'big': limit x period_ms must be at most 2^52 on the Lua scripts: at most 52124995 per"),
+        run.err
+            .contains("limit 'big': limit x period_ms must be at most 2^52 on the Lua scripts: at most 52124995 per"),
         "{}",
         run.err
     );

@@ -16,7 +16,7 @@
 //! (`statsd.rs`, a second output of these same counts) sends the names
 //! upstream sends.
 
-use std::collections::hash_map::Entry;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -102,44 +102,51 @@ pub trait Sink: Send + Sync + std::fmt::Debug {
 }
 
 /// `:` and `|` as `_`, and the dots of every IPv4-shaped run
-/// (envoyproxy/ratelimit's `SanitizeStatName`).
-pub fn sanitize(key: &str) -> String {
-    let bytes: Vec<char> = key.chars().map(|c| if c == ':' || c == '|' { '_' } else { c }).collect();
-    let mut out = bytes.clone();
-    let digits = |at: usize| -> usize { bytes[at..].iter().take(3).take_while(|c| c.is_ascii_digit()).count() };
+/// (envoyproxy/ratelimit's `SanitizeStatName`). Borrowed when nothing is
+/// replaced, as for most keys: a hit then allocates nothing. Digits, dots,
+/// `:` and `|` are ASCII, so the bytes are scanned (a byte of a multi-byte
+/// character is never one of them).
+pub fn sanitize(key: &str) -> Cow<'_, str> {
+    let bytes = key.as_bytes();
+    let mut replaced: Vec<usize> =
+        bytes.iter().enumerate().filter(|(_, &b)| b == b':' || b == b'|').map(|(i, _)| i).collect();
     let mut i = 0;
     while i < bytes.len() {
-        // Four runs of 1-3 digits joined by dots, starting here.
-        let mut at = i;
-        let mut dots = Vec::with_capacity(3);
-        let mut ok = true;
-        for part in 0..4 {
-            let n = if at < bytes.len() { digits(at) } else { 0 };
-            if n == 0 {
-                ok = false;
-                break;
+        match ipv4_at(bytes, i) {
+            Some((dots, end)) => {
+                replaced.extend(dots);
+                i = end;
             }
-            at += n;
-            if part < 3 {
-                if at < bytes.len() && bytes[at] == '.' {
-                    dots.push(at);
-                    at += 1;
-                } else {
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if ok {
-            for d in dots {
-                out[d] = '_';
-            }
-            i = at;
-        } else {
-            i += 1;
+            None => i += 1,
         }
     }
-    out.into_iter().collect()
+    if replaced.is_empty() {
+        return Cow::Borrowed(key);
+    }
+    let mut out = bytes.to_vec();
+    for at in replaced {
+        out[at] = b'_';
+    }
+    // ASCII bytes replaced by an ASCII byte: still UTF-8.
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The dots of an IPv4-shaped run starting at `at` (four runs of 1-3
+/// digits joined by dots), and where it ends.
+fn ipv4_at(bytes: &[u8], mut at: usize) -> Option<([usize; 3], usize)> {
+    let digits =
+        |at: usize| bytes.get(at..).map_or(0, |rest| rest.iter().take(3).take_while(|c| c.is_ascii_digit()).count());
+    let mut dots = [0; 3];
+    for dot in &mut dots {
+        let n = digits(at);
+        if n == 0 || bytes.get(at + n) != Some(&b'.') {
+            return None;
+        }
+        *dot = at + n;
+        at += n + 1;
+    }
+    let n = digits(at);
+    (n > 0).then_some((dots, at + n))
 }
 
 /// The labels of a stats key: its first three levels.
@@ -159,14 +166,16 @@ impl Stats {
     pub fn record(&self, stats_key: &str, limit: u64, cost: u64, remaining: Option<u64>, over: bool, shadow: bool) {
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         let full = series.len() >= MAX_SERIES;
-        let s = match series.entry(sanitize(stats_key)) {
-            Entry::Occupied(s) => s.into_mut(),
-            Entry::Vacant(_) if full => {
+        let clean = sanitize(stats_key);
+        // A known key (nearly every hit) is found without an allocation.
+        if !series.contains_key(clean.as_ref()) {
+            if full {
                 self.dropped.fetch_add(1, Relaxed);
                 return;
             }
-            Entry::Vacant(s) => s.insert(Series::default()),
-        };
+            series.insert(clean.to_string(), Series::default());
+        }
+        let Some(s) = series.get_mut(clean.as_ref()) else { return };
         s.total_hits += cost;
         if over {
             s.over_limit += cost;
@@ -215,7 +224,7 @@ impl Stats {
     pub fn not_found(&self, domain: &str) {
         self.domain_not_found.fetch_add(1, Relaxed);
         let mut not_found = self.not_found.lock().unwrap_or_else(|p| p.into_inner());
-        let domain = sanitize(domain);
+        let domain = sanitize(domain).into_owned();
         if !not_found.contains_key(&domain) && not_found.len() >= MAX_SERIES {
             self.dropped.fetch_add(1, Relaxed);
             return;
@@ -462,6 +471,10 @@ mod tests {
         assert_eq!(sanitize("d.k_a:b|c"), "d.k_a_b_c");
         assert_eq!(sanitize("d.v_1.2.3"), "d.v_1.2.3");
         assert_eq!(sanitize("d.v_1234.2.3.4"), "d.v_1234_2_3_4");
+        // Nothing to replace: the key itself, no copy.
+        assert!(matches!(sanitize("d.user_ann.v_1.2.3"), Cow::Borrowed("d.user_ann.v_1.2.3")));
+        assert_eq!(sanitize("d.é:1.2.3.4|ü"), "d.é_1_2_3_4_ü");
+        assert_eq!(sanitize("1.2.3.4.5.6.7.8"), "1_2_3_4.5_6_7_8");
     }
 
     #[test]
