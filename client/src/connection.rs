@@ -33,6 +33,10 @@
 //! counts against the relay's breaker. While it is open, a PING in the
 //! background probes the relay, so no request waits on a relay that is
 //! still down; once it answers, calls go back to it.
+//!
+//! A module command as its Lua script's call, loaded first where Redis
+//! answers NOSCRIPT ([`Connection::send_script`]): the relay on a Redis
+//! without the module sends its calls with it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,7 +46,7 @@ use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
@@ -50,6 +54,7 @@ use crate::config::{redacted, Config, Target};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::primary::{ConnectionStatus, Primary};
+use crate::script_call::{script_call, Script};
 use crate::tls::{self, Loaded, Tls};
 
 /// A connection to Redis (and, in a client, to its relay), reconnecting by
@@ -159,6 +164,31 @@ impl Connection {
         }
     }
 
+    /// Sends `argv`, a module command, to Redis (never the relay) as its
+    /// Lua script's call, to the primary of `key`'s slot: on NOSCRIPT the
+    /// script is loaded there and the call sent once more (NOSCRIPT: it
+    /// did not run). A command the scripts do not serve (CL.THROTTLE) is
+    /// answered the error naming the module; a server error comes back as
+    /// a value, as the server sent it.
+    pub async fn send_script<A: AsRef<[u8]>>(&self, argv: &[A], key: Option<&[u8]>) -> RedisResult<Value> {
+        self.redis().script(argv, key.map(|key| Route::with_key(key, SlotAddr::Master))).await
+    }
+
+    /// Loads the scripts Redis's server of `key`'s slot lacks (`SCRIPT
+    /// EXISTS`, then `SCRIPT LOAD` of each missing one): done ahead, a
+    /// call's NOSCRIPT retry is the exception.
+    pub async fn load_missing_scripts(&self, key: Option<&[u8]>) -> RedisResult<()> {
+        self.redis().load_missing_scripts(key.map(|key| Route::with_key(key, SlotAddr::Master))).await
+    }
+
+    /// Redis itself (through a relay: the direct connection).
+    fn redis(&self) -> &Plain {
+        match &self.0 {
+            Kind::Plain(con) => con,
+            Kind::Relayed(r) => &r.direct,
+        }
+    }
+
     /// Like [`Connection::open`], but a fixed address is always the server
     /// used, even when it answers as a replica (an exporter of that one
     /// server); a Sentinel target still follows its master.
@@ -194,20 +224,13 @@ impl Connection {
     /// Which server the calls to Redis go to (through a relay: the
     /// direct connection, used while the relay is down).
     pub fn status(&self) -> ConnectionStatus {
-        match &self.0 {
-            Kind::Plain(con) => con.status(),
-            Kind::Relayed(r) => r.direct.status(),
-        }
+        self.redis().status()
     }
 
     /// Calls `hook` with the new status each time calls to Redis move to
     /// another server (never for a cluster: its client follows the slot map).
     pub fn on_switch(&self, hook: impl Fn(&ConnectionStatus) + Send + Sync + 'static) {
-        let direct = match &self.0 {
-            Kind::Plain(con) => con,
-            Kind::Relayed(r) => &r.direct,
-        };
-        if let Plain::Standalone(primary) = direct {
+        if let Plain::Standalone(primary) = self.redis() {
             primary.on_switch(Arc::new(hook));
         }
     }
@@ -215,10 +238,7 @@ impl Connection {
     /// The slot ranges of a cluster and the primary serving each
     /// (`CLUSTER SLOTS`); empty for a standalone server.
     pub(crate) async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
-        match &self.0 {
-            Kind::Plain(con) => con.slot_map().await,
-            Kind::Relayed(r) => r.direct.slot_map().await,
-        }
+        self.redis().slot_map().await
     }
 }
 
@@ -356,6 +376,72 @@ impl Plain {
             }
         }
     }
+}
+
+/// The module's commands as the Lua scripts' calls, on Redis itself.
+impl Plain {
+    /// A module command as its script's call; on NOSCRIPT (the call did not
+    /// run) the script is loaded and the call sent once more.
+    async fn script<A: AsRef<[u8]>>(&self, argv: &[A], route: Option<Route>) -> RedisResult<Value> {
+        let call = match script_call(argv) {
+            Ok(call) => call,
+            Err(refused) => return refused_value(&refused),
+        };
+        let reply = self.send(&call.cmd, route).await;
+        if !is_noscript(&reply) {
+            return reply;
+        }
+        self.load(call.script, route).await?;
+        self.send(&call.cmd, route).await
+    }
+
+    /// `SCRIPT LOAD`s `script` on the server of `route`.
+    async fn load(&self, script: Script, route: Option<Route>) -> RedisResult<Value> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script.source());
+        match self.send(&load, route).await? {
+            Value::ServerError(e) => Err(e.into()),
+            loaded => Ok(loaded),
+        }
+    }
+
+    /// Loads the scripts the server of `route` lacks.
+    async fn load_missing_scripts(&self, route: Option<Route>) -> RedisResult<()> {
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS");
+        for script in Script::ALL {
+            exists.arg(script.sha());
+        }
+        let held: Vec<i64> = match self.send(&exists, route).await? {
+            Value::ServerError(e) => return Err(e.into()),
+            held => redis::from_redis_value(held)?,
+        };
+        for (script, held) in Script::ALL.into_iter().zip(held.into_iter().chain(std::iter::repeat(0))) {
+            if held == 0 {
+                self.load(script, route).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `script_call`'s refusal (`ERR ...`) as the server error value a server
+/// would have answered.
+fn refused_value(refused: &str) -> RedisResult<Value> {
+    let (code, detail) = refused.split_once(' ').unwrap_or(("ERR", refused));
+    Ok(Value::ServerError(redis::make_extension_error(code.into(), Some(detail.into())).try_into()?))
+}
+
+/// Whether Redis answered NOSCRIPT (as a value or as an error).
+fn is_noscript(reply: &RedisResult<Value>) -> bool {
+    match reply {
+        Ok(value) => noscript(value),
+        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+    }
+}
+
+fn noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
 impl Relayed {
