@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Relay;
-use rl_client::internal::slot_of;
+use rl_client::internal::{slot_of, Script};
 use rl_client::{Backend, Bucket, Client, Inflight, Window, WindowMode};
 use rl_core::BucketParams;
 use rl_gateway::{Check, Config, Limiter, LimiterConfig, Policy, Rule, Source};
@@ -162,8 +162,9 @@ async fn a_batch_of_policies_goes_to_redis_directly_all_or_nothing() {
 
 /// A pipeline of the module's commands on the direct path (rl-gateway's
 /// batches: RL.TAKE and RL.WINDOW on one slot) after Redis forgot the
-/// scripts: every call answered NOSCRIPT and did not run, so each is sent
-/// once more after its script is loaded, and runs once.
+/// window script: its calls answered NOSCRIPT and did not run, so they
+/// alone are sent once more after it is loaded; every call runs once, each
+/// reply in its command's place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_that_meets_noscript_runs_each_call_once() {
     let redis = PlainServer::start();
@@ -171,17 +172,26 @@ async fn a_pipeline_that_meets_noscript_runs_each_call_once() {
     let limiter = limiter(&redis, &relay);
     let client = limiter.client().clone();
     kill(relay, &client).await;
+    // Redis holds the bucket script, not the window script: the buckets'
+    // calls run at once, the windows' are answered NOSCRIPT.
     script_flush(&redis);
+    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(Script::Bucket.source()).query(&mut redis.con()).unwrap();
     let bucket = (["rl:{p}:b".to_string()], [BucketParams::new(3, 1, 3_600_000).unwrap()]);
     let window = (["rl:{p}:w".to_string()], [BucketParams::new(2, 2, 86_400_000).unwrap()]);
     let mut cmds = Vec::new();
     for _ in 0..4 {
         cmds.push((client.take_command(None, &bucket.0, &bucket.1, 1).unwrap(), 1));
     }
+    // A command the scripts do not serve, answered in its place, unsent.
+    let mut throttle = redis::cmd("CL.THROTTLE");
+    throttle.arg("rl:{p}:t").arg(10).arg(1).arg(60).arg(1);
+    cmds.push((throttle, 1));
     for _ in 0..3 {
         cmds.push((client.take_command(Some(WindowMode::Sliding), &window.0, &window.1, 1).unwrap(), 1));
     }
-    let decisions = client.pipeline(cmds, slot_of("rl:{p}:b")).await.unwrap();
+    let mut decisions = client.pipeline(cmds, slot_of("rl:{p}:b")).await.unwrap();
+    let refused = decisions.remove(4).unwrap_err().to_string();
+    assert!(refused.contains("CL.THROTTLE needs the redis-rl module"), "{refused}");
     let got: Vec<(bool, u64)> =
         decisions.iter().map(|d| d.as_ref().map(|d| (d.allowed, d.remaining)).unwrap()).collect();
     assert_eq!(got, [(true, 2), (true, 1), (true, 0), (false, 0), (true, 1), (true, 0), (false, 0)]);
