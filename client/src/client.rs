@@ -162,7 +162,16 @@ fn lua_args(op: BucketOp) -> (&'static str, u64, u64) {
 #[derive(Clone)]
 pub struct Client {
     conn: Connection,
+    /// What carries the limits out on Redis: its limits (2^52, no
+    /// CL.THROTTLE) bind whatever the calls are written in.
     backend: Backend,
+    /// The language the calls are written in. The module's on the Lua
+    /// backend too when a relay is in front: the relay speaks only the
+    /// module's commands (it runs the scripts itself), and while it is down
+    /// the connection sends each as its script's call (connection.rs). One
+    /// language per client keeps its pipelines and their replies as the
+    /// module's, whichever way a call goes.
+    speaks: Backend,
     timeout: Duration,
     script: Arc<redis::Script>,
     inflight_script: Arc<redis::Script>,
@@ -181,6 +190,7 @@ impl Client {
         Ok(Client {
             conn: Connection::for_config(config)?,
             backend: config.backend,
+            speaks: if config.relay.is_some() { Backend::Module } else { config.backend },
             timeout: config.timeout,
             script: Arc::new(redis::Script::new(&LUA_SCRIPT)),
             inflight_script: Arc::new(redis::Script::new(&INFLIGHT_SCRIPT)),
@@ -188,9 +198,19 @@ impl Client {
         })
     }
 
-    /// Which backend the calls use.
+    /// Which backend carries the calls out on Redis (its limits bind),
+    /// as configured: [`Backend::Lua`] also behind a relay, where the
+    /// calls are the module's commands (the relay's language).
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Whether [`Client::take_command`] and [`Client::pipeline`] serve:
+    /// the calls are the module's commands (the module, or a relay in
+    /// front of the Lua backend).
+    #[doc(hidden)]
+    pub fn pipelines(&self) -> bool {
+        self.speaks == Backend::Module
     }
 
     /// The connection the calls go through (its status: which server).
@@ -303,7 +323,7 @@ impl Client {
         validate_keys(keys)?;
         validate_id(id)?;
         let slot = slot_of(keys[0].as_ref());
-        let mut cmd = match self.backend {
+        let mut cmd = match self.speaks {
             Backend::Module => redis::cmd("RL.RELEASE"),
             Backend::Lua => self.inflight_evalsha(),
         };
@@ -311,11 +331,11 @@ impl Client {
         for k in keys {
             cmd.arg(k.as_ref());
         }
-        match self.backend {
+        match self.speaks {
             Backend::Module => cmd.arg("ID").arg(id),
             Backend::Lua => cmd.arg("release").arg(id),
         };
-        let value = self.with_timeout(self.script_query(self.backend, &INFLIGHT_SCRIPT, &cmd, slot)).await?;
+        let value = self.with_timeout(self.script_query(&INFLIGHT_SCRIPT, &cmd, slot)).await?;
         let released: i64 = redis::from_redis_value(value).map_err(|e| Error::Reply(e.to_string()))?;
         u64::try_from(released).map_err(|_| Error::Reply(format!("RL.RELEASE answered {released}")))
     }
@@ -338,12 +358,12 @@ impl Client {
         if let Some(id) = id {
             validate_id(id)?;
         }
-        let mut cmd = match self.backend {
+        let mut cmd = match self.speaks {
             Backend::Module => redis::cmd(if write { "RL.ACQUIRE" } else { "RL.INFLIGHT" }),
             Backend::Lua => self.inflight_evalsha(),
         };
         cmd.arg(keys.len()).arg(keys);
-        match self.backend {
+        match self.speaks {
             Backend::Module => {
                 push_inflight(&mut cmd, params);
                 if let Some(id) = id {
@@ -362,8 +382,7 @@ impl Client {
                 push_inflight(&mut cmd, params);
             }
         }
-        let value =
-            self.with_timeout(self.script_query(self.backend, &INFLIGHT_SCRIPT, &cmd, slot_of(&keys[0]))).await?;
+        let value = self.with_timeout(self.script_query(&INFLIGHT_SCRIPT, &cmd, slot_of(&keys[0]))).await?;
         Acquired::from_reply(value, keys.len())
     }
 
@@ -397,9 +416,8 @@ impl Client {
     ) -> Result<(Decision, Option<u64>)> {
         let cmd = self.window_command(op, keys, limits, cost, mode)?;
         let slot = slot_of(keys[0].as_ref());
-        let mut reply = self
-            .with_timeout(async { integers(self.script_query(self.backend, &WINDOW_SCRIPT, &cmd, slot).await?) })
-            .await?;
+        let mut reply =
+            self.with_timeout(async { integers(self.script_query(&WINDOW_SCRIPT, &cmd, slot).await?) }).await?;
         let at = match (op, reply.len()) {
             (WindowOp::Timed, 7) => reply.pop().and_then(|t| u64::try_from(t).ok()),
             _ => None,
@@ -436,7 +454,7 @@ impl Client {
     ) -> Result<Cmd> {
         validate_keys(keys)?;
         in_range("cost", cost, 1, MAX_WINDOW_LIMIT)?;
-        if self.backend == Backend::Lua {
+        if self.speaks == Backend::Lua {
             let (name, time, at) = match op {
                 WindowOp::Take => ("take", 0, 0),
                 WindowOp::Timed => ("take", 1, 0),
@@ -477,9 +495,10 @@ impl Client {
 
     /// The module command that takes `cost` from a policy group's keys:
     /// RL.TAKE for buckets, RL.WINDOW for windows (`window`), checked as
-    /// the single calls check. Module only: the Lua backend's EVALSHA
-    /// cannot be reloaded inside a pipeline (its windows go one call each,
-    /// [`Client::run_windows`]).
+    /// the single calls check. Module commands only ([`Client::pipelines`]):
+    /// the Lua backend's EVALSHA cannot be reloaded inside a pipeline (its
+    /// windows go one call each, [`Client::run_windows`]); behind a relay
+    /// the connection does that on its direct path.
     #[doc(hidden)]
     pub fn take_command(
         &self,
@@ -492,12 +511,12 @@ impl Client {
             return Err(Error::invalid("one parameter set per key"));
         }
         match window {
-            Some(_) if self.backend == Backend::Lua => Err(Error::Unsupported("a pipelined RL.WINDOW")),
+            Some(_) if self.speaks == Backend::Lua => Err(Error::Unsupported("a pipelined RL.WINDOW")),
             Some(mode) => {
                 let limits = params.iter().map(|p| (p.capacity(), p.period_ms()));
                 self.window_command(WindowOp::Take, keys, limits, cost, mode)
             }
-            None if self.backend == Backend::Lua => Err(Error::Unsupported("a pipelined RL.TAKE")),
+            None if self.speaks == Backend::Lua => Err(Error::Unsupported("a pipelined RL.TAKE")),
             None => {
                 let op = BucketOp::Take { cost };
                 op.validate()?;
@@ -546,34 +565,33 @@ impl Client {
         }
         validate_keys(keys)?;
         let slot = slot_of(&keys[0]);
-        match self.backend {
+        if self.backend == Backend::Lua {
+            if let Some(i) = params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS) {
+                return Err(Error::invalid(format!(
+                    "bucket '{}': capacity x period_ms must be at most 2^52 on the Lua backend",
+                    keys[i]
+                )));
+            }
+        }
+        match self.speaks {
             Backend::Module => self.integers(&module_cmd(op, keys, params), slot).await,
             Backend::Lua => {
-                if let Some(i) =
-                    params.iter().position(|p| p.capacity() as u128 * p.period_ms() as u128 > LUA_MAX_UNITS)
-                {
-                    return Err(Error::invalid(format!(
-                        "bucket '{}': capacity x period_ms must be at most 2^52 on the Lua backend",
-                        keys[i]
-                    )));
-                }
                 let (name, n, min) = lua_args(op);
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(self.script.get_hash()).arg(keys.len()).arg(keys).arg(name).arg(n).arg(min);
                 push_params(&mut cmd, params);
-                self.with_timeout(async { integers(self.script_query(Backend::Lua, &LUA_SCRIPT, &cmd, slot).await?) })
-                    .await
+                self.with_timeout(async { integers(self.script_query(&LUA_SCRIPT, &cmd, slot).await?) }).await
             }
         }
     }
 
-    /// Sends `cmd`; on the Lua backend it is an EVALSHA of `script`, which
-    /// is loaded on that node when it answers NOSCRIPT (after a restart or
-    /// a failover), then sent once more.
-    async fn script_query(&self, backend: Backend, script: &str, cmd: &Cmd, slot: u16) -> Result<Value> {
+    /// Sends `cmd`; written as the Lua backend's it is an EVALSHA of
+    /// `script`, which is loaded on that node when it answers NOSCRIPT
+    /// (after a restart or a failover), then sent once more.
+    async fn script_query(&self, script: &str, cmd: &Cmd, slot: u16) -> Result<Value> {
         match self.conn.query(cmd, slot).await {
             Err(Error::Redis(e))
-                if backend == Backend::Lua && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                if self.speaks == Backend::Lua && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
             {
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(script);

@@ -298,7 +298,10 @@ pub struct Config {
     /// one serving TLS: `tls` applies to it too) in front of `target`:
     /// calls go to it while it answers, and to `target` directly while its
     /// breaker is open (the breaker settings below apply to it as to a
-    /// shard). Default none: calls go to `target`.
+    /// shard). With [`Backend::Lua`] (a relay on `--redis-backend lua`
+    /// in front of a Redis without the module) the calls are the module's
+    /// commands, and go to `target` directly as the scripts' calls.
+    /// Default none: calls go to `target`.
     pub relay: Option<String>,
     /// Default [`Backend::Module`].
     pub backend: Backend,

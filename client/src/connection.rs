@@ -33,6 +33,13 @@
 //! counts against the relay's breaker. While it is open, a PING in the
 //! background probes the relay, so no request waits on a relay that is
 //! still down; once it answers, calls go back to it.
+//!
+//! A relay in front of a Redis that cannot load the module (the client on
+//! the Lua backend, the relay on `--redis-backend lua`) speaks the module's
+//! commands; on the direct path each module command goes as its script's
+//! call ([`crate::script_call`]), loaded first where Redis answers NOSCRIPT,
+//! so the limits stay exact while the relay is down. The relay sends its
+//! own calls the same way ([`Connection::send_script`]): one copy.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,7 +49,7 @@ use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 use crate::breaker::Breaker;
 use crate::clock::Clock;
@@ -50,6 +57,7 @@ use crate::config::{redacted, Config, Target};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::primary::{ConnectionStatus, Primary};
+use crate::script_call::{is_module_command, script_call, Script};
 use crate::tls::{self, Loaded, Tls};
 
 /// A connection to Redis (and, in a client, to its relay), reconnecting by
@@ -77,6 +85,9 @@ struct Relayed {
     breaker: Breaker,
     /// The relay's breaker opened and no probe has answered since.
     down: AtomicBool,
+    /// Redis cannot load the module (the Lua backend): on the direct path
+    /// module commands go as their scripts' calls.
+    scripts: bool,
     clock: Clock,
 }
 
@@ -101,6 +112,7 @@ impl Connection {
                 config.breaker_failure_rate,
             ),
             down: AtomicBool::new(false),
+            scripts: config.backend == crate::config::Backend::Lua,
             clock: config.clock.clone(),
         }))))
     }
@@ -140,7 +152,7 @@ impl Connection {
         let route = Route::new(slot, SlotAddr::Master);
         let replies = match &self.0 {
             Kind::Plain(con) => con.pipeline(pipe, route).await,
-            Kind::Relayed(r) => r.call(|con| async move { con.pipeline(pipe, route).await }).await,
+            Kind::Relayed(r) => r.call(|con, scripts| async move { con.pipeline_as(pipe, route, scripts).await }).await,
         }?;
         Ok(replies.into_iter().map(|v| Ok(v.extract_error()?)).collect())
     }
@@ -155,7 +167,32 @@ impl Connection {
     async fn route(&self, cmd: &Cmd, route: Option<Route>) -> redis::RedisResult<Value> {
         match &self.0 {
             Kind::Plain(con) => con.send(cmd, route).await,
-            Kind::Relayed(r) => r.call(|con| async move { con.send(cmd, route).await }).await,
+            Kind::Relayed(r) => r.call(|con, scripts| async move { con.send_as(cmd, route, scripts).await }).await,
+        }
+    }
+
+    /// Sends `argv`, a module command, to Redis (never the relay) as its
+    /// Lua script's call, to the primary of `key`'s slot: on NOSCRIPT the
+    /// script is loaded there and the call sent once more (NOSCRIPT: it
+    /// did not run). A command the scripts do not serve (CL.THROTTLE) is
+    /// answered the error naming the module; a server error comes back as
+    /// a value, as the server sent it.
+    pub async fn send_script<A: AsRef<[u8]>>(&self, argv: &[A], key: Option<&[u8]>) -> RedisResult<Value> {
+        self.redis().script(argv, key.map(|key| Route::with_key(key, SlotAddr::Master))).await
+    }
+
+    /// Loads the scripts Redis's server of `key`'s slot lacks (`SCRIPT
+    /// EXISTS`, then `SCRIPT LOAD` of each missing one): done ahead, a
+    /// call's NOSCRIPT retry is the exception.
+    pub async fn load_missing_scripts(&self, key: Option<&[u8]>) -> RedisResult<()> {
+        self.redis().load_missing_scripts(key.map(|key| Route::with_key(key, SlotAddr::Master))).await
+    }
+
+    /// Redis itself (through a relay: the direct connection).
+    fn redis(&self) -> &Plain {
+        match &self.0 {
+            Kind::Plain(con) => con,
+            Kind::Relayed(r) => &r.direct,
         }
     }
 
@@ -194,20 +231,13 @@ impl Connection {
     /// Which server the calls to Redis go to (through a relay: the
     /// direct connection, used while the relay is down).
     pub fn status(&self) -> ConnectionStatus {
-        match &self.0 {
-            Kind::Plain(con) => con.status(),
-            Kind::Relayed(r) => r.direct.status(),
-        }
+        self.redis().status()
     }
 
     /// Calls `hook` with the new status each time calls to Redis move to
     /// another server (never for a cluster: its client follows the slot map).
     pub fn on_switch(&self, hook: impl Fn(&ConnectionStatus) + Send + Sync + 'static) {
-        let direct = match &self.0 {
-            Kind::Plain(con) => con,
-            Kind::Relayed(r) => &r.direct,
-        };
-        if let Plain::Standalone(primary) = direct {
+        if let Plain::Standalone(primary) = self.redis() {
             primary.on_switch(Arc::new(hook));
         }
     }
@@ -215,10 +245,7 @@ impl Connection {
     /// The slot ranges of a cluster and the primary serving each
     /// (`CLUSTER SLOTS`); empty for a standalone server.
     pub(crate) async fn slot_map(&self) -> Result<Vec<(u16, u16, String)>> {
-        match &self.0 {
-            Kind::Plain(con) => con.slot_map().await,
-            Kind::Relayed(r) => r.direct.slot_map().await,
-        }
+        self.redis().slot_map().await
     }
 }
 
@@ -328,7 +355,9 @@ impl redis::aio::ConnectionLike for Connection {
         Box::pin(async move {
             match &self.0 {
                 Kind::Plain(con) => con.commands(pipe, offset, count).await,
-                Kind::Relayed(r) => r.call(|con| async move { con.commands(pipe, offset, count).await }).await,
+                // Module commands in it go as they are, also on the direct
+                // path: rl-client pipelines them through `query_pipeline`.
+                Kind::Relayed(r) => r.call(|con, _| async move { con.commands(pipe, offset, count).await }).await,
             }
         })
     }
@@ -358,16 +387,183 @@ impl Plain {
     }
 }
 
+/// The module's commands as the Lua scripts' calls, on Redis itself.
+impl Plain {
+    /// `cmd`, as a script's call when `scripts` and it is a module command.
+    async fn send_as(&self, cmd: &Cmd, route: Option<Route>, scripts: bool) -> RedisResult<Value> {
+        if scripts {
+            let argv = argv(cmd);
+            if is_module(&argv) {
+                return self.script(&argv, route).await;
+            }
+        }
+        self.send(cmd, route).await
+    }
+
+    /// `pipe`, its module commands as scripts' calls when `scripts`.
+    async fn pipeline_as(&self, pipe: &Pipeline, route: Route, scripts: bool) -> RedisResult<Vec<Value>> {
+        if scripts && pipe.cmd_iter().any(|cmd| is_module(&argv(cmd))) {
+            self.script_pipeline(pipe, route).await
+        } else {
+            self.pipeline(pipe, route).await
+        }
+    }
+
+    /// A module command as its script's call; on NOSCRIPT (the call did not
+    /// run) the script is loaded and the call sent once more.
+    async fn script<A: AsRef<[u8]>>(&self, argv: &[A], route: Option<Route>) -> RedisResult<Value> {
+        let call = match script_call(argv) {
+            Ok(call) => call,
+            Err(refused) => return refused_value(&refused),
+        };
+        let reply = self.send(&call.cmd, route).await;
+        if !is_noscript(&reply) {
+            return reply;
+        }
+        self.load(call.script, route).await?;
+        self.send(&call.cmd, route).await
+    }
+
+    /// A pipeline with its module commands as scripts' calls, in one round
+    /// trip; the calls answered NOSCRIPT did not run: their scripts are
+    /// loaded and those calls alone sent once more, in a second one. A
+    /// command the scripts do not serve is answered here, not sent.
+    async fn script_pipeline(&self, pipe: &Pipeline, route: Route) -> RedisResult<Vec<Value>> {
+        // Per command: what is sent (and the script it calls), or the answer.
+        let mut plan: Vec<Planned> = Vec::with_capacity(pipe.len());
+        for cmd in pipe.cmd_iter() {
+            let argv = argv(cmd);
+            plan.push(match is_module(&argv) {
+                false => Ok((cmd.clone(), None)),
+                true => match script_call(&argv) {
+                    Ok(call) => Ok((call.cmd, Some(call.script))),
+                    Err(refused) => Err(refused_value(&refused)?),
+                },
+            });
+        }
+        let sent: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].is_ok()).collect();
+        let mut replies = self.send_all(&plan, &sent, route).await?;
+        let missing: Vec<usize> =
+            (0..sent.len()).filter(|&n| noscript(&replies[n]) && script_of(&plan[sent[n]]).is_some()).collect();
+        if !missing.is_empty() {
+            let mut loaded = Vec::new();
+            for script in missing.iter().filter_map(|&n| script_of(&plan[sent[n]])) {
+                if !loaded.contains(&script) {
+                    self.load(script, Some(route)).await?;
+                    loaded.push(script);
+                }
+            }
+            let again: Vec<usize> = missing.iter().map(|&n| sent[n]).collect();
+            let answers = self.send_all(&plan, &again, route).await?;
+            for (n, answer) in missing.into_iter().zip(answers) {
+                replies[n] = answer;
+            }
+        }
+        let mut replies = replies.into_iter();
+        Ok(plan.into_iter().map(|p| p.map_or_else(|answer| answer, |_| replies.next().unwrap_or(Value::Nil))).collect())
+    }
+
+    /// The planned commands at `which`, in one pipeline: one reply each.
+    async fn send_all(&self, plan: &[Planned], which: &[usize], route: Route) -> RedisResult<Vec<Value>> {
+        if which.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for cmd in which.iter().filter_map(|&i| plan[i].as_ref().ok()).map(|(cmd, _)| cmd) {
+            pipe.add_command(cmd.clone());
+        }
+        let replies = self.pipeline(&pipe, route).await?;
+        if replies.len() != which.len() {
+            let why = format!("{} replies to a pipeline of {}", replies.len(), which.len());
+            return Err(redis::RedisError::from((ErrorKind::Parse, "pipeline", why)));
+        }
+        Ok(replies)
+    }
+
+    /// `SCRIPT LOAD`s `script` on the server of `route`.
+    async fn load(&self, script: Script, route: Option<Route>) -> RedisResult<Value> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script.source());
+        match self.send(&load, route).await? {
+            Value::ServerError(e) => Err(e.into()),
+            loaded => Ok(loaded),
+        }
+    }
+
+    /// Loads the scripts the server of `route` lacks.
+    async fn load_missing_scripts(&self, route: Option<Route>) -> RedisResult<()> {
+        let mut exists = redis::cmd("SCRIPT");
+        exists.arg("EXISTS");
+        for script in Script::ALL {
+            exists.arg(script.sha());
+        }
+        let held: Vec<i64> = match self.send(&exists, route).await? {
+            Value::ServerError(e) => return Err(e.into()),
+            held => redis::from_redis_value(held)?,
+        };
+        for (script, held) in Script::ALL.into_iter().zip(held.into_iter().chain(std::iter::repeat(0))) {
+            if held == 0 {
+                self.load(script, route).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A command's arguments, its name first.
+fn argv(cmd: &Cmd) -> Vec<&[u8]> {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => bytes,
+            // A SCAN cursor (no module command has one).
+            _ => b"0",
+        })
+        .collect()
+}
+
+fn is_module(argv: &[&[u8]]) -> bool {
+    argv.first().is_some_and(|name| is_module_command(name))
+}
+
+/// A pipeline's command on the direct path: what is sent (and the script
+/// it calls, if it is one's call), or its answer, given without sending.
+type Planned = std::result::Result<(Cmd, Option<Script>), Value>;
+
+fn script_of(planned: &Planned) -> Option<Script> {
+    planned.as_ref().ok().and_then(|(_, script)| *script)
+}
+
+/// `script_call`'s refusal (`ERR ...`) as the server error value a server
+/// would have answered.
+fn refused_value(refused: &str) -> RedisResult<Value> {
+    let (code, detail) = refused.split_once(' ').unwrap_or(("ERR", refused));
+    Ok(Value::ServerError(redis::make_extension_error(code.into(), Some(detail.into())).try_into()?))
+}
+
+/// Whether Redis answered NOSCRIPT (as a value or as an error).
+fn is_noscript(reply: &RedisResult<Value>) -> bool {
+    match reply {
+        Ok(value) => noscript(value),
+        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+    }
+}
+
+fn noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
 impl Relayed {
     /// Runs `call` (a command or a pipeline) on the relay while its breaker
-    /// is closed, on Redis directly otherwise.
+    /// is closed, on Redis directly otherwise; its second argument says
+    /// whether module commands go as their scripts' calls (direct, on the
+    /// Lua backend).
     async fn call<T, F, Fut>(self: &Arc<Self>, call: F) -> redis::RedisResult<T>
     where
-        F: Fn(Plain) -> Fut,
+        F: Fn(Plain, bool) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let now = self.clock.now_ms();
-        let Some(ticket) = self.breaker.admit(now) else { return call(self.direct.clone()).await };
+        let Some(ticket) = self.breaker.admit(now) else { return call(self.direct.clone(), self.scripts).await };
         if self.down.load(Ordering::Acquire) {
             // The breaker's probe: a PING in the background; this call goes
             // to Redis.
@@ -382,9 +578,9 @@ impl Relayed {
                     this.breaker.failure(ticket, now);
                 }
             });
-            return call(self.direct.clone()).await;
+            return call(self.direct.clone(), self.scripts).await;
         }
-        match call(self.relay.clone()).await {
+        match call(self.relay.clone(), false).await {
             // The relay did not answer (refused, dropped, timed out); an
             // error it sent is an answer.
             Err(e) if e.kind() == redis::ErrorKind::Io => {
@@ -393,7 +589,7 @@ impl Relayed {
                 }
                 if e.is_connection_refusal() {
                     // Never reached the relay: Redis answers instead.
-                    return call(self.direct.clone()).await;
+                    return call(self.direct.clone(), self.scripts).await;
                 }
                 Err(e)
             }

@@ -41,7 +41,7 @@ pub mod internal {
     pub use crate::clock::millis;
     pub use crate::inflight::{inflight_params, new_id, validate_cost};
     pub use crate::lock::{lock, lock_waits, stripe, STRIPES};
-    pub use crate::params::{beyond_lua, bucket_params, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
-    pub use crate::script_call::{script_call, Script, ScriptCall};
+    pub use crate::params::{beyond_lua, bucket_params};
+    pub use crate::script_call::{is_module_command, script_call, Script, ScriptCall};
     pub use crate::slot::{slot_of, SLOTS};
 }

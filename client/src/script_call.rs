@@ -169,6 +169,13 @@ pub fn script_call<A: AsRef<[u8]>>(argv: &[A]) -> Result<ScriptCall, String> {
     Ok(ScriptCall { script, cmd })
 }
 
+/// Whether `name` is a module command (RL.*, CL.THROTTLE, any case): one
+/// that goes as its script's call on a Redis without the module, or is
+/// refused there by name ([`script_call`]).
+pub fn is_module_command(name: &[u8]) -> bool {
+    name.get(..3).is_some_and(|p| p.eq_ignore_ascii_case(b"RL.")) || name.eq_ignore_ascii_case(b"CL.THROTTLE")
+}
+
 /// The module commands the scripts serve.
 const SERVED: [&str; 9] = [
     "RL.TAKE",

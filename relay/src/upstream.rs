@@ -5,7 +5,7 @@
 //!
 //! The module's commands go to Redis as they are, or, on a Redis that
 //! cannot load the module (`--redis-backend lua`, or `auto` finding none),
-//! as calls of rl-client's Lua scripts (`rl_client::internal::script_call`):
+//! as calls of rl-client's Lua scripts (`Connection::send_script`):
 //! the one send point, so every front's decisions are the same code on
 //! either backend. A script Redis no longer holds (a restart, a failover)
 //! is loaded and the call sent once more.
@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
-use rl_client::internal::{script_call, Script};
+use redis::{Cmd, RedisResult, Value};
+use rl_client::internal::is_module_command;
 use rl_client::{Connection, ConnectionStatus, Target, Tls};
 
 use crate::logging::line;
@@ -156,14 +156,15 @@ impl Upstream {
     /// Sends `args`; in a cluster, to the primary of `key`'s slot (RL.*
     /// commands name numkeys first, which redis-rs would take for the key).
     /// A server error comes back as a value, for the gateway to see as is.
-    /// On the scripts, a module command is sent as its script's call (one
-    /// the scripts do not serve, CL.THROTTLE, is answered an error naming
-    /// the module); anything else (PING) as it is.
+    /// On the scripts, a module command is sent as its script's call,
+    /// loaded again where Redis lost it (rl-client's `send_script`, the one
+    /// copy: a gateway behind the relay sends the same while the relay is
+    /// down); one the scripts do not serve, CL.THROTTLE, is answered an
+    /// error naming the module; anything else (PING) as it is.
     pub async fn call(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
-        let module_command = args.first().is_some_and(|n| n.get(..3).is_some_and(|p| p.eq_ignore_ascii_case(b"RL.")))
-            || args.first().is_some_and(|n| n.eq_ignore_ascii_case(b"CL.THROTTLE"));
+        let module_command = args.first().is_some_and(|name| is_module_command(name));
         if module_command && self.backend.current() == Some(Backend::Lua) {
-            return self.script(args, key).await;
+            return self.connection.send_script(args, key).await;
         }
         let mut cmd = Cmd::new();
         for arg in args {
@@ -172,55 +173,11 @@ impl Upstream {
         self.connection.send(&cmd, key).await
     }
 
-    /// A module command as its script's EVALSHA; on NOSCRIPT the script is
-    /// loaded on that server (the key's) and the call sent once more.
-    async fn script(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
-        let call = match script_call(args) {
-            Ok(call) => call,
-            Err(e) => {
-                let (code, detail) = e.split_once(' ').unwrap_or(("ERR", &e));
-                return Ok(Value::ServerError(
-                    redis::make_extension_error(code.into(), Some(detail.into())).try_into()?,
-                ));
-            }
-        };
-        let reply = self.connection.send(&call.cmd, key).await;
-        if !is_noscript(&reply) {
-            return reply;
-        }
-        self.load(call.script, key).await?;
-        self.connection.send(&call.cmd, key).await
-    }
-
-    /// `SCRIPT LOAD`s `script` on the server of `key`'s slot.
-    async fn load(&self, script: Script, key: Option<&[u8]>) -> RedisResult<Value> {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(script.source());
-        match self.connection.send(&load, key).await? {
-            Value::ServerError(e) => Err(e.into()),
-            loaded => Ok(loaded),
-        }
-    }
-
     /// Loads the scripts the server of `key`'s slot lacks (the probe's
     /// first step, at connect and after a restart): a call's NOSCRIPT retry
     /// is then the exception.
     pub async fn load_missing_scripts(&self, key: Option<&[u8]>) -> RedisResult<()> {
-        let mut exists = redis::cmd("SCRIPT");
-        exists.arg("EXISTS");
-        for script in Script::ALL {
-            exists.arg(script.sha());
-        }
-        let held: Vec<i64> = match self.connection.send(&exists, key).await? {
-            Value::ServerError(e) => return Err(e.into()),
-            held => redis::from_redis_value(held)?,
-        };
-        for (script, held) in Script::ALL.into_iter().zip(held.into_iter().chain(std::iter::repeat(0))) {
-            if held == 0 {
-                self.load(script, key).await?;
-            }
-        }
-        Ok(())
+        self.connection.load_missing_scripts(key).await
     }
 
     /// Which server the calls go to.
@@ -238,15 +195,6 @@ fn target(urls: &[String], cluster: bool) -> rl_client::Result<Target> {
         return Err(rl_client::Error::invalid("a cluster is not reached through Sentinel: drop --cluster"));
     }
     Ok(Target::Cluster(urls.to_vec()))
-}
-
-/// Whether Redis answered NOSCRIPT (as a value or as an error).
-fn is_noscript(reply: &RedisResult<Value>) -> bool {
-    match reply {
-        Ok(Value::ServerError(e)) => e.code() == "NOSCRIPT",
-        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
-        Ok(_) => false,
-    }
 }
 
 fn log_switch(status: &ConnectionStatus) {

@@ -13,7 +13,7 @@
 
 use redis::Cmd;
 use rl_client::internal::slot_of;
-use rl_client::{Backend, Decision, Error, Result};
+use rl_client::{Decision, Error, Result};
 use rl_core::BucketOp;
 
 use super::evaluate::{took_tokens, Evaluation, Joined};
@@ -61,9 +61,9 @@ impl Limiter {
     /// Redis in one pipeline per shard, the shards at the same time. When
     /// any check is refused, the bucket tokens the others took (from Redis
     /// or a lease) are refunded. Errors are bad input only, as for
-    /// [`Limiter::check_cost`]. On the Lua backend (whose scripts cannot be
-    /// reloaded inside a pipeline) the checks are made in turn, with the
-    /// same refunds.
+    /// [`Limiter::check_cost`]. On the Lua backend without a relay (its
+    /// scripts cannot be reloaded inside a pipeline) the checks are made in
+    /// turn, with the same refunds.
     pub async fn check_batch<'a>(&self, checks: &[Check<'a>]) -> Result<Vec<Option<Decision>>> {
         // One check is a check: its future inline, the rest boxed, so the
         // common case carries no larger state than `check_cost` does.
@@ -82,7 +82,7 @@ impl Limiter {
         for c in checks {
             self.validate_input(c.policy, c.subject, BucketOp::Take { cost: c.cost })?;
         }
-        if self.inner.client().backend() == Backend::Lua {
+        if !self.inner.client().pipelines() {
             return self.check_in_turn(checks).await;
         }
         let i = &self.inner;
