@@ -20,7 +20,7 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::logging::{line, Throttled};
-use crate::upstream::{Backend, Upstream, PROBE_TIMEOUT};
+use crate::upstream::{unknown_command, Backend, Upstream, PROBE_TIMEOUT};
 
 /// How often Redis is probed (a probe may take [`PROBE_TIMEOUT`]).
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -111,13 +111,13 @@ fn refused_scripts(e: String, code: Option<&str>) -> Unready {
 
 /// With the module: its peek.
 async fn module(probe: &Upstream) -> Result<(), Unready> {
-    match probe.call(&peek(), Some(b"rl:probe")).await {
-        Ok(Value::ServerError(e)) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
-            Err(Unready::NoModule(e.to_string()))
-        }
-        Err(e) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
-            Err(Unready::NoModule(e.to_string()))
-        }
+    // As is: with `auto` undecided, `call` would decide on this answer
+    // itself, and the probe decides here (and checks the scripts then).
+    let reply = probe.send_as_is(&peek(), Some(b"rl:probe")).await;
+    let missing = unknown_command(&reply);
+    match reply {
+        Ok(Value::ServerError(e)) if missing => Err(Unready::NoModule(e.to_string())),
+        Err(e) if missing => Err(Unready::NoModule(e.to_string())),
         Err(e) => Err(Unready::Unreachable(e.to_string())),
         Ok(_) => Ok(()),
     }

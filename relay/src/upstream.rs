@@ -161,11 +161,34 @@ impl Upstream {
     /// copy: a gateway behind the relay sends the same while the relay is
     /// down); one the scripts do not serve, CL.THROTTLE, is answered an
     /// error naming the module; anything else (PING) as it is.
+    ///
+    /// With `auto` still undecided (no probe answered yet), a module
+    /// command goes as itself and its answer decides, as the probe's peek
+    /// would: "unknown command" (it did not run) sends it again as its
+    /// script's call, so no call meets a Redis without the module as a
+    /// module command.
     pub async fn call(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
         let module_command = args.first().is_some_and(|name| is_module_command(name));
-        if module_command && self.backend.current() == Some(Backend::Lua) {
-            return self.connection.send_script(args, key).await;
+        match self.backend.current() {
+            Some(Backend::Lua) if module_command => self.connection.send_script(args, key).await,
+            None if module_command => {
+                let reply = self.send_as_is(args, key).await;
+                if unknown_command(&reply) {
+                    self.backend.decide(false);
+                    return self.connection.send_script(args, key).await;
+                }
+                if matches!(reply, Ok(ref v) if !matches!(v, Value::ServerError(_))) {
+                    self.backend.decide(true);
+                }
+                reply
+            }
+            _ => self.send_as_is(args, key).await,
         }
+    }
+
+    /// Sends `args` as they are, whatever the backend (the probe's peek of
+    /// the module).
+    pub async fn send_as_is(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
         let mut cmd = Cmd::new();
         for arg in args {
             cmd.arg(arg.as_ref());
@@ -184,6 +207,17 @@ impl Upstream {
     pub fn status(&self) -> ConnectionStatus {
         self.connection.status()
     }
+}
+
+/// Whether Redis answered that it does not know the command: a module
+/// command meeting a Redis without the module (it did not run).
+pub fn unknown_command(reply: &RedisResult<Value>) -> bool {
+    let text = match reply {
+        Ok(Value::ServerError(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+        Ok(_) => return false,
+    };
+    text.to_ascii_lowercase().contains("unknown command")
 }
 
 /// What `urls` name: one server (or a Sentinel master), or a cluster.

@@ -254,6 +254,33 @@ fn a_script_redis_forgot_is_loaded_again() {
     assert!(calls(&mut con, "script|load") >= 1);
 }
 
+/// With `auto` undecided (here its probe's PING is refused, so no probe
+/// decides), a module command's own answer decides: on a Redis without
+/// the module it is answered by the scripts, never "unknown command".
+/// Before, calls went as module commands until a probe decided.
+#[test]
+fn on_auto_a_call_before_any_probe_decides_is_answered_by_the_scripts() {
+    let plain = PlainServer::start();
+    let mut con = plain.con();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "noping", "on", ">pw", "~*", "&*", "+@all", "-ping"])
+        .query(&mut con)
+        .unwrap();
+    let url = plain.url().replace("redis://", "redis://noping:pw@");
+    let (relay, port) = metrics_relay(&url, "auto");
+    let mut s = relay.raw();
+    // [allowed, remaining, ...]: 2, 1, 0 left of 3, then refused.
+    for left in [2, 1, 0] {
+        let reply = call(&mut s, "RL.TAKE 1 k 3 1 86400000");
+        assert_eq!(ints(&reply)[..2], [1, left], "{reply:?}");
+    }
+    assert_eq!(ints(&call(&mut s, "RL.TAKE 1 k 3 1 86400000"))[0], 0, "exact: 3 of 3");
+    wait_log(&relay, "--redis-backend auto: Redis answers without the redis-rl module");
+    let (_, metrics) = http_get(port, "/metrics");
+    assert!(metrics.contains("rl_relay_redis_backend{backend=\"lua\"} 1"), "{metrics}");
+    assert!(calls(&mut con, "evalsha") >= 4);
+}
+
 /// GET `path` on a relay's `--metrics` endpoint: the status and body.
 fn http_get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
