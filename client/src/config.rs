@@ -265,14 +265,18 @@ fn is_secret_param(name: &str) -> bool {
     ["password", "pass", "sentinel_password"].iter().any(|p| name.eq_ignore_ascii_case(p))
 }
 
-/// How the bucket commands run on the server.
+/// How the limits run on the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// The redis-rl module's native commands (RL.TAKE, RL.LEASE, ...).
     Module,
-    /// The same token-bucket algorithm as a Lua script through EVALSHA, for
-    /// servers that cannot load modules. Token buckets only (take, peek,
-    /// force, lease, refund), with capacity x period_ms <= 2^52.
+    /// The same algorithms as Lua scripts through EVALSHA, for servers that
+    /// cannot load modules: token buckets, fixed, sliding and exact windows
+    /// and in-flight limits, with limit x period_ms <= 2^52 and an EXACT
+    /// window up to 10,000 (`beyond_lua` says why a limit does not fit).
+    /// Behind a relay (`Config::relay`), the calls go to the relay as the
+    /// module's commands and to Redis, while the relay is down, as the
+    /// scripts' calls.
     Lua,
 }
 
