@@ -4,14 +4,12 @@
 //! rl-gateway's `Limiter` adds leases, the deny cache, the breaker and
 //! the fallback on top of them.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
-use rl_core::inflight::{InflightParams, MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
-use rl_core::limits::{
-    in_range, MAX_CLOCK_AHEAD_MS, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT,
-};
+use rl_core::inflight::InflightParams;
+use rl_core::limits::{in_range, MAX_KEYS, MAX_WINDOW_LIMIT};
 use rl_core::{BucketOp, BucketParams, WindowMode};
 
 use crate::config::{Backend, Config};
@@ -19,35 +17,9 @@ use crate::connection::Connection;
 use crate::decision::{Decision, Grant};
 use crate::error::{Error, Result};
 use crate::inflight::{new_id, validate_cost, validate_id, Acquired, Inflight};
-use crate::params::{bucket_params, period_ms, LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
+use crate::params::{bucket_params, period_ms, LUA_MAX_UNITS};
+use crate::script_call::{INFLIGHT_SCRIPT, LUA_SCRIPT, WINDOW_SCRIPT};
 use crate::slot::slot_of;
-
-/// The Lua backend's script (its SHA1 names it in EVALSHA), with the
-/// core's limits written into it.
-pub(crate) static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
-/// The Lua backend's windows (RL.WINDOW and RL.WINDOWPEEK).
-pub(crate) static WINDOW_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("window.lua")));
-/// The Lua backend's in-flight limits, over sorted sets.
-pub(crate) static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
-
-/// The argument helpers followed by `template`, with each `{{NAME}}`
-/// replaced by that limit of rl-core.
-fn lua_script(template: &str) -> String {
-    let template = [include_str!("script_args.lua"), template].join("\n");
-    let limits = [
-        ("MAX_TOKENS", MAX_TOKENS as u128),
-        ("MAX_PERIOD_MS", MAX_PERIOD_MS as u128),
-        ("MAX_WAIT_MS", MAX_WAIT_MS as u128),
-        ("MAX_KEYS", MAX_KEYS as u128),
-        ("LUA_MAX_UNITS", LUA_MAX_UNITS),
-        ("MAX_INFLIGHT_LIMIT", MAX_INFLIGHT_LIMIT as u128),
-        ("MAX_ID_LEN", MAX_ID_LEN as u128),
-        ("MAX_WINDOW_LIMIT", MAX_WINDOW_LIMIT as u128),
-        ("MAX_LUA_LOG_LIMIT", MAX_LUA_LOG_LIMIT as u128),
-        ("MAX_CLOCK_AHEAD_MS", MAX_CLOCK_AHEAD_MS as u128),
-    ];
-    limits.iter().fold(template, |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
-}
 
 /// What a window call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -657,21 +629,7 @@ fn validate_keys<K: AsRef<str>>(keys: &[K]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_lua_script_holds_the_core_limits() {
-        let number = |name: &str| -> u128 {
-            let line = LUA_SCRIPT.lines().find_map(|l| l.strip_prefix(&format!("local {name} = "))).unwrap();
-            line.split_whitespace().next().unwrap().parse().unwrap()
-        };
-        assert!(!LUA_SCRIPT.contains("{{"), "a placeholder is left");
-        assert!(!INFLIGHT_SCRIPT.contains("{{"), "a placeholder is left in the in-flight script");
-        assert_eq!(number("MAX_TOKENS"), MAX_TOKENS as u128);
-        assert_eq!(number("MAX_PERIOD"), MAX_PERIOD_MS as u128);
-        assert_eq!(number("MAX_WAIT"), MAX_WAIT_MS as u128);
-        assert_eq!(number("MAX_KEYS"), MAX_KEYS as u128);
-        assert_eq!(number("EXACT"), LUA_MAX_UNITS);
-    }
+    use rl_core::limits::MAX_TOKENS;
 
     #[test]
     fn raw_arguments_are_checked_before_sending() {

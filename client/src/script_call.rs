@@ -13,9 +13,37 @@
 use std::sync::LazyLock;
 
 use redis::Cmd;
-use rl_core::limits::MAX_KEYS;
+use rl_core::inflight::{MAX_ID_LEN, MAX_INFLIGHT_LIMIT};
+use rl_core::limits::{MAX_CLOCK_AHEAD_MS, MAX_KEYS, MAX_PERIOD_MS, MAX_TOKENS, MAX_WAIT_MS, MAX_WINDOW_LIMIT};
 
-use crate::client::{INFLIGHT_SCRIPT, LUA_SCRIPT, WINDOW_SCRIPT};
+use crate::params::{LUA_MAX_UNITS, MAX_LUA_LOG_LIMIT};
+
+/// The Lua backend's script (its SHA1 names it in EVALSHA), with the
+/// core's limits written into it.
+pub(crate) static LUA_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("bucket.lua")));
+/// The Lua backend's windows (RL.WINDOW and RL.WINDOWPEEK).
+pub(crate) static WINDOW_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("window.lua")));
+/// The Lua backend's in-flight limits, over sorted sets.
+pub(crate) static INFLIGHT_SCRIPT: LazyLock<String> = LazyLock::new(|| lua_script(include_str!("inflight.lua")));
+
+/// The argument helpers followed by `template`, with each `{{NAME}}`
+/// replaced by that limit of rl-core.
+fn lua_script(template: &str) -> String {
+    let template = [include_str!("script_args.lua"), template].join("\n");
+    let limits = [
+        ("MAX_TOKENS", MAX_TOKENS as u128),
+        ("MAX_PERIOD_MS", MAX_PERIOD_MS as u128),
+        ("MAX_WAIT_MS", MAX_WAIT_MS as u128),
+        ("MAX_KEYS", MAX_KEYS as u128),
+        ("LUA_MAX_UNITS", LUA_MAX_UNITS),
+        ("MAX_INFLIGHT_LIMIT", MAX_INFLIGHT_LIMIT as u128),
+        ("MAX_ID_LEN", MAX_ID_LEN as u128),
+        ("MAX_WINDOW_LIMIT", MAX_WINDOW_LIMIT as u128),
+        ("MAX_LUA_LOG_LIMIT", MAX_LUA_LOG_LIMIT as u128),
+        ("MAX_CLOCK_AHEAD_MS", MAX_CLOCK_AHEAD_MS as u128),
+    ];
+    limits.iter().fold(template, |text, (name, value)| text.replace(&format!("{{{{{name}}}}}"), &value.to_string()))
+}
 
 /// One of the Lua backend's scripts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,6 +297,21 @@ fn read_options<'a, A: AsRef<[u8]>, const K: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lua_script_holds_the_core_limits() {
+        let number = |name: &str| -> u128 {
+            let line = LUA_SCRIPT.lines().find_map(|l| l.strip_prefix(&format!("local {name} = "))).unwrap();
+            line.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        assert!(!LUA_SCRIPT.contains("{{"), "a placeholder is left");
+        assert!(!INFLIGHT_SCRIPT.contains("{{"), "a placeholder is left in the in-flight script");
+        assert_eq!(number("MAX_TOKENS"), MAX_TOKENS as u128);
+        assert_eq!(number("MAX_PERIOD"), MAX_PERIOD_MS as u128);
+        assert_eq!(number("MAX_WAIT"), MAX_WAIT_MS as u128);
+        assert_eq!(number("MAX_KEYS"), MAX_KEYS as u128);
+        assert_eq!(number("EXACT"), LUA_MAX_UNITS);
+    }
 
     fn call(line: &str) -> Result<(Script, Vec<String>), String> {
         let argv: Vec<&str> = line.split(' ').collect();
