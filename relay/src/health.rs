@@ -20,7 +20,7 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::logging::{line, Throttled};
-use crate::upstream::{unknown_command, Backend, Upstream, PROBE_TIMEOUT};
+use crate::upstream::{module_peek, unknown_command, Backend, Upstream, PROBE_TIMEOUT};
 
 /// How often Redis is probed (a probe may take [`PROBE_TIMEOUT`]).
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -80,11 +80,6 @@ pub async fn probe(probe: &Upstream) -> Result<(), Unready> {
     }
 }
 
-/// The probe's peek, of a key no limit uses.
-fn peek() -> [Bytes; 6] {
-    ["RL.PEEK", "1", "rl:probe", "1", "1", "1000"].map(|a| Bytes::from_static(a.as_bytes()))
-}
-
 /// On the scripts: every script loaded where Redis lacks one (at connect,
 /// after a restart or a failover), then the bucket script's peek. An error
 /// answer means Redis refuses scripts.
@@ -93,7 +88,7 @@ async fn scripts(probe: &Upstream) -> Result<(), Unready> {
     if let Err(e) = probe.load_missing_scripts(key).await {
         return Err(refused_scripts(e.to_string(), e.code()));
     }
-    match probe.call(&peek(), key).await {
+    match probe.call(&module_peek(), key).await {
         Ok(Value::ServerError(e)) => Err(refused_scripts(e.to_string(), Some(e.code()))),
         Ok(_) => Ok(()),
         Err(e) => Err(refused_scripts(e.to_string(), e.code())),
@@ -113,7 +108,7 @@ fn refused_scripts(e: String, code: Option<&str>) -> Unready {
 async fn module(probe: &Upstream) -> Result<(), Unready> {
     // As is: with `auto` undecided, `call` would decide on this answer
     // itself, and the probe decides here (and checks the scripts then).
-    let reply = probe.send_as_is(&peek(), Some(b"rl:probe")).await;
+    let reply = probe.send_as_is(&module_peek(), Some(b"rl:probe")).await;
     let missing = unknown_command(&reply);
     match reply {
         Ok(Value::ServerError(e)) if missing => Err(Unready::NoModule(e.to_string())),

@@ -163,10 +163,13 @@ impl Upstream {
     /// error naming the module; anything else (PING) as it is.
     ///
     /// With `auto` still undecided (no probe answered yet), a module
-    /// command goes as itself and its answer decides, as the probe's peek
-    /// would: "unknown command" (it did not run) sends it again as its
-    /// script's call, so no call meets a Redis without the module as a
-    /// module command.
+    /// command goes as itself: the module's answer decides the module; an
+    /// "unknown command" (it did not run) is checked with the probe's own
+    /// peek (RL.PEEK, which every version of the module has: an older
+    /// module may lack the command itself), and when that is unknown too
+    /// the scripts are decided and the call sent again as its script's
+    /// call. So no call meets a Redis without the module as a module
+    /// command.
     pub async fn call(&self, args: &[Bytes], key: Option<&[u8]>) -> RedisResult<Value> {
         let module_command = args.first().is_some_and(|name| is_module_command(name));
         match self.backend.current() {
@@ -174,6 +177,9 @@ impl Upstream {
             None if module_command => {
                 let reply = self.send_as_is(args, key).await;
                 if unknown_command(&reply) {
+                    if !unknown_command(&self.send_as_is(&module_peek(), Some(b"rl:probe")).await) {
+                        return reply;
+                    }
                     self.backend.decide(false);
                     return self.connection.send_script(args, key).await;
                 }
@@ -207,6 +213,12 @@ impl Upstream {
     pub fn status(&self) -> ConnectionStatus {
         self.connection.status()
     }
+}
+
+/// The probe's peek of the module, of a key no limit uses (RL.PEEK: in
+/// every version of the module).
+pub fn module_peek() -> [Bytes; 6] {
+    ["RL.PEEK", "1", "rl:probe", "1", "1", "1000"].map(|a| Bytes::from_static(a.as_bytes()))
 }
 
 /// Whether Redis answered that it does not know the command: a module

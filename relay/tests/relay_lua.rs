@@ -279,6 +279,21 @@ fn on_auto_a_call_before_any_probe_decides_is_answered_by_the_scripts() {
     let (_, metrics) = http_get(port, "/metrics");
     assert!(metrics.contains("rl_relay_redis_backend{backend=\"lua\"} 1"), "{metrics}");
     assert!(calls(&mut con, "evalsha") >= 4);
+
+    // With the module, the first call's answer decides the module.
+    let server = Server::start(&[]);
+    let mut con = server.con();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "noping", "on", ">pw", "~*", "&*", "+@all", "-ping"])
+        .query(&mut con)
+        .unwrap();
+    let (relay, port) = metrics_relay(&server.url().replace("redis://", "redis://noping:pw@"), "auto");
+    let reply = call(&mut relay.raw(), "RL.TAKE 1 k 3 1 86400000");
+    assert_eq!(ints(&reply)[..2], [1, 2], "{reply:?}");
+    wait_log(&relay, "--redis-backend auto: Redis has the redis-rl module");
+    let (_, metrics) = http_get(port, "/metrics");
+    assert!(metrics.contains("rl_relay_redis_backend{backend=\"module\"} 1"), "{metrics}");
+    assert_eq!(calls(&mut con, "evalsha"), 0);
 }
 
 /// GET `path` on a relay's `--metrics` endpoint: the status and body.
