@@ -236,12 +236,17 @@ async fn run(command: Command) -> Result<Output, Error> {
         Command::Validate { file, lua, redis } => {
             let spec = RuleSetSpec::from_file(&file)?;
             let backend = if lua { Backend::Lua } else { Backend::Module };
-            let snapshot = Snapshot::compile_for(&spec, &[], spec.version.unwrap_or(0), backend)?;
+            let version = spec.version.unwrap_or(0);
+            let snapshot = Snapshot::compile_for(&spec, &[], version, backend)?;
+            let mut note = None;
             if let Some(url) = redis {
-                check_server(&url, backend, &snapshot, true).await?;
+                if check_server(&url, backend, &snapshot, true).await? == Checked::NoModule {
+                    note = Some(lua_gateways_accept(&spec, &[], version, &url)?);
+                }
             }
             let ok = format!("{file}: ok, version {}: {}", snapshot.version(), summary(&snapshot));
             let lines = std::iter::once(ok)
+                .chain(note)
                 .chain(inflight_limits(&snapshot))
                 .chain(global_splits(&snapshot))
                 .collect::<Vec<_>>()
@@ -259,21 +264,7 @@ async fn run(command: Command) -> Result<Output, Error> {
             let mut note = None;
             if let Ok(snapshot) = Snapshot::compile(&spec, &overrides, next) {
                 if check_server(store.url(), Backend::Module, &snapshot, false).await? == Checked::NoModule {
-                    // Its gateways run rl-client's Lua scripts: held to
-                    // what they can count, as `validate --lua` holds it.
-                    let url = rl_gateway::redacted(store.url());
-                    Snapshot::compile_for(&spec, &overrides, next, Backend::Lua).map_err(|e| {
-                        let e = e.to_string();
-                        Error::Rules(format!(
-                            "rule set rejected: the server at {url} has no redis-rl module, so its gateways run the Lua \
-                             backend, which refuses it: {}",
-                            e.strip_prefix("rule set rejected: ").unwrap_or(&e)
-                        ))
-                    })?;
-                    note = Some(format!(
-                        "note: the server at {url} has no redis-rl module: the set was checked as gateways on the Lua \
-                         backend check it (rlctl validate --lua)"
-                    ));
+                    note = Some(lua_gateways_accept(&spec, &overrides, next, store.url())?);
                 }
             }
             let version = store.publish(&spec).await?;
@@ -377,6 +368,25 @@ async fn run(command: Command) -> Result<Output, Error> {
     }
 }
 
+/// A server without the module runs gateways on the Lua backend: the set
+/// is held to what their scripts can count, as `validate --lua` holds it.
+/// The note saying so, or the refusal naming the limit and the bound.
+fn lua_gateways_accept(spec: &RuleSetSpec, overrides: &[RuleSpec], version: u64, url: &str) -> Result<String, Error> {
+    let url = rl_gateway::redacted(url);
+    Snapshot::compile_for(spec, overrides, version, Backend::Lua).map_err(|e| {
+        let e = e.to_string();
+        Error::Rules(format!(
+            "rule set rejected: the server at {url} has no redis-rl module, so its gateways run the Lua backend, which \
+             refuses it: {}",
+            e.strip_prefix("rule set rejected: ").unwrap_or(&e)
+        ))
+    })?;
+    Ok(format!(
+        "note: the server at {url} has no redis-rl module: the set was checked as gateways on the Lua backend check it \
+         (rlctl validate --lua)"
+    ))
+}
+
 /// What the server said of a set's limits.
 #[derive(Debug, PartialEq, Eq)]
 enum Checked {
@@ -408,9 +418,7 @@ async fn check_server(url: &str, backend: Backend, snapshot: &Snapshot, strict: 
             rl_gateway::redacted(url),
             faults.join("; ")
         ))),
-        Err(rl_gateway::Error::Redis(e)) if !strict && e.to_string().contains("unknown command") => {
-            Ok(Checked::NoModule)
-        }
+        Err(rl_gateway::Error::Redis(e)) if e.to_string().contains("unknown command") => Ok(Checked::NoModule),
         Err(e) if strict => {
             Err(Error::Rules(format!("cannot ask {} about the set's limits: {e}", rl_gateway::redacted(url))))
         }

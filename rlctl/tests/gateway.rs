@@ -350,6 +350,25 @@ async fn the_example_gateway_and_rlctl_publish_work_on_a_managed_redis() {
         "{stderr}"
     );
     assert!(stderr.contains("'log'"), "names the limit: {stderr}");
+    // `validate --redis` says the same of both sets.
+    let validate = |file: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_rlctl"))
+            .args(["validate", file.to_str().unwrap(), "--redis", &server.url_as("rl-ctl-lua", PASSWORD)])
+            .args(["--tls-ca-file", &ca])
+            .output()
+            .unwrap()
+    };
+    let out = validate(&beyond);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("has no redis-rl module, so its gateways run the Lua backend, which refuses it"),
+        "{stderr}"
+    );
+    let out = validate(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("the set was checked as gateways on the Lua backend check it"), "{stdout}");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let r = get(gw.port, "/hello", Some("frank")).await;
