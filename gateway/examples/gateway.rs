@@ -25,7 +25,8 @@
 //! `REDIS_SENTINELS` (comma-separated `host:port` of sentinels) with
 //! `REDIS_MASTER` (the name they monitor, default `mymaster`) for a primary
 //! that Redis Sentinel fails over; `RL_BACKEND=lua` for servers without
-//! the module, `GATEWAYS` (the fleet size, default 1), `GATEWAY_PORT`
+//! the module; `RL_RELAY` (a lease relay's URL, rl-relay: calls go to it,
+//! and to Redis directly while it is down), `GATEWAYS` (the fleet size, default 1), `GATEWAY_PORT`
 //! (8080), `BACKEND_PORT` (8081), `RULES_FILE` (the bootstrap rules),
 //! `SLOW_MS`, and `TRUSTED_PROXIES` (comma-separated networks of your load
 //! balancers: their `X-Forwarded-For` is believed, nobody else's). For a
@@ -98,6 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..LimiterConfig::new(Config {
             tls: tls.clone(),
             backend: if env("RL_BACKEND", "module") == "lua" { Backend::Lua } else { Backend::Module },
+            relay: std::env::var("RL_RELAY").ok().filter(|url| !url.is_empty()),
             ..Config::for_target(Target::from_url(&redis_url)?)
         })
     };

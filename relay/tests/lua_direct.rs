@@ -229,3 +229,74 @@ async fn the_documented_gateway_user_serves_the_direct_path() {
     let log: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query(&mut admin).unwrap();
     assert!(log.is_empty(), "nothing refused: {log:?}");
 }
+
+/// The example gateway as a reader runs it on a managed-like Redis:
+/// `RL_BACKEND=lua`, `RL_RELAY` naming a relay on `--redis-backend lua`.
+/// Its calls go through the relay; once the relay is killed they go to
+/// Redis directly as the scripts' calls, and the limit holds: 5 an hour,
+/// 5 admitted of 8 across both, the rest 429.
+#[test]
+fn the_example_gateway_behind_a_relay_keeps_its_limit_when_the_relay_dies() {
+    use std::io::{Read, Write};
+    let redis = PlainServer::start();
+    let relay = Relay::start(&redis.url(), &["--redis-backend", "lua"]);
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rules]]\nid = \"default\"\nreason = \"r\"\nlimits = [{ name = \"h\", rate = 5, per = \"1h\" }]\n",
+    )
+    .unwrap();
+    let port = testkit::free_port();
+    let _gateway = KillOnDrop(
+        std::process::Command::new(testkit::example_gateway())
+            .env("REDIS_URL", redis.url())
+            .env_remove("REDIS_SENTINELS")
+            .env("RL_BACKEND", "lua")
+            .env("RL_RELAY", relay.url())
+            .env("RULES_FILE", &rules)
+            .env("GATEWAY_PORT", port.to_string())
+            .env("BACKEND_PORT", testkit::free_port().to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let status = |port: u16| -> u16 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET /hello HTTP/1.1\r\nHost: x\r\nx-api-key: ann\r\nConnection: close\r\n\r\n").unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the gateway did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut codes: Vec<u16> = (0..3).map(|_| status(port)).collect();
+    assert_eq!(codes, [200, 200, 200]);
+    assert!(relay.info_field("requests") > 0, "through the relay: {}", relay.info());
+    drop(relay);
+    let evalsha = || -> u64 {
+        let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut redis.con()).unwrap();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls=")?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = evalsha();
+    codes.extend((0..5).map(|_| status(port)));
+    assert_eq!(codes, [200, 200, 200, 200, 200, 429, 429, 429], "exact across the relay's death");
+    assert!(evalsha() > before, "the gateway's own script calls answered after the relay died");
+}
+
+/// A child process stopped when the test ends, passed or not.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -16,18 +16,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use testkit::managed::Managed;
-use testkit::{free_port, PlainServer, SentinelSet, Server, MASTER};
-
-/// The example binary, built if this test run did not build it.
-fn example() -> PathBuf {
-    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-    let binary = deps.parent().unwrap().join("examples").join("gateway");
-    if !binary.exists() {
-        let built = Command::new(env!("CARGO")).args(["build", "-p", "rl-gateway", "--example", "gateway"]).status();
-        assert!(built.unwrap().success(), "cargo build --example gateway");
-    }
-    binary
-}
+use testkit::{example_gateway, free_port, PlainServer, SentinelSet, Server, MASTER};
 
 struct Gateway {
     child: Child,
@@ -57,7 +46,7 @@ async fn start_with(redis: &[(&str, String)]) -> Gateway {
 /// [`start_with`], its log lines (stderr) going to `log`.
 async fn start_logging(redis: &[(&str, String)], log: impl Into<Stdio>) -> Gateway {
     let (port, backend) = (free_port(), free_port());
-    let child = Command::new(example())
+    let child = Command::new(example_gateway())
         .envs(redis.iter().map(|(k, v)| (k, v)))
         .env_remove(if redis.iter().any(|(k, _)| *k == "REDIS_URL") { "REDIS_SENTINELS" } else { "REDIS_URL" })
         .env("GATEWAY_PORT", port.to_string())
@@ -425,7 +414,7 @@ fn a_rules_file_the_server_refuses_stops_the_gateway_at_start() {
                  reason = \"credential stuffing\"\n\
                  limits = [{ name = \"per_15m\", kind = \"exact\", limit = 100000, per = \"15m\" }]\n";
     std::fs::write(&file, rules).unwrap();
-    let mut child = Command::new(example())
+    let mut child = Command::new(example_gateway())
         .env("REDIS_URL", server.url())
         .env_remove("REDIS_SENTINELS")
         .env("RULES_FILE", &file)

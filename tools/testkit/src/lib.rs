@@ -45,6 +45,20 @@ pub fn server_binary() -> PathBuf {
     std::env::var_os("RL_SERVER").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
+/// rl-gateway's example gateway (`gateway/examples/gateway.rs`), built if
+/// this test run did not build it: in the test binaries' target dir.
+pub fn example_gateway() -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let binary = deps.parent().unwrap().join("examples").join("gateway");
+    if !binary.exists() {
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "rl-gateway", "--example", "gateway"])
+            .status();
+        assert!(built.unwrap().success(), "cargo build --example gateway");
+    }
+    binary
+}
+
 /// A port that is free now, and whose cluster bus port (+10000) is free too.
 pub fn free_port() -> u16 {
     loop {
