@@ -318,7 +318,13 @@ fn parse() -> Result<(Args, Option<String>), String> {
     let mut words: Vec<std::ffi::OsString> = vec![program, "--envoyproxy-env".into()];
     words.extend(translated.args(&names).into_iter().map(Into::into));
     words.extend(given.iter().cloned());
-    Ok((Args::parse_from(words), translated.warning()))
+    // A value clap refuses is written as LOG_FORMAT asks too (help and
+    // version print as clap prints them).
+    match Args::try_parse_from(words) {
+        Ok(args) => Ok((args, translated.warning())),
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => Err(e.render().to_string().trim_start_matches("error: ").trim_end().to_string()),
+    }
 }
 
 async fn run(args: Args) -> Result<(), String> {

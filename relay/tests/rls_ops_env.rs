@@ -194,6 +194,13 @@ async fn log_format_json_writes_one_object_a_line() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["level"], "error");
     assert!(lines[0]["@message"].as_str().unwrap().contains("BACKEND_TYPE=memcache"), "{lines:?}");
+    // A value the command line's own parser refuses, as an error object too.
+    let mut refused = start_bare(root.path(), &[url.clone(), json.clone(), ("NEAR_LIMIT_RATIO", "2".into())]);
+    assert_eq!(refused.relay.exit_code(), Some(2));
+    let lines = json_lines(&refused.relay.log());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["level"], "error");
+    assert!(lines[0]["@message"].as_str().unwrap().contains("'2': a ratio from 0 to 1"), "{lines:?}");
 
     // LOG_LEVEL=error: the warnings are not written; a level logrus cannot read refuses the start.
     let mut quiet = start_bare(
