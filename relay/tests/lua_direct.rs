@@ -234,7 +234,11 @@ async fn the_documented_gateway_user_serves_the_direct_path() {
 /// `RL_BACKEND=lua`, `RL_RELAY` naming a relay on `--redis-backend lua`.
 /// Its calls go through the relay; once the relay is killed they go to
 /// Redis directly as the scripts' calls, and the limit holds: 5 an hour,
-/// 5 admitted of 8 across both, the rest 429.
+/// 5 admitted of 8 across both, the rest 429. A call made on the relay's
+/// connection before the gateway saw it close is answered by its fallback
+/// (it may have been served, so it is never sent again: docs/error-bounds.md,
+/// one per gateway): another subject's calls take that turn here, until
+/// the gateway's own script calls reach Redis.
 #[test]
 fn the_example_gateway_behind_a_relay_keeps_its_limit_when_the_relay_dies() {
     use std::io::{Read, Write};
@@ -261,10 +265,10 @@ fn the_example_gateway_behind_a_relay_keeps_its_limit_when_the_relay_dies() {
             .spawn()
             .unwrap(),
     );
-    let status = |port: u16| -> u16 {
+    let status_of = |key: &str| -> u16 {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "GET /hello HTTP/1.1\r\nHost: x\r\nx-api-key: ann\r\nConnection: close\r\n\r\n").unwrap();
+        write!(s, "GET /hello HTTP/1.1\r\nHost: x\r\nx-api-key: {key}\r\nConnection: close\r\n\r\n").unwrap();
         let mut text = String::new();
         let _ = s.read_to_string(&mut text);
         text.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
@@ -274,7 +278,8 @@ fn the_example_gateway_behind_a_relay_keeps_its_limit_when_the_relay_dies() {
         assert!(Instant::now() < deadline, "the gateway did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut codes: Vec<u16> = (0..3).map(|_| status(port)).collect();
+    let status = |_: usize| status_of("ann");
+    let mut codes: Vec<u16> = (0..3).map(status).collect();
     assert_eq!(codes, [200, 200, 200]);
     assert!(relay.info_field("requests") > 0, "through the relay: {}", relay.info());
     drop(relay);
@@ -286,9 +291,13 @@ fn the_example_gateway_behind_a_relay_keeps_its_limit_when_the_relay_dies() {
             .unwrap_or(0)
     };
     let before = evalsha();
-    codes.extend((0..5).map(|_| status(port)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while evalsha() == before {
+        assert!(Instant::now() < deadline, "the gateway's own script calls never reached Redis");
+        assert_ne!(status_of("probe"), 0, "the gateway answers");
+    }
+    codes.extend((0..5).map(status));
     assert_eq!(codes, [200, 200, 200, 200, 200, 429, 429, 429], "exact across the relay's death");
-    assert!(evalsha() > before, "the gateway's own script calls answered after the relay died");
 }
 
 /// A child process stopped when the test ends, passed or not.
