@@ -167,15 +167,15 @@ impl Stats {
         let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
         let full = series.len() >= MAX_SERIES;
         let clean = sanitize(stats_key);
-        // A known key (nearly every hit) is found without an allocation.
-        if !series.contains_key(clean.as_ref()) {
-            if full {
+        // A known key (nearly every hit): one lookup, no allocation.
+        let s = match series.get_mut(clean.as_ref()) {
+            Some(s) => s,
+            None if full => {
                 self.dropped.fetch_add(1, Relaxed);
                 return;
             }
-            series.insert(clean.to_string(), Series::default());
-        }
-        let Some(s) = series.get_mut(clean.as_ref()) else { return };
+            None => series.entry(clean.into_owned()).or_default(),
+        };
         s.total_hits += cost;
         if over {
             s.over_limit += cost;
